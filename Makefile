@@ -1,0 +1,26 @@
+# The two commands a newcomer needs: `make serve` and `make test`. Both bootstrap first.
+VENV := .venv/bin
+PYTEST_ARGS ?=
+
+.PHONY: bootstrap serve test bench lint images clean
+
+bootstrap:
+	@bash scripts/bootstrap.sh
+
+serve: bootstrap
+	$(VENV)/sandgate serve
+
+test: bootstrap
+	$(VENV)/pytest $(PYTEST_ARGS)
+
+bench: bootstrap
+	$(VENV)/python -m bench
+
+lint: bootstrap
+	$(VENV)/ruff check .
+	$(VENV)/ruff format --check .
+	@mkdir -p .typeroot/sandgate && for c in policy vault proxy lifecycle execd; do ln -sfn ../../$$c .typeroot/sandgate/$$c; done
+	$(VENV)/mypy
+
+clean:
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache .typeroot

@@ -1,0 +1,3 @@
+from sandgate.lifecycle.cli import main
+
+main()

@@ -1,0 +1,115 @@
+"""One settings model for the whole server and CLI.
+
+Precedence, highest first: command-line flags (passed as init values), environment variables
+(`SANDGATE_*`), a TOML config file (`--config`, `SANDGATE_CONFIG`, or /etc/sandgate/config.toml
+when it exists), then the defaults below. Components never read settings themselves: lifecycle
+builds them and passes plain values down, so policy/vault/proxy stay free of global state.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from contextvars import ContextVar
+from ipaddress import IPv4Network
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_CONFIG_FILE = Path("/etc/sandgate/config.toml")
+_config_flag: ContextVar[Path | None] = ContextVar("config_flag", default=None)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SANDGATE_", extra="forbid")
+
+    # control plane
+    host: str = Field("127.0.0.1", description="address the control-plane API listens on")
+    port: int = Field(8080, ge=1, le=65535, description="port of the control-plane API")
+    api_key: SecretStr | None = Field(
+        None, description="OPEN-SANDBOX-API-KEY; generated into the state dir when unset"
+    )
+    state_dir: Path = Field(Path("/var/lib/sandgate"), description="vault, CA, database, audit log")
+    runtime: Literal["local", "docker"] = Field("local", description="sandbox runtime")
+
+    # vault
+    vault_backend: Literal["local", "openbao"] = "local"
+    vault_key: SecretStr | None = Field(
+        None, description="master key (base64, 32 bytes) for the local vault; else a key file"
+    )
+    openbao_addr: str | None = None
+    openbao_token: SecretStr | None = None
+    openbao_role_id: str | None = None
+    openbao_secret_id: SecretStr | None = None
+    openbao_mount: str = "secret"
+    openbao_prefix: str = "sandgate"
+    vault_cache_ttl: float = Field(30.0, ge=0, description="seconds a backend value is cached")
+
+    # egress proxy
+    proxy_transparent_port: int = Field(15001, ge=1, le=65535)
+    proxy_explicit_port: int = Field(15002, ge=1, le=65535)
+    proxy_dns_port: int = Field(15053, ge=1, le=65535)
+    upstream_dns: list[str] = Field(
+        default_factory=list, description="resolvers the proxy asks (default: /etc/resolv.conf)"
+    )
+    upstream_ca: Path | None = Field(None, description="extra CA bundle trusted upstream (adds to certifi)")
+
+    # sandbox networks
+    address_pool: IPv4Network = Field(IPv4Network("10.213.0.0/16"), description="sandbox /30s come from here")
+    iface_prefix: str = Field("sgv", max_length=6, description="host-side veth name prefix")
+    nft_table: str = Field("sandgate", description="the one nftables table for all sandboxes")
+
+    # policy and audit
+    policy_max_rules: int = Field(4096, ge=1)
+    audit_max_bytes: int = Field(
+        100 * 1024 * 1024, ge=1024, description="rotate the audit log past this size"
+    )
+    audit_backups: int = Field(10, ge=0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, config_file()))
+
+    @property
+    def audit_log(self) -> Path:
+        return self.state_dir / "audit.jsonl"
+
+    @property
+    def database(self) -> Path:
+        return self.state_dir / "sandgate.db"
+
+
+def config_file() -> Path | None:
+    """The TOML file to read: --config, else SANDGATE_CONFIG (either must exist), else the default."""
+    named = _config_flag.get() or os.environ.get("SANDGATE_CONFIG")
+    if named:
+        path = Path(named)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} does not exist (from --config or SANDGATE_CONFIG)")
+        return path
+    return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
+
+
+def load_settings(config: Path | None = None, **flags: Any) -> Settings:
+    """Settings from flags > env > TOML file > defaults. Flags that are None were not given."""
+    token = _config_flag.set(config)
+    try:
+        return Settings(**{k: v for k, v in flags.items() if v is not None})
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {config_file()} is not valid TOML: {exc}") from exc
+    finally:
+        _config_flag.reset(token)

@@ -1,0 +1,100 @@
+"""The CLI skeleton and settings precedence (flags > env > TOML file > defaults), run for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sandgate.lifecycle.cli import main
+from sandgate.lifecycle.settings import load_settings
+
+SANDGATE = [sys.executable, "-m", "sandgate.lifecycle.cli"]
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for key in list(os.environ):
+        if key.startswith("SANDGATE_"):
+            monkeypatch.delenv(key)
+    return monkeypatch
+
+
+def test_help_lists_every_subcommand() -> None:
+    out = subprocess.run([*SANDGATE, "--help"], capture_output=True, text=True, check=True).stdout
+    for name in ("serve", "policy", "vault", "egress", "logs", "sandbox"):
+        assert f"  {name} " in out, f"{name} missing from sandgate --help:\n{out}"
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).with_name("sandgate")
+    out = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True).stdout
+    assert "sandgate" in out and "version" in out
+
+
+def test_defaults(clean_env: pytest.MonkeyPatch) -> None:
+    settings = load_settings()
+    assert settings.port == 8080
+    assert settings.host == "127.0.0.1"
+    assert settings.state_dir == Path("/var/lib/sandgate")
+
+
+def test_flags_beat_env_beat_file(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = tmp_path / "sandgate.toml"
+    config.write_text('port = 7001\nhost = "127.0.0.9"\nruntime = "docker"\nstate_dir = "/srv/from-file"\n')
+    clean_env.setenv("SANDGATE_PORT", "7002")
+    clean_env.setenv("SANDGATE_HOST", "127.0.0.8")
+    settings = load_settings(config, port=7003)
+    assert settings.port == 7003  # flag
+    assert settings.host == "127.0.0.8"  # env over file
+    assert settings.runtime == "docker"  # file over default
+    assert settings.state_dir == Path("/srv/from-file")
+
+
+def test_env_names_config_file(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("proxy_dns_port = 5399\n")
+    clean_env.setenv("SANDGATE_CONFIG", str(config))
+    assert load_settings().proxy_dns_port == 5399
+
+
+def test_secrets_are_hidden_when_printed(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("SANDGATE_API_KEY", "k-very-secret")
+    result = CliRunner().invoke(main, ["serve", "--print-settings"])
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.output)
+    assert printed["api_key"] == "**********"
+    assert "k-very-secret" not in result.output
+
+
+def test_serve_flags_override_env_in_the_real_cli(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    env = {**os.environ, "SANDGATE_PORT": "7100", "SANDGATE_STATE_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [*SANDGATE, "serve", "--port", "7200", "--print-settings"], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    printed = json.loads(out)
+    assert printed["port"] == 7200
+    assert printed["state_dir"] == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [('port = "not-a-port"\n', "port"), ("no_such_setting = 1\n", "no_such_setting"), ("port = [\n", "config")],
+)
+def test_bad_config_is_a_clear_error(clean_env: pytest.MonkeyPatch, tmp_path: Path, toml: str, needle: str) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(toml)
+    result = CliRunner().invoke(main, ["--config", str(config), "serve", "--print-settings"])
+    assert result.exit_code == 2
+    assert "bad settings" in result.output and needle in result.output
+
+
+def test_missing_config_file_is_named(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["--config", str(tmp_path / "nope.toml"), "serve", "--print-settings"])
+    assert result.exit_code == 2
+    assert "nope.toml" in result.output
