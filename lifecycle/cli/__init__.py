@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from sandgate.lifecycle.cli.groups import egress, image, logs, policy, sandbox, serve, vault
 from sandgate.lifecycle.settings import Settings, load_settings
 

@@ -75,7 +75,11 @@ def test_secrets_are_hidden_when_printed(clean_env: pytest.MonkeyPatch) -> None:
 def test_serve_flags_override_env_in_the_real_cli(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     env = {**os.environ, "SANDGATE_PORT": "7100", "SANDGATE_STATE_DIR": str(tmp_path)}
     out = subprocess.run(
-        [*SANDGATE, "serve", "--port", "7200", "--print-settings"], capture_output=True, text=True, env=env, check=True
+        [*SANDGATE, "serve", "--port", "7200", "--print-settings"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
     ).stdout
     printed = json.loads(out)
     assert printed["port"] == 7200
@@ -84,9 +88,15 @@ def test_serve_flags_override_env_in_the_real_cli(clean_env: pytest.MonkeyPatch,
 
 @pytest.mark.parametrize(
     ("toml", "needle"),
-    [('port = "not-a-port"\n', "port"), ("no_such_setting = 1\n", "no_such_setting"), ("port = [\n", "config")],
+    [
+        ('port = "not-a-port"\n', "port"),
+        ("no_such_setting = 1\n", "no_such_setting"),
+        ("port = [\n", "config"),
+    ],
 )
-def test_bad_config_is_a_clear_error(clean_env: pytest.MonkeyPatch, tmp_path: Path, toml: str, needle: str) -> None:
+def test_bad_config_is_a_clear_error(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, toml: str, needle: str
+) -> None:
     config = tmp_path / "bad.toml"
     config.write_text(toml)
     result = CliRunner().invoke(main, ["--config", str(config), "serve", "--print-settings"])

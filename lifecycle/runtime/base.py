@@ -1,0 +1,66 @@
+"""What a runtime is given and what it must do.
+
+A runtime starts a sandbox's processes (its entrypoint and execd) inside a network namespace
+that lifecycle's network module has already built; it never touches routes or nftables, so
+every runtime inherits the same egress guarantees. All operations are idempotent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+EXECD_PORT = 44772
+
+
+@dataclass(frozen=True)
+class SandboxNet:
+    """The sandbox's network as built by lifecycle.network."""
+
+    netns: str  # name under /run/netns
+    address: str  # the sandbox's IPv4 address (its identity at the proxy)
+    gateway: str  # host end of the veth; the sandbox's only route and its resolver
+    prefixlen: int = 30
+
+    @property
+    def netns_path(self) -> Path:
+        return Path("/run/netns") / self.netns
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What the user asked for, already validated."""
+
+    sandbox_id: str
+    image: str
+    entrypoint: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    memory_bytes: int | None = None
+    pids_max: int | None = None
+    cpu_quota: float | None = None  # in CPUs, e.g. 0.5
+    execd_token: str | None = None
+    ca_cert: Path | None = None  # the proxy CA certificate (never the key) to trust inside
+
+
+class RuntimeError_(Exception):
+    """A runtime could not do what was asked; the message says what and how to fix it."""
+
+
+class Runtime(Protocol):
+    name: str
+
+    def create(self, spec: SandboxSpec, net: SandboxNet) -> None:
+        """Start entrypoint and execd (listening on net.address:EXECD_PORT) inside net."""
+
+    def delete(self, sandbox_id: str) -> None:
+        """Stop every process, remove mounts/cgroups/containers; no error if already gone."""
+
+    def pause(self, sandbox_id: str) -> None: ...
+
+    def resume(self, sandbox_id: str) -> None: ...
+
+    def alive(self, sandbox_id: str) -> bool: ...
+
+    def adopt(self) -> list[str]:
+        """Ids of sandboxes still running from before a restart (the rest is cleaned up)."""
