@@ -1,0 +1,339 @@
+"""The test "internet": origin servers and a DNS server in a namespace of their own.
+
+Rules: everything here lives in a network namespace with a random name, joined to the test's
+host namespace by one veth with explicit addresses (198.51.100.0/24 and 2001:db8::/64); nothing
+is reachable beyond it and nothing in it can reach the machine's network. Every process is
+started here and stopped by PID, the namespace is deleted on teardown, also when a test fails.
+
+Use it as a fixture (`from tests.support.internet import internet` in a conftest) or as a
+context manager (`with start_internet(workdir) as net: ...`). What it serves, on every origin
+address (`ORIGIN_V4`, `ORIGIN_V4_ALT`, `ORIGIN_V6`), HTTP on port 80 and HTTPS on port 443
+(certificate from a test CA made here, `net.ca_cert`, valid for *.example.com, *.example.test
+and the origin addresses):
+
+    GET  /               "hello from origin"
+    ANY  /echo           JSON {"method", "path", "headers": {...}, "body"}: reflects the request
+    GET  /sse?n=3&gap=0.3  text/event-stream, n events `gap` seconds apart, then the stream ends
+    GET  /redirect?to=URL  302 to URL
+    GET  /bytes?n=N      N bytes of b"x"
+    WS   /ws             echoes every message
+
+DNS (UDP, `DNS_ADDR`:53) answers only the names the test sets with `net.set_names({...})` and
+records every query; `net.dns_queries()` returns them in order.
+
+Running this file as a script (`python internet.py WORKDIR`) is the server side; the fixture
+does that inside the namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+HOST_V4 = "198.51.100.1"  # the host namespace's end of the veth
+HOST_V6 = "2001:db8::1"
+ORIGIN_V4 = "198.51.100.10"
+ORIGIN_V4_ALT = "198.51.100.11"
+ORIGIN_V6 = "2001:db8::10"
+DNS_ADDR = "198.51.100.53"
+TLS_NAMES = ("example.com", "*.example.com", "example.test", "*.example.test")
+READY_TIMEOUT = 15.0
+
+
+@dataclass
+class Internet:
+    """A running internet namespace; see the module docstring for what it serves."""
+
+    workdir: Path
+    netns_name: str
+    host_if: str
+    ca_cert: Path  # the test CA the origins' certificate chains to (give it to the proxy as upstream_ca)
+    ca_key: Path
+    process: subprocess.Popen[bytes]
+
+    def set_names(self, names: dict[str, list[str]]) -> None:
+        """Replace the DNS zone: name -> addresses (IPv4 answer A queries, IPv6 answer AAAA)."""
+        zone = {name.lower().rstrip("."): addrs for name, addrs in names.items()}
+        tmp = self.workdir / "names.json.tmp"
+        tmp.write_text(json.dumps(zone))
+        os.replace(tmp, self.workdir / "names.json")
+
+    def dns_queries(self) -> list[dict[str, str]]:
+        """Every query the DNS server got so far: [{"name": ..., "type": "A"|"AAAA"|...}]."""
+        path = self.workdir / "queries.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+    def clear_dns_queries(self) -> None:
+        (self.workdir / "queries.jsonl").unlink(missing_ok=True)
+
+
+def make_test_ca(workdir: Path) -> tuple[Path, Path, Path, Path]:
+    """A CA and a leaf for TLS_NAMES + origin addresses; returns (ca_cert, ca_key, leaf_cert, leaf_key)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandgate test internet CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaf_key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in TLS_NAMES]
+    sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in (ORIGIN_V4, ORIGIN_V4_ALT, ORIGIN_V6)]
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "origin.example.com")]))
+        .issuer_name(ca_name)
+        .public_key(leaf_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = (workdir / "ca.pem", workdir / "ca-key.pem", workdir / "leaf.pem", workdir / "leaf-key.pem")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(pem_key(ca_key))
+    paths[2].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    paths[3].write_bytes(pem_key(leaf_key))
+    return paths
+
+
+@contextlib.contextmanager
+def start_internet(workdir: Path) -> Iterator[Internet]:
+    """Build the namespace, start the servers, yield; always tear everything down."""
+    from tests.support.netns import Netns, ip, unique
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    ca_cert, ca_key, _leaf, _leaf_key = make_test_ca(workdir)
+    (workdir / "names.json").write_text("{}")
+    ns = Netns("sgi")
+    host_if = unique("tvi")
+    process: subprocess.Popen[bytes] | None = None
+    try:
+        ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns.name)
+        ip("addr", "add", f"{HOST_V4}/24", "dev", host_if)
+        ip("addr", "add", f"{HOST_V6}/64", "dev", host_if, "nodad")
+        ip("link", "set", host_if, "up")
+        for addr in (ORIGIN_V4, ORIGIN_V4_ALT, DNS_ADDR):
+            ip("addr", "add", f"{addr}/24", "dev", "eth0", netns=ns.name)
+        ip("addr", "add", f"{ORIGIN_V6}/64", "dev", "eth0", "nodad", netns=ns.name)
+        ip("link", "set", "eth0", "up", netns=ns.name)
+        log = (workdir / "server.log").open("wb")
+        process = ns.popen([sys.executable, __file__, str(workdir)], stdout=log, stderr=subprocess.STDOUT)
+        _wait_ready(workdir, process)
+        yield Internet(workdir, ns.name, host_if, ca_cert, ca_key, process)
+    finally:
+        if process is not None:
+            _stop(process)
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        ns.delete()
+
+
+def _wait_ready(workdir: Path, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while not (workdir / "ready").exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            log = (workdir / "server.log").read_text(errors="replace")
+            raise RuntimeError(f"test internet did not start (exit {process.poll()}); log:\n{log}")
+        time.sleep(0.02)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+try:  # the fixture, for conftests that import it
+    import pytest
+
+    @pytest.fixture
+    def internet(tmp_path: Path) -> Iterator[Internet]:
+        with start_internet(tmp_path / "internet") as net:
+            yield net
+
+except ImportError:  # the server side runs without pytest
+    pass
+
+
+# ---------------------------------------------------------------- server side (in the namespace)
+
+
+def _serve(workdir: Path) -> None:
+    import asyncio
+    import socket
+    import ssl
+
+    import uvicorn
+    from dnslib import AAAA, QTYPE, RR, A, DNSRecord
+    from dnslib.server import DNSServer
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import (
+        JSONResponse,
+        PlainTextResponse,
+        RedirectResponse,
+        Response,
+        StreamingResponse,
+    )
+    from starlette.routing import Route, WebSocketRoute
+    from starlette.websockets import WebSocket, WebSocketDisconnect
+
+    async def hello(request: Request) -> Response:
+        return PlainTextResponse("hello from origin\n")
+
+    async def echo(request: Request) -> Response:
+        body = await request.body()
+        return JSONResponse(
+            {
+                "method": request.method,
+                "path": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+                "headers": {k: v for k, v in request.headers.items()},
+                "body": body.decode("utf-8", "replace"),
+            }
+        )
+
+    async def sse(request: Request) -> Response:
+        count = int(request.query_params.get("n", "3"))
+        gap = float(request.query_params.get("gap", "0.3"))
+
+        async def events() -> Iterator[bytes]:  # type: ignore[misc]
+            for n in range(count):
+                if n:
+                    await asyncio.sleep(gap)
+                yield f"id: {n}\ndata: event {n} at {time.time():.3f}\n\n".encode()
+
+        return StreamingResponse(events(), media_type="text/event-stream")  # type: ignore[arg-type]
+
+    async def redirect(request: Request) -> Response:
+        return RedirectResponse(request.query_params["to"], status_code=302)
+
+    async def many_bytes(request: Request) -> Response:
+        return Response(
+            b"x" * int(request.query_params.get("n", "1024")), media_type="application/octet-stream"
+        )
+
+    async def ws_echo(websocket: WebSocket) -> None:
+        await websocket.accept()
+        try:
+            while True:
+                await websocket.send_text(await websocket.receive_text())
+        except WebSocketDisconnect:
+            pass
+
+    methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE"]
+    app = Starlette(
+        routes=[
+            Route("/", hello),
+            Route("/echo", echo, methods=methods),
+            Route("/echo/{rest:path}", echo, methods=methods),
+            Route("/sse", sse),
+            Route("/redirect", redirect),
+            Route("/bytes", many_bytes),
+            WebSocketRoute("/ws", ws_echo),
+        ]
+    )
+
+    class Zone:
+        def resolve(self, request: DNSRecord, handler: object) -> DNSRecord:
+            name = str(request.q.qname).lower().rstrip(".")
+            qtype = QTYPE[request.q.qtype]
+            with (workdir / "queries.jsonl").open("a") as fh:
+                fh.write(json.dumps({"name": name, "type": qtype}) + "\n")
+            zone = json.loads((workdir / "names.json").read_text())
+            reply = request.reply()
+            if name not in zone:
+                reply.header.rcode = 3  # NXDOMAIN
+                return reply
+            for addr in zone[name]:
+                v6 = ":" in addr
+                if qtype == "A" and not v6:
+                    reply.add_answer(RR(request.q.qname, QTYPE.A, rdata=A(addr), ttl=5))
+                elif qtype == "AAAA" and v6:
+                    reply.add_answer(RR(request.q.qname, QTYPE.AAAA, rdata=AAAA(addr), ttl=5))
+            return reply
+
+    def listener(host: str, port: int) -> socket.socket:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+        sock.listen(512)
+        return sock
+
+    async def main() -> None:
+        common = {"log_level": "warning", "access_log": False, "lifespan": "off", "ws": "websockets"}
+        plain = uvicorn.Server(uvicorn.Config(app, **common))  # type: ignore[arg-type]
+        tls = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                ssl_certfile=str(workdir / "leaf.pem"),
+                ssl_keyfile=str(workdir / "leaf-key.pem"),
+                **common,  # type: ignore[arg-type]
+            )
+        )
+        for server in (plain, tls):
+            server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        dns = DNSServer(Zone(), address=DNS_ADDR, port=53)  # type: ignore[arg-type]
+        dns.start_thread()
+        tasks = [
+            asyncio.create_task(plain.serve(sockets=[listener("0.0.0.0", 80), listener("::", 80)])),
+            asyncio.create_task(tls.serve(sockets=[listener("0.0.0.0", 443), listener("::", 443)])),
+        ]
+        while not (plain.started and tls.started):
+            await asyncio.sleep(0.01)
+        (workdir / "ready").write_text(str(os.getpid()))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        plain.should_exit = tls.should_exit = True
+        await asyncio.gather(*tasks)
+        dns.stop()
+
+    del ssl
+    asyncio.run(main())
+
+
+if __name__ == "__main__":
+    _serve(Path(sys.argv[1]))
