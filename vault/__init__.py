@@ -1,1 +1,63 @@
-"""sandgate.vault."""
+"""sandgate.vault: where credentials live, outside every sandbox.
+
+Rules: a store is write-only from the outside (names, versions and timestamps can be listed; a
+value can be put, rotated and deleted, never read back through the CLI or any API). Only the
+proxy's injection path calls `reveal`, and only to render a binding; `values` only builds a
+`Redactor`. No code here logs, prints or raises with a value in it.
+
+- Stores: `LocalStore` (one AES-256-GCM file in the state dir), `OpenBaoStore` (HashiCorp
+  Vault / OpenBao KV v2), both `SecretStore`s; `open_store(...)` builds one from settings values.
+- Rendering: `render(binding, reveal) -> Injection` (headers to set and `Placeholders` to
+  substitute), one renderer per auth type in `RENDERERS`.
+- Redaction: `Redactor(values)` with `redact`, `redact_text` and `stream()`.
+"""
+
+from sandgate.vault.errors import InvalidSecretName, SecretNotFound, VaultError, VaultKeyError, VaultTampered
+from sandgate.vault.local import LocalStore, decode_master_key, generate_master_key
+from sandgate.vault.models import SecretInfo
+from sandgate.vault.openbao import OpenBaoStore
+from sandgate.vault.redact import REDACTED, RedactingStream, Redactor, secret_forms
+from sandgate.vault.render import (
+    DEFAULT_SURFACES,
+    RENDERERS,
+    BodyResult,
+    Injection,
+    Placeholders,
+    Reveal,
+    render,
+    render_auth,
+    render_headers,
+    reveal_via,
+)
+from sandgate.vault.store import LOCAL_KEY_FILE, LOCAL_VAULT_FILE, SecretStore, open_store
+
+__all__ = [
+    "DEFAULT_SURFACES",
+    "LOCAL_KEY_FILE",
+    "LOCAL_VAULT_FILE",
+    "REDACTED",
+    "RENDERERS",
+    "BodyResult",
+    "Injection",
+    "InvalidSecretName",
+    "LocalStore",
+    "OpenBaoStore",
+    "Placeholders",
+    "RedactingStream",
+    "Redactor",
+    "Reveal",
+    "SecretInfo",
+    "SecretNotFound",
+    "SecretStore",
+    "VaultError",
+    "VaultKeyError",
+    "VaultTampered",
+    "decode_master_key",
+    "generate_master_key",
+    "open_store",
+    "render",
+    "render_auth",
+    "render_headers",
+    "reveal_via",
+    "secret_forms",
+]

@@ -1,10 +1,150 @@
-"""`sandgate vault`: Manage credentials in the vault (write-only: values are never shown)."""
+"""`sandgate vault`: Manage credentials in the vault (write-only: values are never shown).
+
+Rules: a value enters only through stdin or a hidden prompt, never argv (argv is visible in
+`ps` and shell history); no command prints a value; vault errors become one clear line.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
 import click
+
+from sandgate.lifecycle.settings import Settings
+from sandgate.vault import (
+    LocalStore,
+    SecretStore,
+    VaultError,
+    VaultKeyError,
+    decode_master_key,
+    generate_master_key,
+    open_store,
+)
+
+
+def open_vault(settings: Settings) -> SecretStore:
+    """The store the settings describe."""
+
+    def secret(value: Any) -> str | None:
+        return value.get_secret_value() if value is not None else None
+
+    return open_store(
+        settings.vault_backend,
+        settings.state_dir,
+        vault_key=secret(settings.vault_key),
+        openbao_addr=settings.openbao_addr,
+        openbao_token=secret(settings.openbao_token),
+        openbao_role_id=settings.openbao_role_id,
+        openbao_secret_id=secret(settings.openbao_secret_id),
+        openbao_mount=settings.openbao_mount,
+        openbao_prefix=settings.openbao_prefix,
+        cache_ttl=settings.vault_cache_ttl,
+    )
+
+
+@contextlib.contextmanager
+def _vault_errors() -> Iterator[None]:
+    try:
+        yield
+    except VaultError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _read_secret_input(prompt: str) -> str:
+    """All of stdin when it is not a terminal (one trailing newline dropped), else a hidden prompt."""
+    if sys.stdin.isatty():
+        return str(click.prompt(prompt, hide_input=True, confirmation_prompt=True))
+    text = sys.stdin.read()
+    return text.removesuffix("\n").removesuffix("\r")
 
 
 @click.group("vault")
 def group() -> None:
     """Manage credentials in the vault (write-only: values are never shown)."""
+
+
+@group.command("put")
+@click.argument("name")
+@click.pass_obj
+def put(obj: Any, name: str) -> None:
+    """Store or rotate NAME; the value comes from stdin or a hidden prompt."""
+    with _vault_errors():
+        store = open_vault(obj.settings())
+        value = _read_secret_input(f"value for {name}")
+        if not value:
+            raise click.ClickException(
+                f"empty value for {name}: pipe the value on stdin or type it at the prompt"
+            )
+        info = store.put(name, value)
+    click.echo(f"stored {info.name} (version {info.version})")
+
+
+@group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_obj
+def list_(obj: Any, as_json: bool) -> None:
+    """Names, versions and times of the stored credentials (never values)."""
+    with _vault_errors():
+        infos = open_vault(obj.settings()).list()
+    if as_json:
+        for info in infos:
+            click.echo(info.model_dump_json())
+        return
+    if not infos:
+        click.echo("the vault is empty; add a credential with `sandgate vault put NAME`")
+        return
+    width = max(len("NAME"), *(len(info.name) for info in infos))
+    click.echo(f"{'NAME':<{width}}  VERSION  UPDATED")
+    for info in infos:
+        click.echo(
+            f"{info.name:<{width}}  {info.version:>7}  {info.updated_at.isoformat(timespec='seconds')}"
+        )
+
+
+@group.command("rm")
+@click.argument("name")
+@click.option("--missing-ok", is_flag=True, help="Succeed when NAME is not in the vault.")
+@click.pass_obj
+def rm(obj: Any, name: str, missing_ok: bool) -> None:
+    """Delete NAME and all its versions."""
+    with _vault_errors():
+        removed = open_vault(obj.settings()).delete(name)
+    if removed:
+        click.echo(f"removed {name}")
+    elif not missing_ok:
+        raise click.ClickException(f"no credential named {name!r} in the vault (see `sandgate vault list`)")
+
+
+@group.command("rotate-key")
+@click.option(
+    "--generate", is_flag=True, help="With SANDGATE_VAULT_KEY: generate the new key and print it once."
+)
+@click.pass_obj
+def rotate_key(obj: Any, generate: bool) -> None:
+    """Re-encrypt the local vault under a new master key.
+
+    With a key file (the default) a new key is written into it. With SANDGATE_VAULT_KEY the
+    new key is read from stdin or a hidden prompt (or generated with --generate); set
+    SANDGATE_VAULT_KEY to it afterwards.
+    """
+    settings = obj.settings()
+    with _vault_errors():
+        store = open_vault(settings)
+        if not isinstance(store, LocalStore):
+            raise VaultKeyError(
+                "rotate-key applies to the local vault; OpenBao keeps its own keys (`bao operator rotate`)"
+            )
+        if settings.vault_key is None:
+            store.rotate_key()
+            click.echo(f"rotated the master key; the new key is in {store.key_file}")
+            return
+        new_key = generate_master_key() if generate else _read_secret_input("new master key (base64)")
+        store.rotate_key(decode_master_key(new_key, "the new master key"))
+    if generate:
+        click.echo(new_key)
+    click.echo(
+        "rotated the master key; set SANDGATE_VAULT_KEY to the new key before the next start", err=True
+    )
