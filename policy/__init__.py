@@ -1,1 +1,82 @@
-"""sandgate.policy."""
+"""sandgate.policy: the egress policy language, its loader, the compiled matcher and decisions.
+
+A decision depends only on the policy and the request's facts (host, port, scheme, method, path,
+resolved address); this package has no sockets, no mitmproxy, no clock, and reads files only in
+`load_policy`. See docs/policy.md for the language and the always-deny list.
+"""
+
+from sandgate.policy.addresses import (
+    ALWAYS_DENIED,
+    EMBEDDING_PREFIXES,
+    DeniedRange,
+    denied_range,
+    embedded_ipv4,
+)
+from sandgate.policy.compiled import (
+    ALWAYS_ENFORCED,
+    DEFAULT_MAX_RULES,
+    CompiledPolicy,
+    Decision,
+    Request,
+    compile_policy,
+)
+from sandgate.policy.errors import PolicyError, PolicyIssue
+from sandgate.policy.loader import load_policy, parse_policy, policy_from_dict
+from sandgate.policy.models import (
+    DEFAULT_BINDING_METHODS,
+    RESERVED_HEADERS,
+    ApiKeyAuth,
+    Auth,
+    BasicAuth,
+    BearerAuth,
+    Binding,
+    BindingMatch,
+    CustomHeadersAuth,
+    EgressRule,
+    HeaderCredential,
+    PassthroughAuth,
+    Policy,
+    Substitution,
+)
+from sandgate.policy.names import normalize_path, path_matches
+from sandgate.policy.updates import delete_targets, patch_rules, replace_policy, to_document, to_opensandbox
+
+__all__ = [
+    "ALWAYS_DENIED",
+    "ALWAYS_ENFORCED",
+    "DEFAULT_BINDING_METHODS",
+    "DEFAULT_MAX_RULES",
+    "EMBEDDING_PREFIXES",
+    "RESERVED_HEADERS",
+    "ApiKeyAuth",
+    "Auth",
+    "BasicAuth",
+    "BearerAuth",
+    "Binding",
+    "BindingMatch",
+    "CompiledPolicy",
+    "CustomHeadersAuth",
+    "Decision",
+    "DeniedRange",
+    "EgressRule",
+    "HeaderCredential",
+    "PassthroughAuth",
+    "Policy",
+    "PolicyError",
+    "PolicyIssue",
+    "Request",
+    "Substitution",
+    "compile_policy",
+    "delete_targets",
+    "denied_range",
+    "embedded_ipv4",
+    "load_policy",
+    "normalize_path",
+    "parse_policy",
+    "patch_rules",
+    "path_matches",
+    "policy_from_dict",
+    "replace_policy",
+    "to_document",
+    "to_opensandbox",
+]

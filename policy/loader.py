@@ -1,0 +1,209 @@
+"""Reading policy documents: YAML or JSON text, files and API bodies, with exact error locations.
+
+Rules of this module:
+1. This is the only module of sandgate.policy that touches files.
+2. Every node's line and column are kept while parsing, so every problem (syntax, unknown key,
+   bad value, whole-document check) is reported as file:line:column with a hint, and every rule
+   gets an id "file:line" that decisions and audit records cite.
+3. All problems of a document are reported together; a document with any problem yields no Policy.
+4. Empty text, `null` and `{}` mean deny-all, as in OpenSandbox.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from sandgate.policy.errors import HintedValueError, PolicyError, PolicyIssue
+from sandgate.policy.models import Policy, Problem
+
+DocPath = tuple[str | int, ...]
+Locator = Callable[[DocPath], tuple[int, int]]
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and validate a policy file (YAML or JSON); raises PolicyError with file:line errors."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError([PolicyIssue(source, 0, 0, f"cannot read policy file: {exc}")]) from exc
+    return parse_policy(text, source)
+
+
+def parse_policy(text: str, source: str = "<string>") -> Policy:
+    """Validate policy text (YAML or JSON, the same model); raises PolicyError."""
+    data, positions = _parse_with_positions(text, source)
+
+    def locate(path: DocPath) -> tuple[int, int]:
+        for end in range(len(path), -1, -1):
+            if path[:end] in positions:
+                return positions[path[:end]]
+        return (1, 1)
+
+    return build_policy(data, source, locate)
+
+
+def policy_from_dict(data: Any, source: str = "<api>") -> Policy:
+    """Validate a parsed document (e.g. an OpenSandbox `networkPolicy` API body); raises PolicyError."""
+    return build_policy(data, source, None)
+
+
+def build_policy(data: Any, source: str, locate: Locator | None) -> Policy:
+    """Validate `data` into a Policy and give each rule and binding its id; raises PolicyError.
+
+    Rules and bindings that already have an id (e.g. kept from their file by a patch) keep it.
+    """
+    if data is None or data == {}:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(
+            [_issue(source, locate, (), "a policy is a mapping", "start with `egress:` or `{`")]
+        )
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError(issues_from_validation(exc, source, locate)) from None
+    for index, rule in enumerate(policy.egress):
+        if not rule.origin:
+            rule._origin = _origin(source, locate, ("egress", index))
+    for index, binding in enumerate(policy.bindings):
+        if not binding.origin:
+            binding._origin = _origin(source, locate, ("bindings", index))
+    return policy
+
+
+def _origin(source: str, locate: Locator | None, path: DocPath) -> str:
+    if locate is None:
+        return f"{source}:{format_path(path)}"
+    return f"{source}:{locate(path)[0]}"
+
+
+def format_path(path: DocPath) -> str:
+    """("egress", 3, "target") -> "egress[3].target"."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _issue(
+    source: str, locate: Locator | None, path: DocPath, message: str, hint: str | None = None
+) -> PolicyIssue:
+    line, column = locate(path) if locate else (0, 0)
+    return PolicyIssue(source, line, column, message, hint, format_path(path))
+
+
+def issues_from_validation(
+    exc: ValidationError, source: str, locate: Locator | None, prefix: DocPath = ()
+) -> list[PolicyIssue]:
+    """One PolicyIssue per pydantic error, located by document path (`prefix` + pydantic's loc)."""
+    issues: list[PolicyIssue] = []
+    for error in exc.errors():
+        path = prefix + _document_path(error["loc"])
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, Problem):
+            issues.extend(_issue(source, locate, path + sub, msg, hint) for sub, msg, hint in cause.problems)
+        elif isinstance(cause, HintedValueError):
+            issues.append(_issue(source, locate, path, cause.message, cause.hint))
+        else:
+            message, hint = _describe(error, path)
+            issues.append(_issue(source, locate, path, message, hint))
+    return sorted(issues, key=lambda issue: (issue.line, issue.column))
+
+
+def _document_path(loc: tuple[Any, ...]) -> DocPath:
+    """Pydantic's location without union tags (e.g. the `bearer` in bindings.0.auth.bearer.x)."""
+    tags = {"bearer", "basic", "apiKey", "customHeaders", "passthrough", "function-after", "function-before"}
+    path: list[str | int] = []
+    for part in loc:
+        if isinstance(part, str) and (part in tags or part.startswith("function-")):
+            continue
+        path.append("in" if part == "in_" else part)
+    return tuple(path)
+
+
+_HINTS = {
+    "extra_forbidden": "remove it or check its spelling",
+    "missing": None,
+    "union_tag_invalid": "auth.type is one of bearer, basic, apiKey, customHeaders, passthrough",
+    "union_tag_not_found": "add `type:` (bearer, basic, apiKey, customHeaders or passthrough)",
+}
+
+
+def _describe(error: Any, path: DocPath) -> tuple[str, str | None]:
+    kind = error["type"]
+    field = format_path(path) or "document"
+    if kind == "extra_forbidden":
+        return f"unknown key {path[-1]!r}", _HINTS[kind]
+    if kind == "missing":
+        return f"missing required key {path[-1]!r}", None
+    if kind == "literal_error":
+        return f"{field}: {error['msg'].lower()}", None
+    if kind in _HINTS:
+        return f"{field}: {error['msg']}", _HINTS[kind]
+    return f"{field}: {error['msg']}", None
+
+
+def _parse_with_positions(text: str, source: str) -> tuple[Any, dict[DocPath, tuple[int, int]]]:
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        positions: dict[DocPath, tuple[int, int]] = {}
+        data = None if node is None else _to_python(loader, node, (), positions, source)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        raise PolicyError(
+            [
+                PolicyIssue(
+                    source,
+                    line,
+                    column,
+                    f"syntax error: {exc.problem or exc}",
+                    "check indentation and quoting",
+                )
+            ]
+        ) from None
+    except yaml.YAMLError as exc:
+        raise PolicyError([PolicyIssue(source, 0, 0, f"syntax error: {exc}")]) from None
+    finally:
+        loader.dispose()
+    return data, positions
+
+
+def _to_python(
+    loader: yaml.SafeLoader,
+    node: yaml.Node,
+    path: DocPath,
+    positions: dict[DocPath, tuple[int, int]],
+    source: str,
+) -> Any:
+    positions.setdefault(path, (node.start_mark.line + 1, node.start_mark.column + 1))
+    if isinstance(node, yaml.MappingNode):
+        result: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            if key in result:
+                line, column = key_node.start_mark.line + 1, key_node.start_mark.column + 1
+                raise PolicyError(
+                    [
+                        PolicyIssue(
+                            source,
+                            line,
+                            column,
+                            f"duplicate key {key!r}",
+                            "each key may appear once per mapping",
+                        )
+                    ]
+                )
+            positions[(*path, key)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            result[key] = _to_python(loader, value_node, (*path, key), positions, source)
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        return [_to_python(loader, item, (*path, i), positions, source) for i, item in enumerate(node.value)]
+    return loader.construct_object(node, deep=True)
