@@ -1,0 +1,412 @@
+"""The local runtime: bubblewrap inside the sandbox's netns, an overlay root, cgroup limits.
+
+Rules:
+1. Host files are never written. A sandbox's `/` is an overlay whose upper layer lives in
+   `<state_dir>/sandboxes/<id>/`; the image (or, for `sandgate/host`, the host's root) is only
+   ever its lower layer. `/workspace` is in the overlay and lives as long as the sandbox.
+2. Files the runtime puts into a sandbox root (resolv.conf, the CA bundle) are written with
+   openat2(RESOLVE_IN_ROOT), so a symlink in an image cannot lead the write onto the host.
+3. Every process of a sandbox joins its cgroup before it runs anything (the launch shell writes
+   its PID, then execs nsenter -> bwrap), so delete = kill the cgroup, unmount, remove the dir.
+4. Sandbox processes are uid 0 with a reduced capability set (`SANDBOX_CAPS`): nothing that could
+   undo the isolation (no CAP_SYS_ADMIN to unmount masks, no CAP_NET_ADMIN/NET_RAW to change
+   or spoof addresses, no CAP_MKNOD to reach host devices).
+5. `sandgate/host` hides the state dir and host credentials behind empty tmpfs mounts
+   (`HOST_MASKED_DIRS`, `HOST_MASKED_FILES`); the Python that runs execd (venv, prefix, the execd
+   package) is bound back read-only, into every image, at the same paths.
+6. Sandboxes outlive the server (own session, no die-with-parent); `adopt` finds them again by
+   their state directories and cgroups and removes the rest.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from sandgate.lifecycle.cgroups import Limits, SandboxCgroup
+from sandgate.lifecycle.images import Image, ImageStore
+from sandgate.lifecycle.kernel import instance_tag, mount, open_in_root, umount
+from sandgate.lifecycle.runtime.base import EXECD_PORT, RuntimeError_, SandboxNet, SandboxSpec
+
+SANDBOX_CAPS = (
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_SETFCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_AUDIT_WRITE",
+)
+HOST_MASKED_DIRS = (
+    "/root",
+    "/home",
+    "/run",
+    "/tmp",
+    "/var/tmp",
+    "/mnt",
+    "/media",
+    "/srv",
+    "/boot",
+    "/etc/sandgate",
+    "/etc/ssh",
+    "/var/lib/sandgate",
+    "/var/lib/docker",
+    "/var/lib/containerd",
+    "/var/log",
+    "/var/mail",
+    "/var/spool",
+    "/var/backups",
+)
+HOST_MASKED_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
+CA_BUNDLES = ("etc/ssl/certs/ca-certificates.crt", "etc/pki/tls/certs/ca-bundle.crt", "etc/ssl/cert.pem")
+PROXY_CA_FILE = "usr/local/share/ca-certificates/sandgate-proxy.crt"
+CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# argv: N, the entrypoint's N words, then execd's argv. Starts the entrypoint, becomes execd.
+LAUNCHER = (
+    "import os,sys;n=int(sys.argv[1]);e=sys.argv[2:2+n];x=sys.argv[2+n:];"
+    "e and os.posix_spawnp(e[0],e,os.environ);os.execv(x[0],x)"
+)
+_PYTHON_PATHS = (
+    "import sys,importlib.util as u;s=u.find_spec('sandgate.execd');"
+    "print(sys.prefix,sys.base_prefix,*(s.submodule_search_locations if s else []),sep='\\n')"
+)
+
+
+class SandboxRecord(BaseModel):
+    """What the runtime keeps on disk per sandbox (`state.json`), for adopt after a restart."""
+
+    sandbox_id: str
+    image: str
+    netns: str
+    address: str
+    created: float
+
+
+class LocalRuntime:
+    name = "local"
+
+    def __init__(
+        self,
+        state_dir: Path,
+        images: ImageStore,
+        *,
+        execd_python: str = sys.executable,
+        instance: str | None = None,
+        seccomp_bpf: Path | None = None,
+        host_masked_dirs: Sequence[str] = HOST_MASKED_DIRS,
+    ) -> None:
+        self.state_dir = state_dir.resolve()
+        self.sandboxes_dir = self.state_dir / "sandboxes"
+        self.images = images
+        self.execd_python = execd_python
+        self.instance = instance or instance_tag(self.state_dir)
+        self.seccomp_bpf = seccomp_bpf
+        self.host_masked_dirs = (*host_masked_dirs, str(self.state_dir))
+        self.python_paths = _python_paths(execd_python)
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- the Runtime protocol ---------------------------------------------------------------
+
+    def create(self, spec: SandboxSpec, net: SandboxNet) -> None:
+        """Start the entrypoint and execd; returns once launched (see `wait_ready`)."""
+        if self.alive(spec.sandbox_id):
+            return
+        image = self.images.get(spec.image)
+        self.delete(spec.sandbox_id)
+        box = self._dir(spec.sandbox_id)
+        try:
+            env = self._prepare_root(box, image, spec, net)
+            cgroup = self._cgroup(spec.sandbox_id)
+            cgroup.create(Limits(spec.memory_bytes, spec.pids_max, spec.cpu_quota))
+            record = SandboxRecord(
+                sandbox_id=spec.sandbox_id,
+                image=spec.image,
+                netns=net.netns,
+                address=net.address,
+                created=time.time(),
+            )
+            (box / "state.json").write_text(record.model_dump_json(), encoding="utf-8")
+            self._launch(spec, net, image, env, box, cgroup)
+        except BaseException:
+            self.delete(spec.sandbox_id)
+            raise
+
+    def delete(self, sandbox_id: str) -> None:
+        process = self._processes.pop(sandbox_id, None)
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)  # the launch chain, in case it has not joined yet
+        self._cgroup(sandbox_id).remove()
+        if process is not None:
+            process.wait(timeout=5)
+        box = self._dir(sandbox_id)
+        root = box / "root"
+        try:
+            umount(root)
+        except OSError:
+            umount(root, lazy=True)
+        shutil.rmtree(box, ignore_errors=True)
+
+    def pause(self, sandbox_id: str) -> None:
+        self._existing_cgroup(sandbox_id).freeze()
+
+    def resume(self, sandbox_id: str) -> None:
+        self._existing_cgroup(sandbox_id).thaw()
+
+    def alive(self, sandbox_id: str) -> bool:
+        process = self._processes.get(sandbox_id)
+        return (process is not None and process.poll() is None) or bool(self._cgroup(sandbox_id).pids())
+
+    def paused(self, sandbox_id: str) -> bool:
+        return self._existing_cgroup(sandbox_id).frozen()
+
+    def adopt(self) -> list[str]:
+        """Sandboxes still running from a previous server; everything else of ours is removed."""
+        running: list[str] = []
+        if self.sandboxes_dir.is_dir():
+            for state in sorted(self.sandboxes_dir.glob("*/state.json")):
+                sandbox_id = state.parent.name
+                if self.alive(sandbox_id):
+                    running.append(sandbox_id)
+                else:
+                    self.delete(sandbox_id)
+            for box in self.sandboxes_dir.iterdir():
+                if box.name not in running and not (box / "state.json").exists():
+                    self.delete(box.name)
+        prefix = self._cgroup_name("")
+        for name in SandboxCgroup.names(prefix):
+            if name[len(prefix) :] not in running:
+                SandboxCgroup(name).remove()
+        return running
+
+    # -- beyond the protocol ----------------------------------------------------------------
+
+    def wait_ready(self, sandbox_id: str, net: SandboxNet, timeout: float = 10.0) -> None:
+        """Wait until execd answers GET /ping with 200; fail early if the sandbox died."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if _ping(net.address):
+                return
+            if not self.alive(sandbox_id):
+                raise RuntimeError_(
+                    f"sandbox {sandbox_id} exited before execd was ready: {self.log_tail(sandbox_id)}"
+                )
+            time.sleep(0.002)
+        raise RuntimeError_(
+            f"execd of sandbox {sandbox_id} did not answer /ping on {net.address}:{EXECD_PORT} "
+            f"within {timeout}s: {self.log_tail(sandbox_id)}"
+        )
+
+    def log_tail(self, sandbox_id: str, limit: int = 2000) -> str:
+        """The end of the sandbox's output (entrypoint and execd), for error messages."""
+        try:
+            data = (self._dir(sandbox_id) / "output.log").read_bytes()
+        except FileNotFoundError:
+            return "(no output)"
+        return data[-limit:].decode(errors="replace").strip() or "(no output)"
+
+    def root_path(self, sandbox_id: str) -> Path:
+        """The sandbox's merged root as seen from the host (the server's view, not the sandbox's)."""
+        return self._dir(sandbox_id) / "root"
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _dir(self, sandbox_id: str) -> Path:
+        if "/" in sandbox_id or sandbox_id in ("", ".", ".."):
+            raise ValueError(f"sandbox id {sandbox_id!r} cannot name a directory")
+        return self.sandboxes_dir / sandbox_id
+
+    def _cgroup_name(self, sandbox_id: str) -> str:
+        return f"sandgate-{self.instance}-{sandbox_id}"
+
+    def _cgroup(self, sandbox_id: str) -> SandboxCgroup:
+        return SandboxCgroup(self._cgroup_name(sandbox_id))
+
+    def _existing_cgroup(self, sandbox_id: str) -> SandboxCgroup:
+        cgroup = self._cgroup(sandbox_id)
+        if not cgroup.exists():
+            raise RuntimeError_(f"sandbox {sandbox_id} is not running in the local runtime")
+        return cgroup
+
+    def _prepare_root(self, box: Path, image: Image, spec: SandboxSpec, net: SandboxNet) -> dict[str, str]:
+        """Mount the overlay root and write what the sandbox needs; returns its environment."""
+        for name in ("upper", "work", "root"):
+            (box / name).mkdir(parents=True, exist_ok=True)
+        lower = "/" if image.rootfs is None else str(image.rootfs)
+        options = f"lowerdir={lower},upperdir={box / 'upper'},workdir={box / 'work'}"
+        mount("overlay", box / "root", "overlay", 0, options)
+        env = _image_env(image)
+        root_fd = os.open(box / "root", os.O_PATH | os.O_DIRECTORY)
+        try:
+            _ensure_dir(root_fd, "workspace")
+            _write_file(
+                root_fd,
+                "etc/resolv.conf",
+                f"nameserver {net.gateway}\noptions timeout:2 attempts:2\n".encode(),
+            )
+            if spec.ca_cert is not None:
+                env.update(_install_ca(root_fd, spec.ca_cert.read_bytes()))
+        finally:
+            os.close(root_fd)
+        env.update(spec.env)
+        env["SANDGATE_SANDBOX_ID"] = spec.sandbox_id
+        return env
+
+    def _launch(
+        self,
+        spec: SandboxSpec,
+        net: SandboxNet,
+        image: Image,
+        env: dict[str, str],
+        box: Path,
+        cgroup: SandboxCgroup,
+    ) -> None:
+        seccomp_fd = os.open(self.seccomp_bpf, os.O_RDONLY) if self.seccomp_bpf else None
+        try:
+            bwrap = self._bwrap_argv(spec, net, image, env, box, seccomp_fd)
+            joins = " && ".join(f"echo $$ > {shlex.quote(str(path))}" for path in cgroup.procs_files())
+            argv = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sandgate-launch"]
+            argv += ["nsenter", f"--net={net.netns_path}", "--", *bwrap]
+            with open(box / "output.log", "ab") as log:
+                self._processes[spec.sandbox_id] = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+                )
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+
+    def _bwrap_argv(
+        self,
+        spec: SandboxSpec,
+        net: SandboxNet,
+        image: Image,
+        env: dict[str, str],
+        box: Path,
+        seccomp_fd: int | None,
+    ) -> list[str]:
+        argv = ["bwrap", "--bind", str(box / "root"), "/", "--proc", "/proc", "--dev", "/dev"]
+        if image.rootfs is None:
+            argv += [
+                word for path in self.host_masked_dirs if os.path.isdir(path) for word in ("--tmpfs", path)
+            ]
+            argv += [
+                w
+                for path in HOST_MASKED_FILES
+                if os.path.exists(path)
+                for w in ("--ro-bind", "/dev/null", path)
+            ]
+        argv += [word for path in self.python_paths for word in ("--ro-bind", path, path)]
+        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        argv += ["--hostname", "sandbox", "--new-session", "--cap-drop", "ALL"]
+        argv += [word for cap in SANDBOX_CAPS for word in ("--cap-add", cap)]
+        argv += ["--chdir", "/workspace", "--clearenv"]
+        argv += [word for key, value in env.items() for word in ("--setenv", key, value)]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
+        execd = [self.execd_python, "-m", "sandgate.execd", "--host", net.address, "--port", str(EXECD_PORT)]
+        if spec.execd_token:
+            execd += ["--token", spec.execd_token]
+        entrypoint = [str(len(spec.entrypoint)), *spec.entrypoint]
+        return [*argv, "--", self.execd_python, "-I", "-S", "-c", LAUNCHER, *entrypoint, *execd]
+
+
+def _python_paths(python: str) -> list[str]:
+    """Directories execd's Python needs (venv, prefix, the execd package), read-only in every sandbox."""
+    result = subprocess.run([python, "-I", "-c", _PYTHON_PATHS], capture_output=True, text=True, timeout=30)
+    if result.returncode != 0:
+        raise RuntimeError_(
+            f"cannot ask {python} where it lives (is it a Python with sandgate?): {result.stderr}"
+        )
+    paths = [line for line in result.stdout.splitlines() if line]
+    if len(paths) < 3:
+        raise RuntimeError_(f"{python} cannot import sandgate.execd; install sandgate into that Python")
+    return list(dict.fromkeys(paths))
+
+
+def _image_env(image: Image) -> dict[str, str]:
+    env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
+    env.update(entry.split("=", 1) for entry in image.env if "=" in entry)  # type: ignore[misc]
+    return env
+
+
+def _install_ca(root_fd: int, ca: bytes) -> dict[str, str]:
+    """Add the proxy CA to every CA bundle the image has; returns the variables that point at it."""
+    _write_file(root_fd, PROXY_CA_FILE, ca)
+    bundles = [path for path in CA_BUNDLES if _read_file(root_fd, path) is not None] or [CA_BUNDLES[0]]
+    for path in bundles:
+        existing = _read_file(root_fd, path) or b""
+        _write_file(root_fd, path, existing.rstrip(b"\n") + b"\n" + ca if existing else ca)
+    env = dict.fromkeys(CA_BUNDLE_VARS, "/" + bundles[0])
+    env["NODE_EXTRA_CA_CERTS"] = "/" + PROXY_CA_FILE
+    return env
+
+
+def _ensure_dir(root_fd: int, relative: str) -> int:
+    """An O_PATH fd of the directory `relative` inside the root, created (0755) when missing."""
+    try:
+        return open_in_root(root_fd, relative or ".", os.O_PATH | os.O_DIRECTORY)
+    except FileNotFoundError:
+        parent_fd = _ensure_dir(root_fd, os.path.dirname(relative))
+        try:
+            os.mkdir(os.path.basename(relative), 0o755, dir_fd=parent_fd)
+        finally:
+            os.close(parent_fd)
+        return open_in_root(root_fd, relative, os.O_PATH | os.O_DIRECTORY)
+
+
+def _write_file(root_fd: int, relative: str, data: bytes) -> None:
+    """Replace a file inside the root; a symlink in its place is replaced, never followed."""
+    parent_fd = _ensure_dir(root_fd, os.path.dirname(relative))
+    name = os.path.basename(relative)
+    try:
+        try:
+            if stat.S_ISLNK(os.lstat(name, dir_fd=parent_fd).st_mode):
+                os.unlink(name, dir_fd=parent_fd)
+        except FileNotFoundError:
+            pass
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=parent_fd)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+    finally:
+        os.close(parent_fd)
+
+
+def _read_file(root_fd: int, relative: str) -> bytes | None:
+    try:
+        fd = open_in_root(root_fd, relative, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
+
+
+def _ping(address: str) -> bool:
+    connection = http.client.HTTPConnection(address, EXECD_PORT, timeout=1)
+    try:
+        connection.request("GET", "/ping")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
