@@ -1,8 +1,27 @@
-"""`sandgate serve`: run the control plane and the egress proxy."""
+"""`sandgate serve`: run the control plane and the egress proxy.
+
+Start order (each step must succeed before the next): state dir (0700) -> API key -> CA ->
+vault -> nft table -> proxy child (supervised) -> re-adopt surviving sandboxes and re-push
+their entries -> expiry reaper -> the HTTP API starts accepting. Shutdown stops the API first,
+then the proxy; sandboxes keep running and are re-adopted by the next start.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
 import click
+import uvicorn
+
+from sandgate.lifecycle.settings import Settings
+
+log = logging.getLogger("sandgate.serve")
+REAP_INTERVAL = 1.0
 
 
 @click.command("serve")
@@ -14,8 +33,18 @@ import click
 @click.option(
     "--print-settings", is_flag=True, help="Print the effective settings (secrets hidden) and exit."
 )
+@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.pass_obj
-def command(obj, host, port, runtime, upstream_dns, upstream_ca, print_settings) -> None:
+def command(
+    obj: Any,
+    host: str | None,
+    port: int | None,
+    runtime: str | None,
+    upstream_dns: tuple[str, ...],
+    upstream_ca: str | None,
+    print_settings: bool,
+    log_level: str,
+) -> None:
     """Run the control-plane API and the egress proxy."""
     settings = obj.settings(
         host=host,
@@ -27,4 +56,76 @@ def command(obj, host, port, runtime, upstream_dns, upstream_ca, print_settings)
     if print_settings:
         click.echo(settings.model_dump_json(indent=2))
         return
-    raise click.ClickException("serve is not implemented yet (issue 7)")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with running_control_plane(settings) as app:
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, ws="websockets")
+        )
+        click.echo(f"sandgate: API on http://{settings.host}:{settings.port} (state in {settings.state_dir})")
+        server.run()
+
+
+def prepare_state_dir(state_dir: Path) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.chmod(0o700)
+
+
+def api_key_for(settings: Settings) -> str:
+    from sandgate.lifecycle.api import load_or_create_api_key
+
+    if settings.api_key is not None:
+        return settings.api_key.get_secret_value()
+    key, created = load_or_create_api_key(settings.state_dir)
+    if created:
+        click.echo(
+            f"sandgate: generated API key (shown once; also in {settings.state_dir / 'api_key'}):\n{key}"
+        )
+    return key
+
+
+@contextmanager
+def running_control_plane(settings: Settings) -> Iterator[Any]:
+    """Everything but the HTTP listener, started in order; stopped in reverse on exit."""
+    from sandgate.lifecycle.api import create_app
+    from sandgate.lifecycle.wiring import build_components
+
+    prepare_state_dir(settings.state_dir)
+    api_key = api_key_for(settings)
+    parts = build_components(settings)
+    try:
+        parts.supervisor.start()
+        parts.service.start()
+        stop_reaper = start_reaper(parts.service.reap_expired)
+        try:
+            yield create_app(
+                parts.service,
+                api_key=api_key,
+                audit_path=settings.audit_log,
+                extra_routers=parts.extra_routers,
+                open_paths=parts.open_paths,
+            )
+        finally:
+            stop_reaper()
+    finally:
+        parts.close()
+
+
+def start_reaper(reap: Any) -> Any:
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(REAP_INTERVAL):
+            try:
+                for sandbox_id in reap():
+                    log.info("sandbox %s expired and was deleted", sandbox_id)
+            except Exception:
+                log.exception("expiry reaper failed; retrying")
+
+    thread = threading.Thread(target=loop, name="expiry-reaper", daemon=True)
+    thread.start()
+
+    def halt() -> None:
+        stop.set()
+        thread.join(5)
+
+    return halt

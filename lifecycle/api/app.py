@@ -1,0 +1,71 @@
+"""The FastAPI application of the control plane.
+
+Rules: every route is served bare and under `/v1` (the clients use `/v1`, the reference server
+answers both); auth and `X-Request-ID` are one ASGI middleware around everything; errors go
+through `errors.install_error_handlers`. The app holds no state of its own: the service, the
+key and the audit path are handed in, so tests and `sandgate serve` build it the same way.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from importlib.metadata import version
+from pathlib import Path
+
+import httpx
+from fastapi import APIRouter, FastAPI
+
+from sandgate.lifecycle.api import egress, proxy, sandboxes
+from sandgate.lifecycle.api.auth import OPEN_PATHS, AuthMiddleware
+from sandgate.lifecycle.api.errors import install_error_handlers
+from sandgate.lifecycle.service import Service
+
+API_PREFIXES = ("", "/v1")
+
+
+def create_app(
+    service: Service,
+    *,
+    api_key: str,
+    audit_path: Path,
+    extra_routers: Iterable[APIRouter] = (),
+    open_paths: Iterable[str] = (),
+) -> FastAPI:
+    """The lifecycle + egress API. `extra_routers` (e.g. audit, console) are mounted as given,
+    behind the same API-key check unless their paths are listed in `open_paths`."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), trust_env=False) as client:
+            app.state.proxy_client = client
+            yield
+
+    app = FastAPI(
+        title="sandgate lifecycle API",
+        version=version("sandgate"),
+        description="OpenSandbox-compatible lifecycle, egress-policy and credential-vault API.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.state.api_key = api_key
+    app.state.audit_path = audit_path
+    app.state.create_metrics = deque(maxlen=1000)
+    install_error_handlers(app)
+
+    @app.get("/health", tags=["Server"])
+    def health() -> dict[str, str]:
+        return {"status": "healthy"}
+
+    @app.get("/version", tags=["Server"])
+    def server_version() -> dict[str, str]:
+        return {"version": version("sandgate"), "compatible": "opensandbox-1.1.1"}
+
+    for prefix in API_PREFIXES:
+        for router in (sandboxes.router, egress.router, proxy.router):
+            app.include_router(router, prefix=prefix)
+    for router in extra_routers:
+        app.include_router(router)
+    app.add_middleware(AuthMiddleware, api_key=api_key, open_paths=OPEN_PATHS | frozenset(open_paths))
+    return app

@@ -1,0 +1,260 @@
+"""The egress API behind each sandbox's 18080 endpoint, served by the control plane.
+
+OpenSandbox runs this API in a sidecar inside the sandbox; sandgate serves it here, outside the
+sandbox's trust domain, at `/v1/sandboxes/{id}/egress/...`. Rules:
+1. A caller proves itself with the sandbox's `OPENSANDBOX-EGRESS-AUTH` token (what the clients
+   send, taken from the endpoint's headers) or with the server's API key (operators, the
+   sandgate CLI). Errors are text/plain, as the sidecar's.
+2. `/policy` speaks the OpenSandbox shapes; `/sandgate-policy` reads and replaces the full
+   sandgate policy document (L7 rules, bindings to named vault entries).
+3. Every change goes through `Service.change_policy`/`change_vault`: validated whole, pushed to
+   the proxy, persisted, audited.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Header, Request, Response
+
+from sandgate.lifecycle.api.auth import API_KEY_HEADER, keys_match
+from sandgate.lifecycle.api.egress_models import (
+    CredentialBindingListResponse,
+    CredentialBindingMetadata,
+    CredentialListResponse,
+    CredentialMetadata,
+    CredentialVaultCreateRequest,
+    CredentialVaultMutationRequest,
+    CredentialVaultState,
+    PolicyStatusResponse,
+)
+from sandgate.lifecycle.api.errors import EgressError
+from sandgate.lifecycle.api.models import NetworkPolicy, NetworkRule
+from sandgate.lifecycle.api.sandboxes import EGRESS_AUTH_HEADER, KIND_STATUS, service_of
+from sandgate.lifecycle.api.vault_state import (
+    binding_metadata,
+    build_create,
+    build_patch,
+    credential_metadata,
+    public_state,
+)
+from sandgate.lifecycle.service import EgressState, LifecycleError, Service
+
+TEXT_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"content": {"text/plain": {"schema": {"type": "string"}}}} for code in (400, 401, 404, 409, 412)
+}
+
+
+def egress_error(exc: LifecycleError) -> EgressError:
+    return EgressError(KIND_STATUS[exc.kind], exc.kind.upper(), exc.message)
+
+
+def run(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except LifecycleError as exc:
+        raise egress_error(exc) from exc
+
+
+def caller(
+    request: Request,
+    sandbox_id: str,
+    egress_auth: Annotated[str | None, Header(alias=EGRESS_AUTH_HEADER)] = None,
+    api_key: Annotated[str | None, Header(alias=API_KEY_HEADER)] = None,
+) -> str:
+    """Who is calling (for the audit record); refuses anyone without token or API key."""
+    service = service_of(request)
+    if api_key and keys_match(api_key, request.app.state.api_key):
+        run(service.get, sandbox_id)
+        return "api-key"
+    try:
+        service.check_egress_token(sandbox_id, egress_auth)
+    except LifecycleError as exc:
+        status = 404 if exc.kind == "not_found" else 401
+        raise EgressError(status, "UNAUTHORIZED", exc.message) from exc
+    return "egress-token"
+
+
+Actor = Annotated[str, Depends(caller)]
+router = APIRouter(prefix="/sandboxes/{sandbox_id}/egress", tags=["Egress"], responses=TEXT_ERRORS)
+
+
+def policy_status(service: Service, state: EgressState) -> PolicyStatusResponse:
+    view = NetworkPolicy.model_validate(service.policies.to_opensandbox(state.document))
+    mode = "enforcing" if view.egress else ("allow_all" if view.default_action == "allow" else "deny_all")
+    return PolicyStatusResponse(mode=mode, policy=view, enforcementMode="proxy")  # type: ignore[arg-type]
+
+
+def _change(request: Request, sandbox_id: str, actor: str, what: str, change: Any) -> PolicyStatusResponse:
+    service = service_of(request)
+    state = run(service.change_policy, sandbox_id, change, actor, what)
+    return policy_status(service, state)
+
+
+@router.get("/policy", response_model=PolicyStatusResponse, response_model_exclude_none=True)
+def get_policy(request: Request, sandbox_id: str, actor: Actor) -> PolicyStatusResponse:
+    service = service_of(request)
+    return policy_status(service, run(service.policy, sandbox_id))
+
+
+@router.put("/policy", response_model=PolicyStatusResponse, response_model_exclude_none=True)
+@router.post("/policy", response_model=PolicyStatusResponse, response_model_exclude_none=True)
+def replace_policy(
+    request: Request, sandbox_id: str, actor: Actor, body: Annotated[NetworkPolicy | None, Body()] = None
+) -> PolicyStatusResponse:
+    """Replace the policy; an empty body, `null` or `{}` means deny everything."""
+    policies = service_of(request).policies
+    wanted = body.model_dump(by_alias=True, exclude_none=True) if body else None
+
+    def change(current: dict[str, Any]) -> dict[str, Any]:
+        return policies.replace_opensandbox(current, wanted)
+
+    return _change(request, sandbox_id, actor, "policy replace", change)
+
+
+@router.patch("/policy", response_model=PolicyStatusResponse, response_model_exclude_none=True)
+def patch_policy(
+    request: Request, sandbox_id: str, actor: Actor, rules: Annotated[list[NetworkRule], Body(min_length=1)]
+) -> PolicyStatusResponse:
+    """Merge rules: same target overrides, new rules come first, first duplicate in the body wins."""
+    policies = service_of(request).policies
+    wire = [rule.model_dump() for rule in rules]
+    return _change(request, sandbox_id, actor, "policy patch", lambda doc: policies.patch_rules(doc, wire))
+
+
+@router.delete("/policy", response_model=PolicyStatusResponse, response_model_exclude_none=True)
+def delete_policy_rules(
+    request: Request, sandbox_id: str, actor: Actor, targets: Annotated[list[str], Body(min_length=1)]
+) -> PolicyStatusResponse:
+    """Remove the rules for these targets; unknown targets are ignored."""
+    policies = service_of(request).policies
+    return _change(
+        request, sandbox_id, actor, "policy delete", lambda doc: policies.delete_targets(doc, targets)
+    )
+
+
+@router.get("/sandgate-policy")
+def get_sandgate_policy(request: Request, sandbox_id: str, actor: Actor) -> dict[str, Any]:
+    """The sandgate policy document, its revision, and the effective policy (vault bindings added)."""
+    service = service_of(request)
+    state = run(service.policy, sandbox_id)
+    return {
+        "revision": state.revision,
+        "policy": state.document,
+        "effective": service.effective_policy(sandbox_id),
+    }
+
+
+@router.put("/sandgate-policy")
+def put_sandgate_policy(
+    request: Request,
+    sandbox_id: str,
+    actor: Actor,
+    policy: Annotated[dict[str, Any], Body(embed=True)],
+    expected_revision: Annotated[int | None, Body(embed=True, alias="expectedRevision")] = None,
+) -> dict[str, Any]:
+    """Replace the sandgate policy document (the credential vault's bindings stay on top of it)."""
+    service = service_of(request)
+
+    state = run(
+        service.change_policy,
+        sandbox_id,
+        lambda _current: policy,
+        actor,
+        "sandgate-policy replace",
+        expected_revision,
+    )
+    return {"revision": state.revision, "policy": state.document}
+
+
+# --- credential vault ---------------------------------------------------------------------------
+
+
+@router.post(
+    "/credential-vault",
+    status_code=201,
+    response_model=CredentialVaultState,
+    response_model_exclude_none=True,
+)
+def create_vault(
+    request: Request, sandbox_id: str, actor: Actor, body: CredentialVaultCreateRequest
+) -> CredentialVaultState:
+    service = service_of(request)
+    state = run(
+        service.change_vault,
+        sandbox_id,
+        lambda _old, revision: build_create(sandbox_id, body, revision),
+        actor,
+        "credential-vault create",
+        None,
+        must_exist=False,
+    )
+    return public_state(state.revision, state.document)
+
+
+@router.get("/credential-vault", response_model=CredentialVaultState, response_model_exclude_none=True)
+def get_vault(request: Request, sandbox_id: str, actor: Actor) -> CredentialVaultState:
+    state = run(service_of(request).vault_state, sandbox_id)
+    return public_state(state.revision, state.document)
+
+
+@router.patch("/credential-vault", response_model=CredentialVaultState, response_model_exclude_none=True)
+def patch_vault(
+    request: Request, sandbox_id: str, actor: Actor, body: CredentialVaultMutationRequest
+) -> CredentialVaultState:
+    service = service_of(request)
+    state = run(
+        service.change_vault,
+        sandbox_id,
+        lambda old, revision: build_patch(sandbox_id, old or {}, body, revision),
+        actor,
+        "credential-vault patch",
+        body.expected_revision,
+        must_exist=True,
+    )
+    return public_state(state.revision, state.document)
+
+
+@router.delete("/credential-vault", status_code=204, response_class=Response)
+def delete_vault(request: Request, sandbox_id: str, actor: Actor) -> Response:
+    run(service_of(request).delete_vault, sandbox_id, actor)
+    return Response(status_code=204)
+
+
+@router.get("/credential-vault/credentials", response_model=CredentialListResponse)
+def list_credentials(request: Request, sandbox_id: str, actor: Actor) -> CredentialListResponse:
+    state = run(service_of(request).vault_state, sandbox_id)
+    return CredentialListResponse(revision=state.revision, credentials=credential_metadata(state.document))
+
+
+@router.get("/credential-vault/credentials/{name}", response_model=CredentialMetadata)
+def get_credential(request: Request, sandbox_id: str, name: str, actor: Actor) -> CredentialMetadata:
+    state = run(service_of(request).vault_state, sandbox_id)
+    return _one(credential_metadata(state.document), name, "credential")
+
+
+@router.get(
+    "/credential-vault/bindings",
+    response_model=CredentialBindingListResponse,
+    response_model_exclude_none=True,
+)
+def list_bindings(request: Request, sandbox_id: str, actor: Actor) -> CredentialBindingListResponse:
+    state = run(service_of(request).vault_state, sandbox_id)
+    return CredentialBindingListResponse(revision=state.revision, bindings=binding_metadata(state.document))
+
+
+@router.get(
+    "/credential-vault/bindings/{name}",
+    response_model=CredentialBindingMetadata,
+    response_model_exclude_none=True,
+)
+def get_binding(request: Request, sandbox_id: str, name: str, actor: Actor) -> CredentialBindingMetadata:
+    state = run(service_of(request).vault_state, sandbox_id)
+    return _one(binding_metadata(state.document), name, "binding")
+
+
+def _one(items: list[Any], name: str, what: str) -> Any:
+    for item in items:
+        if item.name == name:
+            return item
+    raise EgressError(404, "NOT_FOUND", f"no {what} named {name!r} in this sandbox's credential vault")

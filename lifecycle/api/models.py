@@ -1,0 +1,167 @@
+"""Wire models of the OpenSandbox lifecycle API (the shapes the 1.1.1 clients send and parse).
+
+Rules:
+1. Field names on the wire are camelCase (aliases); Python code uses snake_case.
+2. Responses are serialised with `exclude_none`: the generated client crashes on explicit nulls
+   (e.g. `isoparse(None)` for `expiresAt`), so a field without a value is left out.
+3. Requests accept unknown fields (as the reference server does) but validate every known one;
+   what sandgate cannot honour (snapshots, templates, volumes) is refused by the service with a
+   clear message, not silently ignored.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+SandboxState = Literal[
+    "Pending", "Running", "Pausing", "Paused", "Resuming", "Stopping", "Terminated", "Failed"
+]
+SANDBOX_STATES: tuple[str, ...] = SandboxState.__args__  # type: ignore[attr-defined]
+
+
+class WireModel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class ErrorResponse(WireModel):
+    """Every non-2xx answer of the lifecycle API."""
+
+    code: str = Field(description="Machine-readable error code, e.g. NOT_FOUND, INVALID_REQUEST")
+    message: str = Field(description="What was wrong and how to fix it")
+
+
+class ImageAuth(WireModel):
+    username: str
+    password: str
+
+
+class ImageSpec(WireModel):
+    uri: str = Field(min_length=1, description="Image reference; the local runtime knows `sandgate/host`")
+    auth: ImageAuth | None = None
+
+
+class PlatformSpec(WireModel):
+    os: str
+    arch: str
+
+
+class NetworkRule(WireModel):
+    action: Literal["allow", "deny"]
+    target: str = Field(min_length=1, description="FQDN, `*.` wildcard, IP or CIDR")
+
+
+class NetworkPolicy(WireModel):
+    """The OpenSandbox egress policy shape (also the sidecar's /policy body)."""
+
+    default_action: Literal["allow", "deny"] | None = None
+    egress: list[NetworkRule] = Field(default_factory=list)
+
+
+class CredentialProxyConfig(WireModel):
+    enabled: bool = False
+
+
+class LifecycleHook(WireModel):
+    command: list[str] = Field(min_length=1)
+    timeout_seconds: int | None = Field(None, ge=1, le=10800)
+
+
+class PeriodicLifecycleHook(WireModel):
+    name: str = Field(min_length=1)
+    schedule: str = Field(min_length=1)
+    command: list[str] = Field(min_length=1)
+    timeout_seconds: int | None = Field(None, ge=1, le=300)
+
+
+class SandboxLifecycle(WireModel):
+    pre_start: LifecycleHook | None = None
+    periodic: list[PeriodicLifecycleHook] | None = None
+
+
+class CreateSandboxRequest(WireModel):
+    image: ImageSpec | None = None
+    snapshot_id: str | None = None
+    template_id: str | None = None
+    platform: PlatformSpec | None = None
+    timeout: int | None = Field(None, ge=60, description="Seconds until expiry; null never expires")
+    resource_limits: dict[str, str] | None = None
+    resource_requests: dict[str, str] | None = None
+    env: dict[str, str | None] | None = None
+    metadata: dict[str, str] | None = None
+    lifecycle: SandboxLifecycle | None = None
+    entrypoint: list[str] | None = Field(None, min_length=1)
+    network_policy: NetworkPolicy | None = None
+    credential_proxy: CredentialProxyConfig | None = None
+    secure_access: bool = False
+    volumes: list[dict[str, object]] | None = None
+    extensions: dict[str, str] | None = None
+
+
+class SandboxStatus(WireModel):
+    state: SandboxState
+    reason: str | None = None
+    message: str | None = None
+    last_transition_at: datetime | None = None
+
+
+class CreateSandboxResponse(WireModel):
+    id: str
+    status: SandboxStatus
+    metadata: dict[str, str] | None = None
+    extensions: dict[str, str] | None = None
+    platform: PlatformSpec | None = None
+    expires_at: datetime | None = None
+    created_at: datetime
+    entrypoint: list[str]
+
+
+class Sandbox(CreateSandboxResponse):
+    image: ImageSpec | None = None
+
+
+class PaginationInfo(WireModel):
+    page: int = Field(ge=1)
+    page_size: int = Field(ge=1)
+    total_items: int = Field(ge=0)
+    total_pages: int = Field(ge=0)
+    has_next_page: bool
+
+
+class ListSandboxesResponse(WireModel):
+    items: list[Sandbox]
+    pagination: PaginationInfo
+
+
+class RenewSandboxExpirationRequest(WireModel):
+    expires_at: datetime
+
+
+class RenewSandboxExpirationResponse(WireModel):
+    expires_at: datetime
+
+
+class Endpoint(WireModel):
+    endpoint: str = Field(description="host[:port][/path], no scheme")
+    headers: dict[str, str] | None = None
+
+
+class MetricsEvent(WireModel):
+    event_type: Literal["sandbox.create"]
+    sandbox_id: str | None = None
+    image: str | None = None
+    create_duration_ms: Annotated[int, Field(ge=0)]
+    success: bool
+
+
+class DiagnosticContent(WireModel):
+    sandbox_id: str
+    kind: Literal["logs", "events"]
+    scope: str
+    delivery: Literal["inline"] = "inline"
+    content_type: str = "text/plain"
+    content: str
+    truncated: bool = False

@@ -1,0 +1,307 @@
+"""The OpenSandbox lifecycle routes (served bare and under /v1).
+
+Rules: handlers translate between wire models and the service, nothing more; status codes are
+exactly the ones the 1.1.1 clients expect (create 202, delete 204, pause/resume 202 empty).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qsl
+
+from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi.responses import PlainTextResponse
+
+from sandgate.lifecycle.api.errors import ApiError
+from sandgate.lifecycle.api.models import (
+    SANDBOX_STATES,
+    CreateSandboxRequest,
+    CreateSandboxResponse,
+    DiagnosticContent,
+    Endpoint,
+    ErrorResponse,
+    ImageSpec,
+    ListSandboxesResponse,
+    MetricsEvent,
+    PaginationInfo,
+    PlatformSpec,
+    RenewSandboxExpirationRequest,
+    RenewSandboxExpirationResponse,
+    Sandbox,
+    SandboxStatus,
+)
+from sandgate.lifecycle.service import CreateRequest, LifecycleError, Service
+from sandgate.lifecycle.store import SandboxRecord
+
+EGRESS_PORT = 18080
+EGRESS_AUTH_HEADER = "OPENSANDBOX-EGRESS-AUTH"
+DEFAULT_ENTRYPOINT = ["tail", "-f", "/dev/null"]
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 422, 500, 503)
+}
+KIND_STATUS = {"not_found": 404, "invalid": 400, "conflict": 409, "unsupported": 400,
+               "unavailable": 503, "precondition": 412}  # fmt: skip
+
+router = APIRouter(tags=["Sandboxes"], responses=ERRORS)
+
+
+def service_of(request: Request) -> Service:
+    return request.app.state.service
+
+
+def api_error(exc: LifecycleError) -> ApiError:
+    return ApiError(KIND_STATUS[exc.kind], exc.kind.upper(), exc.message)
+
+
+def call(fn: Any, *args: Any) -> Any:
+    """Run a service call, turning its errors into API errors."""
+    try:
+        return fn(*args)
+    except LifecycleError as exc:
+        raise api_error(exc) from exc
+
+
+def to_status(record: SandboxRecord) -> SandboxStatus:
+    return SandboxStatus(
+        state=record.state,  # type: ignore[arg-type]
+        reason=record.reason,
+        message=record.message,
+        last_transition_at=record.transition_at,
+    )
+
+
+def to_sandbox(record: SandboxRecord) -> Sandbox:
+    return Sandbox(
+        id=record.id,
+        image=ImageSpec(uri=record.image),
+        status=to_status(record),
+        metadata=record.metadata,
+        extensions=record.extensions or None,
+        platform=PlatformSpec(**record.platform) if record.platform else None,
+        expires_at=record.expires_at,
+        created_at=record.created_at,
+        entrypoint=record.entrypoint,
+    )
+
+
+def to_create_request(body: CreateSandboxRequest) -> CreateRequest:
+    if body.snapshot_id or body.template_id:
+        raise ApiError(
+            400, "UNSUPPORTED", "sandgate creates sandboxes from images only (no snapshots/templates)"
+        )
+    if body.image is None:
+        raise ApiError(
+            400, "INVALID_REQUEST", "image.uri is required (e.g. {'image': {'uri': 'sandgate/host'}})"
+        )
+    if body.volumes:
+        raise ApiError(400, "UNSUPPORTED", "volumes are not supported by sandgate's runtimes; omit `volumes`")
+    if body.credential_proxy and body.credential_proxy.enabled and body.network_policy is None:
+        raise ApiError(
+            422, "INVALID_REQUEST", "credentialProxy.enabled needs a networkPolicy in the same request"
+        )
+    return CreateRequest(
+        image=body.image.uri,
+        entrypoint=body.entrypoint or DEFAULT_ENTRYPOINT,
+        env={k: v for k, v in (body.env or {}).items() if v is not None},
+        metadata=body.metadata or {},
+        extensions=body.extensions or {},
+        platform=body.platform.model_dump() if body.platform else None,
+        resource_limits=body.resource_limits or {},
+        timeout=body.timeout,
+        network_policy=body.network_policy.model_dump(by_alias=True, exclude_none=True)
+        if body.network_policy
+        else None,
+        credential_proxy=bool(body.credential_proxy and body.credential_proxy.enabled),
+    )
+
+
+@router.post(
+    "/sandboxes", status_code=202, response_model=CreateSandboxResponse, response_model_exclude_none=True
+)
+def create_sandbox(request: Request, body: CreateSandboxRequest) -> CreateSandboxResponse:
+    record = call(service_of(request).create, to_create_request(body))
+    return CreateSandboxResponse(**to_sandbox(record).model_dump(exclude={"image"}))
+
+
+def parse_metadata_filter(metadata: str | None) -> dict[str, str]:
+    if not metadata:
+        return {}
+    pairs = parse_qsl(metadata, keep_blank_values=True)
+    if not pairs:
+        raise ApiError(400, "INVALID_REQUEST", f"metadata filter {metadata!r} is not k=v&k2=v2")
+    return dict(pairs)
+
+
+@router.get("/sandboxes", response_model=ListSandboxesResponse, response_model_exclude_none=True)
+def list_sandboxes(
+    request: Request,
+    state: Annotated[list[str] | None, Query(description="keep only these states (repeatable)")] = None,
+    metadata: Annotated[str | None, Query(description="URL-encoded k=v&k2=v2; all must match")] = None,
+    page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+    page_size: Annotated[int, Query(alias="pageSize", ge=1, le=200)] = 20,
+) -> ListSandboxesResponse:
+    wanted_states = {s.lower() for s in state or []}
+    unknown = wanted_states - {s.lower() for s in SANDBOX_STATES}
+    if unknown:
+        raise ApiError(
+            400, "INVALID_REQUEST", f"unknown state(s) {sorted(unknown)}; use {', '.join(SANDBOX_STATES)}"
+        )
+    wanted_metadata = parse_metadata_filter(metadata)
+    records = [
+        r
+        for r in service_of(request).list_sandboxes()
+        if (not wanted_states or r.state.lower() in wanted_states)
+        and all(r.metadata.get(k) == v for k, v in wanted_metadata.items())
+    ]
+    start = (page - 1) * page_size
+    total_pages = math.ceil(len(records) / page_size)
+    return ListSandboxesResponse(
+        items=[to_sandbox(r) for r in records[start : start + page_size]],
+        pagination=PaginationInfo(
+            page=page,
+            page_size=page_size,
+            total_items=len(records),
+            total_pages=total_pages,
+            has_next_page=page < total_pages,
+        ),
+    )
+
+
+@router.get("/sandboxes/{sandbox_id}", response_model=Sandbox, response_model_exclude_none=True)
+def get_sandbox(request: Request, sandbox_id: str) -> Sandbox:
+    return to_sandbox(call(service_of(request).get, sandbox_id))
+
+
+@router.delete("/sandboxes/{sandbox_id}", status_code=204, response_class=Response)
+def delete_sandbox(request: Request, sandbox_id: str) -> Response:
+    call(service_of(request).delete, sandbox_id)
+    return Response(status_code=204)
+
+
+@router.patch("/sandboxes/{sandbox_id}/metadata", response_model=Sandbox, response_model_exclude_none=True)
+def patch_metadata(
+    request: Request, sandbox_id: str, patch: Annotated[dict[str, str | None], Body()]
+) -> Sandbox:
+    return to_sandbox(call(service_of(request).patch_metadata, sandbox_id, patch))
+
+
+@router.post("/sandboxes/{sandbox_id}/pause", status_code=202, response_class=Response)
+def pause_sandbox(request: Request, sandbox_id: str) -> Response:
+    call(service_of(request).pause, sandbox_id)
+    return Response(status_code=202)
+
+
+@router.post("/sandboxes/{sandbox_id}/resume", status_code=202, response_class=Response)
+def resume_sandbox(request: Request, sandbox_id: str) -> Response:
+    call(service_of(request).resume, sandbox_id)
+    return Response(status_code=202)
+
+
+@router.post("/sandboxes/{sandbox_id}/renew-expiration", response_model=RenewSandboxExpirationResponse)
+def renew_expiration(
+    request: Request, sandbox_id: str, body: RenewSandboxExpirationRequest
+) -> RenewSandboxExpirationResponse:
+    return RenewSandboxExpirationResponse(
+        expires_at=call(service_of(request).renew, sandbox_id, body.expires_at)
+    )
+
+
+@router.get(
+    "/sandboxes/{sandbox_id}/endpoints/{port}", response_model=Endpoint, response_model_exclude_none=True
+)
+def get_endpoint(
+    request: Request,
+    sandbox_id: str,
+    port: int,
+    use_server_proxy: bool = False,
+    expires: Annotated[int | None, Query(ge=0)] = None,
+) -> Endpoint:
+    """44772 (execd) is the sandbox's own address; 18080 (egress API) is served here, by the
+    control plane, with the sandbox's token; `use_server_proxy` routes through this server."""
+    if not 1 <= port <= 65535:
+        raise ApiError(400, "INVALID_REQUEST", f"port {port} is outside 1-65535")
+    record = call(service_of(request).get, sandbox_id)
+    here = request.headers.get("host") or f"{request.url.hostname}:{request.url.port}"
+    prefix = "/v1" if request.url.path.startswith("/v1/") else ""
+    if port == EGRESS_PORT:
+        return Endpoint(
+            endpoint=f"{here}{prefix}/sandboxes/{sandbox_id}/egress",
+            headers={EGRESS_AUTH_HEADER: record.egress_token},
+        )
+    if use_server_proxy:
+        return Endpoint(endpoint=f"{here}{prefix}/sandboxes/{sandbox_id}/proxy/{port}")
+    if record.address is None or record.state != "Running":
+        raise ApiError(409, "NOT_RUNNING", f"sandbox {sandbox_id} is {record.state}; it has no endpoint now")
+    return Endpoint(endpoint=f"{record.address}:{port}")
+
+
+def audit_tail(path: Path, sandbox_id: str, policy_changes: bool, limit: int = 200) -> tuple[str, bool]:
+    """The sandbox's last `limit` audit lines (policy changes or traffic), read from the tail."""
+    if not path.is_file():
+        return "", False
+    with path.open("rb") as handle:
+        handle.seek(0, 2)
+        size = handle.tell()
+        handle.seek(max(0, size - 4 * 1024 * 1024))
+        lines = handle.read().decode(errors="replace").splitlines()
+    found: deque[str] = deque(maxlen=limit)
+    total = 0
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if item.get("sandbox") == sandbox_id and (item.get("kind") == "policy_change") == policy_changes:
+            found.append(line)
+            total += 1
+    return "\n".join(found), total > limit
+
+
+def diagnostics(request: Request, sandbox_id: str, kind: str, scope: str | None) -> Any:
+    record = call(service_of(request).get, sandbox_id)
+    content, truncated = audit_tail(request.app.state.audit_path, sandbox_id, policy_changes=kind == "events")
+    if kind == "events":
+        status = f'{{"state": "{record.state}", "reason": "{record.reason or ""}"}}'
+        content = f"{content}\n{status}".strip()
+    if scope is None:
+        return PlainTextResponse(content)
+    return DiagnosticContent(
+        sandbox_id=sandbox_id, kind=kind, scope=scope, content_type="application/x-ndjson",  # type: ignore[arg-type]
+        content=content, truncated=truncated,
+    )  # fmt: skip
+
+
+@router.get("/sandboxes/{sandbox_id}/diagnostics/logs", tags=["DevOps"], response_model=DiagnosticContent)
+def diagnostics_logs(request: Request, sandbox_id: str, scope: str | None = None) -> Any:
+    """The sandbox's egress audit records (one JSON line each, newest last)."""
+    return diagnostics(request, sandbox_id, "logs", scope)
+
+
+@router.get("/sandboxes/{sandbox_id}/diagnostics/events", tags=["DevOps"], response_model=DiagnosticContent)
+def diagnostics_events(request: Request, sandbox_id: str, scope: str | None = None) -> Any:
+    """The sandbox's policy-change records and current state."""
+    return diagnostics(request, sandbox_id, "events", scope)
+
+
+@router.get("/sandboxes/{sandbox_id}/diagnostics/summary", tags=["DevOps"], response_class=PlainTextResponse)
+def diagnostics_summary(request: Request, sandbox_id: str) -> str:
+    r = call(service_of(request).get, sandbox_id)
+    expires = r.expires_at.isoformat() if r.expires_at else "never"
+    lines = [f"sandbox {r.id}", f"state {r.state} ({r.reason or '-'})", f"image {r.image}",
+             f"address {r.address}", f"expires {expires}"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+@router.get("/sandboxes/{sandbox_id}/diagnostics/inspect", tags=["DevOps"], response_class=PlainTextResponse)
+def diagnostics_inspect(request: Request, sandbox_id: str) -> str:
+    return to_sandbox(call(service_of(request).get, sandbox_id)).model_dump_json(by_alias=True, indent=2)
+
+
+@router.post("/metrics/events", status_code=204, response_class=Response, tags=["Metrics"])
+def metrics_event(request: Request, event: MetricsEvent) -> Response:
+    request.app.state.create_metrics.append(event.model_dump())
+    return Response(status_code=204)

@@ -1,0 +1,578 @@
+"""The control plane's actions: create, delete, pause, resume, renew, change egress, re-adopt.
+
+Rules:
+1. Order of a create: validate everything (request, policy, image) -> build the network ->
+   push the sandbox's entry to the proxy (so its first packet is already governed) -> start the
+   runtime -> wait for execd `/ping` -> persist as Running. A failure at any step undoes the
+   steps before it; nothing half-made is left behind or recorded.
+2. Every egress change (policy or credential vault) is computed whole, validated whole, pushed
+   to the proxy, then persisted with a new revision and written to the audit log as one
+   `policy_change` record. If validation or the push fails, the old state stays in force.
+3. Credential values go to the vault under names private to the sandbox; the database and every
+   response hold only names. A new revision writes new entries, so the switch is atomic, and
+   deletes the old ones afterwards.
+4. Restart: the store is the truth. `start()` asks the runtime which sandboxes survived,
+   re-pushes their entries to the proxy, marks the rest Terminated and removes their networks,
+   all before the API accepts traffic.
+5. This module speaks no HTTP: it raises `LifecycleError(kind, message)`; the API maps kinds to
+   status codes. Collaborators (networks, runtime, proxy, vault, policy) are passed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal, Protocol
+
+import httpx
+
+from sandgate.lifecycle.runtime.base import EXECD_PORT, SandboxNet, SandboxSpec
+from sandgate.lifecycle.store import NotFound, RevisionConflict, SandboxRecord, Store, utcnow
+from sandgate.policy import (
+    delete_targets,
+    patch_rules,
+    policy_from_dict,
+    replace_policy,
+    to_document,
+    to_opensandbox,
+)
+
+log = logging.getLogger(__name__)
+
+ErrorKind = Literal["not_found", "invalid", "conflict", "unsupported", "unavailable", "precondition"]
+READY_TIMEOUT = 15.0
+PAUSABLE = {"Running"}
+
+
+class LifecycleError(Exception):
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+# --- what the service needs from its collaborators --------------------------------------------
+
+
+class Networks(Protocol):
+    def create(self, sandbox_id: str) -> SandboxNet: ...
+    def destroy(self, sandbox_id: str) -> None: ...
+    def cleanup_leftovers(self, keep: set[str]) -> dict[str, SandboxNet]: ...
+
+
+class Runtime(Protocol):
+    def create(self, spec: SandboxSpec, net: SandboxNet) -> None: ...
+    def delete(self, sandbox_id: str) -> None: ...
+    def pause(self, sandbox_id: str) -> None: ...
+    def resume(self, sandbox_id: str) -> None: ...
+    def adopt(self) -> list[str]: ...
+
+
+class ProxyClient(Protocol):
+    def put_sandbox(self, entry: Any) -> object: ...
+    def drop_sandbox(self, address: str) -> object: ...
+
+
+class SecretStore(Protocol):
+    def put(self, name: str, value: str) -> object: ...
+    def delete(self, name: str) -> object: ...
+
+
+class PolicyBook(Protocol):
+    """sandgate.policy seen from lifecycle: documents are plain JSON dicts (the policy file model)."""
+
+    def from_opensandbox(self, network_policy: dict[str, Any] | None) -> dict[str, Any]: ...
+    def validate(self, document: dict[str, Any]) -> dict[str, Any]: ...
+    def to_opensandbox(self, document: dict[str, Any]) -> dict[str, Any]: ...
+    def replace_opensandbox(
+        self, document: dict[str, Any], wanted: dict[str, Any] | None
+    ) -> dict[str, Any]: ...
+    def patch_rules(self, document: dict[str, Any], rules: list[dict[str, str]]) -> dict[str, Any]: ...
+    def delete_targets(self, document: dict[str, Any], targets: list[str]) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    """A create request reduced to what the service acts on (the API layer builds it)."""
+
+    image: str
+    entrypoint: list[str]
+    env: dict[str, str]
+    metadata: dict[str, str]
+    extensions: dict[str, str]
+    platform: dict[str, str] | None
+    resource_limits: dict[str, str]
+    timeout: int | None
+    network_policy: dict[str, Any] | None
+    credential_proxy: bool
+
+
+@dataclass(frozen=True)
+class EgressState:
+    revision: int
+    document: dict[str, Any]
+
+
+SandboxEntryFactory = Callable[[str, str, dict[str, Any], dict[str, str]], Any]
+AuditWriter = Callable[[str, str, dict[str, Any]], None]
+
+
+def digest(document: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def parse_quantity(value: str, what: str) -> float:
+    """Kubernetes-style quantities: '500m' CPUs, '512Mi'/'2Gi'/'1G' bytes."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "K": 1e3, "M": 1e6,
+             "G": 1e9, "T": 1e12, "m": 1e-3}  # fmt: skip
+    for suffix in sorted(units, key=len, reverse=True):
+        if value.endswith(suffix):
+            number, scale = value[: -len(suffix)], units[suffix]
+            break
+    else:
+        number, scale = value, 1
+    try:
+        return float(number) * scale
+    except ValueError:
+        raise LifecycleError(
+            "invalid", f"resourceLimits.{what}={value!r} is not a quantity (use e.g. '500m', '1', '512Mi')"
+        ) from None
+
+
+class Service:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        networks: Networks,
+        runtime: Runtime,
+        proxy: ProxyClient,
+        vault: SecretStore,
+        policies: PolicyBook,
+        entry_factory: SandboxEntryFactory,
+        audit: AuditWriter,
+        check_image: Callable[[str], object] = lambda image: None,
+        ca_cert: Any = None,
+        ready_timeout: float = READY_TIMEOUT,
+    ) -> None:
+        self.store = store
+        self.networks = networks
+        self.runtime = runtime
+        self.proxy = proxy
+        self.vault = vault
+        self.policies = policies
+        self.entry_factory = entry_factory
+        self.audit = audit
+        self.check_image = check_image
+        self.ca_cert = ca_cert
+        self.ready_timeout = ready_timeout
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _lock(self, sandbox_id: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(sandbox_id, threading.Lock())
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def create(self, request: CreateRequest, actor: str = "api") -> SandboxRecord:
+        document = self._validated(self.policies.from_opensandbox(request.network_policy))
+        try:
+            self.check_image(request.image)
+        except Exception as exc:
+            raise LifecycleError("invalid", str(exc)) from exc
+        limits = self._limits(request.resource_limits)
+        now = utcnow()
+        record = SandboxRecord(
+            id=str(uuid.uuid4()),
+            image=request.image,
+            entrypoint=request.entrypoint,
+            created_at=now,
+            state="Pending",
+            transition_at=now,
+            expires_at=now + timedelta(seconds=request.timeout) if request.timeout else None,
+            metadata=request.metadata,
+            extensions=request.extensions,
+            platform=request.platform,
+            resource_limits=request.resource_limits,
+            egress_token=secrets.token_urlsafe(24),
+            credential_proxy=request.credential_proxy,
+        )
+        spec = SandboxSpec(
+            sandbox_id=record.id,
+            image=request.image,
+            entrypoint=request.entrypoint,
+            env=request.env,
+            ca_cert=self.ca_cert,
+            **limits,
+        )
+        undo: list[Callable[[], object]] = []
+        try:
+            net = self.networks.create(record.id)
+            undo.append(lambda: self.networks.destroy(record.id))
+            record = replace(record, address=net.address, gateway=net.gateway, netns=net.netns)
+            self.proxy.put_sandbox(self.entry_factory(record.id, net.address, document, {}))
+            undo.append(lambda: self.proxy.drop_sandbox(net.address))
+            self.runtime.create(spec, net)
+            undo.append(lambda: self.runtime.delete(record.id))
+            self._wait_ready(net.address)
+            record = record.with_state("Running", "SANDBOX_READY", "execd answered /ping")
+            self.store.put_sandbox(record)
+            self.store.put_policy(record.id, document, expected_revision=0)
+        except Exception as exc:
+            for step in reversed(undo):
+                _quietly(step)
+            if isinstance(exc, LifecycleError):
+                raise
+            raise LifecycleError("unavailable", f"sandbox could not be started: {exc}") from exc
+        self._audit_change(record.id, actor, 0, 1, {}, document, "create")
+        return record
+
+    def list_sandboxes(self) -> list[SandboxRecord]:
+        return self.store.list_sandboxes()
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        try:
+            return self.store.get_sandbox(sandbox_id)
+        except NotFound:
+            raise LifecycleError(
+                "not_found", f"sandbox {sandbox_id!r} does not exist (list them with GET /v1/sandboxes)"
+            ) from None
+
+    def delete(self, sandbox_id: str) -> None:
+        with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            self._teardown(record)
+            self.store.delete_sandbox(sandbox_id)
+
+    def patch_metadata(self, sandbox_id: str, patch: dict[str, str | None]) -> SandboxRecord:
+        with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            metadata = dict(record.metadata)
+            for key, value in patch.items():
+                if value is None:
+                    metadata.pop(key, None)
+                else:
+                    metadata[key] = value
+            record = replace(record, metadata=metadata)
+            self.store.put_sandbox(record)
+            return record
+
+    def pause(self, sandbox_id: str) -> None:
+        self._transition(sandbox_id, {"Running"}, self.runtime.pause, "Paused", "pause")
+
+    def resume(self, sandbox_id: str) -> None:
+        self._transition(sandbox_id, {"Paused"}, self.runtime.resume, "Running", "resume")
+
+    def renew(self, sandbox_id: str, expires_at: datetime) -> datetime:
+        if expires_at.tzinfo is None:
+            raise LifecycleError("invalid", "expiresAt needs a time zone (RFC 3339, e.g. ...Z)")
+        if expires_at <= utcnow():
+            raise LifecycleError("invalid", f"expiresAt {expires_at.isoformat()} is not in the future")
+        with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            self.store.put_sandbox(replace(record, expires_at=expires_at))
+        return expires_at
+
+    def reap_expired(self) -> list[str]:
+        """Delete every sandbox whose expiry has passed; returns their ids."""
+        now = utcnow()
+        reaped = []
+        for record in self.store.list_sandboxes():
+            if record.expires_at and record.expires_at <= now:
+                try:
+                    self.delete(record.id)
+                    reaped.append(record.id)
+                except Exception:
+                    log.exception("could not reap expired sandbox %s", record.id)
+        return reaped
+
+    def start(self) -> None:
+        """Re-adopt what survived a restart and re-feed the proxy; remove the rest (rule 4)."""
+        alive = set(self.runtime.adopt())
+        records = self.store.list_sandboxes()
+        keep = {r.id for r in records if r.id in alive and r.state in ("Running", "Paused")}
+        adopted = self.networks.cleanup_leftovers(keep)
+        for record in records:
+            if record.id in keep and record.id in adopted:
+                continue
+            log.warning("sandbox %s did not survive the restart (%s); removing it", record.id, record.state)
+            self._teardown(record)
+            self.store.delete_sandbox(record.id)
+        self.repush()
+
+    def repush(self) -> int:
+        """Push every live sandbox's entry to the proxy (after the proxy (re)started)."""
+        count = 0
+        for record in self.store.list_sandboxes():
+            if record.address and record.state in ("Running", "Paused", "Pausing", "Resuming"):
+                self._push(record)
+                count += 1
+        return count
+
+    def _transition(
+        self, sandbox_id: str, allowed: set[str], act: Callable[[str], None], target: str, verb: str
+    ) -> None:
+        with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            if record.state not in allowed:
+                raise LifecycleError(
+                    "conflict",
+                    f"cannot {verb} sandbox {sandbox_id}: it is {record.state}, not {'/'.join(allowed)}",
+                )
+            act(sandbox_id)
+            self.store.put_sandbox(record.with_state(target, verb.upper() + "D", None))
+
+    def _teardown(self, record: SandboxRecord) -> None:
+        _quietly(lambda: self.runtime.delete(record.id))
+        if record.address:
+            _quietly(lambda: self.proxy.drop_sandbox(record.address or ""))
+        _quietly(lambda: self.networks.destroy(record.id))
+        vault = self.store.get_vault(record.id)
+        for name in _entry_names(vault.document if vault else {}):
+            _quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
+
+    def _wait_ready(self, address: str) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        url = f"http://{address}:{EXECD_PORT}/ping"
+        last: str = "no answer yet"
+        with httpx.Client(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                try:
+                    if client.get(url).status_code == 200:
+                        return
+                    last = "execd answered /ping with an error"
+                except httpx.HTTPError as exc:
+                    last = str(exc) or type(exc).__name__
+                time.sleep(0.02)
+        raise LifecycleError("unavailable", f"execd at {url} not ready within {self.ready_timeout}s: {last}")
+
+    def _limits(self, limits: dict[str, str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if "cpu" in limits:
+            out["cpu_quota"] = parse_quantity(limits["cpu"], "cpu")
+        if "memory" in limits:
+            out["memory_bytes"] = int(parse_quantity(limits["memory"], "memory"))
+        if "pids" in limits:
+            out["pids_max"] = int(parse_quantity(limits["pids"], "pids"))
+        return out
+
+    # --- egress policy ---------------------------------------------------------------------------
+
+    def check_egress_token(self, sandbox_id: str, token: str | None) -> SandboxRecord:
+        record = self.get(sandbox_id)
+        if not token or not secrets.compare_digest(token.encode(), record.egress_token.encode()):
+            raise LifecycleError("precondition", "missing or wrong OPENSANDBOX-EGRESS-AUTH token")
+        return record
+
+    def policy(self, sandbox_id: str) -> EgressState:
+        self.get(sandbox_id)
+        stored = self.store.get_policy(sandbox_id)
+        if stored is None:
+            raise LifecycleError("not_found", f"sandbox {sandbox_id!r} has no policy")
+        return EgressState(stored.revision, stored.document)
+
+    def change_policy(
+        self,
+        sandbox_id: str,
+        change: Callable[[dict[str, Any]], dict[str, Any]],
+        actor: str,
+        what: str,
+        expected_revision: int | None = None,
+    ) -> EgressState:
+        """Apply `change` to the current document; validate, push, persist, audit (rule 2)."""
+        with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            current = self.policy(sandbox_id)
+            if expected_revision is not None and expected_revision != current.revision:
+                raise LifecycleError(
+                    "conflict", f"policy revision is {current.revision}, not {expected_revision}; re-read it"
+                )
+            new = self._validated(change(current.document))
+            self._push(record, new)
+            try:
+                revision = self.store.put_policy(sandbox_id, new, current.revision)
+            except RevisionConflict as exc:
+                self._push(record)
+                raise LifecycleError("conflict", str(exc)) from exc
+            self._audit_change(sandbox_id, actor, current.revision, revision, current.document, new, what)
+            return EgressState(revision, new)
+
+    def _validated(self, document: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self.policies.validate(document)
+        except ValueError as exc:
+            raise LifecycleError("invalid", f"policy rejected: {exc}") from exc
+
+    def _push(
+        self, record: SandboxRecord, base: dict[str, Any] | None = None, vault: dict[str, Any] | None = None
+    ) -> None:
+        """Push the effective policy: the base document plus the credential vault's bindings,
+        validated together (a vault binding's host must be allowed by the base rules)."""
+        if base is None:
+            base = self.policy(record.id).document
+        if vault is None:
+            stored = self.store.get_vault(record.id)
+            vault = stored.document if stored else {}
+        effective = self.effective(base, vault)
+        entry = self.entry_factory(record.id, record.address or "", effective, _credential_entries(vault))
+        self.proxy.put_sandbox(entry)
+
+    def effective(self, base: dict[str, Any], vault: dict[str, Any]) -> dict[str, Any]:
+        if not vault.get("bindings"):
+            return base
+        return self._validated({**base, "bindings": [*base.get("bindings", []), *_bindings(vault)]})
+
+    def effective_policy(self, sandbox_id: str) -> dict[str, Any]:
+        stored = self.store.get_vault(sandbox_id)
+        return self.effective(self.policy(sandbox_id).document, stored.document if stored else {})
+
+    def _audit_change(
+        self,
+        sandbox_id: str,
+        actor: str,
+        old_revision: int,
+        new_revision: int,
+        old: dict[str, Any],
+        new: dict[str, Any],
+        what: str,
+    ) -> None:
+        summary = {"actor": actor, "change": what, "old_revision": old_revision, "revision": new_revision,
+                   "old_digest": digest(old) if old else None, "new_digest": digest(new)}  # fmt: skip
+        try:
+            self.audit(sandbox_id, what, summary)
+        except Exception:
+            log.exception("could not write the policy_change audit record for %s", sandbox_id)
+
+    # --- credential vault -------------------------------------------------------------------------
+
+    def vault_state(self, sandbox_id: str) -> EgressState:
+        self.get(sandbox_id)
+        stored = self.store.get_vault(sandbox_id)
+        if stored is None:
+            raise LifecycleError(
+                "not_found", f"sandbox {sandbox_id} has no credential vault (POST one first)"
+            )
+        return EgressState(stored.revision, stored.document)
+
+    def change_vault(
+        self,
+        sandbox_id: str,
+        build: Callable[[dict[str, Any] | None, int], tuple[dict[str, Any], dict[str, str]]],
+        actor: str,
+        what: str,
+        expected_revision: int | None,
+        must_exist: bool,
+    ) -> EgressState:
+        """`build(old_state, new_revision)` returns the new vault state and the values to store
+        (vault entry name -> value). Values are written first under fresh names; the policy with
+        the new bindings is validated and pushed; then the state is persisted (rule 2 and 3)."""
+        with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            stored = self.store.get_vault(sandbox_id)
+            if must_exist and stored is None:
+                raise LifecycleError(
+                    "not_found", f"sandbox {sandbox_id} has no credential vault (POST one first)"
+                )
+            if not must_exist and stored is not None:
+                raise LifecycleError(
+                    "conflict", f"sandbox {sandbox_id} already has a credential vault (PATCH it)"
+                )
+            current = stored.revision if stored else 0
+            if expected_revision is not None and expected_revision != current:
+                raise LifecycleError("conflict", f"vault revision is {current}, not {expected_revision}")
+            state, values = build(stored.document if stored else None, current + 1)
+            self.effective(self.policy(sandbox_id).document, state)
+            written: list[str] = []
+            try:
+                for name, value in values.items():
+                    self.vault.put(name, value)
+                    written.append(name)
+                self._push(record, vault=state)
+                revision = self.store.put_vault(sandbox_id, state, current)
+            except Exception as exc:
+                for name in written:
+                    _quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
+                _quietly(lambda: self._push(record))
+                if isinstance(exc, RevisionConflict):
+                    raise LifecycleError("conflict", str(exc)) from exc
+                raise
+            old_names = set(_entry_names(stored.document if stored else {}))
+            for name in old_names - set(_entry_names(state)):
+                _quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
+            self._audit_change(
+                sandbox_id, actor, current, revision, stored.document if stored else {}, state, what
+            )
+            return EgressState(revision, state)
+
+    def delete_vault(self, sandbox_id: str, actor: str) -> None:
+        with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            stored = self.store.get_vault(sandbox_id)
+            if stored is None:
+                raise LifecycleError("not_found", f"sandbox {sandbox_id} has no credential vault")
+            self._push(record, vault={})
+            self.store.delete_vault(sandbox_id)
+            for name in _entry_names(stored.document):
+                _quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
+            self._audit_change(
+                sandbox_id, actor, stored.revision, 0, stored.document, {}, "credential-vault delete"
+            )
+
+
+class SandgatePolicies:
+    """`PolicyBook` on sandgate.policy: documents in, validated documents (`to_document`) out."""
+
+    def __init__(self, max_rules: int) -> None:
+        self.max_rules = max_rules
+
+    def from_opensandbox(self, network_policy: dict[str, Any] | None) -> dict[str, Any]:
+        """No networkPolicy at create means deny everything (egress-first), unlike OpenSandbox."""
+        return self.validate(network_policy or {})
+
+    def validate(self, document: dict[str, Any]) -> dict[str, Any]:
+        policy = policy_from_dict(document)
+        if len(policy.egress) > self.max_rules:
+            raise ValueError(
+                f"{len(policy.egress)} rules exceed the limit of {self.max_rules} (policy_max_rules)"
+            )
+        return to_document(policy)
+
+    def to_opensandbox(self, document: dict[str, Any]) -> dict[str, Any]:
+        return to_opensandbox(policy_from_dict(document))
+
+    def replace_opensandbox(self, document: dict[str, Any], wanted: dict[str, Any] | None) -> dict[str, Any]:
+        return to_document(replace_policy(policy_from_dict(document), wanted, max_rules=self.max_rules))
+
+    def patch_rules(self, document: dict[str, Any], rules: list[dict[str, str]]) -> dict[str, Any]:
+        return to_document(patch_rules(policy_from_dict(document), rules, max_rules=self.max_rules))
+
+    def delete_targets(self, document: dict[str, Any], targets: list[str]) -> dict[str, Any]:
+        return to_document(delete_targets(policy_from_dict(document), targets))
+
+
+def _bindings(state: dict[str, Any]) -> list[dict[str, Any]]:
+    return [item["binding"] for item in state.get("bindings", [])]
+
+
+def _credential_entries(state: dict[str, Any]) -> dict[str, str]:
+    return {item["name"]: item["entry"] for item in state.get("credentials", [])}
+
+
+def _entry_names(state: dict[str, Any]) -> Iterable[str]:
+    return _credential_entries(state).values()
+
+
+def _quietly(step: Callable[[], object]) -> None:
+    try:
+        step()
+    except Exception:
+        log.exception("clean-up step failed (continuing)")

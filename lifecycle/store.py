@@ -1,0 +1,199 @@
+"""Control-plane state in SQLite: sandboxes, their policies, credential-vault state, tokens.
+
+Rules:
+1. The database holds no secret value. Credential values live in the vault; the database keeps
+   only vault entry names. Endpoint tokens are stored because a restarted server must honour
+   the tokens clients already hold; the state dir is 0700 and masked from every sandbox.
+2. Every write is one transaction; a change of policy or vault state bumps its revision in the
+   same statement that stores it, so a crash never leaves a half-applied revision.
+3. The store knows nothing of runtimes, networks or HTTP: it is the record, not the actor.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    record TEXT NOT NULL,          -- JSON of SandboxRecord (no secrets)
+    state TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS policies (
+    sandbox_id TEXT PRIMARY KEY REFERENCES sandboxes(id) ON DELETE CASCADE,
+    revision INTEGER NOT NULL,
+    document TEXT NOT NULL,        -- the sandgate policy document (JSON), bindings included
+    updated_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS vaults (
+    sandbox_id TEXT PRIMARY KEY REFERENCES sandboxes(id) ON DELETE CASCADE,
+    revision INTEGER NOT NULL,
+    state TEXT NOT NULL,           -- JSON of VaultState (names and bindings, never values)
+    updated_at TEXT NOT NULL
+);
+"""
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class SandboxRecord:
+    """One sandbox as the control plane remembers it."""
+
+    id: str
+    image: str
+    entrypoint: list[str]
+    created_at: datetime
+    state: str = "Pending"
+    reason: str | None = None
+    message: str | None = None
+    transition_at: datetime | None = None
+    expires_at: datetime | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    extensions: dict[str, str] = field(default_factory=dict)
+    platform: dict[str, str] | None = None
+    resource_limits: dict[str, str] = field(default_factory=dict)
+    address: str | None = None
+    gateway: str | None = None
+    netns: str | None = None
+    egress_token: str = ""
+    credential_proxy: bool = False
+
+    def with_state(self, state: str, reason: str | None = None, message: str | None = None) -> SandboxRecord:
+        return replace(self, state=state, reason=reason, message=message, transition_at=utcnow())
+
+    def to_json(self) -> str:
+        data = self.__dict__.copy()
+        for key in ("created_at", "transition_at", "expires_at"):
+            data[key] = data[key].isoformat() if data[key] else None
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> SandboxRecord:
+        data = json.loads(text)
+        for key in ("created_at", "transition_at", "expires_at"):
+            data[key] = datetime.fromisoformat(data[key]) if data[key] else None
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Revisioned:
+    revision: int
+    document: dict[str, Any]
+
+
+class NotFound(KeyError):
+    pass
+
+
+class Store:
+    """SQLite access; safe to share between threads (one connection behind a lock)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(SCHEMA)
+        path.chmod(0o600)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # sandboxes
+    def put_sandbox(self, record: SandboxRecord) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO sandboxes(id, record, state, created_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(id) DO UPDATE SET record=excluded.record, state=excluded.state",
+                (record.id, record.to_json(), record.state, record.created_at.isoformat()),
+            )
+
+    def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
+        with self._lock:
+            row = self._db.execute("SELECT record FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+        if row is None:
+            raise NotFound(sandbox_id)
+        return SandboxRecord.from_json(row[0])
+
+    def list_sandboxes(self) -> list[SandboxRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT record FROM sandboxes ORDER BY created_at, id").fetchall()
+        return [SandboxRecord.from_json(row[0]) for row in rows]
+
+    def delete_sandbox(self, sandbox_id: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
+
+    # policies and vault state: one revisioned JSON document per sandbox and table
+    def get_policy(self, sandbox_id: str) -> Revisioned | None:
+        return self._get_revisioned("policies", "document", sandbox_id)
+
+    def put_policy(self, sandbox_id: str, document: dict[str, Any], expected_revision: int | None) -> int:
+        return self._put_revisioned("policies", "document", sandbox_id, document, expected_revision)
+
+    def get_vault(self, sandbox_id: str) -> Revisioned | None:
+        return self._get_revisioned("vaults", "state", sandbox_id)
+
+    def put_vault(self, sandbox_id: str, state: dict[str, Any], expected_revision: int | None) -> int:
+        return self._put_revisioned("vaults", "state", sandbox_id, state, expected_revision)
+
+    def delete_vault(self, sandbox_id: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM vaults WHERE sandbox_id = ?", (sandbox_id,))
+
+    def _get_revisioned(self, table: str, column: str, sandbox_id: str) -> Revisioned | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT revision, {column} FROM {table} WHERE sandbox_id = ?", (sandbox_id,)
+            ).fetchone()
+        return Revisioned(row[0], json.loads(row[1])) if row else None
+
+    def _put_revisioned(
+        self, table: str, column: str, sandbox_id: str, document: dict[str, Any], expected: int | None
+    ) -> int:
+        """Store `document` as the next revision; `expected` is the revision the caller read
+        (0 = none yet, None = do not check). Raises RevisionConflict when someone was faster."""
+        with self.transaction() as db:
+            row = db.execute(f"SELECT revision FROM {table} WHERE sandbox_id = ?", (sandbox_id,)).fetchone()
+            current = row[0] if row else 0
+            if expected is not None and expected != current:
+                raise RevisionConflict(current, expected)
+            db.execute(
+                f"INSERT INTO {table}(sandbox_id, revision, {column}, updated_at) VALUES (?, ?, ?, ?) "
+                f"ON CONFLICT(sandbox_id) DO UPDATE SET revision=excluded.revision, "
+                f"{column}=excluded.{column}, updated_at=excluded.updated_at",
+                (sandbox_id, current + 1, json.dumps(document), utcnow().isoformat()),
+            )
+            return current + 1
+
+
+class RevisionConflict(Exception):
+    def __init__(self, current: int, expected: int) -> None:
+        super().__init__(f"revision is {current}, not the expected {expected}; re-read and retry")
+        self.current = current
+        self.expected = expected

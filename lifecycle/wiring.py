@@ -1,0 +1,154 @@
+"""Builds the control plane's real parts from settings: store, vault, proxy, networks, runtime.
+
+Rules: this is the one place that turns `Settings` into plain values for the other components
+(they never read settings themselves). Nothing here starts anything; `serve` and the test
+fixture decide when to start the supervisor and the service.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import APIRouter
+
+from sandgate.lifecycle.images import ImageStore
+from sandgate.lifecycle.kernel import instance_tag
+from sandgate.lifecycle.network import ProxyPorts, SandboxNetworks
+from sandgate.lifecycle.runtime.local import LocalRuntime
+from sandgate.lifecycle.service import SandgatePolicies, Service
+from sandgate.lifecycle.settings import Settings
+from sandgate.lifecycle.store import Store
+from sandgate.lifecycle.supervisor import ProxySupervisor
+from sandgate.proxy import AuditRecord, ProxyConfig, ProxyControl, ProxyControlError, SandboxEntry, ensure_ca
+from sandgate.vault import open_store
+
+
+@dataclass
+class Components:
+    service: Service
+    supervisor: ProxySupervisor
+    extra_routers: list[APIRouter] = field(default_factory=list)
+    open_paths: list[str] = field(default_factory=list)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            close()
+
+
+def vault_values(settings: Settings) -> dict[str, Any]:
+    """The vault settings as plain values (the proxy opens the same store)."""
+    secret = lambda value: value.get_secret_value() if value is not None else None  # noqa: E731
+    return {
+        "backend": settings.vault_backend,
+        "state_dir": str(settings.state_dir),
+        "vault_key": secret(settings.vault_key),
+        "openbao_addr": settings.openbao_addr,
+        "openbao_token": secret(settings.openbao_token),
+        "openbao_role_id": settings.openbao_role_id,
+        "openbao_secret_id": secret(settings.openbao_secret_id),
+        "openbao_mount": settings.openbao_mount,
+        "openbao_prefix": settings.openbao_prefix,
+        "cache_ttl": settings.vault_cache_ttl,
+    }
+
+
+def write_proxy_config(settings: Settings) -> Path:
+    config = ProxyConfig(
+        state_dir=settings.state_dir,
+        listen_host="0.0.0.0",
+        control_socket=settings.state_dir / "proxy.sock",
+        transparent_port=settings.proxy_transparent_port,
+        explicit_port=settings.proxy_explicit_port,
+        dns_port=settings.proxy_dns_port,
+        upstream_dns=settings.upstream_dns,
+        upstream_ca=settings.upstream_ca,
+        audit_max_bytes=settings.audit_max_bytes,
+        audit_backups=settings.audit_backups,
+        vault=vault_values(settings),
+    )
+    path = settings.state_dir / "proxy.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(config.model_dump_json(indent=2))
+    return path
+
+
+def policy_change_writer(audit_path: Path) -> Callable[[str, str, dict[str, Any]], None]:
+    """Appends policy_change records to the proxy's audit log (O_APPEND: safe beside the proxy)."""
+
+    def write(sandbox_id: str, what: str, summary: dict[str, Any]) -> None:
+        record = AuditRecord(
+            kind="policy_change",
+            sandbox=sandbox_id,
+            client="control-plane",
+            decision="allow",
+            reason=what,
+            event=what,
+            detail=json.dumps(summary, sort_keys=True),
+        )
+        fd = os.open(audit_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as handle:
+            handle.write(record.model_dump_json() + "\n")
+
+    return write
+
+
+def answers(control: ProxyControl) -> bool:
+    try:
+        control.health()
+    except (ProxyControlError, OSError, httpx.HTTPError):
+        return False
+    return True
+
+
+def make_entry(sandbox_id: str, address: str, policy: dict[str, Any], credentials: dict[str, str]) -> Any:
+    return SandboxEntry(sandbox_id=sandbox_id, address=address, policy=policy, credentials=credentials)
+
+
+def build_components(settings: Settings) -> Components:
+    if settings.runtime != "local":
+        raise NotImplementedError(f"runtime {settings.runtime!r} is not wired yet; use --runtime local")
+    ca = ensure_ca(settings.state_dir)
+    vault = open_store(**vault_values(settings))
+    control = ProxyControl(settings.state_dir / "proxy.sock")
+    instance = instance_tag(settings.state_dir)
+    networks = SandboxNetworks(
+        table=settings.nft_table,
+        iface_prefix=settings.iface_prefix,
+        address_pool=settings.address_pool,
+        instance=instance,
+        ports=ProxyPorts(
+            transparent=settings.proxy_transparent_port,
+            dns=settings.proxy_dns_port,
+            explicit=settings.proxy_explicit_port,
+        ),
+    )
+    networks.ensure_table()
+    runtime = LocalRuntime(settings.state_dir, ImageStore(settings.state_dir / "images"), instance=instance)
+    store = Store(settings.database)
+    service = Service(
+        store,
+        networks=networks,
+        runtime=runtime,
+        proxy=control,
+        vault=vault,
+        policies=SandgatePolicies(settings.policy_max_rules),
+        entry_factory=make_entry,
+        audit=policy_change_writer(settings.audit_log),
+        check_image=runtime.images.get,
+        ca_cert=ca.cert,
+    )
+    supervisor = ProxySupervisor(
+        write_proxy_config(settings),
+        is_healthy=lambda: answers(control),
+        on_ready=service.repush,
+        log_path=settings.state_dir / "proxy.log",
+    )
+    return Components(service, supervisor, closers=[store.close, supervisor.stop])
