@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from . import commands
+from . import commands, files, transfer
 from .errors import UNAUTHORIZED, ApiError
 from .paths import PathResolver
 
@@ -85,6 +85,17 @@ def routes() -> list[Route]:
         Route("/command", commands.interrupt_command, methods=["DELETE"]),
         Route("/command/status/{id}", commands.command_status, methods=["GET"]),
         Route("/command/{id}/logs", commands.command_logs, methods=["GET"]),
+        Route("/files/upload", transfer.upload, methods=["POST"]),
+        Route("/files/download", transfer.download, methods=["GET"]),
+        Route("/files/info", files.files_info, methods=["GET"]),
+        Route("/files", files.remove_files, methods=["DELETE"]),
+        Route("/files/mv", files.move_files, methods=["POST"]),
+        Route("/files/permissions", files.chmod_files, methods=["POST"]),
+        Route("/files/search", files.search_files, methods=["GET"]),
+        Route("/files/replace", files.replace_content, methods=["POST"]),
+        Route("/directories/list", files.list_directory, methods=["GET"]),
+        Route("/directories", files.make_dirs, methods=["POST"]),
+        Route("/directories", files.remove_dirs, methods=["DELETE"]),
     ]
 
 

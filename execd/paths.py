@@ -75,9 +75,15 @@ class PathResolver:
             raise ValueError(f"--root {root!r} is not a directory")
 
     def resolve(
-        self, user_path: str | None, *, follow_last: bool = True, make_parents: bool = False
+        self,
+        user_path: str | None,
+        *,
+        follow_last: bool = True,
+        make_parents: bool = False,
+        created: list[str] | None = None,
     ) -> Resolved:
-        """Resolve `user_path`; `make_parents` creates missing parent directories (mode 755)."""
+        """Resolve `user_path`; `make_parents` creates missing parent directories (mode 755),
+        appending each one it made to `created` so a failed request can remove them again."""
         pending = deque(self._components(user_path))
         stack = [os.open(self.root, _DIR_FLAGS)]
         names: list[str] = []
@@ -107,6 +113,8 @@ class PathResolver:
                             FILE_NOT_FOUND,
                         )
                     _mkdir(stack[-1], part, _join(names, part))
+                    if created is not None:
+                        created.append(_join(names, part))
                     st = os.stat(part, dir_fd=stack[-1], follow_symlinks=False)
                 if stat.S_ISLNK(st.st_mode):
                     hops += 1
