@@ -59,7 +59,9 @@ def command(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with running_control_plane(settings) as app:
         server = uvicorn.Server(
-            uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, ws="websockets")
+            uvicorn.Config(
+                app, host=settings.host, port=settings.port, log_level=log_level, ws="websockets-sansio"
+            )
         )
         click.echo(f"sandgate: API on http://{settings.host}:{settings.port} (state in {settings.state_dir})")
         server.run()

@@ -1,0 +1,159 @@
+"""A real `sandgate serve` for tests: its own state dir, port, nft table and veth prefix.
+
+Use it as a context manager (or through a fixture):
+
+    with sandgate_server(tmp_path) as server:
+        server.client().get("/v1/sandboxes")          # httpx client with the API key set
+        server.create_sandbox(network_policy=...)      # -> the JSON the API answered
+        server.restart()                               # same state dir: re-adoption
+
+The server runs in the test process's network namespace (conftest moves pytest into a fresh
+one, which plays "the host"), so sandboxes it creates are reachable at their addresses from the
+test, and nothing reaches the machine's real network. `env()` gives the OPEN_SANDBOX_* variables
+the OpenSandbox SDK, `osb` and `opensandbox-mcp` read. Everything the server made (sandboxes,
+netns, veths, the nft table, the proxy child) is removed on exit, also when the test failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+SANDGATE = [sys.executable, "-m", "sandgate.lifecycle.cli"]
+START_TIMEOUT = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class SandgateServer:
+    def __init__(self, state_dir: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.state_dir = state_dir
+        self.port = free_port()
+        self.api_key = secrets.token_urlsafe(16)
+        self.nft_table = f"sgt{secrets.token_hex(3)}"
+        self.iface_prefix = f"t{secrets.token_hex(2)}"
+        self.log_path = state_dir.parent / f"serve-{self.port}.log"
+        self.extra_env = extra_env or {}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def domain(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.domain}"
+
+    def env(self) -> dict[str, str]:
+        """Environment for OpenSandbox clients (SDK, osb, opensandbox-mcp) pointed at this server."""
+        return {
+            **os.environ,
+            "OPEN_SANDBOX_DOMAIN": self.domain,
+            "OPEN_SANDBOX_API_KEY": self.api_key,
+            "OPEN_SANDBOX_PROTOCOL": "http",
+            "OPENSANDBOX_DISABLE_METRICS": "1",
+            "NO_PROXY": "*",
+        }
+
+    def server_env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "SANDGATE_STATE_DIR": str(self.state_dir),
+            "SANDGATE_HOST": "127.0.0.1",
+            "SANDGATE_PORT": str(self.port),
+            "SANDGATE_API_KEY": self.api_key,
+            "SANDGATE_NFT_TABLE": self.nft_table,
+            "SANDGATE_IFACE_PREFIX": self.iface_prefix,
+            **self.extra_env,
+        }
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [*SANDGATE, "serve", "--log-level", "warning"],
+                env=self.server_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"sandgate serve exited ({self.process.returncode}):\n{self.log()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"sandgate serve did not answer /health in {START_TIMEOUT}s:\n{self.log()}")
+
+    def stop(self) -> None:
+        """Stop the server (sandboxes keep running, as after a real restart)."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:] if self.log_path.exists() else ""
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        headers = {"OPEN-SANDBOX-API-KEY": self.api_key}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30, trust_env=False, **kwargs)
+
+    def create_sandbox(self, **fields: Any) -> dict[str, Any]:
+        """POST /v1/sandboxes with the local host image; camelCase keys pass through as given."""
+        body = {"image": {"uri": "sandgate/host"}, "entrypoint": ["sleep", "infinity"], "resourceLimits": {}}
+        body.update(fields)
+        with self.client() as client:
+            response = client.post("/v1/sandboxes", json=body)
+        if response.status_code != 202:
+            raise AssertionError(f"create answered {response.status_code}: {response.text}")
+        return response.json()  # type: ignore[no-any-return]
+
+    def delete_all(self) -> None:
+        with self.client() as client:
+            for item in client.get("/v1/sandboxes", params={"pageSize": 200}).json().get("items", []):
+                client.delete(f"/v1/sandboxes/{item['id']}")
+
+    def remove_leftovers(self) -> None:
+        """Whatever a crashed server may have left: the nft table (netns/veths go with the sandboxes)."""
+        subprocess.run(["nft", "delete", "table", "inet", self.nft_table], capture_output=True)
+
+
+@contextlib.contextmanager
+def sandgate_server(tmp_path: Path, extra_env: dict[str, str] | None = None) -> Iterator[SandgateServer]:
+    state_dir = tmp_path / "state"
+    server = SandgateServer(state_dir, extra_env)
+    try:
+        server.start()
+        yield server
+    finally:
+        with contextlib.suppress(Exception):
+            if server.process is None:
+                server.start()
+            server.delete_all()
+        server.stop()
+        server.remove_leftovers()
