@@ -1,0 +1,227 @@
+"""Real sandboxes for tests: SandboxNetworks + LocalRuntime in the test's own "host" netns.
+
+Each Harness has its own nft table, interface prefix, address pool, instance tag and state dir,
+and `close()` removes everything it made (also after a failed test). `Listeners` stand in for the
+proxy's ports on the host: the transparent listener answers every connection with the original
+destination it reads with SO_ORIGINAL_DST, so a test sees where a sandbox's connect really went.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from ipaddress import IPv4Network
+from pathlib import Path
+
+from sandgate.lifecycle.images import ImageStore
+from sandgate.lifecycle.network import ProxyPorts, SandboxNetworks
+from sandgate.lifecycle.runtime.base import SandboxNet, SandboxSpec
+from sandgate.lifecycle.runtime.local import LocalRuntime
+
+SO_ORIGINAL_DST = 80
+
+# The probe runs inside a sandbox: phases of checks, results to /workspace/phase<i>.json; before
+# phase i > 0 it waits for /workspace/go<i>. Each check is [kind, host, port]; host GATEWAY is the
+# sandbox's default gateway.
+PROBE = r"""
+import json, os, socket, sys, time
+def gateway():
+    for line in open("/proc/net/route").read().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == "00000000":
+            return socket.inet_ntoa(bytes.fromhex(fields[2])[::-1])
+def run(kind, host, port):
+    host = gateway() if host == "GATEWAY" else host
+    family = socket.AF_INET6 if kind.endswith("6") else socket.AF_INET
+    udp = kind.startswith("udp")
+    s = socket.socket(family, socket.SOCK_DGRAM if udp else socket.SOCK_STREAM)
+    s.settimeout(1.5)
+    try:
+        s.connect((host, port))
+        if udp:
+            s.send(b"probe")
+        return {"ok": s.recv(200).decode(errors="replace").strip()}
+    except OSError as exc:
+        return {"error": type(exc).__name__, "errno": exc.errno}
+    finally:
+        s.close()
+for i, phase in enumerate(json.loads(sys.argv[1])):
+    while i and not os.path.exists(f"/workspace/go{i}"):
+        time.sleep(0.01)
+    results = [run(*check) for check in phase]
+    with open(f"/workspace/.phase{i}", "w") as out:
+        json.dump(results, out)
+    os.rename(f"/workspace/.phase{i}", f"/workspace/phase{i}.json")
+time.sleep(3600)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return int(s.getsockname()[1])
+
+
+class Harness:
+    def __init__(self, state_dir: Path, ports: ProxyPorts | None = None) -> None:
+        self.ports = ports or ProxyPorts(transparent=free_port(), dns=free_port(), explicit=free_port())
+        self.networks = SandboxNetworks(
+            table=f"sgtest_{secrets.token_hex(3)}",
+            iface_prefix=f"t{secrets.token_hex(2)}",
+            address_pool=IPv4Network(f"10.214.{secrets.randbelow(256)}.0/24"),
+            instance=secrets.token_hex(3),
+            ports=self.ports,
+        )
+        self.networks.ensure_table()
+        self.state_dir = state_dir
+        self.images = ImageStore(state_dir / "images")
+        self.runtime = LocalRuntime(state_dir, self.images, instance=self.networks.instance)
+        self.nets: dict[str, SandboxNet] = {}
+
+    def start(self, entrypoint: list[str], *, ready: bool = True, **spec: object) -> tuple[str, SandboxNet]:
+        sandbox_id = f"sb{secrets.token_hex(4)}"
+        net = self.networks.create(sandbox_id)
+        self.nets[sandbox_id] = net
+        image = str(spec.pop("image", "sandgate/host"))
+        self.runtime.create(SandboxSpec(sandbox_id, image, entrypoint, **spec), net)  # type: ignore[arg-type]
+        if ready:
+            self.runtime.wait_ready(sandbox_id, net, timeout=30)
+        return sandbox_id, net
+
+    def probe(self, phases: list[list[tuple[str, str, int]]], **spec: object) -> tuple[str, SandboxNet]:
+        return self.start(["/proc/self/exe", "-I", "-c", PROBE, json.dumps(phases)], **spec)
+
+    def stop(self, sandbox_id: str) -> None:
+        self.runtime.delete(sandbox_id)
+        self.networks.destroy(sandbox_id)
+        self.nets.pop(sandbox_id, None)
+
+    def workspace(self, sandbox_id: str) -> Path:
+        return self.runtime.root_path(sandbox_id) / "workspace"
+
+    def wait_file(self, sandbox_id: str, name: str, timeout: float = 20.0) -> str:
+        path = self.workspace(sandbox_id) / name
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{name} never appeared; sandbox output: {self.runtime.log_tail(sandbox_id)}"
+                )
+            time.sleep(0.01)
+        return path.read_text()
+
+    def phase(self, sandbox_id: str, index: int) -> list[dict[str, object]]:
+        if index:
+            (self.workspace(sandbox_id) / f"go{index}").touch()
+        return list(json.loads(self.wait_file(sandbox_id, f"phase{index}.json")))
+
+    def close(self) -> None:
+        for sandbox_id in list(self.nets):
+            self.stop(sandbox_id)
+        self.networks.remove_table()
+
+
+class Listeners:
+    """The proxy's ports on the host, played by tiny servers that say who they are."""
+
+    def __init__(self, ports: ProxyPorts) -> None:
+        self.original_dsts: list[str] = []
+        self.dns_queries: list[bytes] = []
+        self._sockets: list[socket.socket] = []
+        self.transparent = self._tcp(ports.transparent, self._report_original_dst)
+        self._tcp(ports.dns, lambda conn: conn.sendall(b"dns-tcp\n"))
+        self._tcp(ports.explicit, lambda conn: conn.sendall(b"explicit\n"))
+        self._udp(ports.dns)
+
+    def _tcp(self, port: int, answer: object) -> socket.socket:
+        server = socket.create_server(("0.0.0.0", port), reuse_port=False)
+        self._sockets.append(server)
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                with conn:
+                    answer(conn)  # type: ignore[operator]
+
+        threading.Thread(target=serve, daemon=True).start()
+        return server
+
+    def _udp(self, port: int) -> None:
+        server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        server.bind(("0.0.0.0", port))
+        self._sockets.append(server)
+
+        def serve() -> None:
+            while True:
+                try:
+                    data, peer = server.recvfrom(2048)
+                except OSError:
+                    return
+                if peer is None:  # closed
+                    return
+                self.dns_queries.append(data)
+                server.sendto(b"dns-udp", peer)
+
+        threading.Thread(target=serve, daemon=True).start()
+
+    def _report_original_dst(self, conn: socket.socket) -> None:
+        raw = conn.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+        port, address = struct.unpack_from("!2xH4s", raw)
+        original = f"{socket.inet_ntoa(address)}:{port}"
+        self.original_dsts.append(original)
+        conn.sendall(f"orig={original}\n".encode())
+
+    @staticmethod
+    @contextlib.contextmanager
+    def extra_service(port: int) -> Iterator[list[str]]:
+        """A host service on TCP and UDP `port`; yields the list of hits it got."""
+        hits: list[str] = []
+        tcp = socket.create_server(("0.0.0.0", port))
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("0.0.0.0", port))
+
+        def serve_tcp() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    conn, peer = tcp.accept()
+                    hits.append(f"tcp from {peer[0]}")
+                    conn.sendall(b"service\n")
+                    conn.close()
+
+        def serve_udp() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    _, peer = udp.recvfrom(100)
+                    if peer is None:  # closed
+                        return
+                    hits.append(f"udp from {peer[0]}")
+
+        threading.Thread(target=serve_tcp, daemon=True).start()
+        threading.Thread(target=serve_udp, daemon=True).start()
+        try:
+            yield hits
+        finally:
+            _close(tcp)
+            _close(udp)
+
+    def stop_transparent(self) -> None:
+        _close(self.transparent)
+
+    def close(self) -> None:
+        for server in self._sockets:
+            _close(server)
+
+
+def _close(server: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        server.shutdown(socket.SHUT_RDWR)
+    server.close()
