@@ -1,0 +1,284 @@
+"""The Docker runtime: each sandbox one container, on sandgate's network and nothing else.
+
+Rules:
+1. A container is created with network mode `none` (Docker builds no interface, bridge or NAT
+   for it) and, once started, the sandbox's veth end is moved from the sandgate netns into the
+   container's network namespace and configured there (address, default route via the gateway).
+   Then the netns name (/run/netns/<name>) is re-pointed at the container's namespace, so
+   lifecycle's network module finds and removes the same namespace by the same name. The
+   container's only route is therefore the proxy via the sandgate veth, never Docker's bridge.
+2. Hardened by default: every capability dropped (`cap_add` is empty unless the operator adds
+   some), no-new-privileges, IPv6 disabled inside, a pids limit always, memory and CPU limits from
+   the spec, a read-only root with tmpfs /tmp and /run and a volume at /workspace, an init process
+   as PID 1, no restart policy (a restarted container would get a fresh, empty netns).
+3. The image's entry script (sandbox-images/base) waits for the address, trusts the proxy CA
+   (mounted read-only from the spec's `ca_cert`), starts execd on <address>:44772 and then runs
+   the entrypoint. Images must be built FROM `sandgate/base`.
+4. Containers carry labels (sandbox id, instance tag, netns name), so `adopt()` re-finds them
+   after a server restart; a server only ever touches containers with its own instance tag.
+5. Every operation is idempotent: deleting a missing sandbox, pausing a paused one, do nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+from docker.types import Mount
+from pyroute2 import IPRoute
+
+from sandgate.lifecycle.kernel import MS_BIND, mount, umount
+from sandgate.lifecycle.network import _in_fresh_thread
+from sandgate.lifecycle.runtime.base import EXECD_PORT, RuntimeError_, SandboxNet, SandboxSpec
+from sandgate.lifecycle.runtime.local import _ping
+
+LABEL_SANDBOX = "io.sandgate.sandbox"
+LABEL_INSTANCE = "io.sandgate.instance"
+LABEL_NETNS = "io.sandgate.netns"
+CA_PATH_INSIDE = "/etc/sandgate/proxy-ca.crt"
+# Names the local runtime knows, mapped so the same requests work on both runtimes.
+DEFAULT_IMAGE_ALIASES = {"sandgate/host": "sandgate/base:latest"}
+DEFAULT_PIDS_MAX = 1024
+LIVE_STATES = frozenset({"running", "paused"})
+
+
+class DockerImages:
+    """Resolves a requested image name to a local image; there is no registry to pull from."""
+
+    def __init__(self, client: docker.DockerClient, aliases: Mapping[str, str]) -> None:
+        self.client = client
+        self.aliases = dict(aliases)
+
+    def get(self, name: str) -> str:
+        """The local reference for `name`, or RuntimeError_ listing what the engine has."""
+        ref = self.aliases.get(name, name)
+        try:
+            self.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            have = sorted(tag for image in self.client.images.list() for tag in image.tags)
+            raise RuntimeError_(
+                f"image {name!r} ({ref}) is not in the Docker engine; it has: {', '.join(have) or 'none'}. "
+                "Build the sandbox images with `make images`, or `docker load` / build an image "
+                "FROM sandgate/base."
+            ) from None
+        return ref
+
+
+class DockerRuntime:
+    name = "docker"
+
+    def __init__(
+        self,
+        client: docker.DockerClient | str | None = None,
+        *,
+        images: Mapping[str, str] | None = None,
+        oci_runtime: str | None = None,
+        instance: str = "default",
+        read_only: bool = True,
+        cap_add: tuple[str, ...] = (),
+        default_pids_max: int = DEFAULT_PIDS_MAX,
+        tmpfs_size: str = "256m",
+    ) -> None:
+        if isinstance(client, str):
+            client = docker.DockerClient(base_url=client)
+        self.client = client or docker.from_env()
+        self.images = DockerImages(self.client, {**DEFAULT_IMAGE_ALIASES, **(images or {})})
+        self.oci_runtime = oci_runtime
+        self.instance = instance
+        self.read_only = read_only
+        self.cap_add = list(cap_add)
+        self.default_pids_max = default_pids_max
+        self.tmpfs_size = tmpfs_size
+
+    # -- the Runtime protocol ---------------------------------------------------------------
+
+    def create(self, spec: SandboxSpec, net: SandboxNet) -> None:
+        """Start the container and join it to `net`; returns once launched (see `wait_ready`)."""
+        existing = self._container(spec.sandbox_id)
+        if existing is not None:
+            if existing.status in LIVE_STATES:
+                return
+            self._remove(existing)
+        container = self.client.containers.create(**self._container_args(spec, net))
+        try:
+            container.start()
+            container.reload()
+            pid = int(container.attrs["State"]["Pid"])
+            if not pid:
+                raise RuntimeError_(
+                    f"container of sandbox {spec.sandbox_id} exited at start: {self._logs(container)}"
+                )
+            _in_fresh_thread(lambda: _move_veth_into(pid, net))
+            _repoint_netns_name(pid, net)
+        except BaseException:
+            self._remove(container)
+            raise
+
+    def delete(self, sandbox_id: str) -> None:
+        container = self._container(sandbox_id)
+        if container is not None:
+            self._remove(container)
+
+    def pause(self, sandbox_id: str) -> None:
+        container = self._existing(sandbox_id)
+        if container.status == "running":
+            container.pause()
+
+    def resume(self, sandbox_id: str) -> None:
+        container = self._existing(sandbox_id)
+        if container.status == "paused":
+            container.unpause()
+
+    def alive(self, sandbox_id: str) -> bool:
+        container = self._container(sandbox_id)
+        return container is not None and container.status in LIVE_STATES
+
+    def adopt(self) -> list[str]:
+        """Sandboxes of this instance still running (or paused); stopped containers are removed."""
+        alive: list[str] = []
+        for container in self._containers():
+            if container.status in LIVE_STATES:
+                alive.append(container.labels[LABEL_SANDBOX])
+            else:
+                self._remove(container)
+        return sorted(alive)
+
+    # -- beyond the protocol ----------------------------------------------------------------
+
+    def paused(self, sandbox_id: str) -> bool:
+        return self._existing(sandbox_id).status == "paused"
+
+    def wait_ready(self, sandbox_id: str, net: SandboxNet, timeout: float = 10.0) -> None:
+        """Wait until execd answers GET /ping with 200; fail early if the container died."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if _ping(net.address):
+                return
+            if not self.alive(sandbox_id):
+                raise RuntimeError_(
+                    f"sandbox {sandbox_id} exited before execd was ready: {self.log_tail(sandbox_id)}"
+                )
+            time.sleep(0.005)
+        raise RuntimeError_(
+            f"execd of sandbox {sandbox_id} did not answer /ping on {net.address}:{EXECD_PORT} "
+            f"within {timeout}s: {self.log_tail(sandbox_id)}"
+        )
+
+    def log_tail(self, sandbox_id: str, limit: int = 2000) -> str:
+        container = self._container(sandbox_id)
+        return "(no container)" if container is None else self._logs(container, limit)
+
+    def root_path(self, sandbox_id: str) -> Path:
+        """The container's root as the host sees it (through its init's /proc entry)."""
+        container = self._existing(sandbox_id)
+        container.reload()
+        return Path(f"/proc/{container.attrs['State']['Pid']}/root")
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _container_args(self, spec: SandboxSpec, net: SandboxNet) -> dict[str, Any]:
+        env = {**spec.env, "SANDGATE_ADDRESS": net.address, "SANDGATE_EXECD_PORT": str(EXECD_PORT)}
+        if spec.execd_token:
+            env["SANDGATE_EXECD_TOKEN"] = spec.execd_token
+        tmpfs_options = f"rw,nosuid,nodev,size={self.tmpfs_size}"
+        args: dict[str, Any] = {
+            "image": self.images.get(spec.image),
+            "command": spec.entrypoint or None,
+            "name": f"sandgate-{self.instance}-{spec.sandbox_id}",
+            "hostname": spec.sandbox_id[:63],
+            "labels": {LABEL_SANDBOX: spec.sandbox_id, LABEL_INSTANCE: self.instance, LABEL_NETNS: net.netns},
+            "environment": env,
+            "network_mode": "none",
+            "dns": [net.gateway],  # any resolver works: the netns redirects port 53 to the proxy
+            "sysctls": {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"},
+            "cap_drop": ["ALL"],
+            "cap_add": self.cap_add or None,
+            "security_opt": ["no-new-privileges:true"],
+            "read_only": self.read_only,
+            "tmpfs": {"/tmp": tmpfs_options, "/run": tmpfs_options},
+            "mounts": [Mount(target="/workspace", source=None, type="volume")],
+            "pids_limit": spec.pids_max or self.default_pids_max,
+            "init": True,
+            "restart_policy": {"Name": "no"},
+            "runtime": self.oci_runtime,
+        }
+        if spec.memory_bytes:
+            args["mem_limit"] = args["memswap_limit"] = spec.memory_bytes
+        if spec.cpu_quota:
+            args["nano_cpus"] = int(spec.cpu_quota * 1e9)
+        if spec.ca_cert is not None:
+            args["volumes"] = {str(Path(spec.ca_cert).resolve()): {"bind": CA_PATH_INSIDE, "mode": "ro"}}
+        return args
+
+    def _containers(self, sandbox_id: str | None = None) -> list[Container]:
+        labels = [f"{LABEL_INSTANCE}={self.instance}"]
+        labels.append(f"{LABEL_SANDBOX}={sandbox_id}" if sandbox_id else LABEL_SANDBOX)
+        return list(self.client.containers.list(all=True, filters={"label": labels}))
+
+    def _container(self, sandbox_id: str) -> Container | None:
+        found = self._containers(sandbox_id)
+        return found[0] if found else None
+
+    def _existing(self, sandbox_id: str) -> Container:
+        container = self._container(sandbox_id)
+        if container is None:
+            raise RuntimeError_(f"sandbox {sandbox_id} has no container (instance {self.instance})")
+        return container
+
+    def _remove(self, container: Container) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            container.reload()
+            if container.status == "paused":
+                container.unpause()  # a paused container cannot be killed
+            container.remove(force=True, v=True)
+
+    @staticmethod
+    def _logs(container: Container, limit: int = 2000) -> str:
+        try:
+            data: bytes = container.logs(tail=50)
+        except docker.errors.APIError as exc:
+            return f"(logs unavailable: {exc})"
+        return data[-limit:].decode(errors="replace").strip() or "(no output)"
+
+
+def _move_veth_into(pid: int, net: SandboxNet) -> None:
+    """Move the sandbox's veth end from the sandgate netns into the container's and configure it.
+
+    Runs in a thread of its own: setns changes only the calling thread's namespace. Moving an
+    interface drops its addresses and routes, so they are added again on the other side.
+    """
+    host_ns = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    sandbox_ns = os.open(net.netns_path, os.O_RDONLY)
+    container_ns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    try:
+        os.setns(sandbox_ns, os.CLONE_NEWNET)
+        with IPRoute() as sandbox:
+            links = [link for link in sandbox.get_links() if link.get("ifname") != "lo"]
+            if len(links) != 1:
+                names = [link.get("ifname") for link in links]
+                raise RuntimeError_(f"netns {net.netns} should hold one veth end besides lo; it has {names}")
+            name = links[0].get("ifname")
+            sandbox.link("set", index=links[0]["index"], net_ns_fd=container_ns)
+        os.setns(container_ns, os.CLONE_NEWNET)
+        with IPRoute() as inside:
+            (index,) = inside.link_lookup(ifname=name)
+            inside.addr("add", index=index, address=net.address, prefixlen=net.prefixlen)
+            inside.link("set", index=index, state="up")
+            inside.route("add", dst="0.0.0.0/0", gateway=net.gateway, oif=index)
+    finally:
+        os.setns(host_ns, os.CLONE_NEWNET)
+        for fd in (host_ns, sandbox_ns, container_ns):
+            os.close(fd)
+
+
+def _repoint_netns_name(pid: int, net: SandboxNet) -> None:
+    """Make /run/netns/<name> the container's namespace (the old one, now empty, is freed)."""
+    umount(net.netns_path, lazy=True)
+    mount(f"/proc/{pid}/ns/net", net.netns_path, None, MS_BIND)

@@ -1,0 +1,354 @@
+"""Build the sandbox images with no registry: a rootfs tarball from local files, `docker import`,
+then `docker build` on top.
+
+Rules:
+- Inputs are only files on this host: the Python that runs this script (its base prefix, stdlib
+  and the shared libraries `ldd` names), the execd package and the distributions it needs from
+  this environment's site-packages, busybox-static, the host's CA bundle, and the recipes here.
+- Every image is tagged with a digest of those inputs (`sandgate/base:<digest>`) as well as
+  `:latest`; a build whose digest tag already exists does nothing, and a built set is saved to
+  the cache dir so a fresh daemon (a test's private dockerd) loads it instead of rebuilding.
+- `docker build` runs with network mode none: nothing is fetched.
+
+Theory: `rootfs.tar` holds a minimal filesystem (busybox for a shell and coreutils, Python under
+/usr/local with execd's dependencies in its site-packages). `base/Dockerfile` adds the entry
+script (CA trust at start, execd, then the sandbox's entrypoint) and compiles the bytecode, since
+sandboxes run with a read-only root. `python/Dockerfile` adds pip and a user site in /workspace.
+
+Usage: `python sandbox-images/build.py [--docker-host URL] [--cache DIR]`. Without a reachable
+daemon it starts a private dockerd (tests/support/dockerd.py), builds, and saves the images to
+the cache dir for `docker load`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+from packaging.requirements import Requirement
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+EXECD_SOURCE = REPO / "execd"
+BUSYBOX = Path("/bin/busybox")
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+DEFAULT_CACHE = Path(os.environ.get("SANDGATE_IMAGE_CACHE", Path.home() / ".cache" / "sandgate" / "images"))
+
+# What execd imports besides the stdlib; their dependency closure is copied in.
+EXECD_REQUIREMENTS = ("fastapi", "uvicorn", "pydantic", "python-multipart")
+# Recipes in build order: image name -> folder holding its Dockerfile (built FROM the previous).
+RECIPES = {"sandgate/base": HERE / "base", "sandgate/python": HERE / "python"}
+ROOTFS_IMAGE = "sandgate/rootfs"
+
+# Parts of the stdlib a sandbox never needs (tests alone are half of it; config-* holds libpython.a).
+STDLIB_SKIP = re.compile(
+    r"^(test|idlelib|tkinter|turtledemo|lib2to3|config-[^/]*|site-packages|__phello__)(/|$)"
+    r"|(^|/)(tests?|idle_test)/"
+    r"|\.opt-[12]\.pyc$"
+    r"|^lib-dynload/(_tkinter|_test|_xx|xx)"
+)
+PY_IMAGE_PREFIX = "/usr/local"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file in the rootfs: where it goes and where its bytes come from (or a symlink)."""
+
+    path: str  # inside the image, no leading slash
+    source: Path | None = None
+    link: str | None = None
+    data: bytes | None = None
+    mode: int = 0o644
+
+
+# ---------------------------------------------------------------- what goes into the rootfs
+
+
+def python_version() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def stdlib_entries() -> Iterator[Entry]:
+    prefix = Path(sys.base_prefix)
+    ver = python_version()
+    binary = (prefix / "bin" / f"python{ver}").resolve()
+    yield Entry(f"usr/local/bin/python{ver}", binary, mode=0o755)
+    for alias in ("python3", "python"):
+        yield Entry(f"usr/local/bin/{alias}", link=f"python{ver}")
+    stdlib = prefix / "lib" / f"python{ver}"
+    for path in sorted(stdlib.rglob("*")):
+        rel = path.relative_to(stdlib).as_posix()
+        if path.is_dir() or STDLIB_SKIP.search(rel):
+            continue
+        yield Entry(f"usr/local/lib/python{ver}/{rel}", path, mode=0o755 if rel.endswith(".so") else 0o644)
+
+
+def distribution_closure(roots: Iterable[str]) -> list[importlib.metadata.Distribution]:
+    """The distributions `roots` need (no extras), as installed in this environment."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    todo = list(roots)
+    while todo:
+        dist = importlib.metadata.distribution(todo.pop())
+        key = dist.metadata["Name"].lower().replace("_", "-")
+        if key in found:
+            continue
+        found[key] = dist
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return [found[k] for k in sorted(found)]
+
+
+def site_packages_entries(dists: list[importlib.metadata.Distribution]) -> Iterator[Entry]:
+    site = f"usr/local/lib/python{python_version()}/site-packages"
+    for dist in dists:
+        for file in dist.files or []:
+            rel = file.as_posix()
+            if rel.startswith("..") or "__pycache__" in rel:
+                continue  # console scripts outside site-packages; bytecode is built in the image
+            source = Path(str(file.locate()))
+            if source.is_file():
+                yield Entry(f"{site}/{rel}", source, mode=0o755 if rel.endswith(".so") else 0o644)
+    for path in sorted(EXECD_SOURCE.rglob("*.py")):
+        yield Entry(f"{site}/sandgate/execd/{path.relative_to(EXECD_SOURCE).as_posix()}", path)
+
+
+def shared_libraries(binaries: Iterable[Path]) -> dict[str, Path]:
+    """Library name -> host file, for every library `ldd` lists for the given ELF files."""
+    libs: dict[str, Path] = {}
+    for binary in binaries:
+        out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            match = re.search(r"(\S+) => (/\S+)", line) or re.search(r"^\s*(/\S+ld-linux\S*)", line)
+            if match:
+                host = Path(match.group(match.lastindex or 1))
+                libs[host.name] = host.resolve()
+    return libs
+
+
+def library_entries(elf_files: list[Path]) -> Iterator[Entry]:
+    for name, host in sorted(shared_libraries(elf_files).items()):
+        if name.startswith("ld-linux"):
+            yield Entry(f"lib64/{name}", host, mode=0o755)
+        else:
+            yield Entry(f"usr/lib/x86_64-linux-gnu/{name}", host, mode=0o755)
+
+
+def busybox_entries() -> Iterator[Entry]:
+    yield Entry("bin/busybox", BUSYBOX, mode=0o755)
+    applets = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True).stdout
+    for applet in applets.split():
+        if applet != "busybox":
+            yield Entry(f"bin/{applet}", link="busybox")
+    yield Entry("usr/bin/env", link="/bin/busybox")
+
+
+def system_entries() -> Iterator[Entry]:
+    yield Entry("lib", link="usr/lib")
+    yield Entry(
+        "etc/passwd", data=b"root:x:0:0:root:/workspace:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n"
+    )
+    yield Entry("etc/group", data=b"root:x:0:\nnogroup:x:65534:\n")
+    yield Entry("etc/nsswitch.conf", data=b"passwd: files\ngroup: files\nhosts: files dns\n")
+    # The trust store lives on the /run tmpfs: the entry script writes it at start (read-only root).
+    yield Entry(
+        "usr/share/sandgate/system-ca.crt", HOST_CA_BUNDLE if HOST_CA_BUNDLE.exists() else None, data=b""
+    )
+    yield Entry("etc/ssl/certs/ca-certificates.crt", link="/run/sandgate/ca-bundle.crt")
+    yield Entry("etc/ssl/cert.pem", link="/run/sandgate/ca-bundle.crt")
+
+
+def rootfs_entries() -> list[Entry]:
+    dists = distribution_closure(EXECD_REQUIREMENTS)
+    entries = [*system_entries(), *busybox_entries(), *stdlib_entries(), *site_packages_entries(dists)]
+    elves = [e.source for e in entries if e.source and (e.path.endswith(".so") or "/bin/python" in e.path)]
+    entries += library_entries([p for p in elves if p is not None])
+    return entries
+
+
+# ---------------------------------------------------------------- digest and tarball
+
+
+def input_digest(entries: list[Entry]) -> str:
+    """Changes when any input file, the recipes or this script change (size+mtime for big files)."""
+    h = hashlib.sha256()
+    for entry in entries:
+        h.update(f"{entry.path}\0{entry.link}\0{entry.mode}\0".encode())
+        if entry.source is not None:
+            st = entry.source.stat()
+            h.update(f"{st.st_size}:{st.st_mtime_ns}\0".encode())
+        if entry.data is not None:
+            h.update(entry.data)
+    for recipe in sorted(HERE.rglob("*")):
+        if recipe.is_file() and "__pycache__" not in recipe.parts:
+            h.update(recipe.relative_to(HERE).as_posix().encode() + b"\0" + recipe.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def write_rootfs(entries: list[Entry], out: Path) -> None:
+    dirs: set[str] = set()
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        for base in ("tmp", "run", "workspace", "proc", "sys", "dev", "etc/sandgate"):
+            _add_dir(tar, base, dirs, mode=0o1777 if base == "tmp" else 0o755)
+        for entry in entries:
+            _add_dir(tar, str(Path(entry.path).parent), dirs)
+            info = tarfile.TarInfo(entry.path)
+            info.mtime = int(time.time()) if entry.source is None else int(entry.source.stat().st_mtime)
+            if entry.link is not None:
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, entry.link, 0o777
+                tar.addfile(info)
+                continue
+            data = entry.source.read_bytes() if entry.source is not None else (entry.data or b"")
+            info.size, info.mode = len(data), entry.mode
+            tar.addfile(info, io.BytesIO(data))
+
+
+def _add_dir(tar: tarfile.TarFile, path: str, seen: set[str], mode: int = 0o755) -> None:
+    if path in ("", ".") or path in seen:
+        return
+    _add_dir(tar, str(Path(path).parent), seen)
+    seen.add(path)
+    info = tarfile.TarInfo(path)
+    info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, int(time.time())
+    tar.addfile(info)
+
+
+# ---------------------------------------------------------------- docker
+
+
+def image_names(digest: str) -> list[str]:
+    return [f"{name}:{digest}" for name in RECIPES]
+
+
+def have_images(client: docker.DockerClient, digest: str) -> bool:
+    try:
+        for ref in image_names(digest):
+            client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def build_images(client: docker.DockerClient, cache_dir: Path = DEFAULT_CACHE) -> str:
+    """Make `sandgate/base` and `sandgate/python` (`:latest` and `:<digest>`) exist in the daemon.
+
+    Returns the digest. Order of preference: already there, load the cached save, build.
+    """
+    entries = rootfs_entries()
+    digest = input_digest(entries)
+    cached = CachedImages(cache_dir, digest)
+    if not have_images(client, digest) and cached.exists():
+        cached.load(client)
+    if not have_images(client, digest):
+        _build(client, entries, digest, cache_dir)
+        cached.save(client)
+    for name in RECIPES:
+        client.images.get(f"{name}:{digest}").tag(name, "latest")
+    return digest
+
+
+@dataclass(frozen=True)
+class CachedImages:
+    """One `docker save` of every recipe image, named by the input digest."""
+
+    cache_dir: Path
+    digest: str
+
+    @property
+    def archive(self) -> Path:
+        return self.cache_dir / f"sandgate-images-{self.digest}.tar"
+
+    def exists(self) -> bool:
+        return self.archive.exists()
+
+    def load(self, client: docker.DockerClient) -> None:
+        with self.archive.open("rb") as f:
+            client.images.load(f)
+
+    def save(self, client: docker.DockerClient) -> None:
+        for old in self.cache_dir.glob("sandgate-images-*"):
+            old.unlink()  # one cached set at a time; a digest change makes the old one useless
+        # The SDK saves one image per call; the engine's endpoint takes several (shared layers once).
+        api = client.api
+        url = f"{api.base_url}/v{api.api_version}/images/get"
+        partial = self.archive.with_suffix(".partial")
+        with api.get(url, params={"names": image_names(self.digest)}, stream=True) as response:
+            response.raise_for_status()
+            with partial.open("wb") as f:
+                for chunk in response.iter_content(1 << 20):
+                    f.write(chunk)
+        partial.replace(self.archive)
+
+
+def _build(client: docker.DockerClient, entries: list[Entry], digest: str, cache_dir: Path) -> None:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    rootfs = cache_dir / f"rootfs-{digest}.tar"
+    try:
+        write_rootfs(entries, rootfs)
+        client.api.import_image(src=str(rootfs), repository=ROOTFS_IMAGE, tag=digest)
+    finally:
+        rootfs.unlink(missing_ok=True)
+    parent = f"{ROOTFS_IMAGE}:{digest}"
+    for name, folder in RECIPES.items():
+        tag = f"{name}:{digest}"
+        try:
+            client.images.build(
+                path=str(folder), tag=tag, buildargs={"FROM_IMAGE": parent}, network_mode="none", rm=True
+            )
+        except docker.errors.BuildError as exc:
+            log = "".join(str(chunk.get("stream", chunk.get("error", ""))) for chunk in exc.build_log)
+            raise RuntimeError(f"docker build of {tag} from {folder} failed:\n{log}") from exc
+        parent = tag
+    client.images.remove(f"{ROOTFS_IMAGE}:{digest}", noprune=True)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--docker-host", help="daemon to build in (default: DOCKER_HOST or the system socket)"
+    )
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where built images are saved")
+    args = parser.parse_args(argv)
+    try:
+        client = docker.DockerClient(base_url=args.docker_host) if args.docker_host else docker.from_env()
+        client.ping()
+    except docker.errors.DockerException:
+        if args.docker_host:
+            raise
+        return _build_in_private_daemon(args.cache)
+    digest = build_images(client, args.cache)
+    print(json.dumps({"digest": digest, "images": [*image_names(digest), *(f"{n}:latest" for n in RECIPES)]}))
+    return 0
+
+
+def _build_in_private_daemon(cache: Path) -> int:
+    sys.path.insert(0, str(REPO))
+    from tests.support.dockerd import private_dockerd
+
+    with private_dockerd() as daemon:
+        digest = build_images(daemon.client, cache)
+    saved = CachedImages(cache, digest).archive
+    print(f"no Docker daemon reachable: built in a private one and saved {saved}; `docker load -i` it")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
