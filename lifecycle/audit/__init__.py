@@ -1,0 +1,37 @@
+"""sandgate.lifecycle.audit: the audit store a security reviewer queries.
+
+The proxy's JSONL (`<state_dir>/audit.jsonl` + rotated backups) is the source of truth; an
+SQLite index (`<state_dir>/audit-index.db`) is fed from it incrementally and answers filtered,
+keyset-paged queries, summaries, live follow and OCSF export. See docs/audit.md.
+"""
+
+from sandgate.lifecycle.audit.api import audit_filter, audit_router
+from sandgate.lifecycle.audit.index import AuditIndex, IngestResult, Retention
+from sandgate.lifecycle.audit.ocsf import OCSF_VERSION, to_ocsf
+from sandgate.lifecycle.audit.query import AuditFilter, Cursor, Page, QueryError, Summary, parse_time
+from sandgate.lifecycle.audit.reader import Position, RotatingLog
+from sandgate.lifecycle.audit.record import SCHEMA_VERSION, AuditRecord, format_ts, to_micros
+from sandgate.lifecycle.audit.service import AuditStore
+
+__all__ = [
+    "OCSF_VERSION",
+    "SCHEMA_VERSION",
+    "AuditFilter",
+    "AuditIndex",
+    "AuditRecord",
+    "AuditStore",
+    "Cursor",
+    "IngestResult",
+    "Page",
+    "Position",
+    "QueryError",
+    "Retention",
+    "RotatingLog",
+    "Summary",
+    "audit_filter",
+    "audit_router",
+    "format_ts",
+    "parse_time",
+    "to_micros",
+    "to_ocsf",
+]

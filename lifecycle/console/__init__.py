@@ -1,0 +1,9 @@
+"""sandgate.lifecycle.console: the reviewer's web console (`/console`), server-rendered, no CDN.
+
+Mount with `console_router(store, verify_key, sandboxes)`; see docs/audit.md.
+"""
+
+from sandgate.lifecycle.console.routes import COOKIE, console_router
+from sandgate.lifecycle.console.views import ConsoleSandbox, PolicyChange
+
+__all__ = ["COOKIE", "ConsoleSandbox", "PolicyChange", "console_router"]

@@ -1,0 +1,113 @@
+"""The index follows the proxy's rotating JSONL: nothing lost, nothing doubled, resumable."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from sandgate.lifecycle.audit import AuditFilter, AuditIndex
+from sandgate.proxy.audit import AuditLog, AuditRecord
+from tests.audit.conftest import generated, write_records
+
+
+def open_index(state: Path) -> AuditIndex:
+    return AuditIndex(state / "audit-index.db", state / "audit.jsonl")
+
+
+def all_ids(index: AuditIndex) -> list[str]:
+    return [row[0] for row in index._conn().execute("SELECT id FROM records")]
+
+
+def test_rotation_during_load_loses_no_record(tmp_path: Path) -> None:
+    records = generated(3000)
+    index = open_index(tmp_path)
+    log = AuditLog(tmp_path / "audit.jsonl", max_bytes=16_000, backups=1000)
+    done = threading.Event()
+
+    def writer() -> None:
+        try:
+            for record in records:
+                log.write(AuditRecord.model_validate(record))
+        finally:
+            log.close()
+            done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    passes = 0
+    while not done.is_set() and passes < 100_000:  # index concurrently with the writer
+        index.ingest(max_bytes=20_000)
+        passes += 1
+    thread.join()
+    result = index.ingest()
+    rotated = list(tmp_path.glob("audit.jsonl.*"))
+    assert len(rotated) > 50, "the writer should have rotated many times during the load"
+    ids = all_ids(index)
+    assert len(ids) == len(set(ids)) == len(records)
+    assert set(ids) == {r["id"] for r in records}
+    assert not result.gap and index.ingest_stats()["gaps"] == 0
+
+
+def test_resumes_from_saved_position_after_restart(tmp_path: Path) -> None:
+    records = generated(900)
+    write_records(tmp_path, records[:400], max_bytes=40_000)
+    first = open_index(tmp_path)
+    assert first.ingest().added == 400
+    first.close()
+    # The writer restarts (a new AuditLog on the same file) and rotates some more.
+    write_records(tmp_path, records[400:], max_bytes=40_000)
+    second = open_index(tmp_path)
+    result = second.ingest()
+    assert result.added == 500 and result.lines == 500, "only the new lines are read again"
+    assert second.count() == 900
+    assert second.ingest().lines == 0
+
+
+def test_incomplete_last_line_waits_for_its_newline(tmp_path: Path) -> None:
+    record = AuditRecord.model_validate(generated(1)[0]).model_dump_json().encode()
+    path = tmp_path / "audit.jsonl"
+    path.write_bytes(record[:50])
+    index = open_index(tmp_path)
+    assert index.ingest().lines == 0
+    with path.open("ab") as handle:
+        handle.write(record[50:] + b"\n")
+    assert index.ingest().added == 1
+
+
+def test_malformed_lines_are_counted_and_skipped(tmp_path: Path) -> None:
+    records = generated(3)
+    write_records(tmp_path, records[:2])
+    with (tmp_path / "audit.jsonl").open("a") as handle:
+        handle.write('{"v":1,"kind":"request"}\nnot json at all\n')
+    write_records(tmp_path, records[2:])
+    index = open_index(tmp_path)
+    result = index.ingest()
+    assert (result.added, result.malformed) == (3, 2)
+    assert index.ingest_stats()["malformed_lines"] == 2
+
+
+def test_file_rotated_away_unread_is_reported_as_gap(tmp_path: Path) -> None:
+    records = generated(3000)
+    write_records(tmp_path, records[:10], max_bytes=20_000, backups=2)
+    index = open_index(tmp_path)
+    assert index.ingest().added == 10
+    # Far more than backups x max_bytes is written while nobody indexes: the oldest lines go.
+    write_records(tmp_path, records[10:], max_bytes=20_000, backups=2)
+    result = index.ingest()
+    assert result.gap
+    surviving = sum(1 for p in tmp_path.glob("audit.jsonl*") for _ in p.open())
+    assert index.count() == 10 + surviving
+    newest = index.page(AuditFilter(), 1).records[0]
+    assert newest["id"] == records[-1]["id"]
+
+
+def test_truncated_in_place_is_reread_from_start(tmp_path: Path) -> None:
+    records = generated(20)
+    write_records(tmp_path, records[:10])
+    index = open_index(tmp_path)
+    assert index.ingest().added == 10
+    (tmp_path / "audit.jsonl").write_bytes(b"")  # copytruncate-style rotation
+    write_records(tmp_path, records[10:12])
+    result = index.ingest()
+    assert result.added == 2 and result.gap
+    assert index.count() == 12
