@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from . import commands, files, transfer
+from . import commands, files, metrics, sessions, transfer
 from .errors import UNAUTHORIZED, ApiError
 from .paths import PathResolver
 
@@ -85,6 +85,11 @@ def routes() -> list[Route]:
         Route("/command", commands.interrupt_command, methods=["DELETE"]),
         Route("/command/status/{id}", commands.command_status, methods=["GET"]),
         Route("/command/{id}/logs", commands.command_logs, methods=["GET"]),
+        Route("/session", sessions.create_session, methods=["POST"]),
+        Route("/session/{session_id}/run", sessions.run_in_session, methods=["POST"]),
+        Route("/session/{session_id}", sessions.delete_session, methods=["DELETE"]),
+        Route("/metrics", metrics.get_metrics, methods=["GET"]),
+        Route("/metrics/watch", metrics.watch_metrics, methods=["GET"]),
         Route("/files/upload", transfer.upload, methods=["POST"]),
         Route("/files/download", transfer.download, methods=["GET"]),
         Route("/files/info", files.files_info, methods=["GET"]),
@@ -107,9 +112,12 @@ def create_app(config: ExecdConfig) -> ASGIApp:
         state_dir = tempfile.mkdtemp(prefix="sandgate-execd-")
         app.state.resolver = resolver
         app.state.commands = commands.CommandRunner(state_dir, resolver.root if config.root else os.getcwd())
+        app.state.sessions = sessions.Sessions(app.state.commands)
+        app.state.cpu = metrics.CpuSampler()
         try:
             yield
         finally:
+            app.state.sessions.shutdown()
             app.state.commands.shutdown()
             shutil.rmtree(state_dir, ignore_errors=True)
 
