@@ -1,0 +1,147 @@
+"""Turning decisions into audit records and metrics.
+
+Rules: connection-level decisions are recorded when they are made (`record_decision`); a
+request is recorded once, when it ends (`AuditAddon.response` / `.error`), from the
+`RequestState` the enforcement addon attached, so bytes, status and duration are known. Paths
+lose their query (`redact_path`); nothing else from the request body or headers is logged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from mitmproxy import http
+
+from sandgate.proxy.audit import AuditRecord, redact_path
+from sandgate.proxy.decide import Verdict
+from sandgate.proxy.state import FLOW_KEY, ProxyState, RequestState, Sandbox
+
+
+def addr(address: tuple[str, int] | None) -> str | None:
+    if not address:
+        return None
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def record_decision(
+    state: ProxyState,
+    kind: Literal["connection", "request", "dns"],
+    sandbox: Sandbox,
+    verdict: Verdict,
+    client: tuple[str, int] | None,
+    **facts: object,
+) -> None:
+    """One record for a decision made now (connection and DNS level, and refused requests)."""
+    state.metrics.decision(kind, verdict.action, verdict.reason)
+    state.audit.write(
+        AuditRecord(
+            kind=kind,
+            sandbox=sandbox.id,
+            client=addr(client) or "-",
+            decision=verdict.action,
+            reason=verdict.reason,
+            rule=verdict.rule,
+            inspect=verdict.inspect,
+            **facts,  # type: ignore[arg-type]
+        )
+    )
+
+
+def security_event(
+    state: ProxyState,
+    sandbox_id: str,
+    client: tuple[str, int] | None,
+    event: str,
+    detail: str,
+    **facts: object,
+) -> None:
+    state.metrics.security_events[event] += 1
+    state.audit.write(
+        AuditRecord(
+            kind="security_event",
+            sandbox=sandbox_id,
+            client=addr(client) or "-",
+            decision="deny",
+            reason=event,
+            event=event,
+            detail=detail,
+            **facts,  # type: ignore[arg-type]
+        )
+    )
+
+
+class AuditAddon:
+    """Writes the one record of every request when it ends, with status, bytes and duration."""
+
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._record(flow, status=flow.response.status_code if flow.response else None)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        if flow.error and not flow.response:
+            self.state.metrics.upstream_errors[_error_class(flow.error.msg)] += 1
+        self._record(flow, status=flow.response.status_code if flow.response else None)
+
+    def _record(self, flow: http.HTTPFlow, status: int | None) -> None:
+        request_state: RequestState | None = flow.metadata.pop(FLOW_KEY, None)
+        if request_state is None:  # not a request the enforcement addon saw (e.g. CONNECT)
+            return
+        verdict = request_state.verdict
+        duration = time.monotonic() - request_state.started
+        if verdict.allowed:
+            self.state.metrics.latency(duration)
+        self.state.metrics.decision("request", verdict.action, verdict.reason)
+        request = flow.request
+        server = flow.server_conn
+        detail = request_state.detail
+        if flow.error and detail is None:
+            detail = flow.error.msg
+        self.state.audit.write(
+            AuditRecord(
+                kind="request",
+                sandbox=request_state.sandbox.id,
+                client=addr(flow.client_conn.peername) or "-",
+                upstream=addr(server.peername) if server and server.peername else None,
+                sni=flow.client_conn.sni,
+                scheme="https" if request.scheme == "https" else "http",
+                method=request.method,
+                host=request_state.name,
+                port=request.port,
+                path=redact_path(request.path),
+                decision=verdict.action,
+                reason=verdict.reason,
+                rule=verdict.rule,
+                inspect=True,
+                binding=",".join(request_state.bindings) or None,
+                status=status,
+                bytes_in=request_state.bytes_in or _size(flow.response),
+                bytes_out=request_state.bytes_out or _size(request),
+                duration_ms=round(duration * 1000, 3),
+                detail=detail,
+            )
+        )
+
+
+def _size(message: http.Message | None) -> int:
+    if message is None or message.raw_content is None:
+        return 0
+    return len(message.raw_content)
+
+
+def _error_class(message: str) -> str:
+    lowered = message.lower()
+    for needle, name in (
+        ("refused", "connection-refused"),
+        ("timed out", "timeout"),
+        ("certificate", "tls"),
+        ("tls", "tls"),
+        ("reset", "reset"),
+        ("killed", "killed"),
+    ):
+        if needle in lowered:
+            return name
+    return "other"

@@ -1,0 +1,222 @@
+"""Enforcement: every way into the proxy asks `decide` and acts on the verdict.
+
+Rules:
+1. Connection level first: explicit CONNECT (`http_connect`) and TLS ClientHello
+   (`tls_clienthello`, by SNI, else the DNS-attributed name of the original destination, else
+   the address itself). A denied TLS connection is ignored and then killed in `server_connect`,
+   so the client never sees a certificate; a pass-through verdict (`inspect` False) ignores the
+   connection, so the bytes are relayed untouched.
+2. Request level for everything decrypted or plain (`requestheaders`: every HTTP/1 request,
+   every HTTP/2 stream, WebSocket upgrades), re-evaluated against the current table entry.
+   A refused request gets a 403 (421 for disagreeing names) JSON answer and never reaches upstream.
+3. The proxy dials only what it resolved itself for the agreed name, after `check_upstream`:
+   the request's `host` is set to that name (so upstream connections are keyed by it, and TLS
+   upstream uses it as SNI) and `server_connect` pins the socket to the checked address.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from mitmproxy import connection, http, tls
+from mitmproxy.proxy import mode_specs, server_hooks
+
+from sandgate.proxy.auditing import addr, record_decision
+from sandgate.proxy.decide import (
+    IDENTITY_MISMATCH,
+    MISMATCH,
+    UNKNOWN_SANDBOX,
+    Verdict,
+    agreed_name,
+    check_upstream,
+    decide,
+    describe_claims,
+)
+from sandgate.proxy.resolver import ResolveError, is_ip_literal
+from sandgate.proxy.state import FLOW_KEY, ConnState, ProxyState, RequestState, Sandbox
+
+log = logging.getLogger(__name__)
+
+GONE = Verdict("deny", UNKNOWN_SANDBOX)
+UNRESOLVED = "upstream-unresolvable"
+
+
+def deny_response(verdict: Verdict, host: str | None) -> http.Response:
+    body = {"error": "egress denied", "host": host, "reason": verdict.reason, "rule": verdict.rule}
+    return http.Response.make(
+        verdict.status, json.dumps(body) + "\n", {"content-type": "application/json", "connection": "close"}
+    )
+
+
+class EnforcementAddon:
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+
+    # ------------------------------------------------------------------ connection level
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        conn, sandbox = self._lookup(flow.client_conn)
+        host = (flow.request.host or "").lower().rstrip(".")
+        verdict = decide(sandbox.policy, host, flow.request.port, "https") if sandbox else GONE
+        facts = {"method": "CONNECT", "host": host, "port": flow.request.port}
+        if sandbox:
+            record_decision(self.state, "connection", sandbox, verdict, flow.client_conn.peername, **facts)
+        if not verdict.allowed or conn is None:
+            flow.response = deny_response(verdict, host)
+            return
+        conn.connect_host = host
+        conn.connect_recorded = True
+
+    async def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+        client = data.context.client
+        conn, sandbox = self._lookup(client)
+        if conn is None or sandbox is None:
+            data.ignore_connection = True
+            if conn:
+                conn.denied = True
+            return
+        sni = data.client_hello.sni
+        server_address = data.context.server.address
+        assert server_address is not None
+        port = server_address[1]
+        name, agreed = agreed_name(sni, conn.connect_host)
+        if not agreed:
+            verdict, detail = MISMATCH, describe_claims({"sni": sni, "connect": conn.connect_host})
+        else:
+            name = name or self._attributed(conn, server_address[0])
+            verdict, detail = decide(sandbox.policy, name, port, "https"), None
+        upstream = None
+        if verdict.allowed and not verdict.inspect:
+            verdict, upstream = await self._pin(conn, sandbox, name or "", port, "https", verdict)
+        already_recorded = conn.connect_recorded and name == conn.connect_host and verdict.allowed
+        if not already_recorded:
+            record_decision(
+                self.state,
+                "connection",
+                sandbox,
+                verdict,
+                client.peername,
+                sni=sni,
+                host=name,
+                port=port,
+                scheme="https",
+                upstream=addr((upstream, port)) if upstream else None,
+                detail=detail,
+            )
+        conn.name = name
+        if not verdict.allowed:
+            conn.denied = True
+            data.ignore_connection = True  # then killed in server_connect: no certificate is ever shown
+        elif not verdict.inspect:
+            conn.passthrough = True
+            data.ignore_connection = True
+
+    def _attributed(self, conn: ConnState, destination: str) -> str:
+        """A connection without a name: the name this sandbox resolved to that address, else the address."""
+        if is_ip_literal(destination):
+            return self.state.names.name_for(conn.sandbox_address, destination) or destination
+        return destination
+
+    # ------------------------------------------------------------------ request level
+
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        conn, sandbox = self._lookup(flow.client_conn)
+        if conn is None or sandbox is None:
+            flow.response = deny_response(GONE, flow.request.host_header)
+            return
+        request = flow.request
+        claims = self._claims(flow, conn)
+        name, agreed = agreed_name(*claims.values())
+        if not agreed:
+            self._refuse(flow, sandbox, MISMATCH, claims.get("host") or "", describe_claims(claims))
+            return
+        name = name or self._attributed(conn, request.host)
+        scheme = "https" if request.scheme == "https" else "http"
+        verdict = decide(sandbox.policy, name, request.port, scheme, request.method, request.path)
+        if verdict.allowed:
+            verdict, _upstream = await self._pin(conn, sandbox, name, request.port, scheme, verdict)
+        if not verdict.allowed:
+            self._refuse(flow, sandbox, verdict, name, None)
+            return
+        request.data.host = name  # dial by the verified name, never by a client-chosen address
+        flow.metadata[FLOW_KEY] = RequestState(sandbox, verdict, name)
+
+    def _claims(self, flow: http.HTTPFlow, conn: ConnState) -> dict[str, str | None]:
+        """Every name this request claims to be for; they must all agree."""
+        client = flow.client_conn
+        absolute_form = isinstance(client.proxy_mode, mode_specs.RegularMode) and not conn.connect_host
+        return {
+            "sni": client.sni if client.tls else None,
+            "host": flow.request.host_header,  # Host, or :authority for HTTP/2
+            "connect": conn.connect_host,
+            "url": flow.request.host if absolute_form else None,
+        }
+
+    def _refuse(
+        self, flow: http.HTTPFlow, sandbox: Sandbox, verdict: Verdict, name: str, detail: str | None
+    ) -> None:
+        flow.metadata[FLOW_KEY] = RequestState(sandbox, verdict, name, detail=detail)
+        flow.response = deny_response(verdict, name)
+
+    async def _pin(
+        self, conn: ConnState, sandbox: Sandbox, name: str, port: int, scheme: str, verdict: Verdict
+    ) -> tuple[Verdict, str | None]:
+        """Resolve `name` ourselves and keep the first address the policy lets us dial."""
+        if is_ip_literal(name):
+            candidates = [name.strip("[]")]
+        else:
+            try:
+                candidates = await self.state.resolver.addresses(name)
+            except ResolveError as exc:
+                log.info("%s", exc)
+                return Verdict("deny", UNRESOLVED, verdict.rule, status=502), None
+        refusal: Verdict | None = None
+        for candidate in candidates:
+            address_verdict = check_upstream(sandbox.policy, candidate, port, scheme)
+            if address_verdict.allowed:
+                conn.pins[name] = candidate
+                return verdict, candidate
+            refusal = refusal or address_verdict
+        assert refusal is not None
+        return refusal, None
+
+    # ------------------------------------------------------------------ upstream
+
+    def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        conn = self.state.connections.get(data.client.id)
+        address = data.server.address
+        if conn is None or conn.denied or address is None:
+            data.server.error = "egress denied"
+            return
+        name = conn.name if conn.passthrough else address[0]
+        pinned = conn.pins.get(name or "")
+        if pinned is None:  # every allowed path pins before connecting; anything else fails closed
+            data.server.error = f"egress denied: no checked address for {name}"
+            return
+        conn.restore[data.server.id] = address
+        data.server.address = (pinned, address[1])
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        """Put the name back, so later requests for the same name reuse this connection."""
+        conn = self.state.connections.get(data.client.id)
+        if conn and (original := conn.restore.pop(data.server.id, None)):
+            # mitmproxy guards `address` on open connections because it names the socket's peer;
+            # `peername` keeps the dialled address, and the name is what connection reuse matches.
+            data.server.__dict__["address"] = original
+
+    def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
+        conn = self.state.connections.get(data.client.id)
+        if conn:
+            conn.restore.pop(data.server.id, None)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _lookup(self, client: connection.Client) -> tuple[ConnState | None, Sandbox | None]:
+        conn = self.state.connections.get(client.id)
+        if conn is None:
+            return None, None
+        return conn, self.state.table.get(conn.sandbox_address)
+
+
+__all__ = ["IDENTITY_MISMATCH", "EnforcementAddon", "deny_response"]

@@ -1,0 +1,105 @@
+"""The proxy's own name resolution, and each sandbox's memory of the answers it was given.
+
+Rules: the proxy never dials an address a sandbox chose for a name; it resolves the policy name
+itself with these resolvers (`upstream_dns`, else the system's) and dials the answer. Answers
+handed to a sandbox by the DNS listener are remembered per sandbox (bounded LRU), so a later
+connection to such an address without SNI or Host can be attributed to the name it came from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections import OrderedDict
+
+import mitmproxy_rs
+
+MEMORY_PER_SANDBOX = 4096
+
+
+class ResolveError(Exception):
+    """The name has no usable address; `nxdomain` tells "does not exist" from "failed"."""
+
+    def __init__(self, name: str, message: str, nxdomain: bool) -> None:
+        super().__init__(f"cannot resolve {name}: {message}")
+        self.nxdomain = nxdomain
+
+
+class Resolver:
+    def __init__(self, name_servers: list[str]) -> None:
+        servers = name_servers or _system_servers()
+        self._resolver = mitmproxy_rs.dns.DnsResolver(name_servers=servers, use_hosts_file=False)
+
+    async def lookup(self, name: str, family: int) -> list[str]:
+        """A (AF_INET) or AAAA (AF_INET6) answers; [] when the name exists without that type."""
+        try:
+            if family == socket.AF_INET:
+                return await self._resolver.lookup_ipv4(name)
+            return await self._resolver.lookup_ipv6(name)
+        except socket.gaierror as exc:
+            if exc.args and exc.args[0] == socket.EAI_NODATA:
+                return []
+            nxdomain = bool(exc.args) and exc.args[0] == socket.EAI_NONAME
+            raise ResolveError(name, str(exc), nxdomain) from exc
+
+    async def addresses(self, name: str) -> list[str]:
+        """Every address of `name`, IPv4 first (sandboxes and most upstreams are IPv4)."""
+        v4, v6 = await asyncio.gather(
+            self.lookup(name, socket.AF_INET), self.lookup(name, socket.AF_INET6), return_exceptions=True
+        )
+        found = [*(v4 if isinstance(v4, list) else []), *(v6 if isinstance(v6, list) else [])]
+        if found:
+            return found
+        error = v4 if isinstance(v4, ResolveError) else v6
+        if isinstance(error, ResolveError):
+            raise error
+        raise ResolveError(name, "no A or AAAA records", nxdomain=False)
+
+
+def _system_servers() -> list[str]:
+    try:
+        return mitmproxy_rs.dns.get_system_dns_servers()
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"no upstream DNS configured and none found in the system ({exc}); "
+            "set upstream_dns in the proxy config"
+        ) from exc
+
+
+class NameMemory:
+    """address -> name, per sandbox: which name did this sandbox learn this address from."""
+
+    def __init__(self, per_sandbox: int = MEMORY_PER_SANDBOX) -> None:
+        self._per_sandbox = per_sandbox
+        self._memory: dict[str, OrderedDict[str, str]] = {}
+
+    def remember(self, sandbox_address: str, name: str, addresses: list[str]) -> None:
+        memory = self._memory.setdefault(sandbox_address, OrderedDict())
+        for address in addresses:
+            memory[normalise_ip(address)] = name
+            memory.move_to_end(normalise_ip(address))
+        while len(memory) > self._per_sandbox:
+            memory.popitem(last=False)
+
+    def name_for(self, sandbox_address: str, address: str) -> str | None:
+        return self._memory.get(sandbox_address, {}).get(normalise_ip(address))
+
+    def forget(self, sandbox_address: str) -> None:
+        self._memory.pop(sandbox_address, None)
+
+
+def normalise_ip(address: str) -> str:
+    """Canonical text of an address; IPv4-mapped IPv6 (::ffff:a.b.c.d) becomes the IPv4 it is."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+def is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,128 @@
+"""Shared runtime state of one proxy process, and the per-connection and per-request records.
+
+Rules: `ProxyState` is built once by `run_proxy` and handed to every addon (no globals). The
+sandbox table is a read-only mapping replaced whole on every change, so a hook sees either the
+old or the new entry, never half of one; hooks look the sandbox up again on every request,
+which is what makes policy changes apply to open connections.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from sandgate.policy import Binding, CompiledPolicy, PassthroughAuth, compile_policy, parse_policy
+from sandgate.proxy.audit import AuditLog
+from sandgate.proxy.config import SandboxEntry
+from sandgate.proxy.credentials import SandboxCredentials
+from sandgate.proxy.decide import Verdict
+from sandgate.proxy.metrics import Metrics
+from sandgate.proxy.resolver import NameMemory, Resolver
+
+FLOW_KEY = "sandgate"  # flow.metadata key of a RequestState
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    entry: SandboxEntry
+    policy: CompiledPolicy
+    bindings: dict[str, Binding]  # by name
+    placeholders: dict[str, str]  # every passthrough placeholder -> the binding it belongs to
+    dns_ports: tuple[int, ...]  # ports a name could be allowed on (for DNS answers)
+    credentials: SandboxCredentials
+
+    @classmethod
+    def compile(cls, entry: SandboxEntry, store: Any) -> Sandbox:
+        """Parse and compile the entry's policy; raises PolicyError with file:line issues."""
+        policy = compile_policy(parse_policy(entry.policy, f"<sandbox {entry.sandbox_id}>"))
+        bindings = {binding.name: binding for binding in policy.policy.bindings}
+        placeholders = {
+            substitution.placeholder: binding.name
+            for binding in bindings.values()
+            if isinstance(binding.auth, PassthroughAuth)
+            for substitution in binding.auth.substitutions
+        }
+        ports = {80, 443} | {port for rule in policy.policy.egress for port in rule.ports or ()}
+        credentials = SandboxCredentials(store, bindings, entry.credentials)
+        return cls(entry, policy, bindings, placeholders, tuple(sorted(ports)), credentials)
+
+    @property
+    def id(self) -> str:
+        return self.entry.sandbox_id
+
+    @property
+    def address(self) -> str:
+        return self.entry.address
+
+    def vault_name(self, credential: str) -> str:
+        """The vault entry a binding's credential name refers to in this sandbox."""
+        return self.entry.credentials.get(credential, credential)
+
+
+class SandboxTable:
+    """address -> Sandbox, swapped atomically; compiling happens before the swap, so a bad
+    policy raises (sandgate.policy.PolicyError) and leaves the old entry in force."""
+
+    def __init__(self, store: Any = None) -> None:
+        self._store = store  # the vault store (reveal) or None
+        self._by_address: MappingProxyType[str, Sandbox] = MappingProxyType({})
+
+    def get(self, address: str) -> Sandbox | None:
+        return self._by_address.get(address)
+
+    def put(self, entry: SandboxEntry) -> Sandbox:
+        sandbox = Sandbox.compile(entry, self._store)
+        self._by_address = MappingProxyType({**self._by_address, entry.address: sandbox})
+        return sandbox
+
+    def drop(self, address: str) -> bool:
+        if address not in self._by_address:
+            return False
+        self._by_address = MappingProxyType({k: v for k, v in self._by_address.items() if k != address})
+        return True
+
+    def entries(self) -> list[SandboxEntry]:
+        return [sandbox.entry for sandbox in self._by_address.values()]
+
+    def __len__(self) -> int:
+        return len(self._by_address)
+
+
+@dataclass
+class ConnState:
+    """What the proxy decided about one client connection."""
+
+    sandbox_address: str
+    connect_host: str | None = None  # explicit proxy: the CONNECT target
+    connect_recorded: bool = False  # the CONNECT decision is already in the audit log
+    name: str | None = None  # the connection-level name (SNI, CONNECT target, DNS-attributed)
+    denied: bool = False
+    passthrough: bool = False
+    pins: dict[str, str] = field(default_factory=dict)  # name -> the address the proxy dials
+    restore: dict[str, tuple[str, int]] = field(default_factory=dict)  # server id -> address by name
+
+
+@dataclass
+class RequestState:
+    """One request's decision and counters; the audit addon turns it into the request record."""
+
+    sandbox: Sandbox
+    verdict: Verdict
+    name: str
+    started: float = field(default_factory=time.monotonic)
+    bindings: list[str] = field(default_factory=list)  # names of bindings injected
+    bytes_out: int = 0
+    bytes_in: int = 0
+    detail: str | None = None
+
+
+@dataclass
+class ProxyState:
+    table: SandboxTable
+    resolver: Resolver
+    names: NameMemory
+    audit: AuditLog
+    metrics: Metrics
+    connections: dict[str, ConnState] = field(default_factory=dict)
