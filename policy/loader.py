@@ -35,8 +35,13 @@ def load_policy(path: str | Path) -> Policy:
     return parse_policy(text, source)
 
 
-def parse_policy(text: str, source: str = "<string>") -> Policy:
-    """Validate policy text (YAML or JSON, the same model); raises PolicyError."""
+def parse_policy(text: str | dict[str, Any] | None, source: str = "<string>") -> Policy:
+    """Validate policy text (YAML or JSON, the same model); raises PolicyError.
+
+    An already parsed document (a dict, or None) is accepted too and handled by `policy_from_dict`.
+    """
+    if not isinstance(text, str):
+        return policy_from_dict(text, "<api>" if source == "<string>" else source)
     data, positions = _parse_with_positions(text, source)
 
     def locate(path: DocPath) -> tuple[int, int]:
