@@ -9,6 +9,8 @@ Rules:
 3. Token or AppRole auth. With AppRole, an expired or revoked token is renewed by logging in
    again once per failing call.
 4. Errors name the server, the path and what to check, never a value.
+5. hvac (and requests under it) is imported on first use: a local-vault process (the proxy,
+   every CLI call) does not pay its import time.
 """
 
 from __future__ import annotations
@@ -20,10 +22,6 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
-
-import hvac
-import hvac.exceptions
-import requests
 
 from sandgate.vault.errors import SecretNotFound, VaultError
 from sandgate.vault.models import SecretInfo, check_name
@@ -55,6 +53,8 @@ class OpenBaoStore:
         self.prefix = prefix.strip("/")
         self.cache_ttl = cache_ttl
         self._role = (role_id, secret_id) if role_id else None
+        import hvac
+
         self._client = hvac.Client(url=addr, token=token, timeout=REQUEST_TIMEOUT)
         self._cache: dict[str, tuple[float, str]] = {}
         self._cache_lock = threading.Lock()
@@ -170,6 +170,9 @@ class OpenBaoStore:
     # -- transport and auth ----------------------------------------------------------------
 
     def _login(self) -> None:
+        import hvac.exceptions
+        import requests
+
         assert self._role is not None
         role_id, secret_id = self._role
         try:
@@ -184,6 +187,9 @@ class OpenBaoStore:
         self, what: str, request: Callable[[Any], Any], missing: Callable[[], Any] | None = None
     ) -> Any:
         """Run one KV v2 request; 404 -> `missing()`, a 403 with AppRole -> log in again once."""
+        import hvac.exceptions
+        import requests
+
         for attempt in (1, 2):
             try:
                 return request(self._client.secrets.kv.v2)

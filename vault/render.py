@@ -3,8 +3,9 @@
 Rules:
 1. One small renderer per auth style, chosen by `auth.type` from RENDERERS (like fly.io
    tokenizer's processors): adding a style touches this table and one function.
-2. Pure: a renderer gets the binding's auth and a `reveal(credential name) -> value` function;
-   it does no I/O of its own and knows nothing of mitmproxy.
+2. Pure: a renderer gets the binding's auth (a sandgate.policy model) and a
+   `reveal(credential name) -> value` function; it does no I/O of its own and knows nothing of
+   mitmproxy.
 3. Headers are *set*: the proxy removes any header of the same name first (OpenSandbox does the
    same). A value with CR, LF or NUL is refused: it could split the header block.
 4. Placeholders (`passthrough`) are replaced in one pass per surface (longest placeholder first,
@@ -21,58 +22,19 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import quote, quote_plus
 
+from sandgate.policy import ApiKeyAuth, BasicAuth, BearerAuth, Binding, CustomHeadersAuth, PassthroughAuth
 from sandgate.vault.errors import VaultError
 
 Reveal = Callable[[str], str]
 """Credential name -> current value (the store's `reveal`, or `reveal_via`)."""
+AnyAuth = BearerAuth | BasicAuth | ApiKeyAuth | CustomHeadersAuth | PassthroughAuth
 
 SURFACES = ("header", "query", "path", "body")
 DEFAULT_SURFACES = ("header", "query")
 _UNSAFE_IN_HEADER = re.compile(r"[\r\n\0]")
-
-
-# -- the policy models' shapes (sandgate.policy), read-only -------------------------------------
-
-
-class _SingleCredentialAuth(Protocol):
-    @property
-    def credential(self) -> str: ...
-
-
-class _NamedCredential(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def credential(self) -> str: ...
-
-
-class _CustomHeadersAuth(Protocol):
-    @property
-    def headers(self) -> Sequence[_NamedCredential]: ...
-
-
-class _Substitution(Protocol):
-    @property
-    def credential(self) -> str: ...
-    @property
-    def placeholder(self) -> str: ...
-    @property
-    def in_(self) -> Sequence[str]: ...
-
-
-class _PassthroughAuth(Protocol):
-    @property
-    def substitutions(self) -> Sequence[_Substitution]: ...
-
-
-class _Binding(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def auth(self) -> Any: ...
 
 
 # -- what a renderer produces ---------------------------------------------------------------
@@ -164,24 +126,24 @@ class Injection:
 # -- one renderer per auth style --------------------------------------------------------------
 
 
-def _bearer(auth: _SingleCredentialAuth, reveal: Reveal) -> Injection:
+def _bearer(auth: BearerAuth, reveal: Reveal) -> Injection:
     return Injection(headers=(("Authorization", "Bearer " + _header_safe(auth.credential, reveal)),))
 
 
-def _basic(auth: _SingleCredentialAuth, reveal: Reveal) -> Injection:
+def _basic(auth: BasicAuth, reveal: Reveal) -> Injection:
     # OpenSandbox semantics: the stored value is already base64(user:pass).
     return Injection(headers=(("Authorization", "Basic " + _header_safe(auth.credential, reveal)),))
 
 
-def _api_key(auth: _NamedCredential, reveal: Reveal) -> Injection:
+def _api_key(auth: ApiKeyAuth, reveal: Reveal) -> Injection:
     return Injection(headers=((auth.name, _header_safe(auth.credential, reveal)),))
 
 
-def _custom_headers(auth: _CustomHeadersAuth, reveal: Reveal) -> Injection:
+def _custom_headers(auth: CustomHeadersAuth, reveal: Reveal) -> Injection:
     return Injection(headers=tuple((h.name, _header_safe(h.credential, reveal)) for h in auth.headers))
 
 
-def _passthrough(auth: _PassthroughAuth, reveal: Reveal) -> Injection:
+def _passthrough(auth: PassthroughAuth, reveal: Reveal) -> Injection:
     resolved = []
     for substitution in auth.substitutions:
         surfaces = frozenset(substitution.in_ or DEFAULT_SURFACES)
@@ -203,21 +165,21 @@ RENDERERS: Mapping[str, Callable[[Any, Reveal], Injection]] = {
 }
 
 
-def render_auth(auth: Any, reveal: Reveal) -> Injection:
-    """The injection for one auth object (any of sandgate.policy's auth models)."""
+def render_auth(auth: AnyAuth, reveal: Reveal) -> Injection:
+    """The injection for one of sandgate.policy's auth models."""
     renderer = RENDERERS.get(auth.type)
     if renderer is None:
         raise VaultError(f"no renderer for auth type {auth.type!r}; known: {', '.join(RENDERERS)}")
     return renderer(auth, reveal)
 
 
-def render(binding: _Binding, reveal: Reveal) -> Injection:
+def render(binding: Binding, reveal: Reveal) -> Injection:
     """The injection for a binding, tagged with the binding's name for the audit record."""
     injection = render_auth(binding.auth, reveal)
     return Injection(binding=binding.name, headers=injection.headers, placeholders=injection.placeholders)
 
 
-def render_headers(auth: Any, reveal: Reveal) -> list[tuple[str, str]]:
+def render_headers(auth: AnyAuth, reveal: Reveal) -> list[tuple[str, str]]:
     """Just the headers to set for `auth` (empty for passthrough)."""
     return list(render_auth(auth, reveal).headers)
 

@@ -68,9 +68,15 @@ def group() -> None:
 
 @group.command("put")
 @click.argument("name")
+@click.argument("stray", nargs=-1, metavar="")
 @click.pass_obj
-def put(obj: Any, name: str) -> None:
+def put(obj: Any, name: str, stray: tuple[str, ...]) -> None:
     """Store or rotate NAME; the value comes from stdin or a hidden prompt."""
+    if stray:  # click would echo the stray words (maybe the value) back in its usage error
+        raise click.UsageError(
+            "put takes only NAME: the value is read from stdin or a hidden prompt, never from the "
+            f"command line, where `ps` and shell history see it (e.g. `sandgate vault put {name} < file`)"
+        )
     with _vault_errors():
         store = open_vault(obj.settings())
         value = _read_secret_input(f"value for {name}")

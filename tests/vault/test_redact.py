@@ -1,0 +1,129 @@
+"""The redactor: every value and its encodings, in one pass, across any chunking."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import re
+import secrets
+from urllib.parse import quote, quote_plus
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sandgate.vault import REDACTED, Redactor
+
+TOKEN = "ghp_R3dact0r-Test+Value/42"
+PASSWORD = "hunter2-is-long"
+BASIC = base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
+
+
+def redactor() -> Redactor:
+    return Redactor([TOKEN, BASIC, "short"])
+
+
+def test_raw_values_are_replaced() -> None:
+    assert redactor().redact(f"a {TOKEN} b short c".encode()) == b"a [REDACTED] b [REDACTED] c"
+    assert redactor().redact_text(f"ü {TOKEN} ✓") == "ü [REDACTED] ✓"
+
+
+def test_common_encodings_are_replaced() -> None:
+    forms = [
+        base64.b64encode(TOKEN.encode()).decode(),
+        base64.urlsafe_b64encode(TOKEN.encode()).decode(),
+        quote(TOKEN, safe=""),
+        re.sub("%[0-9A-F]{2}", lambda m: m.group(0).lower(), quote(TOKEN, safe="")),
+        quote_plus(TOKEN),
+        json.dumps(TOKEN)[1:-1],
+    ]
+    for form in forms:
+        out = redactor().redact_text(f"<{form}>")
+        assert TOKEN not in out and form not in out and REDACTED.decode() in out, form
+
+
+def test_base64_of_user_colon_value_at_any_offset() -> None:
+    """`Authorization: Basic base64(user:TOKEN)` hides the token at any byte alignment."""
+    for user in ("u", "us", "use", "x-access-token"):
+        header = base64.b64encode(f"{user}:{TOKEN}".encode()).decode()
+        out = redactor().redact_text(f"Authorization: Basic {header}")
+        assert "[REDACTED]" in out, user
+        before, _, after = out.rsplit(" ", 1)[1].partition("[REDACTED]")
+        # what is left encodes the user name and at most one byte of the token at each end
+        assert len(before) <= -(-(len(user) + 1) * 4 // 3) + 1 and len(after) <= 4, f"{user}: {out}"
+
+
+def test_basic_credential_also_hides_the_pair_and_the_password() -> None:
+    out = redactor().redact_text(f"user alice:{PASSWORD} then {PASSWORD} and {BASIC}")
+    assert PASSWORD not in out and BASIC not in out
+    assert out.count("[REDACTED]") == 3
+
+
+def test_longest_value_wins() -> None:
+    r = Redactor(["abc123", "abc123456"])
+    assert r.redact(b"xabc123456y abc123z") == b"x[REDACTED]y [REDACTED]z"
+
+
+def test_empty_redactor_passes_data_through() -> None:
+    r = Redactor([])
+    assert r.redact(b"anything") == b"anything"
+    stream = r.stream()
+    assert stream.feed(b"any") + stream.feed(b"thing") + stream.flush() == b"anything"
+
+
+def test_many_values_one_pass() -> None:
+    values = [secrets.token_urlsafe(24) for _ in range(1000)]
+    r = Redactor(values)
+    text = " | ".join(values[::37]).encode()
+    out = r.redact(text)
+    assert all(v.encode() not in out for v in values)
+    assert out.count(REDACTED) == len(values[::37])
+
+
+def chunked(r: Redactor, data: bytes, cuts: list[int]) -> bytes:
+    stream = r.stream()
+    bounds = [0, *sorted(set(cuts)), len(data)]
+    out = b"".join(stream.feed(data[a:b]) for a, b in itertools.pairwise(bounds))
+    return out + stream.flush()
+
+
+def test_every_single_split_point_and_byte_by_byte() -> None:
+    r = redactor()
+    data = f"pre {TOKEN}{TOKEN} mid {base64.b64encode(TOKEN.encode()).decode()} short{BASIC}".encode()
+    whole = r.redact(data)
+    for cut in range(len(data) + 1):
+        assert chunked(r, data, [cut]) == whole, cut
+    assert chunked(r, data, list(range(len(data)))) == whole
+
+
+def test_stream_holds_back_at_most_longest_minus_one() -> None:
+    r = redactor()
+    stream = r.stream()
+    fed = emitted = 0
+    for chunk in [b"x" * 7] * 50:
+        emitted += len(stream.feed(chunk))
+        fed += len(chunk)
+        assert fed - emitted <= r.max_pattern_length - 1
+    assert emitted + len(stream.flush()) == fed
+
+
+secret_values = st.sampled_from([TOKEN, BASIC, f"alice:{PASSWORD}", "short", PASSWORD])
+filler = st.binary(max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(st.tuples(filler, secret_values), min_size=1, max_size=5),
+    tail=filler,
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+)
+def test_stream_equals_whole_for_any_chunking(
+    parts: list[tuple[bytes, str]], tail: bytes, cuts: list[int]
+) -> None:
+    r = redactor()
+    data = b"".join(f + s.encode() for f, s in parts) + tail
+    cuts = [c for c in cuts if c <= len(data)]
+    out = chunked(r, data, cuts)
+    assert out == r.redact(data)
+    for _, value in parts:
+        assert value.encode() not in out
