@@ -4,9 +4,11 @@ Rules:
 1. Every allowed request body and every response body is streamed (never buffered whole), so
    SSE and LLM token streams arrive as the origin sends them and memory stays flat; the one
    exception is a request whose binding substitutes placeholders in the body.
-2. Response headers and text bodies are passed through the sandbox's redactor (a sandbox with no
-   bound credentials has none and pays nothing). The redactor holds back at most the longest
-   secret form minus one byte, so a value split across chunks is still caught.
+2. Response headers always, and text bodies of responses to requests that carried a credential,
+   pass through the sandbox's redactor (a sandbox with no bound credentials has none and pays
+   nothing). The body redactor holds back at most the longest secret form minus one byte, so a
+   value split across chunks is still caught; that is why bodies of other responses (which the
+   origin answered without ever being sent a credential) stream without it.
 3. WebSocket message history is trimmed to the last message (mitmproxy would keep all of it),
    and text messages from the server are scrubbed like bodies.
 """
@@ -60,7 +62,10 @@ class StreamingAddon:
                     response.headers.set_all(
                         name, [redactor.redact_text(v) for v in response.headers.get_all(name)]
                     )
-        scrub = redactor.stream() if redactor is not None and _is_text(response) else None
+        carried_credential = bool(request_state.bindings)
+        scrub = (
+            redactor.stream() if redactor is not None and carried_credential and _is_text(response) else None
+        )
         if scrub is not None and "content-length" in response.headers:
             # Scrubbing may change the length: frame the body by chunks (HTTP/1) or frames (HTTP/2).
             del response.headers["content-length"]

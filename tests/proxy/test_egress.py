@@ -4,14 +4,18 @@ nftables, and the test internet. Each test states one behaviour of docs/proxy.md
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
-from sandgate.proxy import SandboxEntry
+from sandgate.proxy import ProxyControlError, SandboxEntry
 from sandgate.vault import generate_master_key, open_store
 from tests.proxy.conftest import (
     CLIENT_ADDR,
+    EXPLICIT_PORT,
+    GATEWAY,
     Client,
     RunningProxy,
     start_proxy,
@@ -110,3 +114,224 @@ def test_denied_host_gets_403_json_and_closed_tls(proxy: RunningProxy, client: C
     assert tls.returncode == 35, tls  # handshake failed: the connection closed, no certificate shown
     records = proxy.wait_audit(1, kind="connection", host="denied.example.com")
     assert [r["decision"] for r in records] == ["deny"]
+
+
+def test_sse_arrives_before_the_origin_finishes(proxy: RunningProxy, client: Client) -> None:
+    # stream.example.com is intercepted (inspect: always); events are 0.5 s apart at the origin.
+    code = f"""
+import socket, ssl, time
+ctx = ssl.create_default_context(cafile={str(proxy.ca_cert)!r})
+start = time.monotonic()
+with socket.create_connection(("stream.example.com", 443)) as raw, ctx.wrap_socket(raw, server_hostname="stream.example.com") as s:
+    s.sendall(b"GET /sse?n=3&gap=0.5 HTTP/1.1\\r\\nHost: stream.example.com\\r\\n\\r\\n")
+    data = b""
+    while b"event 0" not in data:
+        data += s.recv(4096)
+    first = time.monotonic() - start
+    while b"event 2" not in data:
+        data += s.recv(4096)
+    print(first, time.monotonic() - start)
+"""
+    result = client.python(code)
+    assert result.returncode == 0, result.stderr
+    first, last = map(float, result.stdout.split())
+    assert last >= 1.0  # the origin took its time...
+    assert first < 0.5  # ...and the first event did not wait for it
+
+
+def test_explicit_proxy_gets_the_same_decisions(proxy: RunningProxy, client: Client, net: Internet) -> None:
+    explicit = f"http://{GATEWAY}:{EXPLICIT_PORT}"
+    # CONNECT to a pass-through host: the origin's own certificate comes through.
+    tunnel = client.curl("-x", explicit, "--cacert", str(net.ca_cert), "https://pass.example.com/")
+    assert tunnel.stdout == "hello from origin\n", tunnel.stderr
+    # CONNECT to a denied host: 403 at CONNECT, nothing upstream.
+    denied = client.curl("-x", explicit, "https://denied.example.com/")
+    assert "403" in denied.stderr
+    # Absolute-form plain HTTP: allowed and denied, same reasons as the transparent path.
+    allowed = client.curl("-x", explicit, "http://plain.example.com/")
+    assert allowed.stdout == "hello from origin\n"
+    refused = json.loads(client.curl("-x", explicit, "http://denied.example.com/").stdout)
+    assert refused["reason"] == "default"
+    # Injection over CONNECT + interception.
+    injected = client.curl("-x", explicit, "--cacert", str(proxy.ca_cert), "https://api.example.com/echo")
+    assert json.loads(injected.stdout)["headers"]["authorization"] == "Bearer [REDACTED]"
+    connects = proxy.wait_audit(1, kind="connection", method="CONNECT", host="denied.example.com")
+    assert [r["decision"] for r in connects] == ["deny"]
+
+
+def test_method_rule_and_one_record_per_request(proxy: RunningProxy, client: Client) -> None:
+    before = len(requests_for(proxy, "ro.example.com"))
+    get = client.curl("-w", "%{http_code}", "-o", "/dev/null", "http://ro.example.com/")
+    post = client.curl("-w", "%{http_code}", "-o", "/dev/null", "-X", "POST", "http://ro.example.com/echo")
+    assert (get.stdout, post.stdout) == ("200", "403")
+    records = proxy.wait_audit(before + 2, kind="request", host="ro.example.com")[before:]
+    assert [(r["method"], r["decision"], r["reason"], r["status"]) for r in records] == [
+        ("GET", "allow", "rule", 200),
+        ("POST", "deny", "method_not_allowed", 403),
+    ]
+
+
+def test_sni_host_mismatch_is_421(proxy: RunningProxy, client: Client) -> None:
+    # TLS for api.example.com (a binding host), Host header for another allowed name: fronting.
+    result = client.curl(
+        "--cacert",
+        str(proxy.ca_cert),
+        "-H",
+        "Host: plain.example.com",
+        "-w",
+        "%{http_code}",
+        "https://api.example.com/echo",
+    )
+    assert result.stdout.endswith("421")
+    assert "Bearer" not in result.stdout
+
+
+def test_dns_allows_policy_names_and_never_asks_upstream_for_denied(
+    proxy: RunningProxy, client: Client, net: Internet
+) -> None:
+    net.clear_dns_queries()
+    code = f"""
+from dnslib import DNSRecord, QTYPE
+for name, qtype in [("plain.example.com", "A"), ("secret-data.denied.example.com", "A"),
+                    ("secret-data.denied.example.com", "TXT"), ("plain.example.com", "TXT")]:
+    reply = DNSRecord.parse(DNSRecord.question(name, qtype).send("{GATEWAY}", 53, timeout=3))
+    print(name, qtype, QTYPE.get(reply.header.rcode, reply.header.rcode), [str(r.rdata) for r in reply.rr])
+"""
+    result = client.python(code)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"plain.example.com A 0 ['{ORIGIN_V4}']"
+    assert lines[1].startswith("secret-data.denied.example.com A 3")  # NXDOMAIN
+    assert lines[2].startswith("secret-data.denied.example.com TXT 3")
+    asked = {q["name"] for q in net.dns_queries()}
+    assert "plain.example.com" in asked
+    assert not any("denied" in name for name in asked)
+
+
+def test_redirects_are_not_followed_and_carry_no_credential(proxy: RunningProxy, client: Client) -> None:
+    result = client.curl(
+        "--cacert",
+        str(proxy.ca_cert),
+        "-D",
+        "-",
+        "https://api.example.com/redirect?to=http://other.example.com/echo",
+    )
+    assert "302" in result.stdout.splitlines()[0]
+    assert TOKEN not in result.stdout
+
+
+def test_placeholder_to_unbound_host_is_blocked(proxy: RunningProxy, client: Client, net: Internet) -> None:
+    policy = {
+        **POLICY,
+        "bindings": [
+            *POLICY["bindings"],
+            {
+                "name": "ph",
+                "match": {"hosts": ["api.example.com"]},
+                "auth": {
+                    "type": "passthrough",
+                    "substitutions": [{"credential": "api-token", "placeholder": "SG_PH_1"}],
+                },
+            },
+        ],
+    }
+    # Two bindings for api.example.com would be ambiguous; give the placeholder binding its own path.
+    policy["bindings"][0] = {
+        **policy["bindings"][0],
+        "match": {"hosts": ["api.example.com"], "paths": ["/echo"]},
+    }
+    policy["bindings"][1]["match"]["paths"] = ["/echo/ph"]
+    proxy.control.put_sandbox(SandboxEntry(sandbox_id="sbx-1", address=CLIENT_ADDR, policy=policy))
+    try:
+        blocked = client.curl("-H", "X-Key: SG_PH_1", "http://plain.example.com/echo")
+        assert json.loads(blocked.stdout)["reason"] == "placeholder-outside-binding"
+        events = proxy.wait_audit(1, kind="security_event", event="placeholder-outside-binding")
+        assert events and events[-1]["host"] == "plain.example.com"
+        substituted = client.curl(
+            "--cacert", str(proxy.ca_cert), "-H", "X-Key: SG_PH_1", "https://api.example.com/echo/ph"
+        )
+        assert json.loads(substituted.stdout)["headers"]["x-key"] == "[REDACTED]"
+    finally:
+        proxy.control.put_sandbox(SandboxEntry(sandbox_id="sbx-1", address=CLIENT_ADDR, policy=POLICY))
+
+
+def test_hot_update_applies_to_open_connections(proxy: RunningProxy, client: Client) -> None:
+    code = """
+import http.client, json, sys, time, urllib.request
+conn = http.client.HTTPConnection("plain.example.com", 80, timeout=5)
+conn.request("GET", "/"); first = conn.getresponse(); first.read()
+print(first.status, flush=True)
+sys.stdin.readline()  # the test swaps the policy now
+conn.request("GET", "/"); second = conn.getresponse(); body = second.read()
+print(second.status, json.loads(body)["reason"])
+"""
+    process = client.ns.popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout.readline().strip() == "200"
+        denying = {**POLICY, "egress": [r for r in POLICY["egress"] if r["target"] != "plain.example.com"]}
+        proxy.control.put_sandbox(SandboxEntry(sandbox_id="sbx-1", address=CLIENT_ADDR, policy=denying))
+        process.stdin.write("\n")
+        process.stdin.flush()
+        assert process.stdout.readline().split() == ["403", "default"]
+    finally:
+        process.kill()
+        process.wait()
+        proxy.control.put_sandbox(SandboxEntry(sandbox_id="sbx-1", address=CLIENT_ADDR, policy=POLICY))
+
+
+def test_bad_policy_is_rejected_whole_and_unknown_sources_refused(
+    proxy: RunningProxy, client: Client
+) -> None:
+    with pytest.raises(ProxyControlError, match="422"):
+        proxy.control.put_sandbox(
+            SandboxEntry(
+                sandbox_id="sbx-1",
+                address=CLIENT_ADDR,
+                policy={"egress": [{"action": "maybe", "target": "x"}]},
+            )
+        )
+    assert client.curl("http://plain.example.com/").stdout == "hello from origin\n"  # old entry in force
+    proxy.control.drop_sandbox(CLIENT_ADDR)
+    try:
+        refused = client.curl("http://plain.example.com/")
+        assert refused.returncode != 0
+        assert proxy.wait_audit(1, kind="security_event", event="unknown-source")
+    finally:
+        proxy.control.put_sandbox(SandboxEntry(sandbox_id="sbx-1", address=CLIENT_ADDR, policy=POLICY))
+    metrics = proxy.control.metrics()
+    assert 'sandgate_proxy_injections_total{binding="api"}' in metrics
+    assert "sandgate_proxy_request_duration_seconds_count" in metrics
+
+
+def test_http2_streams_websockets_and_ip_literals(proxy: RunningProxy, client: Client, net: Internet) -> None:
+    # HTTP/2: :authority is checked per stream like Host.
+    h2 = client.curl(
+        "--http2",
+        "--cacert",
+        str(proxy.ca_cert),
+        "-w",
+        " %{http_version} %{http_code}",
+        "-H",
+        "Host: plain.example.com",
+        "https://api.example.com/echo",
+    )
+    assert h2.stdout.endswith(" 2 421"), h2
+    # WebSocket upgrade through interception: decided and injected like any request, messages echo.
+    code = f"""
+import asyncio, ssl, websockets
+async def main():
+    ctx = ssl.create_default_context(cafile={str(proxy.ca_cert)!r})
+    async with websockets.connect("wss://api.example.com/ws", ssl=ctx) as ws:
+        await ws.send("ping")
+        print(await ws.recv())
+asyncio.run(main())
+"""
+    ws = client.python(code)
+    assert ws.stdout.strip() == "ping", ws.stderr
+    upgrade = proxy.wait_audit(1, kind="request", host="api.example.com", path="/ws")
+    assert upgrade[-1]["status"] == 101 and upgrade[-1]["binding"] == "api"
+    # An address literal passes only an IP/CIDR rule.
+    literal = json.loads(client.curl(f"http://{ORIGIN_V4}/").stdout)
+    assert literal["reason"] == "ip_literal_needs_cidr_rule"
