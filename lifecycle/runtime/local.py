@@ -310,12 +310,10 @@ class LocalRuntime:
             argv += [
                 word for path in self.host_masked_dirs if os.path.isdir(path) for word in ("--tmpfs", path)
             ]
-            argv += [
-                w
-                for path in HOST_MASKED_FILES
-                if os.path.exists(path)
-                for w in ("--ro-bind", "/dev/null", path)
-            ]
+            empty = box / "empty"
+            empty.touch(mode=0o444)
+            masked_files = [path for path in HOST_MASKED_FILES if os.path.exists(path)]
+            argv += [word for path in masked_files for word in ("--ro-bind", str(empty), path)]
         argv += [word for path in self.python_paths for word in ("--ro-bind", path, path)]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         argv += ["--hostname", "sandbox", "--new-session", "--cap-drop", "ALL"]

@@ -1,0 +1,185 @@
+"""The local runtime on real bubblewrap sandboxes: filesystem, limits, pause, teardown, adopt."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandgate.lifecycle.cgroups import SandboxCgroup
+from sandgate.lifecycle.kernel import mount_points
+from sandgate.lifecycle.runtime.base import EXECD_PORT
+from sandgate.lifecycle.runtime.local import LocalRuntime
+from tests.runtime.harness import Harness
+
+pytestmark = pytest.mark.root
+
+PYTHON = sys.executable
+CA_MARK = "SANDGATE-TEST-CA-" + os.urandom(4).hex()
+CA_PEM = f"-----BEGIN CERTIFICATE-----\n{CA_MARK}\n-----END CERTIFICATE-----\n"
+
+FS_PROBE = r"""
+import json, os, socket, subprocess, sys
+state_dir = sys.argv[1]
+open("/etc/sandgate-probe-written", "w").write("inside")
+os.makedirs("/usr/local/sandgate-probe", exist_ok=True)
+result = {
+    "root": os.listdir("/root"),
+    "home": os.listdir("/home"),
+    "state_dir": os.listdir(state_dir),
+    "shadow": open("/etc/shadow").read(),
+    "resolv": open("/etc/resolv.conf").read(),
+    "env": {k: os.environ.get(k) for k in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO",
+            "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "SANDGATE_SANDBOX_ID", "FROM_SPEC")},
+    "bundle": open(os.environ["SSL_CERT_FILE"]).read(),
+    "umount_root": subprocess.run(["umount", "/root"], capture_output=True).returncode,
+    "cap_eff": [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0],
+    "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "hostname": socket.gethostname(),
+    "cwd": os.getcwd(),
+}
+json.dump(result, open("/workspace/.fs", "w")); os.rename("/workspace/.fs", "/workspace/fs.json")
+"""
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    harness = Harness(tmp_path_factory.mktemp("state"))
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+def test_sandbox_filesystem_is_an_overlay_with_host_secrets_masked(harness: Harness, tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text(CA_PEM)
+    (harness.state_dir / "vault.key").write_text("host secret")
+    host_secret = Path("/root/.sandgate-test-secret")
+    host_secret.write_text("host secret")
+    try:
+        sandbox_id, net = harness.start(
+            [PYTHON, "-I", "-c", FS_PROBE, str(harness.state_dir)], ca_cert=ca, env={"FROM_SPEC": "yes"}
+        )
+    finally:
+        host_secret.unlink()
+    seen = json.loads(harness.wait_file(sandbox_id, "fs.json"))
+
+    assert not Path("/etc/sandgate-probe-written").exists()
+    assert not Path("/usr/local/sandgate-probe").exists()
+    upper = harness.state_dir / "sandboxes" / sandbox_id / "upper"
+    assert (upper / "etc/sandgate-probe-written").read_text() == "inside"
+    # /root holds only what leads to the bound-back Python prefix (here /root/.pyenv/...).
+    bound = {
+        Path(p).relative_to("/root").parts[0] for p in harness.runtime.python_paths if p.startswith("/root/")
+    }
+    assert set(seen["root"]) == bound and ".sandgate-test-secret" not in seen["root"]
+    assert seen["home"] == [] and seen["state_dir"] == []
+    assert seen["shadow"] == ""
+    assert seen["umount_root"] != 0  # no CAP_SYS_ADMIN: masks stay
+    assert int(seen["cap_eff"], 16) & (1 << 21 | 1 << 12 | 1 << 13 | 1 << 27) == 0  # SYS_ADMIN, NET_*, MKNOD
+    assert seen["resolv"].startswith(f"nameserver {net.gateway}\n")
+    assert seen["env"]["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt"
+    for name in ("REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE"):
+        assert seen["env"][name] == seen["env"]["SSL_CERT_FILE"]
+    assert seen["env"]["NODE_EXTRA_CA_CERTS"] == "/usr/local/share/ca-certificates/sandgate-proxy.crt"
+    assert seen["env"]["SANDGATE_SANDBOX_ID"] == sandbox_id and seen["env"]["FROM_SPEC"] == "yes"
+    assert CA_MARK in seen["bundle"] and "BEGIN CERTIFICATE" in seen["bundle"].split(CA_MARK)[0]
+    assert CA_MARK not in Path("/etc/ssl/certs/ca-certificates.crt").read_text()  # host bundle untouched
+    assert seen["hostname"] == "sandbox" and seen["cwd"] == "/workspace"
+    assert max(seen["processes"]) < 20  # its own pid namespace
+
+
+def test_memory_limit_kills_the_hog(harness: Harness) -> None:
+    hog = f"{PYTHON} -I -c 'b = bytearray(600 << 20)'; echo $? > /workspace/rc"
+    sandbox_id, _ = harness.start(["/bin/sh", "-c", hog], memory_bytes=160 << 20)
+    assert harness.wait_file(sandbox_id, "rc").strip() == "137"  # SIGKILL from the OOM killer
+    assert harness.runtime.alive(sandbox_id)
+
+
+def test_pids_limit_stops_a_fork_bomb(harness: Harness) -> None:
+    bomb = (
+        "import os, time\n"
+        "count, error = 0, None\n"
+        "for _ in range(200):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(60); os._exit(0)\n"
+        "        count += 1\n"
+        "    except OSError as exc:\n"
+        "        error = type(exc).__name__; break\n"
+        "open('/workspace/forks', 'w').write(f'{count} {error}')\n"
+    )
+    sandbox_id, _ = harness.start([PYTHON, "-I", "-c", bomb], pids_max=40)
+    count, error = harness.wait_file(sandbox_id, "forks").split()
+    assert error == "BlockingIOError" and int(count) < 40
+
+
+def test_pause_freezes_every_process_and_resume_thaws(harness: Harness) -> None:
+    sandbox_id, net = harness.start(["sleep", "3600"])
+    harness.runtime.pause(sandbox_id)
+    assert harness.runtime.paused(sandbox_id)
+    assert not _pings(net.address)
+    harness.runtime.resume(sandbox_id)
+    assert _pings(net.address)
+
+
+def test_delete_leaves_no_process_mount_cgroup_netns_or_veth(harness: Harness) -> None:
+    sandbox_id, net = harness.start(["sleep", "3600"])
+    cgroup = SandboxCgroup(harness.runtime._cgroup_name(sandbox_id))
+    pids = cgroup.pids()
+    root = harness.runtime.root_path(sandbox_id)
+    assert len(pids) >= 3 and str(root) in mount_points()
+    harness.stop(sandbox_id)
+    harness.stop(sandbox_id)  # idempotent
+
+    assert not [pid for pid in pids if _running(pid)]
+    assert not cgroup.exists()
+    assert str(root) not in mount_points()
+    assert not root.parent.exists()
+    assert not net.netns_path.exists()
+    addresses = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, check=True).stdout
+    assert f"{net.gateway}/30" not in addresses  # the host end of the veth is gone
+
+
+def test_adopt_keeps_running_sandboxes_and_removes_dead_ones(harness: Harness) -> None:
+    running_id, running_net = harness.start(["sleep", "3600"])
+    dead_id, _ = harness.start(["sleep", "3600"])
+    for pid in SandboxCgroup(harness.runtime._cgroup_name(dead_id)).pids():
+        os.kill(pid, 9)  # the sandbox died while the server was down
+
+    restarted = LocalRuntime(harness.state_dir, harness.images, instance=harness.runtime.instance)
+    adopted = restarted.adopt()
+    assert running_id in adopted and dead_id not in adopted
+    assert set(adopted) == set(harness.nets) - {dead_id}  # the module's other live sandboxes too
+    assert restarted.alive(running_id) and _pings(running_net.address)
+    assert not (harness.state_dir / "sandboxes" / dead_id).exists()
+    assert not SandboxCgroup(harness.runtime._cgroup_name(dead_id)).exists()
+    restarted.pause(running_id)
+    restarted.resume(running_id)
+
+
+def _pings(address: str) -> bool:
+    connection = http.client.HTTPConnection(address, EXECD_PORT, timeout=0.5)
+    try:
+        connection.request("GET", "/ping")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+def _running(pid: int) -> bool:
+    """True unless the process is gone or a zombie (killed, waiting for PID 1 to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
