@@ -91,7 +91,7 @@ class ControlServer:
         self._server = uvicorn.Server(
             uvicorn.Config(control_app(state), log_level="warning", access_log=False, lifespan="off")
         )
-        self._server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # the proxy owns signals
+        self._server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # the proxy owns signals
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

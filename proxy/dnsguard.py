@@ -68,11 +68,13 @@ class DnsAddon:
         if found and not usable:
             refusal = check_upstream(sandbox.policy, found[0])
             return refusal, flow.request.fail(dns.response_codes.NXDOMAIN), []
+        question = flow.request.question
+        assert question is not None  # dns_request refused question-less messages
         records = [
             dns.ResourceRecord(
-                name=flow.request.question.name,
+                name=question.name,  # as asked: resolvers may randomise case (0x20)
                 type=qtype,
-                class_=dns.classes.IN,  # type: ignore[union-attr]
+                class_=dns.classes.IN,
                 ttl=ANSWER_TTL,
                 data=ipaddress.ip_address(a).packed,
             )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Literal
 
 from mitmproxy import connection, http, tls
 from mitmproxy.proxy import mode_specs, server_hooks
@@ -132,7 +133,7 @@ class EnforcementAddon:
             self._refuse(flow, sandbox, MISMATCH, claims.get("host") or "", describe_claims(claims))
             return
         name = name or self._attributed(conn, request.host)
-        scheme = "https" if request.scheme == "https" else "http"
+        scheme: Literal["http", "https"] = "https" if request.scheme == "https" else "http"
         verdict = decide(sandbox.policy, name, request.port, scheme, request.method, request.path)
         if verdict.allowed:
             verdict, _upstream = await self._pin(conn, sandbox, name, request.port, scheme, verdict)

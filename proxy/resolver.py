@@ -83,7 +83,8 @@ class NameMemory:
             memory.popitem(last=False)
 
     def name_for(self, sandbox_address: str, address: str) -> str | None:
-        return self._memory.get(sandbox_address, {}).get(normalise_ip(address))
+        memory = self._memory.get(sandbox_address)
+        return memory.get(normalise_ip(address)) if memory else None
 
     def forget(self, sandbox_address: str) -> None:
         self._memory.pop(sandbox_address, None)

@@ -122,7 +122,8 @@ def test_sse_arrives_before_the_origin_finishes(proxy: RunningProxy, client: Cli
 import socket, ssl, time
 ctx = ssl.create_default_context(cafile={str(proxy.ca_cert)!r})
 start = time.monotonic()
-with socket.create_connection(("stream.example.com", 443)) as raw, ctx.wrap_socket(raw, server_hostname="stream.example.com") as s:
+raw = socket.create_connection(("stream.example.com", 443))
+with ctx.wrap_socket(raw, server_hostname="stream.example.com") as s:
     s.sendall(b"GET /sse?n=3&gap=0.5 HTTP/1.1\\r\\nHost: stream.example.com\\r\\n\\r\\n")
     data = b""
     while b"event 0" not in data:
