@@ -184,7 +184,12 @@ class DockerRuntime:
     # -- internals --------------------------------------------------------------------------
 
     def _container_args(self, spec: SandboxSpec, net: SandboxNet) -> dict[str, Any]:
-        env = {**spec.env, "SANDGATE_ADDRESS": net.address, "SANDGATE_EXECD_PORT": str(EXECD_PORT)}
+        env = {
+            **spec.env,
+            "SANDGATE_SANDBOX_ID": spec.sandbox_id,
+            "SANDGATE_ADDRESS": net.address,
+            "SANDGATE_EXECD_PORT": str(EXECD_PORT),
+        }
         if spec.execd_token:
             env["SANDGATE_EXECD_TOKEN"] = spec.execd_token
         tmpfs_options = f"rw,nosuid,nodev,size={self.tmpfs_size}"

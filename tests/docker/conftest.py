@@ -1,0 +1,89 @@
+"""Fixtures for the Docker runtime tests: one private dockerd per session, the sandbox images
+built (or loaded from the build cache) into it, and a `sandboxes` harness parametrized over the
+runtimes, so the same scenario runs on `local` (bubblewrap) and `docker`.
+
+The docker harness reuses the local-runtime engineer's `tests.runtime.harness.Harness` (networks,
+probe, phases) with a DockerRuntime in place of the LocalRuntime.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import docker
+import pytest
+
+from sandgate.lifecycle.network import ProxyPorts
+from sandgate.lifecycle.runtime.base import SandboxNet
+from sandgate.lifecycle.runtime.docker import DockerRuntime
+from tests.runtime.harness import PROBE, Harness, Listeners
+from tests.support.dockerd import PrivateDockerd, private_dockerd
+
+REPO = Path(__file__).resolve().parents[2]
+RUNTIMES = ["local", "docker"]
+
+
+def load_image_builder() -> ModuleType:
+    """sandbox-images/build.py is a script in a folder that is not a package: load it by path."""
+    name = "sandgate_image_build"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "sandbox-images" / "build.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+class DockerHarness(Harness):
+    """The same harness with sandboxes as containers of the private dockerd."""
+
+    def __init__(self, state_dir: Path, client: docker.DockerClient, ports: ProxyPorts | None = None) -> None:
+        super().__init__(state_dir, ports)
+        self.runtime = DockerRuntime(client, instance=self.networks.instance)  # type: ignore[assignment]
+
+    def probe(self, phases: list[list[tuple[str, str, int]]], **spec: object) -> tuple[str, SandboxNet]:
+        # The image's entry script is a shell, so `/proc/self/exe` would name busybox: say python3.
+        return self.start(["python3", "-I", "-c", PROBE, json.dumps(phases)], **spec)
+
+
+@pytest.fixture(scope="session")
+def dockerd() -> Iterator[PrivateDockerd]:
+    with private_dockerd() as daemon:
+        yield daemon
+
+
+@pytest.fixture(scope="session")
+def sandbox_images(dockerd: PrivateDockerd) -> str:
+    """The digest of the images now in the private dockerd (`sandgate/base`, `sandgate/python`)."""
+    return str(load_image_builder().build_images(dockerd.client))
+
+
+def make_harness(runtime: str, state_dir: Path, request: pytest.FixtureRequest) -> Harness:
+    if runtime == "docker":
+        request.getfixturevalue("sandbox_images")
+        return DockerHarness(state_dir, request.getfixturevalue("dockerd").client)
+    return Harness(state_dir)
+
+
+@pytest.fixture(scope="module", params=RUNTIMES)
+def sandboxes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    harness = make_harness(request.param, tmp_path_factory.mktemp(f"state-{request.param}"), request)
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+@pytest.fixture(scope="module")
+def listeners(sandboxes: Harness) -> Iterator[Listeners]:
+    listeners = Listeners(sandboxes.ports)
+    try:
+        yield listeners
+    finally:
+        listeners.close()
