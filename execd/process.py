@@ -78,6 +78,7 @@ def env_file_entries() -> dict[str, str]:
 
 def child_env(extra: dict[str, str] | None, uid: int | None) -> dict[str, str]:
     env = dict(os.environ)
+    env.pop("EXECD_ACCESS_TOKEN", None)  # execd's own credential is not the command's business
     env.update(env_file_entries())
     if uid is not None:
         try:
