@@ -11,6 +11,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import yaml
 from pydantic import ValidationError
 
 from sandgate.policy.errors import HintedValueError, PolicyError, PolicyIssue
-from sandgate.policy.models import Policy, Problem
+from sandgate.policy.models import Binding, BindingMatch, EgressRule, Policy, Problem
 
 DocPath = tuple[str | int, ...]
 Locator = Callable[[DocPath], tuple[int, int]]
@@ -132,6 +133,21 @@ def _document_path(loc: tuple[Any, ...]) -> DocPath:
     return tuple(path)
 
 
+KNOWN_KEYS = sorted(
+    {
+        *Policy.model_fields,
+        *EgressRule.model_fields,
+        *Binding.model_fields,
+        *BindingMatch.model_fields,
+        "type",
+        "credential",
+        "name",
+        "headers",
+        "substitutions",
+        "placeholder",
+        "in",
+    }
+)
 _HINTS = {
     "extra_forbidden": "remove it or check its spelling",
     "missing": None,
@@ -142,9 +158,10 @@ _HINTS = {
 
 def _describe(error: Any, path: DocPath) -> tuple[str, str | None]:
     kind = error["type"]
-    field = format_path(path) or "document"
+    field = str(path[-1]) if path else "document"
     if kind == "extra_forbidden":
-        return f"unknown key {path[-1]!r}", _HINTS[kind]
+        close = difflib.get_close_matches(str(path[-1]), KNOWN_KEYS, n=1)
+        return f"unknown key {path[-1]!r}", f"did you mean {close[0]!r}?" if close else _HINTS[kind]
     if kind == "missing":
         return f"missing required key {path[-1]!r}", None
     if kind == "literal_error":

@@ -323,6 +323,7 @@ Auth = Annotated[
     BearerAuth | BasicAuth | ApiKeyAuth | CustomHeadersAuth | PassthroughAuth, Field(discriminator="type")
 ]
 _SINGLE_CREDENTIAL_AUTH = ("bearer", "basic", "apiKey")
+_MULTI_CREDENTIAL_AUTH = ("customHeaders", "passthrough")
 
 
 class Binding(_Model):
@@ -342,9 +343,12 @@ class Binding(_Model):
         data = dict(data)
         credential = data.pop("credential")
         auth = data.get("auth")
-        if not isinstance(auth, dict):
-            return data
-        if auth.get("type") not in _SINGLE_CREDENTIAL_AUTH:
+        if not isinstance(auth, dict) or auth.get("type") not in (
+            *_SINGLE_CREDENTIAL_AUTH,
+            *_MULTI_CREDENTIAL_AUTH,
+        ):
+            return data  # the auth error itself is reported by the discriminated union
+        if auth.get("type") in _MULTI_CREDENTIAL_AUTH:
             raise HintedValueError(
                 f"binding-level `credential` does not apply to auth type {auth.get('type')!r}",
                 "customHeaders and passthrough name a credential per header or substitution",
