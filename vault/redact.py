@@ -67,15 +67,18 @@ class Redactor:
         """
         if self._automaton is None or not data:
             return data[:settled], settled
-        out: list[bytes] = []
+        view = memoryview(data)  # slices of a view are not copies; join copies once
+        out: list[bytes | memoryview] = []
         cursor = 0
         for _, start, end in self._automaton.find_matches_as_indexes(data):
             if start >= settled:
                 break
-            out += (data[cursor:start], self.replacement)
+            out += (view[cursor:start], self.replacement)
             cursor = end
+        if not out and settled == len(data):
+            return data, settled  # nothing to replace: no copy
         consumed = max(cursor, settled)
-        out.append(data[cursor:consumed])
+        out.append(view[cursor:consumed])
         return b"".join(out), consumed
 
 

@@ -1,0 +1,131 @@
+"""Vault benchmark: redactor throughput, render and reveal latency.
+
+Redactor: MB/s of `redact()` and of the streaming form (64 KiB chunks) over 8 MiB of JSON-like
+text and over 8 MiB of base64 (the worst case: every byte could start a pattern), with 10 and
+1,000 secrets (each expanded into its encoded forms), and the time to build the automaton.
+Render: microseconds per `render(binding, store.reveal)` against a LocalStore (one stat per
+reveal; decryption only when the file changed) and per passthrough target substitution.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sandgate.policy import Binding
+from sandgate.vault import LocalStore, Redactor, render
+
+DATA_BYTES = 8 * 1024 * 1024
+CHUNK = 64 * 1024
+
+
+def json_text(size: int, values: list[str]) -> bytes:
+    record = b'{"id": 12345, "name": "example item", "tags": ["alpha", "beta"], "ok": true},\n'
+    body = bytearray(record * (size // len(record)))
+    for index, value in enumerate(values[:50]):  # a few real hits to replace
+        at = (index + 1) * (len(body) // 52)
+        body[at : at + len(value)] = value.encode()
+    return bytes(body)
+
+
+def base64_text(size: int) -> bytes:
+    return base64.b64encode(os.urandom(size * 3 // 4))[:size]
+
+
+def best_of(runs: int, action: Callable[[], object]) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def stream_all(redactor: Redactor, data: bytes) -> None:
+    stream = redactor.stream()
+    for at in range(0, len(data), CHUNK):
+        stream.feed(data[at : at + CHUNK])
+    stream.flush()
+
+
+def redactor_rows() -> None:
+    print(
+        f"{'secrets':>8} {'patterns':>9} {'build ms':>9} {'data':>7} {'redact MB/s':>12} {'stream MB/s':>12}"
+    )
+    for count in (10, 1000):
+        values = [secrets.token_urlsafe(30) for _ in range(count)]
+        build = best_of(3, lambda v=values: Redactor(v))  # type: ignore[misc]
+        redactor = Redactor(values)
+        for label, data in (("json", json_text(DATA_BYTES, values)), ("base64", base64_text(DATA_BYTES))):
+            whole = best_of(5, lambda d=data, r=redactor: r.redact(d))  # type: ignore[misc]
+            streamed = best_of(5, lambda d=data, r=redactor: stream_all(r, d))  # type: ignore[misc]
+            mb = len(data) / 1e6
+            print(
+                f"{count:>8} {redactor.pattern_count:>9} {build * 1e3:>9.1f} {label:>7} "
+                f"{mb / whole:>12.0f} {mb / streamed:>12.0f}"
+            )
+
+
+def per_call_us(action: Callable[[], object], calls: int = 20000) -> float:
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls // 5):
+            action()
+        samples.append((time.perf_counter() - start) / (calls // 5))
+    return statistics.median(samples) * 1e6
+
+
+def render_rows() -> None:
+    with tempfile.TemporaryDirectory(prefix="sandgate-bench-vault-") as tmp:
+        store = LocalStore(Path(tmp) / "vault.enc")
+        for n in range(100):
+            store.put(f"cred{n}", secrets.token_urlsafe(30))
+        bearer = Binding.model_validate(
+            {
+                "name": "b",
+                "match": {"hosts": ["api.example.com"]},
+                "auth": {"type": "bearer", "credential": "cred7"},
+            }
+        )
+        passthrough = Binding.model_validate(
+            {
+                "name": "p",
+                "match": {"hosts": ["api.example.com"]},
+                "auth": {
+                    "type": "passthrough",
+                    "substitutions": [
+                        {"credential": "cred8", "placeholder": "PH_KEY", "in": ["query", "path"]}
+                    ],
+                },
+            }
+        )
+        placeholders = render(passthrough, store.reveal).placeholders
+        put_ms = best_of(5, lambda: store.put("cred1", secrets.token_urlsafe(30))) * 1e3
+        rows = [
+            ("LocalStore.reveal (100 secrets, unchanged file)", per_call_us(lambda: store.reveal("cred3"))),
+            ("render bearer (reveal included)", per_call_us(lambda: render(bearer, store.reveal))),
+            ("render passthrough (reveal included)", per_call_us(lambda: render(passthrough, store.reveal))),
+            (
+                "Placeholders.target (path + query)",
+                per_call_us(lambda: placeholders.target("/v1/PH_KEY?k=PH_KEY")),
+            ),
+        ]
+        for label, micros in rows:
+            print(f"{label:<50} {micros:>8.1f} us")
+        print(f"{'LocalStore.put (100 secrets, fsync)':<50} {put_ms:>8.2f} ms")
+
+
+def main() -> None:
+    redactor_rows()
+    render_rows()
+
+
+if __name__ == "__main__":
+    main()
