@@ -52,9 +52,7 @@ CREATE TABLE IF NOT EXISTS records (
   {", ".join(f"{col} {_COLUMN_TYPES.get(col, 'TEXT')}" for col in COLUMNS)}
 );
 CREATE INDEX IF NOT EXISTS by_time ON records (ts_us);
--- Covers the summary's columns so a sandbox's summary reads the index, not the table.
-CREATE INDEX IF NOT EXISTS by_sandbox
-  ON records (sandbox, ts_us, decision, host, binding, bytes_in, bytes_out);
+CREATE INDEX IF NOT EXISTS by_sandbox ON records (sandbox, ts_us);
 CREATE INDEX IF NOT EXISTS by_sandbox_host ON records (sandbox, host, ts_us);
 CREATE INDEX IF NOT EXISTS by_sandbox_decision ON records (sandbox, decision, ts_us);
 CREATE INDEX IF NOT EXISTS by_decision ON records (decision, ts_us);
@@ -189,7 +187,10 @@ class AuditIndex:
     def page(self, query: AuditFilter, limit: int = 50, cursor: str | None = None) -> Page:
         """Newest first; pass `next_cursor` back for the next (older) page."""
         limit = max(1, min(limit, MAX_PAGE))
-        where, params = _where(query, Cursor.decode(cursor, query) if cursor else None)
+        position = Cursor.decode(cursor, query) if cursor else None
+        if position is not None:
+            query = query.model_copy(update={"since": position.since, "until": position.until})
+        where, params = _where(query, position)
         rows = (
             self._conn()
             .execute(f"{_SELECT}{where} ORDER BY ts_us DESC, seq DESC LIMIT ?", [*params, limit + 1])

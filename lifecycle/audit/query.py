@@ -77,25 +77,31 @@ class AuditFilter(BaseModel):
         return value
 
     def digest(self) -> str:
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
+        """Identifies the filter apart from its time window (a cursor carries its own window)."""
+        words = self.model_dump_json(exclude={"since", "until"})
+        return hashlib.sha256(words.encode()).hexdigest()[:12]
 
 
 class Cursor(BaseModel):
-    """Where the next page starts: strictly older than (ts_us, seq)."""
+    """Where the next page starts: strictly older than (ts_us, seq), within the time window of
+    the first page (so '--since 1h' means the same hour on every page)."""
 
     ts_us: int
     seq: int
+    since: int | None = None
+    until: int | None = None
 
     def encode(self, query: AuditFilter) -> str:
-        raw = json.dumps([self.ts_us, self.seq, query.digest()], separators=(",", ":")).encode()
+        fields = [self.ts_us, self.seq, query.digest(), query.since, query.until]
+        raw = json.dumps(fields, separators=(",", ":")).encode()
         return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
     @classmethod
     def decode(cls, token: str, query: AuditFilter) -> Cursor:
         try:
             raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-            ts_us, seq, digest = json.loads(raw)
-            cursor = cls(ts_us=ts_us, seq=seq)
+            ts_us, seq, digest, since, until = json.loads(raw)
+            cursor = cls(ts_us=ts_us, seq=seq, since=since, until=until)
         except (ValueError, TypeError) as exc:
             raise QueryError(f"cursor {token!r} is not one this server issued; start without it") from exc
         if digest != query.digest():
