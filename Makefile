@@ -16,6 +16,11 @@ test: bootstrap
 bench: bootstrap
 	$(VENV)/python -m bench
 
+# Sandbox images for the Docker runtime, from local files only (see docs/docker.md): built into
+# the daemon at DOCKER_HOST / the system socket, else in a private dockerd and saved for `docker load`.
+images: bootstrap
+	$(VENV)/python sandbox-images/build.py
+
 lint: bootstrap
 	$(VENV)/ruff check .
 	$(VENV)/ruff format --check .
