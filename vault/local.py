@@ -14,7 +14,8 @@ Rules:
    control plane) is what the next `reveal` (in the proxy) returns.
 
 A master-key rotation writes the new key beside the old one (`vault.key.new`) before the vault
-and renames it over the old key after, so a crash in between is finished on the next open.
+and renames it over the old key after; a reader whose key no longer fits re-reads the key file
+(under the lock, so never mid-rotation) and finishes a rotation that crashed in between.
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ class LocalStore:
         self.key_file = Path(key_file) if key_file else self.path.with_suffix(".key")
         self._key_is_explicit = master_key is not None
         self._lock = threading.Lock()
+        self._held = threading.local()  # this thread's flock depth (see _file_lock)
         self._loaded: _Loaded | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         if master_key is not None:
@@ -237,7 +239,7 @@ class LocalStore:
         """The data key; tells a wrong master key apart from a modified file."""
         wrapped = _b64(envelope.wrapped_key, self.path)
         master_matches = hmac.compare_digest(envelope.key_id, key_id(self._master))
-        if not master_matches and self._finish_interrupted_rotation(envelope.key_id):
+        if not master_matches and self._adopt_rotated_key(envelope.key_id):
             master_matches = True
         try:
             data_key = AESGCM(self._master).decrypt(wrapped[:NONCE_BYTES], wrapped[NONCE_BYTES:], WRAP_AAD)
@@ -289,12 +291,24 @@ class LocalStore:
 
     @contextlib.contextmanager
     def _file_lock(self) -> Iterator[None]:
+        """The writers' lock (flock on its own open file, so threads exclude each other too);
+        re-entrant within a thread, where a second flock would deadlock."""
+        depth = getattr(self._held, "depth", 0)
+        if depth:
+            self._held.depth = depth + 1
+            try:
+                yield
+            finally:
+                self._held.depth = depth
+            return
         lock_path = self.path.with_name(self.path.name + ".lock")
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            self._held.depth = 1
             yield
         finally:
+            self._held.depth = 0
             os.close(fd)
 
     # -- key file ------------------------------------------------------------------------
@@ -308,24 +322,34 @@ class LocalStore:
                 "given: restore the key file, or set SANDGATE_VAULT_KEY to the key the vault was written with"
             )
         key = secrets.token_bytes(KEY_BYTES)
-        _write_atomically(self.key_file, base64.b64encode(key) + b"\n")
+        if not _create_exclusively(self.key_file, base64.b64encode(key) + b"\n"):
+            return _read_key_file(self.key_file)  # another process created it first
         return key
 
     def _pending_key_file(self) -> Path:
         return self.key_file.with_name(self.key_file.name + ".new")
 
-    def _finish_interrupted_rotation(self, file_key_id: str) -> bool:
-        """A rotation that wrote the vault but not yet the key file: adopt the pending key."""
-        pending = self._pending_key_file()
-        if self._key_is_explicit or not pending.exists():
+    def _adopt_rotated_key(self, file_key_id: str) -> bool:
+        """The file needs another key from the key file: another process rotated it, or crashed
+        after writing the vault but before renaming `vault.key.new` (then finish that rename).
+
+        Taken under the lock file: a rotation in progress holds it, so afterwards the key files
+        are either complete or left by a crash.
+        """
+        if self._key_is_explicit:
             return False
-        candidate = _read_key_file(pending)
-        if not hmac.compare_digest(key_id(candidate), file_key_id):
-            return False
-        os.replace(pending, self.key_file)
-        _fsync_dir(self.key_file.parent)
-        self._master = candidate
-        return True
+        with self._file_lock():
+            for candidate in (self.key_file, self._pending_key_file()):
+                if not candidate.exists():
+                    continue
+                key = _read_key_file(candidate)
+                if hmac.compare_digest(key_id(key), file_key_id):
+                    if candidate != self.key_file:
+                        os.replace(candidate, self.key_file)
+                        _fsync_dir(self.key_file.parent)
+                    self._master = key
+                    return True
+        return False
 
 
 def _header(file_key_id: str) -> bytes:
@@ -377,6 +401,20 @@ def _write_atomically(path: Path, data: bytes) -> None:
         temp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def _create_exclusively(path: Path, data: bytes) -> bool:
+    """Like _write_atomically, but False (and nothing written) when `path` already exists."""
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    _write_atomically(temp, data)
+    try:
+        os.link(temp, path)
+    except FileExistsError:
+        return False
+    finally:
+        temp.unlink()
+    _fsync_dir(path.parent)
+    return True
 
 
 def _fsync_dir(directory: Path) -> None:

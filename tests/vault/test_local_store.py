@@ -215,6 +215,32 @@ def test_rotate_key_with_key_file(tmp_path: Path) -> None:
         LocalStore(tmp_path / "vault.enc", master_key=decode_master_key(old_key))
 
 
+def test_an_open_reader_follows_a_key_rotation(tmp_path: Path) -> None:
+    """The proxy keeps its store open while `sandgate vault rotate-key` runs in another process."""
+    reader = LocalStore(tmp_path / "vault.enc")
+    writer = LocalStore(tmp_path / "vault.enc")
+    writer.put("a", SECRET)
+    assert reader.reveal("a") == SECRET
+    writer.rotate_key()
+    writer.put("a", SECRET + "-2")
+    assert reader.reveal("a") == SECRET + "-2"
+    reader.put("b", SECRET)  # and writes with the new key
+    assert LocalStore(tmp_path / "vault.enc").reveal("b") == SECRET
+
+
+def test_concurrent_first_starts_agree_on_one_key(tmp_path: Path) -> None:
+    starter_code = textwrap.dedent(
+        f"""
+        from pathlib import Path
+        from sandgate.vault import LocalStore
+        LocalStore(Path({str(tmp_path / "vault.enc")!r})).put("k", "v-" + __import__("os").urandom(4).hex())
+        """
+    )
+    starters = [subprocess.Popen([sys.executable, "-c", starter_code]) for _ in range(3)]
+    assert [s.wait(timeout=60) for s in starters] == [0, 0, 0]
+    assert LocalStore(tmp_path / "vault.enc").list()[0].version == 3
+
+
 def test_rotate_explicit_key_needs_the_new_key(tmp_path: Path, key: bytes) -> None:
     store = LocalStore(tmp_path / "vault.enc", master_key=key)
     store.put("a", SECRET)
