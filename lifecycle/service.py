@@ -396,7 +396,11 @@ class Service:
                 raise LifecycleError(
                     "conflict", f"policy revision is {current.revision}, not {expected_revision}; re-read it"
                 )
-            new = self._validated(change(current.document))
+            try:
+                changed = change(current.document)
+            except ValueError as exc:  # PolicyError: the change itself is invalid
+                raise LifecycleError("invalid", f"policy change rejected: {exc}") from exc
+            new = self._validated(changed)
             self._push(record, new)
             try:
                 revision = self.store.put_policy(sandbox_id, new, current.revision)

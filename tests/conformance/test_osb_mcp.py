@@ -41,8 +41,9 @@ def sandbox_id(server: SandgateServer, tmp_path: Path) -> Iterator[str]:
         json.dumps({"defaultAction": "deny", "egress": [{"action": "allow", "target": API_HOST}]})
     )
     created = osb_json(
-        server, "sandbox", "create", "-i", "sandgate/host", "--entrypoint", "sleep", "--entrypoint", "infinity",
-        "--resource", "cpu=1", "--network-policy-file", str(policy), "--credential-proxy", "-m", "via=osb",
+        server, "sandbox", "create", "-i", "sandgate/host", "--entrypoint", "sleep",
+        "--entrypoint", "infinity", "--resource", "cpu=1", "--network-policy-file", str(policy),
+        "--credential-proxy", "-m", "via=osb",
     )  # fmt: skip
     assert isinstance(created, dict)
     yield created["id"]

@@ -1,0 +1,105 @@
+"""The lifecycle API's own contract, over HTTP against the running server: auth, error shape,
+request ids, list filters and pagination, endpoints, egress token, and schemathesis."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+
+from tests.support.server import SandgateServer
+
+pytestmark = pytest.mark.root
+
+
+def test_open_paths_and_auth_codes(server: SandgateServer) -> None:
+    bare = httpx.Client(base_url=server.base_url, trust_env=False)
+    assert bare.get("/health").json() == {"status": "healthy"}
+    assert bare.get("/openapi.json").status_code == 200
+    missing = bare.get("/v1/sandboxes")
+    assert (missing.status_code, missing.json()["code"]) == (401, "MISSING_API_KEY")
+    wrong = bare.get("/sandboxes", headers={"OPEN-SANDBOX-API-KEY": "nope"})
+    assert (wrong.status_code, wrong.json()["code"]) == (401, "INVALID_API_KEY")
+    assert wrong.headers["X-Request-ID"]
+
+
+def test_errors_are_code_and_message(server: SandgateServer) -> None:
+    with server.client() as client:
+        unknown = client.get("/v1/sandboxes/does-not-exist", headers={"X-Request-ID": "req-42"})
+        assert unknown.status_code == 404 and set(unknown.json()) == {"code", "message"}
+        assert unknown.headers["X-Request-ID"] == "req-42"
+        invalid = client.post("/v1/sandboxes", json={"image": {"uri": "sandgate/host"}, "timeout": 5})
+        assert invalid.status_code == 422 and "timeout" in invalid.json()["message"]
+        image = client.post("/v1/sandboxes", json={"image": {"uri": "no/such-image"}, "entrypoint": ["x"]})
+        assert image.status_code == 400 and "no/such-image" in image.json()["message"]
+
+
+def test_list_filters_pagination_metadata_and_egress_token(server: SandgateServer) -> None:
+    first = server.create_sandbox(metadata={"team": "a", "k": "x=y&z"}, timeout=600)
+    second = server.create_sandbox(metadata={"team": "b"})
+    with server.client() as client:
+        by_team = client.get("/v1/sandboxes", params={"metadata": "team=a"}).json()
+        assert [s["id"] for s in by_team["items"]] == [first["id"]]
+        tricky = client.get("/v1/sandboxes", params={"metadata": "k=x%3Dy%26z"}).json()
+        assert [s["id"] for s in tricky["items"]] == [first["id"]]
+        page = client.get("/v1/sandboxes", params={"pageSize": 1, "page": 2, "state": "Running"}).json()
+        assert page["pagination"] == {
+            "page": 2,
+            "pageSize": 1,
+            "totalItems": 2,
+            "totalPages": 2,
+            "hasNextPage": False,
+        }
+        assert "expiresAt" not in client.get(f"/v1/sandboxes/{second['id']}").json()  # nulls are omitted
+
+        patched = client.patch(
+            f"/v1/sandboxes/{first['id']}/metadata", json={"team": None, "new": "1"}
+        ).json()
+        assert patched["metadata"] == {"k": "x=y&z", "new": "1"}
+
+        egress = client.get(f"/v1/sandboxes/{first['id']}/endpoints/18080").json()
+        token = egress["headers"]["OPENSANDBOX-EGRESS-AUTH"]
+        url = f"http://{egress['endpoint']}/policy"
+        assert httpx.get(url, trust_env=False).status_code == 401
+        other = client.get(f"/v1/sandboxes/{second['id']}/endpoints/18080").json()
+        other_token = other["headers"]["OPENSANDBOX-EGRESS-AUTH"]
+        assert (
+            httpx.get(url, headers={"OPENSANDBOX-EGRESS-AUTH": other_token}, trust_env=False).status_code
+            == 401
+        )
+        status = httpx.get(url, headers={"OPENSANDBOX-EGRESS-AUTH": token}, trust_env=False).json()
+        assert status["mode"] == "deny_all"  # created without networkPolicy: deny everything
+        bad = httpx.patch(
+            url, json=[{"action": "allow", "target": "*"}], headers={"OPENSANDBOX-EGRESS-AUTH": token}
+        )
+        assert bad.status_code == 400 and bad.headers["content-type"].startswith("text/plain")
+
+        assert client.post(f"/v1/sandboxes/{first['id']}/pause").status_code == 202
+        assert client.get(f"/v1/sandboxes/{first['id']}").json()["status"]["state"] == "Paused"
+        assert client.post(f"/v1/sandboxes/{first['id']}/resume").status_code == 202
+        for sandbox in (first, second):
+            assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
+
+def test_openapi_passes_schemathesis_without_server_errors(server: SandgateServer) -> None:
+    schema = schemathesis.openapi.from_url(
+        f"{server.base_url}/openapi.json", headers={"OPEN-SANDBOX-API-KEY": server.api_key}
+    )
+    failures: list[str] = []
+    for operation in schema.get_all_operations():
+        op = operation.ok()
+        if op.method.upper() == "POST" and op.path.endswith("/sandboxes"):
+            continue  # creates real sandboxes; covered by the conformance flows
+
+        @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(case=op.as_strategy())
+        def check(case: schemathesis.Case) -> None:
+            response = case.call(base_url=server.base_url, headers={"OPEN-SANDBOX-API-KEY": server.api_key})
+            if response.status_code >= 500:
+                failures.append(
+                    f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:200]}"
+                )
+
+        check()
+    assert not failures, "\n".join(failures)
