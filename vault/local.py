@@ -166,7 +166,7 @@ class LocalStore:
         return [entries[name].info(name) for name in sorted(entries)]
 
     def reveal(self, name: str) -> str:
-        entry = self._read().contents.entries.get(name)
+        entry = self._read().contents.entries.get(check_name(name))
         if entry is None:
             raise SecretNotFound(name, str(self.path))
         return entry.value

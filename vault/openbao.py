@@ -100,6 +100,7 @@ class OpenBaoStore:
         return [info for info in infos if info is not None]
 
     def reveal(self, name: str) -> str:
+        check_name(name)  # a name is a path segment: never `..` or `/`
         now = time.monotonic()
         with self._cache_lock:
             cached = self._cache.get(name)

@@ -10,7 +10,7 @@ from typing import Any
 import hvac
 import pytest
 
-from sandgate.vault import OpenBaoStore, SecretNotFound, VaultError, open_store
+from sandgate.vault import InvalidSecretName, OpenBaoStore, SecretNotFound, VaultError, open_store
 from tests.support.openbao import OpenBao, free_port, openbao_dev_server
 
 
@@ -66,6 +66,12 @@ def test_round_trip_list_rotate_delete(bao: OpenBao, prefix: str) -> None:
     with pytest.raises(SecretNotFound, match="no secret named 'github'"):
         store.reveal("github")
     assert [i.name for i in store.list()] == ["openai"]
+
+
+def test_a_name_cannot_leave_the_prefix(bao: OpenBao, root: hvac.Client, prefix: str) -> None:
+    root.secrets.kv.v2.create_or_update_secret(path="outside", secret={"value": "outside-value"})
+    with pytest.raises(InvalidSecretName):
+        token_store(bao, prefix).reveal("../outside")
 
 
 def test_empty_prefix_lists_nothing(bao: OpenBao, prefix: str) -> None:
