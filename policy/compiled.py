@@ -336,6 +336,8 @@ class CompiledPolicy:
     def _binding_could_apply(self, host: str | IPAddress, port: int, scheme: str) -> bool:
         if not self._bindings or not isinstance(host, str):
             return False
+        if host not in self._binding_hosts.exact and not self._binding_hosts.wildcards.root:
+            return False
         lists = self._binding_hosts.wildcards.matches(host)
         exact = self._binding_hosts.exact.get(host)
         if exact:

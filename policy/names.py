@@ -134,7 +134,8 @@ def _network_text(network: IPNetwork) -> str:
 
 
 def _is_numeric_name(name: str) -> bool:
-    return bool(_NUMERIC_LABEL.match(name.rsplit(".", 1)[-1]))
+    last = name.rpartition(".")[2]
+    return last.isdigit() or (last.startswith("0x") and bool(_NUMERIC_LABEL.match(last)))
 
 
 def canonical_address(address: IPAddress) -> IPAddress:
