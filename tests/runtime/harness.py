@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from ipaddress import IPv4Network
 from pathlib import Path
+from typing import Any
 
 from sandgate.lifecycle.images import ImageStore
 from sandgate.lifecycle.network import ProxyPorts, SandboxNetworks
@@ -84,17 +85,17 @@ class Harness:
         self.runtime = LocalRuntime(state_dir, self.images, instance=self.networks.instance)
         self.nets: dict[str, SandboxNet] = {}
 
-    def start(self, entrypoint: list[str], *, ready: bool = True, **spec: object) -> tuple[str, SandboxNet]:
+    def start(self, entrypoint: list[str], *, ready: bool = True, **spec: Any) -> tuple[str, SandboxNet]:
         sandbox_id = f"sb{secrets.token_hex(4)}"
         net = self.networks.create(sandbox_id)
         self.nets[sandbox_id] = net
         image = str(spec.pop("image", "sandgate/host"))
-        self.runtime.create(SandboxSpec(sandbox_id, image, entrypoint, **spec), net)  # type: ignore[arg-type]
+        self.runtime.create(SandboxSpec(sandbox_id, image, entrypoint, **spec), net)
         if ready:
             self.runtime.wait_ready(sandbox_id, net, timeout=30)
         return sandbox_id, net
 
-    def probe(self, phases: list[list[tuple[str, str, int]]], **spec: object) -> tuple[str, SandboxNet]:
+    def probe(self, phases: list[list[tuple[str, str, int]]], **spec: Any) -> tuple[str, SandboxNet]:
         return self.start(["/proc/self/exe", "-I", "-c", PROBE, json.dumps(phases)], **spec)
 
     def stop(self, sandbox_id: str) -> None:
