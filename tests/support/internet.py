@@ -12,14 +12,17 @@ address (`ORIGIN_V4`, `ORIGIN_V4_ALT`, `ORIGIN_V6`), HTTP on port 80 and HTTPS o
 and the origin addresses):
 
     GET  /               "hello from origin"
-    ANY  /echo           JSON {"method", "path", "headers": {...}, "body"}: reflects the request
+    ANY  /echo           JSON {"method", "path", "headers": {...}, "body"}: reflects the request;
+                         ?chunk=N streams that JSON in N-byte pieces, ?reflect=NAME also returns
+                         request header NAME as response header `x-reflected`
     GET  /sse?n=3&gap=0.3  text/event-stream, n events `gap` seconds apart, then the stream ends
     GET  /redirect?to=URL  302 to URL
     GET  /bytes?n=N      N bytes of b"x"
     WS   /ws             echoes every message
 
 DNS (UDP, `DNS_ADDR`:53) answers only the names the test sets with `net.set_names({...})` and
-records every query; `net.dns_queries()` returns them in order.
+records every query; `net.dns_queries()` returns them in order. The origins record every HTTP
+request and WebSocket handshake they see; `net.origin_requests()` returns them in order.
 
 Running this file as a script (`python internet.py WORKDIR`) is the server side; the fixture
 does that inside the namespace.
@@ -78,6 +81,14 @@ class Internet:
     def clear_dns_queries(self) -> None:
         (self.workdir / "queries.jsonl").unlink(missing_ok=True)
 
+    def origin_requests(self) -> list[dict[str, object]]:
+        """Every request the origins got so far: [{"type": "http"|"websocket", "client": "ip:port",
+        "server": "ip:port", "method", "path" (with query), "headers": {lower-case name: value}}]."""
+        path = self.workdir / "requests.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line]
+
 
 def make_test_ca(workdir: Path) -> tuple[Path, Path, Path, Path]:
     """A CA and a leaf for TLS_NAMES + origin addresses; returns (ca_cert, ca_key, leaf_cert, leaf_key)."""
@@ -103,6 +114,20 @@ def make_test_ca(workdir: Path) -> tuple[Path, Path, Path, Path]:
         .not_valid_before(now - datetime.timedelta(days=1))
         .not_valid_after(now + datetime.timedelta(days=30))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(  # Python 3.13 clients verify strictly (VERIFY_X509_STRICT): a CA needs key usage
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -222,14 +247,25 @@ def _serve(workdir: Path) -> None:
 
     async def echo(request: Request) -> Response:
         body = await request.body()
-        return JSONResponse(
-            {
-                "method": request.method,
-                "path": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
-                "headers": {k: v for k, v in request.headers.items()},
-                "body": body.decode("utf-8", "replace"),
-            }
-        )
+        reflected = {
+            "method": request.method,
+            "path": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            "headers": {k: v for k, v in request.headers.items()},
+            "body": body.decode("utf-8", "replace"),
+        }
+        reflect = request.query_params.get("reflect")
+        headers = {"x-reflected": request.headers[reflect]} if reflect in request.headers else {}
+        chunk = int(request.query_params.get("chunk", "0"))
+        if not chunk:
+            return JSONResponse(reflected, headers=headers)
+        data = json.dumps(reflected).encode()
+
+        async def pieces() -> Iterator[bytes]:  # type: ignore[misc]
+            for start in range(0, len(data), chunk):
+                yield data[start : start + chunk]
+                await asyncio.sleep(0.005)
+
+        return StreamingResponse(pieces(), media_type="application/json", headers=headers)  # type: ignore[arg-type]
 
     async def sse(request: Request) -> Response:
         count = int(request.query_params.get("n", "3"))
@@ -258,6 +294,26 @@ def _serve(workdir: Path) -> None:
                 await websocket.send_text(await websocket.receive_text())
         except WebSocketDisconnect:
             pass
+
+    def record_requests(inner: object) -> object:
+        """ASGI middleware: one line in requests.jsonl per HTTP request or WebSocket handshake."""
+
+        async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+            if scope["type"] in ("http", "websocket"):
+                query = scope.get("query_string", b"").decode("latin-1")
+                entry = {
+                    "type": scope["type"],
+                    "client": "{}:{}".format(*scope["client"]) if scope.get("client") else None,
+                    "server": "{}:{}".format(*scope["server"]) if scope.get("server") else None,
+                    "method": scope.get("method", "GET"),
+                    "path": scope["path"] + (f"?{query}" if query else ""),
+                    "headers": {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]},
+                }
+                with (workdir / "requests.jsonl").open("a") as fh:
+                    fh.write(json.dumps(entry) + "\n")
+            await inner(scope, receive, send)  # type: ignore[operator]
+
+        return app
 
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE"]
     app = Starlette(
@@ -303,10 +359,11 @@ def _serve(workdir: Path) -> None:
 
     async def main() -> None:
         common = {"log_level": "warning", "access_log": False, "lifespan": "off", "ws": "websockets"}
-        plain = uvicorn.Server(uvicorn.Config(app, **common))  # type: ignore[arg-type]
+        recorded = record_requests(app)
+        plain = uvicorn.Server(uvicorn.Config(recorded, **common))  # type: ignore[arg-type]
         tls = uvicorn.Server(
             uvicorn.Config(
-                app,
+                recorded,  # type: ignore[arg-type]
                 ssl_certfile=str(workdir / "leaf.pem"),
                 ssl_keyfile=str(workdir / "leaf-key.pem"),
                 **common,  # type: ignore[arg-type]
