@@ -86,9 +86,7 @@ class DockerRuntime:
         default_pids_max: int = DEFAULT_PIDS_MAX,
         tmpfs_size: str = "256m",
     ) -> None:
-        if isinstance(client, str):
-            client = docker.DockerClient(base_url=client)
-        self.client = client or docker.from_env()
+        self.client = _client(client)
         self.images = DockerImages(self.client, {**DEFAULT_IMAGE_ALIASES, **(images or {})})
         self.oci_runtime = oci_runtime
         self.instance = instance
@@ -251,6 +249,12 @@ class DockerRuntime:
         except docker.errors.APIError as exc:
             return f"(logs unavailable: {exc})"
         return data[-limit:].decode(errors="replace").strip() or "(no output)"
+
+
+def _client(given: docker.DockerClient | str | None) -> docker.DockerClient:
+    if isinstance(given, str):
+        return docker.DockerClient(base_url=given)
+    return given if given is not None else docker.from_env()
 
 
 def _move_veth_into(pid: int, net: SandboxNet) -> None:

@@ -49,7 +49,7 @@ class DockerHarness(Harness):
 
     def probe(self, phases: list[list[tuple[str, str, int]]], **spec: object) -> tuple[str, SandboxNet]:
         # The image's entry script is a shell, so `/proc/self/exe` would name busybox: say python3.
-        return self.start(["python3", "-I", "-c", PROBE, json.dumps(phases)], **spec)
+        return self.start(["python3", "-I", "-c", PROBE, json.dumps(phases)], **spec)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")

@@ -65,7 +65,7 @@ def test_containers_are_hardened(boxes: DockerHarness) -> None:
 
 def test_the_netns_name_is_the_containers_namespace(boxes: DockerHarness) -> None:
     sandbox_id, net = boxes.start(["sleep", "3600"])
-    init_pid = boxes.runtime.root_path(sandbox_id).parent.name  # type: ignore[attr-defined]
+    init_pid = boxes.runtime.root_path(sandbox_id).parent.name
     assert os.stat(net.netns_path).st_ino == os.stat(f"/proc/{init_pid}/ns/net").st_ino
 
 
@@ -87,11 +87,11 @@ def test_pause_stops_execd_and_resume_brings_it_back(boxes: DockerHarness) -> No
     sandbox_id, net = boxes.start(["sleep", "3600"])
     boxes.runtime.pause(sandbox_id)
     boxes.runtime.pause(sandbox_id)  # idempotent
-    assert boxes.runtime.paused(sandbox_id) and boxes.runtime.alive(sandbox_id)  # type: ignore[attr-defined]
+    assert boxes.runtime.paused(sandbox_id) and boxes.runtime.alive(sandbox_id)
     assert not _ping(net.address)
     boxes.runtime.resume(sandbox_id)
-    assert not boxes.runtime.paused(sandbox_id)  # type: ignore[attr-defined]
-    boxes.runtime.wait_ready(sandbox_id, net, timeout=10)  # type: ignore[attr-defined]
+    assert not boxes.runtime.paused(sandbox_id)
+    boxes.runtime.wait_ready(sandbox_id, net, timeout=10)
 
 
 def test_a_restarted_server_adopts_its_live_containers_and_removes_dead_ones(
