@@ -37,7 +37,7 @@ from typing import Final, Literal
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandgate.vault.errors import SecretNotFound, VaultError, VaultKeyError, VaultTampered
 from sandgate.vault.models import SecretInfo, check_name
@@ -68,7 +68,7 @@ class _Envelope(BaseModel):
 class _Entry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    value: str
+    value: str = Field(repr=False)  # never in a traceback's locals or a debug print
     version: int
     created_at: datetime
     updated_at: datetime
