@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ import pytest
 
 from sandgate.lifecycle.cgroups import SandboxCgroup
 from sandgate.lifecycle.kernel import mount_points
-from sandgate.lifecycle.runtime.base import EXECD_PORT
+from sandgate.lifecycle.runtime.base import EXECD_PORT, SandboxSpec
 from sandgate.lifecycle.runtime.local import LocalRuntime
 from tests.runtime.harness import Harness
 
@@ -183,3 +184,52 @@ def _running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def chroot_denying_filter(path: Path) -> Path:
+    """A classic-BPF seccomp filter (x86_64): chroot fails with EPERM, everything else is allowed.
+
+    Sandbox processes hold CAP_SYS_CHROOT, so only the filter can make chroot fail.
+    """
+    ld, jeq, ret = 0x20, 0x15, 0x06
+    program = [
+        (ld, 0, 0, 4),  # arch
+        (jeq, 0, 3, 0xC000003E),  # not x86_64: allow
+        (ld, 0, 0, 0),  # syscall number
+        (jeq, 0, 1, 161),  # chroot
+        (ret, 0, 0, 0x00050000 | 1),  # SECCOMP_RET_ERRNO | EPERM
+        (ret, 0, 0, 0x7FFF0000),  # SECCOMP_RET_ALLOW
+    ]
+    path.write_bytes(b"".join(struct.pack("<HBBI", *instruction) for instruction in program))
+    return path
+
+
+CHROOT_PROBE = """
+out = open("/workspace/chroot", "w")
+import os
+try:
+    os.chroot("/workspace"); out.write("chrooted")
+except OSError as exc:
+    out.write(exc.strerror)
+out.close()
+"""
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_seccomp_profile_applies_inside(harness: Harness, tmp_path: Path, filtered: bool) -> None:
+    runtime = LocalRuntime(
+        harness.state_dir,
+        harness.images,
+        instance=harness.runtime.instance,
+        seccomp_bpf=chroot_denying_filter(tmp_path / "filter.bpf") if filtered else None,
+    )
+    sandbox_id = "seccomp" + os.urandom(3).hex()
+    net = harness.networks.create(sandbox_id)
+    harness.nets[sandbox_id] = net
+    try:
+        runtime.create(SandboxSpec(sandbox_id, "sandgate/host", [PYTHON, "-I", "-c", CHROOT_PROBE]), net)
+        runtime.wait_ready(sandbox_id, net, timeout=30)
+        expected = "Operation not permitted" if filtered else "chrooted"
+        assert harness.wait_file(sandbox_id, "chroot") == expected
+    finally:
+        runtime.delete(sandbox_id)
