@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 SANDGATE = [sys.executable, "-m", "sandgate.lifecycle.cli"]
-START_TIMEOUT = 30.0
+START_TIMEOUT = 120.0  # generous: a loaded CI machine imports mitmproxy slowly
 
 
 def free_port() -> int:

@@ -96,6 +96,7 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
     parts = build_components(settings)
     try:
         parts.supervisor.start()
+        click.echo(f"sandgate: proxy pid {parts.supervisor.pid} (supervised, restarted if it dies)")
         parts.service.start()
         stop_reaper = start_reaper(parts.service.reap_expired)
         try:
