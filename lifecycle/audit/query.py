@@ -60,9 +60,9 @@ class AuditFilter(BaseModel):
     host: str | None = None
     binding: str | None = None
     reason: str | None = None
-    status: int | None = Field(None, ge=100, le=599)
-    since: int | None = Field(None, description="UTC microseconds, inclusive")
-    until: int | None = Field(None, description="UTC microseconds, exclusive")
+    status: int | None = Field(default=None, ge=100, le=599)
+    since: int | None = Field(default=None, description="UTC microseconds, inclusive")
+    until: int | None = Field(default=None, description="UTC microseconds, exclusive")
 
     @field_validator("sandbox", "host", "binding", "reason", mode="before")
     @classmethod

@@ -7,6 +7,7 @@ listens on 127.0.0.1 inside the test session's own network namespace.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -65,18 +66,19 @@ def require_key(open_sandbox_api_key: str | None = Header(None)) -> None:
         raise HTTPException(401, "send the API key in the OPEN-SANDBOX-API-KEY header")
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
-    """Audit + console routers served by uvicorn over `tmp_path` as the state dir."""
-    sandboxes: list[dict[str, Any]] = []
-    store = AuditStore(tmp_path, poll_interval=0.1)
+@contextlib.contextmanager
+def serve(state_dir: Path, sandboxes: list[dict[str, Any]] | None = None) -> Iterator[Served]:
+    """Audit + console routers served by uvicorn over `state_dir`, with `sandboxes` as the live list."""
+    live = sandboxes if sandboxes is not None else []
+    store = AuditStore(state_dir, poll_interval=0.1)
     app = FastAPI()
     app.include_router(audit_router(store, require_key))
-    app.include_router(console_router(store, lambda key: key == API_KEY, lambda: sandboxes))
+    app.include_router(console_router(store, lambda key: key == API_KEY, lambda: live))
     port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2
     )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     store.start()
     thread.start()
@@ -85,11 +87,17 @@ def served(tmp_path: Path) -> Iterator[Served]:
         while not server.started:
             assert time.monotonic() < deadline, "uvicorn did not start within 10 s"
             time.sleep(0.02)
-        yield Served(f"http://127.0.0.1:{port}", tmp_path, store, sandboxes)
+        yield Served(f"http://127.0.0.1:{port}", state_dir, store, live)
     finally:
         store.stop()
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    with serve(tmp_path) as running:
+        yield running
 
 
 def wait_indexed(store: AuditStore, count: int, timeout: float = 10.0) -> None:
