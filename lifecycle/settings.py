@@ -38,6 +38,8 @@ class Settings(BaseSettings):
     )
     state_dir: Path = Field(Path("/var/lib/sandgate"), description="vault, CA, database, audit log")
     runtime: Literal["local", "docker"] = Field("local", description="sandbox runtime")
+    docker_host: str | None = Field(None, description="Docker engine URL (default: DOCKER_HOST)")
+    docker_oci_runtime: str | None = Field(None, description="OCI runtime for sandbox containers, e.g. runsc")
 
     # vault
     vault_backend: Literal["local", "openbao"] = "local"

@@ -20,6 +20,7 @@ from fastapi import APIRouter
 from sandgate.lifecycle.images import ImageStore
 from sandgate.lifecycle.kernel import instance_tag
 from sandgate.lifecycle.network import ProxyPorts, SandboxNetworks
+from sandgate.lifecycle.runtime.docker import DockerRuntime
 from sandgate.lifecycle.runtime.local import LocalRuntime
 from sandgate.lifecycle.service import SandgatePolicies, Service
 from sandgate.lifecycle.settings import Settings
@@ -113,8 +114,6 @@ def make_entry(sandbox_id: str, address: str, policy: dict[str, Any], credential
 
 
 def build_components(settings: Settings) -> Components:
-    if settings.runtime != "local":
-        raise NotImplementedError(f"runtime {settings.runtime!r} is not wired yet; use --runtime local")
     ca = ensure_ca(settings.state_dir)
     vault = open_store(**vault_values(settings))
     control = ProxyControl(settings.state_dir / "proxy.sock")
@@ -131,7 +130,15 @@ def build_components(settings: Settings) -> Components:
         ),
     )
     networks.ensure_table()
-    runtime = LocalRuntime(settings.state_dir, ImageStore(settings.state_dir / "images"), instance=instance)
+    runtime: LocalRuntime | DockerRuntime
+    if settings.runtime == "docker":
+        runtime = DockerRuntime(
+            settings.docker_host, instance=instance, oci_runtime=settings.docker_oci_runtime
+        )
+    else:
+        runtime = LocalRuntime(
+            settings.state_dir, ImageStore(settings.state_dir / "images"), instance=instance
+        )
     store = Store(settings.database)
     service = Service(
         store,

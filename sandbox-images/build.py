@@ -45,6 +45,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 EXECD_SOURCE = REPO / "execd"
 BUSYBOX = Path("/bin/busybox")
+# Host programs copied in with their libraries: what agents expect besides Python (when present).
+HOST_PROGRAMS = (Path("/usr/bin/curl"),)
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 DEFAULT_CACHE = Path(os.environ.get("SANDGATE_IMAGE_CACHE", Path.home() / ".cache" / "sandgate" / "images"))
 
@@ -158,6 +160,12 @@ def busybox_entries() -> Iterator[Entry]:
     yield Entry("usr/bin/env", link="/bin/busybox")
 
 
+def host_program_entries() -> Iterator[Entry]:
+    for program in HOST_PROGRAMS:
+        if program.exists():
+            yield Entry(f"usr/bin/{program.name}", program.resolve(), mode=0o755)
+
+
 def system_entries() -> Iterator[Entry]:
     yield Entry("lib", link="usr/lib")
     yield Entry(
@@ -175,8 +183,16 @@ def system_entries() -> Iterator[Entry]:
 
 def rootfs_entries() -> list[Entry]:
     dists = distribution_closure(EXECD_REQUIREMENTS)
-    entries = [*system_entries(), *busybox_entries(), *stdlib_entries(), *site_packages_entries(dists)]
+    programs = list(host_program_entries())
+    entries = [
+        *system_entries(),
+        *busybox_entries(),
+        *programs,
+        *stdlib_entries(),
+        *site_packages_entries(dists),
+    ]
     elves = [e.source for e in entries if e.source and (e.path.endswith(".so") or "/bin/python" in e.path)]
+    elves += [e.source for e in programs if e.source]
     entries += library_entries([p for p in elves if p is not None])
     return entries
 

@@ -1,0 +1,50 @@
+"""The OpenSandbox SDK conformance scenarios, unchanged, against `sandgate serve --runtime docker`.
+
+The scenarios live in tests/conformance/test_sdk.py (the lifecycle engineer's); here they run
+with a server whose runtime is the private dockerd's, so both runtimes pass the same flow.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conformance import test_sdk as sdk_scenarios
+from tests.conformance.conftest import API_HOST
+from tests.support.dockerd import PrivateDockerd
+from tests.support.internet import DNS_ADDR, ORIGIN_V4, Internet, start_internet
+from tests.support.server import SandgateServer, sandgate_server
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(scope="module")
+def internet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
+    with start_internet(tmp_path_factory.mktemp("internet")) as net:
+        net.set_names({API_HOST: [ORIGIN_V4]})
+        yield net
+
+
+@pytest.fixture(scope="module")
+def docker_server(
+    tmp_path_factory: pytest.TempPathFactory, internet: Internet, dockerd: PrivateDockerd, sandbox_images: str
+) -> Iterator[SandgateServer]:
+    extra = {
+        "SANDGATE_RUNTIME": "docker",
+        "SANDGATE_DOCKER_HOST": dockerd.url,
+        "SANDGATE_UPSTREAM_DNS": json.dumps([DNS_ADDR]),
+        "SANDGATE_UPSTREAM_CA": str(internet.ca_cert),
+    }
+    with sandgate_server(Path(tmp_path_factory.mktemp("sandgate-docker")), extra) as running:
+        yield running
+
+
+def test_sdk_create_run_files_egress_vault_kill_on_docker(docker_server: SandgateServer) -> None:
+    sdk_scenarios.test_sdk_create_run_files_egress_vault_kill(docker_server)
+
+
+def test_sdk_through_server_proxy_on_docker(docker_server: SandgateServer) -> None:
+    sdk_scenarios.test_sdk_through_server_proxy(docker_server)
