@@ -254,7 +254,7 @@ def _serve(workdir: Path) -> None:
             "body": body.decode("utf-8", "replace"),
         }
         reflect = request.query_params.get("reflect")
-        headers = {"x-reflected": request.headers[reflect]} if reflect in request.headers else {}
+        headers = {"x-reflected": request.headers[reflect]} if reflect and reflect in request.headers else {}
         chunk = int(request.query_params.get("chunk", "0"))
         if not chunk:
             return JSONResponse(reflected, headers=headers)

@@ -1,0 +1,377 @@
+"""Attack primitives that run INSIDE a sandbox: `python attacks.py NAME 'JSON ARGS'`.
+
+Rules: each attack only observes and reports (one JSON line on stdout: what came back, what
+failed); the tests decide what that means. Every socket has a timeout and every loop a bound in
+count and time. Only the standard library and what the sandbox's Python already has (h2, dnslib).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import ssl
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+TIMEOUT = 5.0
+READ_LIMIT = 256 * 1024
+
+
+def gateway() -> str:
+    with open("/proc/net/route") as routes:
+        lines = routes.read().splitlines()[1:]
+    for line in lines:
+        fields = line.split()
+        if fields[1] == "00000000":
+            return socket.inet_ntoa(bytes.fromhex(fields[2])[::-1])
+    raise RuntimeError("no default route")
+
+
+def resolv_nameserver() -> str:
+    with open("/etc/resolv.conf") as resolv:
+        lines = resolv.read().splitlines()
+    for line in lines:
+        if line.startswith("nameserver"):
+            return line.split()[1]
+    return gateway()
+
+
+def text(data: bytes) -> str:
+    return data.decode("latin-1")
+
+
+def read_all(sock: socket.socket, limit: float = TIMEOUT) -> bytes:
+    """Read until EOF, the size limit, or `limit` seconds."""
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + limit
+    size = 0
+    while size < READ_LIMIT and time.monotonic() < deadline:
+        sock.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(65536)
+        except (TimeoutError, ssl.SSLError, OSError):
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def failure(exc: BaseException) -> dict[str, Any]:
+    return {"error": type(exc).__name__, "errno": getattr(exc, "errno", None), "message": str(exc)[:300]}
+
+
+def tls_context(ca: str | None = None, alpn: list[str] | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
+    if alpn:
+        context.set_alpn_protocols(alpn)
+    return context
+
+
+def open_conn(
+    host: str,
+    port: int,
+    family: str = "inet",
+    tls_sni: str | None = None,
+    ca: str | None = None,
+    verify: bool = True,
+) -> socket.socket:
+    fam = socket.AF_INET6 if family == "inet6" else socket.AF_INET
+    sock = socket.socket(fam, socket.SOCK_STREAM)
+    sock.settimeout(TIMEOUT)
+    sock.connect((host, port))
+    if tls_sni is None:
+        return sock
+    context = tls_context(ca)
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context.wrap_socket(sock, server_hostname=tls_sni or None)
+
+
+# ------------------------------------------------------------------------------ attacks
+
+
+def raw(
+    host: str,
+    port: int,
+    payload: str = "",
+    family: str = "inet",
+    sni: str | None = None,
+    ca: str | None = None,
+    verify: bool = True,
+) -> dict[str, Any]:
+    """Connect (TCP, optionally TLS with this SNI), send `payload` (\\n -> CRLF if marked), read the reply."""
+    host = gateway() if host == "GATEWAY" else host
+    try:
+        sock = open_conn(host, port, family, sni, ca, verify)
+    except (OSError, ssl.SSLError) as exc:
+        return {"connected": False, **failure(exc)}
+    with sock:
+        try:
+            if payload:
+                sock.sendall(payload.encode("latin-1"))
+            reply = read_all(sock)
+        except (OSError, ssl.SSLError) as exc:
+            return {"connected": True, "reply": "", **failure(exc)}
+    return {"connected": True, "reply": text(reply)}
+
+
+def via_proxy(target: str, then_sni: str | None = None, payload: str = "", port: int = 0) -> dict[str, Any]:
+    """CONNECT `target` through the explicit proxy port on the gateway; then optionally TLS + payload."""
+    try:
+        sock = socket.create_connection((gateway(), port), TIMEOUT)
+    except OSError as exc:
+        return {"connected": False, **failure(exc)}
+    with sock:
+        sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 65536:
+            try:
+                chunk = sock.recv(4096)
+            except OSError as exc:
+                return {"connected": True, "connect_reply": text(head), **failure(exc)}
+            if not chunk:
+                break
+            head += chunk
+        result: dict[str, Any] = {"connected": True, "connect_reply": text(head)}
+        if not head.startswith(b"HTTP/1.1 200") or then_sni is None:
+            result["rest"] = text(read_all(sock, 1.0)) if not head.startswith(b"HTTP/1.1 200") else ""
+            return result
+        try:
+            tls = tls_context().wrap_socket(sock, server_hostname=then_sni)
+            if payload:
+                tls.sendall(payload.encode("latin-1"))
+            result["reply"] = text(read_all(tls))
+        except (OSError, ssl.SSLError) as exc:
+            result.update(failure(exc))
+        return result
+
+
+def h2_streams(host: str, authorities: list[str], path: str = "/echo") -> dict[str, Any]:
+    """One HTTP/2 connection (SNI `host`); one GET per :authority on it; status and body per stream."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    try:
+        sock = tls_context(alpn=["h2"]).wrap_socket(
+            socket.create_connection((host, 443), TIMEOUT), server_hostname=host
+        )
+    except (OSError, ssl.SSLError) as exc:
+        return {"connected": False, **failure(exc)}
+    if sock.selected_alpn_protocol() != "h2":
+        return {"connected": True, "alpn": sock.selected_alpn_protocol()}
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    streams: dict[int, dict[str, Any]] = {}
+    for index, authority in enumerate(authorities):
+        stream_id = 1 + 2 * index
+        headers = [(":method", "GET"), (":path", path), (":scheme", "https"), (":authority", authority)]
+        conn.send_headers(stream_id, headers, end_stream=True)
+        streams[stream_id] = {"authority": authority, "status": None, "body": "", "reset": None}
+    sock.sendall(conn.data_to_send())
+    deadline = time.monotonic() + TIMEOUT
+    open_streams = set(streams)
+    while open_streams and time.monotonic() < deadline:
+        sock.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            data = sock.recv(65536)
+        except (OSError, ssl.SSLError):
+            break
+        if not data:
+            break
+        for event in conn.receive_data(data):
+            sid = getattr(event, "stream_id", None)
+            if isinstance(event, h2.events.ResponseReceived):
+                streams[sid]["status"] = int(dict(event.headers)[b":status"])
+            elif isinstance(event, h2.events.DataReceived):
+                streams[sid]["body"] += text(event.data)
+                conn.acknowledge_received_data(event.flow_controlled_length, sid)
+            elif isinstance(event, h2.events.StreamEnded):
+                open_streams.discard(sid)
+            elif isinstance(event, h2.events.StreamReset):
+                streams[sid]["reset"] = int(event.error_code)
+                open_streams.discard(sid)
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                open_streams.clear()
+        pending = conn.data_to_send()
+        if pending:
+            sock.sendall(pending)
+    sock.close()
+    return {"connected": True, "alpn": "h2", "streams": list(streams.values())}
+
+
+DNS_TYPES = {
+    "A": 1,
+    "NS": 2,
+    "CNAME": 5,
+    "NULL": 10,
+    "MX": 15,
+    "TXT": 16,
+    "AAAA": 28,
+    "SRV": 33,
+    "HTTPS": 65,
+    "ANY": 255,
+}
+
+
+def dns_query(
+    name: str, qtype: str = "A", server: str = "", port: int = 53, tcp: bool = False
+) -> dict[str, Any]:
+    """One DNS question, hand-built (UDP or TCP); the reply's rcode and answer count."""
+    server = server or resolv_nameserver()
+    qid = int.from_bytes(os.urandom(2), "big")
+    question = b"".join(bytes([len(label)]) + label.encode() for label in name.rstrip(".").split(".")) + b"\0"
+    packet = (
+        struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0) + question + struct.pack(">HH", DNS_TYPES[qtype], 1)
+    )
+    try:
+        if tcp:
+            with socket.create_connection((server, port), TIMEOUT) as sock:
+                sock.sendall(struct.pack(">H", len(packet)) + packet)
+                reply = read_all(sock, 3.0)[2:]
+        else:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.settimeout(3.0)
+                sock.sendto(packet, (server, port))
+                reply, _ = sock.recvfrom(65535)
+    except OSError as exc:
+        return {"answered": False, **failure(exc)}
+    if len(reply) < 12:
+        return {"answered": False, "error": "short reply", "length": len(reply)}
+    _qid, flags, _qd, ancount, _ns, _ar = struct.unpack(">HHHHHH", reply[:12])
+    return {"answered": True, "rcode": flags & 0xF, "answers": ancount, "reply": reply.hex()}
+
+
+def dns_many(queries: list[list[str]]) -> dict[str, Any]:
+    """Several questions [[name, type], ...] through the sandbox's resolver."""
+    return {"results": [dict(dns_query(name, qtype), name=name, type=qtype) for name, qtype in queries]}
+
+
+def resolve(name: str) -> dict[str, Any]:
+    """What the sandbox's libc resolver gives for `name` (all families)."""
+    try:
+        infos = socket.getaddrinfo(name, 443, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as exc:
+        return {"addresses": [], **failure(exc)}
+    return {"addresses": sorted({info[4][0] for info in infos})}
+
+
+def udp(host: str, port: int, payload_hex: str = "c000000001", family: str = "inet") -> dict[str, Any]:
+    """Send one datagram (default: the first bytes of a QUIC Initial) and wait briefly for any reply."""
+    host = gateway() if host == "GATEWAY" else host
+    fam = socket.AF_INET6 if family == "inet6" else socket.AF_INET
+    try:
+        with socket.socket(fam, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(1.5)
+            sock.sendto(bytes.fromhex(payload_hex) + b"\0" * 1195, (host, port))
+            data, peer = sock.recvfrom(4096)
+            return {"sent": True, "reply": data.hex(), "peer": peer[0]}
+    except OSError as exc:
+        return {"sent": "timed out" in str(exc) or isinstance(exc, TimeoutError), **failure(exc)}
+
+
+def icmp(host: str) -> dict[str, Any]:
+    """An ICMP echo through an unprivileged ping socket (and a raw socket, if it were allowed)."""
+    out: dict[str, Any] = {}
+    for kind, sock_type in (("dgram", socket.SOCK_DGRAM), ("raw", socket.SOCK_RAW)):
+        try:
+            with socket.socket(socket.AF_INET, sock_type, socket.IPPROTO_ICMP) as sock:
+                sock.settimeout(1.5)
+                sock.sendto(bytes.fromhex("0800f7ff00000000"), (host, 0))
+                _data, peer = sock.recvfrom(200)
+                out[kind] = {"reply": True, "peer": peer[0]}
+        except OSError as exc:
+            out[kind] = {"reply": False, **failure(exc)}
+    return out
+
+
+def slowloris(host: str, port: int, connections: int, seconds: float, probe_url_host: str) -> dict[str, Any]:
+    """Hold `connections` sockets sending one header byte at a time for `seconds` (bounded), while
+    a normal request is timed; report how many the proxy had closed by the end."""
+    sockets: list[socket.socket] = []
+    for _ in range(min(connections, 200)):
+        try:
+            sock = socket.create_connection((host, port), TIMEOUT)
+            sock.sendall(f"GET /echo HTTP/1.1\r\nHost: {probe_url_host}\r\n".encode())
+            sockets.append(sock)
+        except OSError:
+            break
+    probe: dict[str, Any] = {}
+
+    def normal_request() -> None:
+        started = time.monotonic()
+        probe.update(
+            raw(probe_url_host, 80, f"GET / HTTP/1.1\r\nHost: {probe_url_host}\r\nConnection: close\r\n\r\n")
+        )
+        probe["seconds"] = round(time.monotonic() - started, 3)
+
+    worker = threading.Thread(target=normal_request)
+    worker.start()
+    deadline = time.monotonic() + min(seconds, 30)
+    closed = 0
+    while time.monotonic() < deadline and sockets:
+        for sock in list(sockets):
+            try:
+                sock.sendall(b"X")
+            except OSError:
+                sockets.remove(sock)
+                closed += 1
+        readable, _, _ = select.select(sockets, [], [], 0.5)
+        for sock in readable:
+            try:
+                if not sock.recv(4096):
+                    raise OSError("closed")
+            except OSError:
+                sockets.remove(sock)
+                closed += 1
+    worker.join(TIMEOUT * 2)
+    for sock in sockets:
+        sock.close()
+    return {"opened": connections, "closed_by_proxy": closed, "probe": probe}
+
+
+def connect_loop(host: str, port: int, seconds: float, gap: float, sni: str, path: str) -> dict[str, Any]:
+    """Repeated HTTPS GETs (bounded in time and count): what each attempt got (status or error)."""
+    attempts: list[dict[str, Any]] = []
+    deadline = time.monotonic() + min(seconds, 40)
+    while time.monotonic() < deadline and len(attempts) < 1000:
+        started = time.monotonic()
+        result = raw(host, port, f"GET {path} HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n", sni=sni)
+        status = result.get("reply", "")[:12]
+        attempts.append(
+            {
+                "t": round(started, 3),
+                "connected": result["connected"],
+                "status": status,
+                "error": result.get("error"),
+            }
+        )
+        time.sleep(max(0.0, gap - (time.monotonic() - started)))
+    return {"attempts": attempts}
+
+
+ATTACKS: dict[str, Callable[..., dict[str, Any]]] = {
+    "raw": raw,
+    "via_proxy": via_proxy,
+    "h2_streams": h2_streams,
+    "dns": dns_query,
+    "dns_many": dns_many,
+    "resolve": resolve,
+    "udp": udp,
+    "icmp": icmp,
+    "slowloris": slowloris,
+    "connect_loop": connect_loop,
+}
+
+if __name__ == "__main__":
+    outcome = ATTACKS[sys.argv[1]](**json.loads(sys.argv[2] if len(sys.argv) > 2 else "{}"))
+    print(json.dumps(outcome))

@@ -1,0 +1,375 @@
+"""The adversarial suite's world: one real `sandgate serve`, one test internet, one canary
+namespace, and one attacker sandbox created through the API, shared by the whole package.
+
+Rules:
+1. Attacks run INSIDE the attacker sandbox (the SDK's `commands.run`, or `attacks.py`, which is
+   uploaded into the sandbox). Every byte a command prints is checked for the secret in every
+   form it could travel in, at once (`Attacker.sh`), so a leak fails the test that caused it.
+2. The attacker's policy denies by default and allows: `api.example.com` (credential bound,
+   injected by the proxy; TLS intercepted), `open.example.com` (no credential: TLS passes
+   through) and `*.rebind.example.com` (an allowed name whose DNS "the attacker" controls).
+3. Targets that must never be reached live in namespaces this package creates: the canary
+   namespace holds the metadata address and an RFC1918 address, a loopback canary listens on
+   127.0.0.1 in the test's host namespace, so a failed defence lands there and is recorded,
+   never on anything outside the test's own namespaces.
+4. Proxy ports are random per run, so this server never collides with another test server.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from opensandbox import SandboxSync
+from opensandbox.config.connection_sync import ConnectionConfigSync
+from opensandbox.models.execd import RunCommandOpts
+from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
+
+from tests.support.internet import DNS_ADDR, ORIGIN_V4, ORIGIN_V6, Internet, start_internet
+from tests.support.netns import Netns, ip, unique
+from tests.support.server import SandgateServer, free_port, sandgate_server
+
+SECRET = f"sk-adv-{secrets.token_hex(12)}"
+PLACEHOLDER = "SANDGATE_PLACEHOLDER_API_TOKEN"
+BOUND_HOST = "api.example.com"
+OPEN_HOST = "open.example.com"
+DENIED_HOST = "denied.example.com"
+REBIND_ZONE = "rebind.example.com"
+EXFIL_ZONE = "exfil.example.test"
+METADATA_ADDR = "169.254.169.254"
+PRIVATE_ADDR = "172.16.99.1"
+CANARY_PORTS = (53, 80, 443, 853)
+ATTACKS = Path(__file__).with_name("attacks.py")
+IN_SANDBOX_ATTACKS = "/workspace/attacks.py"
+IN_SANDBOX_TEST_CA = "/workspace/internet-ca.pem"
+COMMAND_TIMEOUT = 60
+
+NETWORK_POLICY = NetworkPolicy(
+    defaultAction="deny",
+    egress=[
+        NetworkRule(action="allow", target=BOUND_HOST),
+        NetworkRule(action="allow", target=OPEN_HOST),
+        NetworkRule(action="allow", target=f"*.{REBIND_ZONE}"),
+    ],
+)
+# One credential, two bindings on disjoint paths (two bindings matching one request is refused
+# as ambiguous): a bearer header everywhere but /echo/placeholder, where the workload's
+# placeholder is substituted instead.
+BEARER_PATHS = ["/", "/echo", "/redirect", "/sse", "/bytes", "/ws"]
+VAULT = {
+    "credentials": [{"name": "api-token", "source": {"type": "inline", "value": SECRET}}],
+    "bindings": [
+        {
+            "name": "api",
+            "match": {"hosts": [BOUND_HOST], "paths": BEARER_PATHS},
+            "auth": {"type": "bearer", "credential": "api-token"},
+        },
+        {
+            "name": "api-placeholder",
+            "match": {"hosts": [BOUND_HOST], "paths": ["/echo/placeholder"]},
+            "auth": {
+                "type": "passthrough",
+                "substitutions": [
+                    {"credential": "api-token", "placeholder": PLACEHOLDER, "in": ["header", "query"]}
+                ],
+            },
+        },
+    ],
+}
+
+
+def secret_forms(secret: str = SECRET) -> list[str]:
+    """The secret as it could appear in output: raw, URL-encoded, JSON-escaped, base64 at every
+    alignment (its stable middle), and a long middle slice (a partial leak is a leak)."""
+    forms = {secret, quote(secret, safe=""), json.dumps(secret)[1:-1], secret[3:-3]}
+    for pad in range(3):
+        encoded = base64.b64encode(b"\0" * pad + secret.encode()).decode()
+        forms.add(encoded[4 : len(encoded) - 4])
+    return sorted(forms)
+
+
+def find_leak(text: str | bytes) -> str | None:
+    data = text.decode("latin-1") if isinstance(text, bytes) else text
+    return next((form for form in secret_forms() if form in data), None)
+
+
+# ------------------------------------------------------------------------------ canary targets
+
+CANARY_SERVER = r"""
+import json, socket, sys, threading
+log_path, addresses, ports = sys.argv[1], sys.argv[2].split(","), [int(p) for p in sys.argv[3].split(",")]
+lock = threading.Lock()
+def record(kind, local, peer, data):
+    with lock, open(log_path, "a") as fh:
+        fh.write(json.dumps({"kind": kind, "local": f"{local[0]}:{local[1]}", "peer": f"{peer[0]}:{peer[1]}",
+                             "data": data[:200].decode("latin-1")}) + "\n")
+def tcp(sock):
+    while True:
+        conn, peer = sock.accept()
+        conn.settimeout(1)
+        try:
+            data = conn.recv(4096)
+        except OSError:
+            data = b""
+        record("tcp", conn.getsockname(), peer, data)
+        conn.close()
+def udp(sock):
+    while True:
+        data, peer = sock.recvfrom(4096)
+        record("udp", sock.getsockname(), peer, data)
+for address in addresses:
+    for port in ports:
+        t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        t.bind((address, port)); t.listen(64)
+        threading.Thread(target=tcp, args=(t,), daemon=True).start()
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((address, port))
+        threading.Thread(target=udp, args=(u,), daemon=True).start()
+open(log_path + ".ready", "w").close()
+threading.Event().wait()
+"""
+
+
+@dataclass
+class Canaries:
+    """Listeners on addresses a sandbox must never reach; `hits()` is everything they saw."""
+
+    log: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def hits(self) -> list[dict[str, str]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+
+
+def _start_canary(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    ready = Path(f"{log}.ready")
+    ready.unlink(missing_ok=True)
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while not ready.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"canary did not start: {process.communicate()[1].decode(errors='replace')}")
+        time.sleep(0.02)
+    return process
+
+
+@pytest.fixture(scope="package")
+def canaries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Canaries]:
+    """Metadata and RFC1918 addresses in a namespace of our own (routed from the test's host
+    namespace over one veth), plus loopback in the host namespace, all listening and recording."""
+    workdir = tmp_path_factory.mktemp("canary")
+    canaries = Canaries(workdir / "hits.jsonl")
+    ns = Netns("sga")
+    host_if = unique("tva")
+    ports = ",".join(map(str, CANARY_PORTS))
+    try:
+        ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns.name)
+        ip("addr", "add", "203.0.113.1/24", "dev", host_if)
+        ip("link", "set", host_if, "up")
+        ip("addr", "add", "203.0.113.2/24", "dev", "eth0", netns=ns.name)
+        for address in (METADATA_ADDR, PRIVATE_ADDR):
+            ip("addr", "add", f"{address}/32", "dev", "eth0", netns=ns.name)
+            ip("route", "add", f"{address}/32", "via", "203.0.113.2", "dev", host_if)
+        ip("link", "set", "eth0", "up", netns=ns.name)
+        ip("route", "add", "default", "via", "203.0.113.1", netns=ns.name)
+        script = [sys.executable, "-c", CANARY_SERVER, str(canaries.log)]
+        canaries.processes.append(
+            _start_canary(ns.cmd([*script, f"{METADATA_ADDR},{PRIVATE_ADDR}", ports]), canaries.log)
+        )
+        canaries.processes.append(_start_canary([*script, "127.0.0.1", ports], canaries.log))
+        yield canaries
+    finally:
+        for process in canaries.processes:
+            process.kill()
+            process.wait(5)
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        ns.delete()
+
+
+# ------------------------------------------------------------------------------ internet and server
+
+
+@pytest.fixture(scope="package")
+def internet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
+    with start_internet(tmp_path_factory.mktemp("internet")) as net:
+        net.set_names(ZONE)
+        yield net
+
+
+ZONE = {
+    BOUND_HOST: [ORIGIN_V4, ORIGIN_V6],
+    OPEN_HOST: [ORIGIN_V4],
+    DENIED_HOST: [ORIGIN_V4],  # exists, so a request that got out would reach the origin's log
+    f"loop.{REBIND_ZONE}": ["127.0.0.1"],
+    f"meta.{REBIND_ZONE}": [METADATA_ADDR],
+    f"private.{REBIND_ZONE}": [PRIVATE_ADDR],
+    f"mixed.{REBIND_ZONE}": [METADATA_ADDR, ORIGIN_V4],
+    f"mapped.{REBIND_ZONE}": ["::ffff:169.254.169.254"],
+}
+
+
+@dataclass
+class ProxyPorts:
+    transparent: int
+    explicit: int
+    dns: int
+
+
+@pytest.fixture(scope="package")
+def proxy_ports() -> ProxyPorts:
+    ports = set()
+    while len(ports) < 3:
+        ports.add(free_port())
+    transparent, explicit, dns = sorted(ports)
+    return ProxyPorts(transparent, explicit, dns)
+
+
+@pytest.fixture(scope="package")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, internet: Internet, canaries: Canaries, proxy_ports: ProxyPorts
+) -> Iterator[SandgateServer]:
+    extra = {
+        "SANDGATE_UPSTREAM_DNS": json.dumps([DNS_ADDR]),
+        "SANDGATE_UPSTREAM_CA": str(internet.ca_cert),
+        "SANDGATE_PROXY_TRANSPARENT_PORT": str(proxy_ports.transparent),
+        "SANDGATE_PROXY_EXPLICIT_PORT": str(proxy_ports.explicit),
+        "SANDGATE_PROXY_DNS_PORT": str(proxy_ports.dns),
+    }
+    with sandgate_server(Path(tmp_path_factory.mktemp("sandgate")), extra) as running:
+        yield running
+
+
+def connection(server: SandgateServer) -> ConnectionConfigSync:
+    return ConnectionConfigSync(
+        domain=server.domain,
+        api_key=server.api_key,
+        protocol="http",
+        request_timeout=timedelta(seconds=90),
+        disable_metrics=True,
+    )
+
+
+# ------------------------------------------------------------------------------ the attacker
+
+
+@dataclass
+class Result:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class Attacker:
+    """The attacker sandbox, as the tests drive it; every output is checked for the secret."""
+
+    sandbox: SandboxSync
+    server: SandgateServer
+    internet: Internet
+    ports: ProxyPorts
+    gateway: str = ""
+    address: str = ""
+
+    def sh(self, command: str, timeout: float = COMMAND_TIMEOUT) -> Result:
+        execution = self.sandbox.commands.run(
+            command, opts=RunCommandOpts(timeout=timedelta(seconds=timeout))
+        )
+        result = Result(
+            execution.exit_code,
+            "".join(m.text for m in execution.logs.stdout),
+            "".join(m.text for m in execution.logs.stderr),
+        )
+        leak = find_leak(result.stdout + result.stderr)
+        assert leak is None, f"the secret ({leak!r} form) reached the sandbox: {command}"
+        return result
+
+    def attack(self, attack: str, /, **arguments: Any) -> Any:
+        """Run one attack of attacks.py inside the sandbox; returns what it observed (JSON)."""
+        args = json.dumps(arguments).replace("'", "'\\''")
+        result = self.sh(f"{sys.executable} {IN_SANDBOX_ATTACKS} {attack} '{args}'")
+        assert result.exit_code == 0, f"attack {attack} crashed:\n{result.stdout}\n{result.stderr}"
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    def curl(self, *args: str, timeout: int = 10) -> Result:
+        return self.sh("curl -sS --max-time {} {}".format(timeout, " ".join(args)))
+
+    # -- what the outside saw ---------------------------------------------------------------
+
+    def audit(self) -> list[dict[str, Any]]:
+        records = []
+        for path in sorted(self.server.state_dir.glob("audit.jsonl*"), reverse=True):
+            records += [json.loads(line) for line in path.read_text().splitlines() if line]
+        return records
+
+    def wait_audit(
+        self, match: Callable[[dict[str, Any]], bool], timeout: float = 5.0
+    ) -> list[dict[str, Any]]:
+        """Audit records of this sandbox that `match`, waiting (bounded) for at least one."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [r for r in self.audit() if r.get("sandbox") == self.sandbox.id and match(r)]
+            if found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
+
+    def origin_requests_since(self, mark: int) -> list[dict[str, Any]]:
+        return self.internet.origin_requests()[mark:]
+
+
+def sandbox_net(server: SandgateServer, sandbox_id: str) -> tuple[str, str]:
+    """(sandbox address, gateway) from the host side: the veth of that sandbox's netns."""
+    names = [p.name for p in Path("/run/netns").iterdir() if p.name.endswith(f"-{sandbox_id}")]
+    assert len(names) == 1, names
+    out = subprocess.run(
+        ["ip", "-n", names[0], "-4", "-o", "addr", "show", "dev", "eth0"], capture_output=True, text=True
+    ).stdout
+    match = re.search(r"inet (\d+\.\d+\.\d+\.(\d+))/30", out)
+    assert match, out
+    address = match.group(1)
+    gateway = address.rsplit(".", 1)[0] + "." + str(int(match.group(2)) - 1)
+    return address, gateway
+
+
+def create_attacker(server: SandgateServer, internet: Internet, ports: ProxyPorts) -> Attacker:
+    sandbox = SandboxSync.create(
+        "sandgate/host",
+        entrypoint=["sleep", "infinity"],
+        network_policy=NETWORK_POLICY,
+        credential_proxy=CredentialProxyConfig(enabled=True),
+        connection_config=connection(server),
+        ready_timeout=timedelta(seconds=30),
+    )
+    try:
+        sandbox.credential_vault.create(credentials=VAULT["credentials"], bindings=VAULT["bindings"])
+        sandbox.files.write_file(IN_SANDBOX_ATTACKS, ATTACKS.read_text())
+        sandbox.files.write_file(IN_SANDBOX_TEST_CA, internet.ca_cert.read_text())
+        address, gateway = sandbox_net(server, sandbox.id)
+        return Attacker(sandbox, server, internet, ports, gateway, address)
+    except BaseException:
+        sandbox.kill()
+        sandbox.close()
+        raise
+
+
+@pytest.fixture(scope="package")
+def attacker(server: SandgateServer, internet: Internet, proxy_ports: ProxyPorts) -> Iterator[Attacker]:
+    attacker = create_attacker(server, internet, proxy_ports)
+    try:
+        yield attacker
+    finally:
+        attacker.sandbox.kill()
+        attacker.sandbox.close()
