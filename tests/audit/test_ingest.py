@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 
 from sandgate.lifecycle.audit import AuditFilter, AuditIndex
-from sandgate.proxy.audit import AuditLog, AuditRecord
+from sandgate.proxy import AuditLog, AuditRecord
 from tests.audit.conftest import generated, write_records
 
 
