@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 # Debian packages: nft + ip for sandbox networks, bwrap for the local runtime, docker.io for the
 # Docker runtime (its dockerd is started by the tests, never here), busybox for tiny test images.
-APT_PACKAGES=(nftables iproute2 iptables bubblewrap busybox-static docker.io ca-certificates curl chromium)
+APT_PACKAGES=(nftables iproute2 iptables bubblewrap busybox-static docker.io ca-certificates curl chromium nginx-light wrk squid nghttp2-client)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
