@@ -17,6 +17,9 @@ from typing import Any
 import httpx
 from fastapi import APIRouter
 
+from sandgate.lifecycle.api.auth import keys_match
+from sandgate.lifecycle.audit import AuditStore, audit_router
+from sandgate.lifecycle.console import console_router
 from sandgate.lifecycle.images import ImageStore
 from sandgate.lifecycle.kernel import instance_tag
 from sandgate.lifecycle.network import ProxyPorts, SandboxNetworks
@@ -35,7 +38,7 @@ class Components:
     service: Service
     supervisor: ProxySupervisor
     extra_routers: list[APIRouter] = field(default_factory=list)
-    open_paths: list[str] = field(default_factory=list)
+    open_prefixes: list[str] = field(default_factory=list)
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -113,7 +116,27 @@ def make_entry(sandbox_id: str, address: str, policy: dict[str, Any], credential
     return SandboxEntry(sandbox_id=sandbox_id, address=address, policy=policy, credentials=credentials)
 
 
-def build_components(settings: Settings) -> Components:
+def audit_and_console(
+    service: Service, settings: Settings, api_key: str
+) -> tuple[AuditStore, list[APIRouter]]:
+    """The audit query API (/v1/audit, behind the API-key middleware) and the console (/console,
+    its own cookie login), both reading the audit index of the state dir."""
+    audit = AuditStore(settings.state_dir)
+
+    def sandboxes() -> list[dict[str, Any]]:
+        return [
+            {"id": r.id, "status": r.state, "address": r.address, "policy": service.effective_policy(r.id)}
+            for r in service.list_sandboxes()
+        ]
+
+    routers = [
+        audit_router(audit, auth=lambda: None),
+        console_router(audit, lambda key: keys_match(key, api_key), sandboxes),
+    ]
+    return audit, routers
+
+
+def build_components(settings: Settings, api_key: str) -> Components:
     ca = ensure_ca(settings.state_dir)
     vault = open_store(**vault_values(settings))
     control = ProxyControl(settings.state_dir / "proxy.sock")
@@ -158,4 +181,12 @@ def build_components(settings: Settings) -> Components:
         on_ready=service.repush,
         log_path=settings.state_dir / "proxy.log",
     )
-    return Components(service, supervisor, closers=[store.close, supervisor.stop])
+    audit, routers = audit_and_console(service, settings, api_key)
+    audit.start()
+    return Components(
+        service,
+        supervisor,
+        routers,
+        open_prefixes=["/console"],
+        closers=[store.close, supervisor.stop, audit.stop],
+    )

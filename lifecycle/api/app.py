@@ -31,10 +31,11 @@ def create_app(
     api_key: str,
     audit_path: Path,
     extra_routers: Iterable[APIRouter] = (),
-    open_paths: Iterable[str] = (),
+    open_prefixes: Iterable[str] = (),
 ) -> FastAPI:
     """The lifecycle + egress API. `extra_routers` (e.g. audit, console) are mounted as given,
-    behind the same API-key check unless their paths are listed in `open_paths`."""
+    behind the same API-key check unless their paths start with one of `open_prefixes` (routers
+    that check a login of their own)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -67,5 +68,7 @@ def create_app(
             app.include_router(router, prefix=prefix)
     for router in extra_routers:
         app.include_router(router)
-    app.add_middleware(AuthMiddleware, api_key=api_key, open_paths=OPEN_PATHS | frozenset(open_paths))
+    app.add_middleware(
+        AuthMiddleware, api_key=api_key, open_paths=OPEN_PATHS, open_prefixes=tuple(open_prefixes)
+    )
     return app

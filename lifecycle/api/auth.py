@@ -2,8 +2,9 @@
 
 Rules:
 1. Every path needs `OPEN-SANDBOX-API-KEY` except the open ones (health, version, docs,
-   OpenAPI document) and the egress API, which a per-sandbox `OPENSANDBOX-EGRESS-AUTH` token
-   guards instead (the clients send no API key there in direct mode).
+   OpenAPI document), prefixes of routers with a login of their own (the console), and the
+   egress API, which a per-sandbox `OPENSANDBOX-EGRESS-AUTH` token guards instead (the clients
+   send no API key there in direct mode).
 2. Keys are compared in constant time.
 3. `X-Request-ID` is echoed when the client sent one, generated otherwise.
 """
@@ -47,10 +48,17 @@ def keys_match(given: str, expected: str) -> bool:
 class AuthMiddleware:
     """Pure ASGI middleware (also guards WebSocket upgrades on the reverse proxy)."""
 
-    def __init__(self, app: ASGIApp, api_key: str, open_paths: frozenset[str] = OPEN_PATHS) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str,
+        open_paths: frozenset[str] = OPEN_PATHS,
+        open_prefixes: tuple[str, ...] = (),
+    ) -> None:
         self.app = app
         self.api_key = api_key
         self.open_paths = open_paths
+        self.open_prefixes = open_prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -75,7 +83,7 @@ class AuthMiddleware:
             await response(scope, receive, send_with_id)
 
     def _refusal(self, path: str, given: str | None) -> tuple[str, str] | None:
-        if path in self.open_paths or EGRESS_PATH.match(path):
+        if path in self.open_paths or path.startswith(self.open_prefixes) or EGRESS_PATH.match(path):
             return None
         if not given:
             return ("MISSING_API_KEY", f"send the API key in the {API_KEY_HEADER} header")

@@ -3,6 +3,8 @@ request ids, list filters and pagination, endpoints, egress token, and schemathe
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 import schemathesis
@@ -103,3 +105,21 @@ def test_openapi_passes_schemathesis_without_server_errors(server: SandgateServe
 
         check()
     assert not failures, "\n".join(failures)
+
+
+def test_audit_api_and_console_are_mounted(server: SandgateServer) -> None:
+    """The audit query API sits behind the API key; the console has its own login page."""
+    sandbox_id = server.create_sandbox()["id"]
+    with server.client() as client:
+        client.delete(f"/v1/sandboxes/{sandbox_id}")
+    bare = httpx.Client(base_url=server.base_url, trust_env=False)
+    assert bare.get("/v1/audit").status_code == 401
+    assert bare.get("/console/login").status_code == 200
+    with server.client() as client:
+        deadline_records: list[dict[str, object]] = []
+        for _ in range(50):  # the index follows the log in the background
+            deadline_records = client.get("/v1/audit", params={"sandbox": sandbox_id}).json()["records"]
+            if deadline_records:
+                break
+            time.sleep(0.1)
+        assert any(r["kind"] == "policy_change" for r in deadline_records)

@@ -93,7 +93,7 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
 
     prepare_state_dir(settings.state_dir)
     api_key = api_key_for(settings)
-    parts = build_components(settings)
+    parts = build_components(settings, api_key)
     try:
         parts.supervisor.start()
         click.echo(f"sandgate: proxy pid {parts.supervisor.pid} (supervised, restarted if it dies)")
@@ -105,7 +105,7 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
                 api_key=api_key,
                 audit_path=settings.audit_log,
                 extra_routers=parts.extra_routers,
-                open_paths=parts.open_paths,
+                open_prefixes=parts.open_prefixes,
             )
         finally:
             stop_reaper()
