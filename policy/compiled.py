@@ -6,10 +6,13 @@ What it must never know: sockets, mitmproxy, the clock, files. It is pure and de
 
 Theory of operation:
 - Rules are numbered in document order; the first rule whose every condition matches decides
-  (OpenSandbox's first-match-wins). Indexes find the rules whose target can match a host (exact
-  names in a dict, wildcards in a reversed-label trie, IPs and CIDRs in a prefix table), so a
-  decision costs O(labels + prefix lengths + rules for that host), never O(all rules); taking the
-  candidates in index order preserves first-match-wins exactly.
+  (OpenSandbox's first-match-wins). Compilation gathers, for every host name a rule or binding
+  names and for every wildcard suffix, the rules and bindings that can apply to it, in document
+  order (`_HostSlot`); a decision finds its slot with one dict lookup or one walk down a
+  reversed-label trie, and addresses find their rules in a prefix table. So a decision costs
+  O(labels + prefix lengths + rules for that host), never O(all rules), and never sorts.
+- A slot's rule list ends at the first rule without conditions: every later rule is unreachable
+  for that host, which keeps slots short even when wildcards overlap.
 - At connection level (method/path unknown: SNI, CONNECT, original destination) a rule with
   methods or paths cannot be decided yet. If such a rule comes before the first rule that decides
   the connection and some request could still be allowed, the connection is allowed with
@@ -18,6 +21,8 @@ Theory of operation:
   a credential binding could apply, or the deciding rule says `inspect: always`.
 - Report mode turns a would-deny into allow with `report_only=True`, except for the reasons in
   `ALWAYS_ENFORCED` (malformed hosts and always-denied addresses are never let through).
+- A compiled policy never changes, so decisions without a per-request detail are interned: one
+  `Decision` object per distinct outcome, built once.
 """
 
 from __future__ import annotations
@@ -25,8 +30,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import chain
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from sandgate.policy.addresses import DeniedRange, PrefixTable, address_to_check, denied_range
 from sandgate.policy.errors import PolicyError, PolicyIssue
@@ -50,7 +54,10 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The outcome and its reason; audit records and `policy explain` serialise this value."""
+    """The outcome and its reason; audit records and `policy explain` serialise this value.
+
+    Decisions are immutable values and may be shared between calls: compare them with `==`.
+    """
 
     action: Literal["allow", "deny"]
     reason: str
@@ -99,12 +106,17 @@ class _Conditions:
         return None
 
 
+_ANY = _Conditions(None, None, None, None)  # shared by every rule without conditions
+
+
 def _conditions(
     ports: Iterable[int] | None,
     schemes: Iterable[str] | None,
     methods: Iterable[str] | None,
     paths: Iterable[str] | None,
 ) -> _Conditions:
+    if ports is None and schemes is None and methods is None and paths is None:
+        return _ANY
     return _Conditions(
         frozenset(ports) if ports is not None else None,
         frozenset(schemes) if schemes is not None else None,
@@ -113,8 +125,8 @@ def _conditions(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Rule:
+class _Rule(NamedTuple):
+    position: int  # in document order: first match wins
     action: Literal["allow", "deny"]
     origin: str
     when: _Conditions
@@ -122,54 +134,103 @@ class _Rule:
     always_inspect: bool
 
 
-@dataclass(frozen=True, slots=True)
-class _Binding:
+class _Binding(NamedTuple):
     name: str
     when: _Conditions
 
 
-class _LabelTrie:
-    """Wildcard suffixes keyed by reversed labels; `*.b.c` lives at c -> b and matches x.b.c."""
+class _HostSlot(NamedTuple):
+    """What can apply to one host: candidate rules in document order, ending at the first rule
+    without conditions, and bindings by how they name the host (an exact host beats a wildcard)."""
 
-    _VALUES = ""  # never a label, so it can key a node's own values
+    rules: tuple[_Rule, ...] = ()
+    exact_bindings: tuple[_Binding, ...] = ()
+    wildcard_bindings: tuple[_Binding, ...] = ()
+
+
+_NOTHING = _HostSlot()
+
+
+def _first_match_order(rules: Iterable[_Rule]) -> tuple[_Rule, ...]:
+    """Rules in document order, cut after the first that matches every request to the host."""
+    by_position = {rule.position: rule for rule in rules}
+    ordered = [by_position[position] for position in sorted(by_position)]
+    for end, rule in enumerate(ordered, 1):
+        if rule.when is _ANY:
+            return tuple(ordered[:end])
+    return tuple(ordered)
+
+
+class _TrieNode:
+    __slots__ = ("children", "slot")
 
     def __init__(self) -> None:
-        self.root: dict[str, Any] = {}
+        self.children: dict[str, _TrieNode] = {}
+        self.slot: _HostSlot | None = None  # for proper subdomains, merged with every wildcard above
 
-    def add(self, suffix: str, value: int) -> None:
-        node = self.root
-        for label in reversed(suffix.split(".")):
-            node = node.setdefault(label, {})
-        node.setdefault(self._VALUES, []).append(value)
 
-    def matches(self, name: str) -> list[list[int]]:
-        """Value lists of every wildcard that matches `name` (a proper subdomain of its suffix)."""
-        found: list[list[int]] = []
+class _NameIndex:
+    """Host name -> `_HostSlot`: names in a dict, `*.suffix` wildcards in a reversed-label trie.
+
+    Every slot already holds what all matching patterns contribute (a name also gets the wildcards
+    above it, a trie node the wildcards of its ancestors), so a lookup is one dict hit or one walk
+    down the trie, keeping the deepest slot it passes.
+    """
+
+    def __init__(self, rules: Iterable[tuple[str, _Rule]], bindings: Iterable[tuple[str, _Binding]]) -> None:
+        own: dict[str, tuple[list[_Rule], list[_Binding]]] = {}
+        for pattern, rule in rules:
+            own.setdefault(pattern, ([], []))[0].append(rule)
+        for pattern, binding in bindings:
+            own.setdefault(pattern, ([], []))[1].append(binding)
+        self._root = _TrieNode()
+        wildcards = {pattern[2:]: found for pattern, found in own.items() if pattern.startswith("*.")}
+        self._build_trie(wildcards)
+        self.exact: dict[str, _HostSlot] = {}
+        for name, (name_rules, name_bindings) in own.items():
+            if not name.startswith("*."):
+                above = self.below_wildcards(name)
+                self.exact[name] = _HostSlot(
+                    _first_match_order([*name_rules, *above.rules]),
+                    tuple(name_bindings),
+                    above.wildcard_bindings,
+                )
+
+    def _build_trie(self, wildcards: dict[str, tuple[list[_Rule], list[_Binding]]]) -> None:
+        for suffix in wildcards:
+            node = self._root
+            for label in reversed(suffix.split(".")):
+                node = node.children.setdefault(label, _TrieNode())
+        pending: list[tuple[_TrieNode, tuple[_Rule, ...], tuple[_Binding, ...], str]] = [
+            (self._root, (), (), "")
+        ]
+        while pending:
+            node, rules, bindings, suffix = pending.pop()
+            found = wildcards.get(suffix)
+            if found is not None:
+                rules = _first_match_order([*rules, *found[0]])
+                bindings = tuple(dict.fromkeys([*bindings, *found[1]]))
+                node.slot = _HostSlot(rules, (), bindings)
+            for label, child in node.children.items():
+                pending.append((child, rules, bindings, f"{label}.{suffix}" if suffix else label))
+
+    def lookup(self, name: str) -> _HostSlot:
+        slot = self.exact.get(name)
+        return slot if slot is not None else self.below_wildcards(name)
+
+    def below_wildcards(self, name: str) -> _HostSlot:
+        """The slot of the deepest wildcard `name` is a proper subdomain of."""
+        found = _NOTHING
+        node = self._root
         labels = name.split(".")
-        node = self.root
         for depth in range(len(labels) - 1, 0, -1):
-            child = node.get(labels[depth])
+            child = node.children.get(labels[depth])
             if child is None:
                 break
             node = child
-            values = node.get(self._VALUES)
-            if values:
-                found.append(values)
+            if node.slot is not None:
+                found = node.slot
         return found
-
-
-class _HostIndex:
-    """Exact names in a dict and wildcards in a trie, each mapping to item numbers in order."""
-
-    def __init__(self) -> None:
-        self.exact: dict[str, list[int]] = {}
-        self.wildcards = _LabelTrie()
-
-    def add(self, pattern: str, value: int) -> None:
-        if pattern.startswith("*."):
-            self.wildcards.add(pattern[2:], value)
-        else:
-            self.exact.setdefault(pattern, []).append(value)
 
 
 class CompiledPolicy:
@@ -180,85 +241,96 @@ class CompiledPolicy:
         self._default_allow = policy.defaultAction == "allow"
         self._report = policy.mode == "report"
         self._rules = [_compile_rule(index, rule) for index, rule in enumerate(policy.egress)]
-        self._names = _HostIndex()
-        self._networks = PrefixTable[int]()
-        for index, rule in enumerate(policy.egress):
+        self._networks = PrefixTable[_Rule]()
+        name_rules: list[tuple[str, _Rule]] = []
+        for compiled, rule in zip(self._rules, policy.egress, strict=True):
             target = rule.parsed_target
             if target.network is not None:
-                self._networks.add(target.network, index)
+                self._networks.add(target.network, compiled)
             else:
-                self._names.add(target.text, index)
-        self._bindings = [_compile_binding(binding) for binding in policy.bindings]
-        self._binding_hosts = _HostIndex()
-        for index, binding in enumerate(policy.bindings):
-            for host in binding.match.hosts:
-                self._binding_hosts.add(host, index)
+                name_rules.append((target.text, compiled))
+        binding_hosts: list[tuple[str, _Binding]] = []
+        for binding in policy.bindings:
+            compiled_binding = _compile_binding(binding)
+            binding_hosts += [(host, compiled_binding) for host in binding.match.hosts]
+        self._names = _NameIndex(name_rules, binding_hosts)
+        self._interned: dict[tuple[Any, ...], Decision] = {}
 
     # -- public ---------------------------------------------------------------------------------
 
     def decide(self, request: Request) -> Decision:
         """Allow or deny this connection (method/path None) or request, with the reason."""
-        host = request_host(request.host)
-        if host is None:
-            return Decision("deny", "invalid_host", detail=f"{request.host!r} is not a host name or address")
-        scheme = request.scheme.lower()
-        request_level = request.method is not None and request.path is not None
-        method = request.method.upper() if request.method is not None else ""
-        path = normalize_path(request.path) if request.path is not None else ""
-        denied: DeniedRange | None = None
-        if isinstance(host, str):
-            candidates = self._name_candidates(host)
-        else:
-            host = address_to_check(host)
-            denied = denied_range(host)
-            candidates = self._address_candidates(host, denied)
-        decision = self._scan(candidates, host, request.port, scheme, request_level, method, path)
-        if denied is not None and decision.allowed and decision.rule is None:
-            decision = _always_denied(denied, decision.inspect)
-        return self._apply_mode(decision)
+        if request.method is None or request.path is None:
+            return self._decide(request.host, request.port, request.scheme, None, None)
+        return self._decide(request.host, request.port, request.scheme, request.method, request.path)
 
     def check_address(self, ip: str | IPAddress, request: Request | None = None) -> Decision:
         """May the proxy dial this resolved address for this request? Always-denied ranges need an
         explicit IP/CIDR allow rule inside the range; IP/CIDR deny rules apply to every address."""
+        return self._check_address(ip, None if request is None else (request.port, request.scheme))
+
+    @property
+    def rule_count(self) -> int:
+        return len(self._rules)
+
+    # -- deciding -------------------------------------------------------------------------------
+
+    def _decide(
+        self, raw_host: str, port: int, scheme: str, method: str | None, path: str | None
+    ) -> Decision:
+        scheme = scheme.lower()
+        if method is not None and path is not None:
+            method, path = method.upper(), normalize_path(path)
+        else:
+            method = path = None
+        # A rule's or binding's name is already canonical: request_host would return it unchanged.
+        slot = self._names.exact.get(raw_host)
+        if slot is None:
+            host = request_host(raw_host)
+            if host is None:
+                return Decision("deny", "invalid_host", detail=f"{raw_host!r} is not a host name or address")
+            if not isinstance(host, str):
+                return self._decide_address(host, port, scheme, method, path)
+            slot = self._names.lookup(host)
+        return self._apply_mode(self._scan(slot, True, port, scheme, method, path))
+
+    def _decide_address(
+        self, host: IPAddress, port: int, scheme: str, method: str | None, path: str | None
+    ) -> Decision:
+        """IP literals match only IP/CIDR rules; always-denied ranges need a rule inside them."""
+        address = address_to_check(host)
+        denied = denied_range(address)
+        slot = _HostSlot(self._address_rules(address, denied))
+        decision = self._scan(slot, False, port, scheme, method, path)
+        if denied is not None and decision.allowed and decision.rule is None:
+            decision = _always_denied(denied, decision.inspect)
+        return self._apply_mode(decision)
+
+    def _check_address(self, ip: str | IPAddress, connection: tuple[int, str] | None) -> Decision:
         try:
             address = ipaddress.ip_address(ip) if isinstance(ip, str) else ip
         except ValueError:
             return Decision("deny", "invalid_address", detail=f"{ip!r} is not an IP address")
         address = address_to_check(address)
         denied = denied_range(address)
-        for index in self._address_candidates(address, denied):
-            rule = self._rules[index]
-            if request is not None and rule.when.connection_miss(request.port, request.scheme.lower()):
+        for rule in self._address_rules(address, denied):
+            if connection is not None and rule.when.connection_miss(connection[0], connection[1].lower()):
                 continue
             return self._apply_mode(Decision(rule.action, "rule", rule.origin, detail=f"address {address}"))
         if denied is not None:
             return _always_denied(denied, False)
         return Decision("allow", "address_ok", detail=f"address {address}")
 
-    @property
-    def rule_count(self) -> int:
-        return len(self._rules)
-
-    # -- the scan -------------------------------------------------------------------------------
-
     def _scan(
-        self,
-        candidates: list[int],
-        host: str | IPAddress,
-        port: int,
-        scheme: str,
-        request_level: bool,
-        method: str,
-        path: str,
+        self, slot: _HostSlot, named: bool, port: int, scheme: str, method: str | None, path: str | None
     ) -> Decision:
         decided: _Rule | None = None
         fallback: _Rule | None = None
         first_conditional: _Rule | None = None
         conditional_allow = False
         near_miss: tuple[str, _Rule] | None = None
-        for index in candidates:
-            rule = self._rules[index]
-            miss = rule.when.connection_miss(port, scheme)
+        for rule in slot.rules:
+            miss = rule.when.connection_miss(port, scheme) if rule.when is not _ANY else None
             if miss is not None:
                 near_miss = near_miss or (miss, rule)
                 continue
@@ -267,7 +339,7 @@ class CompiledPolicy:
                 break
             first_conditional = first_conditional or rule
             conditional_allow = conditional_allow or rule.action == "allow"
-            if request_level and decided is None:
+            if method is not None and path is not None and decided is None:
                 miss = rule.when.request_miss(method, path)
                 if miss is None:
                     decided = rule
@@ -278,94 +350,82 @@ class CompiledPolicy:
         inspect = connection_allowed and (
             first_conditional is not None
             or (fallback is not None and fallback.always_inspect)
-            or self._binding_could_apply(host, port, scheme)
+            or _binding_could_apply(slot, port, scheme)
         )
-        if not request_level and first_conditional is not None and connection_allowed:
-            return Decision("allow", "l7_pending", first_conditional.origin, inspect=True)
+        if method is None and first_conditional is not None and connection_allowed:
+            return self._outcome("allow", "l7_pending", first_conditional.origin, True)
         decided = decided or fallback
         if decided is not None:
-            decision = Decision(decided.action, "rule", decided.origin, inspect)
+            decision = self._outcome(decided.action, "rule", decided.origin, inspect)
         else:
-            decision = self._default(host, near_miss, inspect)
-        if request_level and decision.allowed and isinstance(host, str):
-            return self._with_binding(decision, host, port, scheme, method, path)
+            decision = self._default(named, near_miss, inspect)
+        if method is not None and path is not None and named and decision.allowed:
+            return self._with_binding(decision, slot, port, scheme, method, path)
         return decision
 
-    def _default(self, host: str | IPAddress, near_miss: tuple[str, _Rule] | None, inspect: bool) -> Decision:
+    def _default(self, named: bool, near_miss: tuple[str, _Rule] | None, inspect: bool) -> Decision:
         if self._default_allow:
-            return Decision("allow", "default", None, inspect)
+            return self._outcome("allow", "default", None, inspect)
         if near_miss is not None:
-            return Decision("deny", near_miss[0], near_miss[1].origin, inspect)
-        if not isinstance(host, str):
-            return Decision("deny", "ip_literal_needs_cidr_rule", None, inspect)
-        return Decision("deny", "default", None, inspect)
+            return self._outcome("deny", near_miss[0], near_miss[1].origin, inspect)
+        if not named:
+            return self._outcome("deny", "ip_literal_needs_cidr_rule", None, inspect)
+        return self._outcome("deny", "default", None, inspect)
 
     def _apply_mode(self, decision: Decision) -> Decision:
         if self._report and not decision.allowed and decision.reason not in ALWAYS_ENFORCED:
+            if decision.detail is None:
+                return self._outcome("allow", decision.reason, decision.rule, decision.inspect, (), True)
             return Decision(
                 "allow", decision.reason, decision.rule, decision.inspect, (), True, decision.detail
             )
         return decision
 
-    # -- candidates -----------------------------------------------------------------------------
+    def _outcome(
+        self,
+        action: Literal["allow", "deny"],
+        reason: str,
+        rule: str | None,
+        inspect: bool,
+        bindings: tuple[str, ...] = (),
+        report_only: bool = False,
+    ) -> Decision:
+        """The one shared Decision for this outcome; their number is bounded by the policy's size."""
+        key = (action, reason, rule, inspect, bindings, report_only)
+        decision = self._interned.get(key)
+        if decision is None:
+            decision = self._interned.setdefault(key, Decision(*key))
+        return decision
 
-    def _name_candidates(self, name: str) -> list[int]:
-        lists = self._names.wildcards.matches(name)
-        exact = self._names.exact.get(name)
-        if exact:
-            lists.append(exact)
-        if not lists:
-            return []
-        if len(lists) == 1:
-            return lists[0]
-        return sorted(chain.from_iterable(lists))
+    # -- addresses and bindings -----------------------------------------------------------------
 
-    def _address_candidates(self, address: IPAddress, denied: DeniedRange | None) -> list[int]:
+    def _address_rules(self, address: IPAddress, denied: DeniedRange | None) -> tuple[_Rule, ...]:
         """IP/CIDR rules containing the address, in order; in an always-denied range an allow rule
         counts only if it lies inside that range (so `allow 0.0.0.0/0` never opens loopback)."""
         found = [
-            index
-            for length, index in self._networks.lookup(address)
-            if denied is None or length >= denied.network.prefixlen or self._rules[index].action == "deny"
+            rule
+            for length, rule in self._networks.lookup(address)
+            if denied is None or length >= denied.network.prefixlen or rule.action == "deny"
         ]
-        found.sort()
-        return found
-
-    # -- bindings -------------------------------------------------------------------------------
-
-    def _binding_could_apply(self, host: str | IPAddress, port: int, scheme: str) -> bool:
-        if not self._bindings or not isinstance(host, str):
-            return False
-        if host not in self._binding_hosts.exact and not self._binding_hosts.wildcards.root:
-            return False
-        lists = self._binding_hosts.wildcards.matches(host)
-        exact = self._binding_hosts.exact.get(host)
-        if exact:
-            lists.append(exact)
-        return any(
-            self._bindings[index].when.connection_miss(port, scheme) is None
-            for index in chain.from_iterable(lists)
-        )
+        found.sort(key=lambda rule: rule.position)
+        return tuple(found)
 
     def _with_binding(
-        self, decision: Decision, host: str, port: int, scheme: str, method: str, path: str
+        self, decision: Decision, slot: _HostSlot, port: int, scheme: str, method: str, path: str
     ) -> Decision:
         """OpenSandbox's selection: conditions first, then exact host beats wildcard; a tie denies."""
-        if not self._bindings:
+        if not slot.exact_bindings and not slot.wildcard_bindings:
             return decision
 
-        def matching(indexes: Iterable[int]) -> list[str]:
+        def matching(bindings: Iterable[_Binding]) -> list[str]:
             return [
-                self._bindings[i].name
-                for i in indexes
-                if self._bindings[i].when.connection_miss(port, scheme) is None
-                and self._bindings[i].when.request_miss(method, path) is None
+                binding.name
+                for binding in bindings
+                if binding.when.connection_miss(port, scheme) is None
+                and binding.when.request_miss(method, path) is None
             ]
 
-        names = matching(self._binding_hosts.exact.get(host, ()))
-        if not names:
-            names = matching(chain.from_iterable(self._binding_hosts.wildcards.matches(host)))
-        names = list(dict.fromkeys(names))
+        names = matching(slot.exact_bindings) or matching(slot.wildcard_bindings)
         if len(names) > 1:
             return Decision(
                 "deny",
@@ -374,7 +434,15 @@ class CompiledPolicy:
                 decision.inspect,
                 detail="bindings " + ", ".join(sorted(names)) + " all match this request",
             )
-        return Decision(decision.action, decision.reason, decision.rule, decision.inspect, tuple(names))
+        return self._outcome(decision.action, decision.reason, decision.rule, decision.inspect, tuple(names))
+
+
+def _binding_could_apply(slot: _HostSlot, port: int, scheme: str) -> bool:
+    return any(
+        binding.when.connection_miss(port, scheme) is None
+        for bindings in (slot.exact_bindings, slot.wildcard_bindings)
+        for binding in bindings
+    )
 
 
 def _always_denied(denied: DeniedRange, inspect: bool) -> Decision:
@@ -389,6 +457,7 @@ def _always_denied(denied: DeniedRange, inspect: bool) -> Decision:
 
 def _compile_rule(index: int, rule: EgressRule) -> _Rule:
     return _Rule(
+        position=index,
         action=rule.action,
         origin=rule.origin or f"egress[{index}]",
         when=_conditions(rule.ports, rule.schemes, rule.methods, rule.paths),
