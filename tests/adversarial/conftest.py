@@ -218,7 +218,7 @@ ZONE = {
     f"meta.{REBIND_ZONE}": [METADATA_ADDR],
     f"private.{REBIND_ZONE}": [PRIVATE_ADDR],
     f"mixed.{REBIND_ZONE}": [METADATA_ADDR, ORIGIN_V4],
-    f"mapped.{REBIND_ZONE}": ["::ffff:169.254.169.254"],
+    f"mapped.{REBIND_ZONE}": ["::ffff:a9fe:a9fe"],  # ::ffff:169.254.169.254,
 }
 
 

