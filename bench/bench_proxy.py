@@ -1,231 +1,709 @@
-"""Egress proxy throughput: sandgate's proxy vs stock mitmdump, on this machine, in one run.
+"""Egress proxy benchmark: sandgate's proxy vs direct, stock mitmdump and squid, in one run.
 
-Runs in a fresh network namespace of its own (re-executes itself under `unshare --net`, as
-root) with the test internet (tests/support/internet.py) as origin and DNS, so no packet leaves
-the machine. Load: closed-loop keep-alive clients (2 processes x 8 connections), each scenario
-bounded to DURATION seconds. Scenarios:
+Rules:
+1. Nothing leaves the machine: the module re-executes itself in a fresh network namespace and
+   builds its own origin (Debian nginx + a DNS server) and client namespaces (bench/topology.py);
+   every process, namespace, veth and nft table is removed by PID or name, also on failure.
+2. Bounded: every load run lasts SANDGATE_BENCH_SECONDS (default 4) seconds; the whole
+   benchmark takes about 40 runs of that plus start-up (under 5 minutes at the default).
+3. Same conditions for every proxy: each is pinned to CPU 1 (`taskset`), nginx and the load
+   generators share CPU 0. Load generators are C programs, never Python threads: `wrk` for
+   direct, transparent (the client dials the origin; nftables redirects it to the proxy, as in a
+   sandbox) and absolute-form runs; `curl` (parallel transfers, --http1.1, keep-alive) for
+   CONNECT tunnels with full CA verification. wrk does not verify certificates, so curl checks
+   with CA verification first prove which certificate each path presents.
+4. A run with failed or non-2xx requests is shown with its error count; ratios use req/s.
 
-- intercepted HTTPS, small responses: sandgate (policy + bearer injection + scrub + audit) vs
-  stock `mitmdump -q` (intercepting, no addons) -> requests/s and the ratio;
-- pass-through TLS, 8 MiB downloads: sandgate (policy decides at ClientHello, bytes relayed
-  untouched) vs mitmdump `--ignore-hosts .*` vs direct -> MB/s and ratios.
+Proxies: sandgate (`python -m sandgate.proxy --config`, one sandbox entry pushed through
+ProxyControl with policy, a bearer binding for api.example.com, audit on), stock `mitmdump -q`
+(transparent, intercepting every TLS connection), squid (plain HTTP absolute-form and CONNECT).
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
 import os
-import shutil
-import socket
-import ssl
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
-DURATION = 5.0
-PROCESSES, CONNECTIONS = 2, 8
-DOWNLOAD = 8 * 1024 * 1024
-OURS, STOCK, STOCK_PASS = 15002, 16002, 16003
+from bench.topology import (
+    CLIENT,
+    DIRECT,
+    DNS_ADDR,
+    GATEWAY,
+    PROXY_CPU,
+    REDIRECTED,
+    REPO,
+    Topology,
+    enter_private_netns,
+)
+
+SECONDS = max(1, round(float(os.environ.get("SANDGATE_BENCH_SECONDS", "4"))))
+CHILD_FLAG = "SANDGATE_BENCH_PROXY_CHILD"
+SANDGATE_PORTS = {"transparent_port": 15001, "explicit_port": 15002, "dns_port": 15053}
+IDLE_PORTS = {"transparent_port": 17001, "explicit_port": 17002, "dns_port": 17053}
+MITMDUMP_PORT, MITMDUMP_EXPLICIT_PORT, SQUID_PORT = 16001, 16002, 3128
+IDLE_SANDBOXES = 1000
+SECRET = "bench-secret-7f3a9c2e5d1b"
+NAMES = ("api", "pass", "plain", "direct")  # client view: api/pass/plain are redirected, direct is not
+POLICY = {
+    "defaultAction": "deny",
+    "egress": [
+        {"action": "allow", "target": "api.example.com"},  # has a binding: intercepted
+        {"action": "allow", "target": "pass.example.com"},  # no L7 rule: passed through
+        {"action": "allow", "target": "plain.example.com"},
+    ],
+    "bindings": [
+        {
+            "name": "api",
+            "credential": "api-token",
+            "match": {"hosts": ["api.example.com"]},
+            "auth": {"type": "bearer"},
+        }
+    ],
+}
+WRK_REPORT = """\
+local absolute = os.getenv("BENCH_PATH")
+if absolute and absolute ~= "" then wrk.path = absolute end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("BENCH %d %d %d %d %d %d\\n", summary.requests, summary.bytes,
+    summary.duration, latency:percentile(50), latency:percentile(99),
+    e.connect + e.read + e.write + e.timeout + e.status))
+end
+"""
+SQUID_CONF = """\
+http_port {gateway}:{port}
+http_access allow all
+cache deny all
+cache_mem 0 MB
+access_log none
+cache_store_log none
+cache_log {dir}/cache.log
+pid_filename {dir}/squid.pid
+coredump_dir {dir}
+dns_nameservers {dns}
+pinger_enable off
+netdb_filename none
+shutdown_lifetime 1 seconds
+max_filedescriptors 16384
+"""
+
+
+# ---------------------------------------------------------------- measurements
+
+
+@dataclass
+class Load:
+    requests: int
+    bytes: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+    @property
+    def mbps(self) -> float:
+        return self.bytes / self.seconds / 1e6
+
+
+@dataclass
+class Proxy:
+    """A proxy process under test; CPU and memory are read from /proc by PID."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    ca_cert: Path | None = None  # the CA a client must trust for its intercepted TLS
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def memory_kib(self, key: str = "VmRSS") -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1])
+        raise RuntimeError(f"{key} not in /proc/{self.process.pid}/status")
+
+    def reset_peak(self) -> None:
+        Path(f"/proc/{self.process.pid}/clear_refs").write_text("5")  # VmHWM := current RSS
+
+
+@dataclass
+class Row:
+    section: str
+    scenario: str
+    concurrency: int
+    load: Load
+    cpu_percent: float | None = None
+    rss_mib: float | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def measured(section: str, scenario: str, c: int, proxy: Proxy | None, run: Callable[[], Load]) -> Row:
+    cpu = proxy.cpu_seconds() if proxy else 0.0
+    load = run()
+    row = Row(section, scenario, c, load)
+    if proxy:
+        row.cpu_percent = (proxy.cpu_seconds() - cpu) / load.seconds * 100
+        row.rss_mib = proxy.memory_kib() / 1024
+    print(f"  {scenario:44} c={c:<3} {load.rps:9.0f} req/s  {load.mbps:8.1f} MB/s", flush=True)
+    return row
+
+
+def wrk(topo: Topology, url: str, c: int, path: str | None = None, headers: tuple[str, ...] = ()) -> Load:
+    """Closed-loop keep-alive load for SECONDS (HTTP/1.1; TLS without certificate checks)."""
+    script = topo.workdir / "report.lua"
+    script.write_text(WRK_REPORT)
+    argv = ["wrk", "-t1", f"-c{c}", f"-d{SECONDS}s", "--timeout", "10s", "-s", str(script)]
+    for header in headers:
+        argv += ["-H", header]
+    env = {**os.environ, "BENCH_PATH": path or ""}
+    done = subprocess.run(
+        topo.client_cmd([*argv, url]), capture_output=True, text=True, timeout=SECONDS + 30, env=env
+    )
+    report = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("BENCH ")]
+    if done.returncode or not report:
+        raise RuntimeError(f"wrk {url} failed ({done.returncode}): {done.stdout}{done.stderr}")
+    requests, size, micros, p50, p99, errors = (int(v) for v in report[0])
+    return Load(requests, size, micros / 1e6, p50 / 1000, p99 / 1000, errors)
+
+
+def curl_load(
+    topo: Topology, url: str, c: int, proxy_port: int | None, cafile: Path, fresh: bool = False
+) -> Load:
+    """Keep-alive HTTP/1.1, through an explicit proxy (CONNECT for https) if given, certificates
+    verified; `fresh`: a new connection (and tunnel) per request.
+
+    curl is given far more URLs than it can fetch and stopped after SECONDS; each finished
+    transfer prints one line (line-buffered), so the count and latencies are exact."""
+    argv = ["stdbuf", "-oL", "curl", "-s", "--http1.1", "--cacert", str(cafile)]
+    argv += ["--proxy", f"http://{GATEWAY}:{proxy_port}"] if proxy_port else []
+    argv += ["-o", "/dev/null"]
+    argv += ["-w", "%{http_code} %{size_download} %{time_total}\\n"]
+    if c > 1:
+        argv += ["-Z", "--parallel-max", str(c), "--parallel-immediate"]
+    if fresh:
+        argv += ["-H", "Connection: close"]
+    out = topo.workdir / "curl.out"
+    with out.open("w") as fh:
+        argv = topo.client_cmd([*argv, f"{url}?[1-10000000]"])
+        process = subprocess.Popen(argv, stdout=fh, stderr=subprocess.DEVNULL)  # stderr: progress meter
+        started = time.monotonic()
+        try:
+            process.wait(SECONDS)
+            raise RuntimeError(f"curl {url} ended early ({process.returncode}): {out.read_text()[-500:]}")
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGTERM)
+            elapsed = time.monotonic() - started
+            process.wait(10)
+    lines = [line.split() for line in out.read_text().splitlines() if line.count(" ") == 2]
+    good = [(int(size), float(total)) for code, size, total in lines if code == "200"]
+    if not good:
+        raise RuntimeError(f"curl {url} via :{proxy_port} got no 200: {out.read_text()[-500:]}")
+    latencies = sorted(total * 1000 for _, total in good)
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    return Load(
+        len(good), sum(s for s, _ in good), elapsed, statistics.median(latencies), p99, len(lines) - len(good)
+    )
+
+
+# ---------------------------------------------------------------- the proxies
+
+
+def start_sandgate(topo: Topology, name: str, ports: dict[str, int]) -> tuple[Proxy, object]:
+    """`python -m sandgate.proxy --config`, as lifecycle starts it; returns it and its ProxyControl."""
+    from sandgate.proxy import ProxyConfig, ProxyControl
+    from sandgate.vault import generate_master_key, open_store
+
+    key = generate_master_key()
+    vault_dir = topo.workdir / f"{name}-vault"
+    open_store("local", vault_dir, key).put("api-token", SECRET)
+    config = ProxyConfig(
+        state_dir=topo.workdir / name,
+        upstream_dns=[DNS_ADDR],
+        upstream_ca=topo.ca_cert,
+        vault={"backend": "local", "state_dir": str(vault_dir), "vault_key": key},
+        **ports,
+    )
+    config.state_dir.mkdir(parents=True)
+    config_file = config.state_dir / "proxy.json"
+    config_file.write_text(config.model_dump_json())
+    argv = ["taskset", "-c", PROXY_CPU, sys.executable, "-m", "sandgate.proxy", "--config", str(config_file)]
+    process = topo.spawn(name, argv, cwd=REPO)
+    control = ProxyControl(config.socket_path)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            control.health()
+            break
+        except Exception:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sandgate proxy did not start:\n{topo.log_of(name)}") from None
+            time.sleep(0.1)
+    return Proxy("sandgate", process, config.state_dir / "mitmproxy-ca-cert.pem"), control
+
+
+def start_mitmdump(topo: Topology) -> Proxy:
+    confdir = topo.workdir / "mitmdump"
+    confdir.mkdir()
+    mitmdump = Path(sys.executable).parent / "mitmdump"
+    argv = ["taskset", "-c", PROXY_CPU, str(mitmdump), "-q"]
+    argv += [
+        "--mode",
+        f"transparent@0.0.0.0:{MITMDUMP_PORT}",
+        "--mode",
+        f"regular@{GATEWAY}:{MITMDUMP_EXPLICIT_PORT}",
+    ]
+    argv += ["--set", f"confdir={confdir}", "--set", f"ssl_verify_upstream_trusted_ca={topo.ca_cert}"]
+    # mitmdump resolves CONNECT targets with the system resolver: give it the origin's names
+    process = topo.spawn("mitmdump", topo.with_hosts_file(argv, topo.origin_hosts_file))
+    topo.wait_tcp(None, GATEWAY, MITMDUMP_EXPLICIT_PORT)
+    return Proxy("mitmdump", process, confdir / "mitmproxy-ca-cert.pem")
+
+
+def start_squid(topo: Topology) -> Proxy:
+    import shutil
+
+    squid_dir = topo.workdir / "squid"
+    squid_dir.mkdir()
+    shutil.chown(squid_dir, "proxy", "proxy")  # squid drops root for its cache_effective_user
+    conf = squid_dir / "squid.conf"
+    conf.write_text(SQUID_CONF.format(gateway=GATEWAY, port=SQUID_PORT, dir=squid_dir, dns=DNS_ADDR))
+    process = topo.spawn("squid", ["taskset", "-c", PROXY_CPU, "squid", "-N", "-f", str(conf)])
+    topo.wait_tcp(None, GATEWAY, SQUID_PORT)
+    return Proxy("squid", process)
+
+
+# ---------------------------------------------------------------- checks
+
+
+def check_paths(topo: Topology, sandgate: Proxy, mitmdump: Proxy) -> list[str]:
+    """Prove, with certificate verification, what each path does before timing it."""
+
+    def curl(*args: str) -> int:
+        return topo.run_client(["curl", "-sS", "--max-time", "10", "-o", "/dev/null", *args], 20).returncode
+
+    assert sandgate.ca_cert and mitmdump.ca_cert
+    notes = []
+    topo.redirect_to(SANDGATE_PORTS["transparent_port"])
+    expect = {
+        "sandgate intercepts api (its CA verifies)": curl(
+            "--cacert", str(sandgate.ca_cert), "https://api.example.com/check"
+        ),
+        "sandgate intercepts api (origin CA refused)": 0
+        if curl("--cacert", str(topo.ca_cert), "https://api.example.com/1k.json")
+        else 1,
+        "sandgate passes pass through (origin CA verifies)": curl(
+            "--cacert", str(topo.ca_cert), "https://pass.example.com/1k.json"
+        ),
+        "sandgate plain HTTP": curl("http://plain.example.com/1k.json"),
+    }
+    seen = topo.authorization_seen()
+    expect["origin got the injected bearer"] = 0 if any(f"Bearer {SECRET}" in line for line in seen) else 1
+    topo.redirect_to(MITMDUMP_PORT)
+    expect["mitmdump intercepts (its CA verifies)"] = curl(
+        "--cacert", str(mitmdump.ca_cert), "https://api.example.com/1k.json"
+    )
+    topo.redirect_to(None)
+    proxy = f"http://{GATEWAY}:{SQUID_PORT}"
+    expect["squid CONNECT (origin CA verifies)"] = curl(
+        "--proxy", proxy, "--cacert", str(topo.ca_cert), "https://pass.example.com/1k.json"
+    )
+    failed = [name for name, code in expect.items() if code != 0]
+    if failed:
+        raise RuntimeError(f"path checks failed: {failed}; logs in {topo.workdir}")
+    notes += [f"ok: {name}" for name in expect]
+    return notes
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One load: `tool` wrk (transparent when the URL's host is redirected) or curl (explicit proxy)."""
+
+    section: str
+    name: str
+    proxy: str | None  # sandgate | mitmdump | squid | None (direct)
+    tool: str
+    url: str
+    concurrency: tuple[int, ...]
+    absolute_path: str | None = None  # wrk: absolute-form request through an explicit proxy
+    fresh: bool = False  # a new connection per request
+
+
+KEEP, FRESH, BIG = "1 KiB, keep-alive", "new TLS connection per request, 1 KiB", "1 MiB bodies, keep-alive"
+C = (1, 32)
+K, M = "1k.json", "1m.bin"
+SQUID_URL = f"http://{GATEWAY}:{SQUID_PORT}/"
+SCENARIOS = [
+    Scenario(KEEP, "direct HTTP", None, "wrk", f"http://direct.example.com/{K}", C),
+    Scenario(KEEP, "direct HTTPS", None, "wrk", f"https://direct.example.com/{K}", C),
+    Scenario(KEEP, "direct HTTPS (curl, verified)", None, "curl", f"https://direct.example.com/{K}", C),
+    Scenario(KEEP, "mitmdump HTTP (transparent)", "mitmdump", "wrk", f"http://plain.example.com/{K}", C),
+    Scenario(KEEP, "mitmdump HTTPS intercepted", "mitmdump", "wrk", f"https://api.example.com/{K}", C),
+    Scenario(
+        KEEP, "mitmdump CONNECT intercepted (curl)", "mitmdump", "curl", f"https://api.example.com/{K}", C
+    ),
+    Scenario(
+        KEEP, "squid HTTP (absolute-form)", "squid", "wrk", SQUID_URL, C, f"http://direct.example.com/{K}"
+    ),
+    Scenario(KEEP, "squid CONNECT tunnel (curl)", "squid", "curl", f"https://pass.example.com/{K}", C),
+    Scenario(KEEP, "sandgate HTTP (transparent)", "sandgate", "wrk", f"http://plain.example.com/{K}", C),
+    Scenario(
+        KEEP, "sandgate HTTPS intercepted+inject+audit", "sandgate", "wrk", f"https://api.example.com/{K}", C
+    ),
+    Scenario(
+        KEEP, "sandgate CONNECT intercepted (curl)", "sandgate", "curl", f"https://api.example.com/{K}", C
+    ),
+    Scenario(
+        KEEP, "sandgate TLS pass-through (transparent)", "sandgate", "wrk", f"https://pass.example.com/{K}", C
+    ),
+    Scenario(
+        KEEP, "sandgate CONNECT pass-through (curl)", "sandgate", "curl", f"https://pass.example.com/{K}", C
+    ),
+    Scenario(FRESH, "direct HTTPS", None, "wrk", f"https://direct.example.com/{K}", (8,), fresh=True),
+    Scenario(
+        FRESH,
+        "mitmdump HTTPS intercepted",
+        "mitmdump",
+        "wrk",
+        f"https://api.example.com/{K}",
+        (8,),
+        fresh=True,
+    ),
+    Scenario(
+        FRESH,
+        "squid CONNECT tunnel (curl)",
+        "squid",
+        "curl",
+        f"https://pass.example.com/{K}",
+        (8,),
+        fresh=True,
+    ),
+    Scenario(
+        FRESH,
+        "sandgate HTTPS intercepted+inject+audit",
+        "sandgate",
+        "wrk",
+        f"https://api.example.com/{K}",
+        (8,),
+        fresh=True,
+    ),
+    Scenario(
+        FRESH,
+        "sandgate TLS pass-through (transparent)",
+        "sandgate",
+        "wrk",
+        f"https://pass.example.com/{K}",
+        (8,),
+        fresh=True,
+    ),
+    Scenario(
+        FRESH,
+        "sandgate CONNECT pass-through (curl)",
+        "sandgate",
+        "curl",
+        f"https://pass.example.com/{K}",
+        (8,),
+        fresh=True,
+    ),
+    Scenario(BIG, "direct HTTPS", None, "wrk", f"https://direct.example.com/{M}", (8,)),
+    Scenario(BIG, "mitmdump HTTPS intercepted", "mitmdump", "wrk", f"https://api.example.com/{M}", (8,)),
+    Scenario(BIG, "squid CONNECT tunnel (curl)", "squid", "curl", f"https://pass.example.com/{M}", (8,)),
+    Scenario(
+        BIG,
+        "sandgate HTTPS intercepted+inject+audit",
+        "sandgate",
+        "wrk",
+        f"https://api.example.com/{M}",
+        (8,),
+    ),
+    Scenario(
+        BIG,
+        "sandgate TLS pass-through (transparent)",
+        "sandgate",
+        "wrk",
+        f"https://pass.example.com/{M}",
+        (8,),
+    ),
+    Scenario(
+        BIG, "sandgate CONNECT pass-through (curl)", "sandgate", "curl", f"https://pass.example.com/{M}", (8,)
+    ),
+]
+# (what, numerator scenario, denominator scenario, section, concurrency, goal)
+RATIOS = [
+    (
+        "intercepted HTTPS, sandgate / mitmdump",
+        "sandgate HTTPS intercepted+inject+audit",
+        "mitmdump HTTPS intercepted",
+        KEEP,
+        1,
+        1.5,
+    ),
+    (
+        "intercepted HTTPS, sandgate / mitmdump",
+        "sandgate HTTPS intercepted+inject+audit",
+        "mitmdump HTTPS intercepted",
+        KEEP,
+        32,
+        1.5,
+    ),
+    (
+        "intercepted CONNECT (verified), sandgate / mitmdump",
+        "sandgate CONNECT intercepted (curl)",
+        "mitmdump CONNECT intercepted (curl)",
+        KEEP,
+        32,
+        1.5,
+    ),
+    (
+        "new TLS conn/s intercepted, sandgate / mitmdump",
+        "sandgate HTTPS intercepted+inject+audit",
+        "mitmdump HTTPS intercepted",
+        FRESH,
+        8,
+        1.5,
+    ),
+    (
+        "pass-through, sandgate CONNECT / squid CONNECT",
+        "sandgate CONNECT pass-through (curl)",
+        "squid CONNECT tunnel (curl)",
+        KEEP,
+        1,
+        1.0,
+    ),
+    (
+        "pass-through, sandgate CONNECT / squid CONNECT",
+        "sandgate CONNECT pass-through (curl)",
+        "squid CONNECT tunnel (curl)",
+        KEEP,
+        32,
+        1.0,
+    ),
+    (
+        "pass-through new conn/s, sandgate / squid",
+        "sandgate CONNECT pass-through (curl)",
+        "squid CONNECT tunnel (curl)",
+        FRESH,
+        8,
+        1.0,
+    ),
+    (
+        "pass-through 1 MiB MB/s, sandgate / squid",
+        "sandgate CONNECT pass-through (curl)",
+        "squid CONNECT tunnel (curl)",
+        BIG,
+        8,
+        1.0,
+    ),
+]
+
+
+def run_scenario(topo: Topology, scenario: Scenario, c: int, proxies: dict[str, Proxy]) -> Row:
+    proxy = proxies.get(scenario.proxy or "")
+    if scenario.tool == "wrk":
+        transparent = {"sandgate": SANDGATE_PORTS["transparent_port"], "mitmdump": MITMDUMP_PORT}
+        topo.redirect_to(transparent.get(scenario.proxy or "") if not scenario.absolute_path else None)
+        headers = ("Connection: close",) if scenario.fresh else ()
+        if scenario.absolute_path:
+            headers += ("Host: direct.example.com",)
+
+        def run() -> Load:
+            return wrk(topo, scenario.url, c, scenario.absolute_path, headers)
+
+    else:
+        explicit = {
+            "sandgate": SANDGATE_PORTS["explicit_port"],
+            "mitmdump": MITMDUMP_EXPLICIT_PORT,
+            "squid": SQUID_PORT,
+        }
+        intercepted = "api." in scenario.url
+        cafile = proxy.ca_cert if proxy and intercepted and proxy.ca_cert else topo.ca_cert
+        port = explicit.get(scenario.proxy or "")
+
+        def run() -> Load:
+            return curl_load(topo, scenario.url, c, port, cafile, scenario.fresh)
+
+    return measured(scenario.section, scenario.name, c, proxy, run)
+
+
+def download(topo: Topology, url: str, cafile: Path, proxy: Proxy | None) -> Row:
+    """One 100 MiB download with curl (certificate verified); the proxy's peak RSS during it."""
+    if proxy:
+        proxy.reset_peak()
+    before = proxy.memory_kib() if proxy else 0
+
+    def run() -> Load:
+        argv = ["curl", "-sS", "--http1.1", "--cacert", str(cafile), "-o", "/dev/null"]
+        done = topo.run_client([*argv, "-w", "%{http_code} %{size_download} %{time_total}", url], 120)
+        code, size, seconds = done.stdout.split()
+        return Load(
+            1, int(size), float(seconds), float(seconds) * 1000, float(seconds) * 1000, int(code != "200")
+        )
+
+    name = f"100 MiB {url.split('//')[1].split('.')[0]} {proxy.name if proxy else ''}".strip()
+    row = measured("100 MiB download (curl, one connection)", name, 1, proxy, run)
+    if proxy:
+        row.extra = {"rss_before_mib": before / 1024, "peak_mib": proxy.memory_kib("VmHWM") / 1024}
+    return row
+
+
+def idle_sandboxes(topo: Topology) -> dict[str, float]:
+    """A fresh sandgate proxy's RSS with 0 and IDLE_SANDBOXES registered (never used) sandboxes."""
+    from sandgate.proxy import SandboxEntry
+
+    proxy, control = start_sandgate(topo, "sandgate-idle", IDLE_PORTS)
+    time.sleep(1.0)
+    empty = proxy.memory_kib()
+    started = time.monotonic()
+    for n in range(IDLE_SANDBOXES):
+        address = f"10.213.{(4 * n) // 256}.{(4 * n) % 256 + 2}"  # lifecycle's /30 pool layout
+        control.put_sandbox(SandboxEntry(sandbox_id=f"idle-{n}", address=address, policy=POLICY))  # type: ignore[attr-defined]
+    push_ms = (time.monotonic() - started) / IDLE_SANDBOXES * 1000
+    time.sleep(1.0)
+    full = proxy.memory_kib()
+    control.close()  # type: ignore[attr-defined]
+    topo.stop(proxy.process)
+    return {
+        "rss_0_mib": empty / 1024,
+        "rss_n_mib": full / 1024,
+        "kib_per_sandbox": (full - empty) / IDLE_SANDBOXES,
+        "push_ms": push_ms,
+    }
+
+
+# ---------------------------------------------------------------- the run
+
+
+def run_all(topo: Topology) -> None:
+    from sandgate.proxy import SandboxEntry
+
+    sandgate, control = start_sandgate(topo, "sandgate", SANDGATE_PORTS)
+    control.put_sandbox(SandboxEntry(sandbox_id="bench", address=CLIENT, policy=POLICY))  # type: ignore[attr-defined]
+    proxies = {"sandgate": sandgate, "mitmdump": start_mitmdump(topo), "squid": start_squid(topo)}
+    for note in check_paths(topo, sandgate, proxies["mitmdump"]):
+        print(f"  {note}")
+    rows = [run_scenario(topo, s, c, proxies) for s in SCENARIOS for c in s.concurrency]
+    topo.redirect_to(SANDGATE_PORTS["transparent_port"])
+    downloads = [
+        download(topo, "https://api.example.com/100m.bin", sandgate.ca_cert or topo.ca_cert, sandgate),
+        download(topo, "https://pass.example.com/100m.bin", topo.ca_cert, sandgate),
+    ]
+    topo.redirect_to(None)
+    downloads.insert(0, download(topo, "https://direct.example.com/100m.bin", topo.ca_cert, None))
+    audit_lines = sum(
+        len(p.read_bytes().splitlines()) for p in (topo.workdir / "sandgate").glob("audit.jsonl*")
+    )
+    control.close()  # type: ignore[attr-defined]
+    for proxy in proxies.values():
+        topo.stop(proxy.process)
+    idle = idle_sandboxes(topo)
+    report(rows, downloads, idle, audit_lines)
+
+
+def report(rows: list[Row], downloads: list[Row], idle: dict[str, float], audit_lines: int) -> None:
+    columns = ("c", 3), ("req/s", 8), ("p50 ms", 8), ("p99 ms", 8), ("MB/s", 8), ("CPU%", 5), ("RSS MiB", 8)
+    header = f"{'scenario':46} " + " ".join(f"{name:>{width}}" for name, width in columns) + f" {'err':>4}"
+    for section in dict.fromkeys(row.section for row in rows + downloads):
+        print(f"\n{section}\n{header}")
+        for row in (r for r in rows + downloads if r.section == section):
+            load = row.load
+            cpu = f"{row.cpu_percent:5.0f}" if row.cpu_percent is not None else f"{'-':>5}"
+            rss = f"{row.rss_mib:8.1f}" if row.rss_mib is not None else f"{'-':>8}"
+            print(
+                f"{row.scenario:46} {row.concurrency:>3} {load.rps:8.0f} {load.p50_ms:8.2f} "
+                f"{load.p99_ms:8.2f} {load.mbps:8.1f} {cpu} {rss} {load.errors:>4}"
+            )
+            if row.extra:
+                before, peak = row.extra["rss_before_mib"], row.extra["peak_mib"]
+                print(f"{'':50} proxy RSS before {before:.1f} MiB, peak during (VmHWM) {peak:.1f} MiB")
+    print("\nratios (goal in brackets)")
+    for what, mine, theirs, section, c, goal in RATIOS:
+        a, b = (_find(rows, name, section, c) for name in (mine, theirs))
+        value = a.load.mbps / b.load.mbps if section == BIG else a.load.rps / b.load.rps
+        verdict = "met" if value >= goal else "MISSED"
+        print(f"  {what:52} c={c:<3} {value:5.2f}x  [>= {goal}x: {verdict}]")
+    per = idle["kib_per_sandbox"]
+    print(
+        f"  idle sandboxes: RSS {idle['rss_0_mib']:.1f} MiB with 0, "
+        f"{idle['rss_n_mib']:.1f} MiB with {IDLE_SANDBOXES}"
+        f" -> {per:.0f} KiB per sandbox [< 1024 KiB: {'met' if per < 1024 else 'MISSED'}];"
+        f" {idle['push_ms']:.1f} ms per PUT"
+    )
+    print(f"  sandgate wrote {audit_lines} audit records during the run")
+
+
+def _find(rows: list[Row], scenario: str, section: str, c: int) -> Row:
+    return next(r for r in rows if r.scenario == scenario and r.section == section and r.concurrency == c)
+
+
+def machine() -> str:
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "?",
+    )
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    pressure = (
+        Path("/proc/pressure/cpu").read_text().split()[1:3] if Path("/proc/pressure/cpu").exists() else []
+    )
+    busy = f", CPU pressure (time some task waited for a CPU) {' '.join(pressure)}" if pressure else ""
+    return f"{os.cpu_count()} CPUs ({cpu}), kernel {os.uname().release}, load average {load}{busy}"
+
+
+@contextlib.contextmanager
+def terminated_by_signals() -> Iterator[None]:
+    """SIGTERM/SIGINT raise, so `finally` blocks tear the topology down."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _child() -> None:
+    enter_private_netns()
+    print(f"machine: {machine()}; {SECONDS} s per run", flush=True)
+    names = {f"{n}.example.com": DIRECT if n == "direct" else REDIRECTED for n in NAMES}
+    with (
+        terminated_by_signals(),
+        tempfile.TemporaryDirectory(prefix="sg-bench-proxy-") as tmp,
+        Topology(Path(tmp)) as topo,
+    ):
+        topo.start(names)
+        run_all(topo)
+    print(f"machine after the run: {machine()}")
 
 
 def main() -> None:
     if os.geteuid() != 0:
-        print("bench_proxy needs root (own network namespace); skipped")
+        print("bench_proxy needs root (network namespaces, nftables); skipped")
         return
-    if os.environ.get("SANDGATE_BENCH_NETNS") != "1":
-        env = {**os.environ, "SANDGATE_BENCH_NETNS": "1"}
-        subprocess.run(["unshare", "--net", sys.executable, "-m", "bench", "proxy"], env=env, check=True)
-        return
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    from tests.support.internet import ORIGIN_V4, start_internet
-
-    work = Path(tempfile.mkdtemp(prefix="sg-bench-"))
-    try:
-        with start_internet(work / "internet") as net:
-            net.set_names({"api.example.com": [ORIGIN_V4], "pass.example.com": [ORIGIN_V4]})
-            run_all(work, net)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    env = {**os.environ, CHILD_FLAG: "1"}
+    subprocess.run([sys.executable, "-m", "bench.bench_proxy"], env=env, cwd=REPO, check=True, timeout=1200)
 
 
-def run_all(work: Path, net) -> None:  # type: ignore[no-untyped-def]
-    from tests.support.internet import ORIGIN_V4
-
-    ours = start_ours(work, net)
-    stock = start_stock(work, net, STOCK, [])
-    stock_pass = start_stock(work, net, STOCK_PASS, ["--ignore-hosts", ".*"])
-    try:
-        proxy_ca = str(work / "sandgate" / "mitmproxy-ca-cert.pem")
-        stock_ca = str(work / f"mitm{STOCK}" / "mitmproxy-ca-cert.pem")
-        rows = []
-        ours_rps = load(OURS, "api.example.com", proxy_ca, "/echo")
-        stock_rps = load(STOCK, ORIGIN_V4, stock_ca, "/echo", sni="api.example.com")
-        rows.append(("intercepted HTTPS req/s (policy+inject+audit)", ours_rps, stock_rps))
-        direct = load(
-            None, ORIGIN_V4, str(net.ca_cert), f"/bytes?n={DOWNLOAD}", sni="pass.example.com", mb=True
-        )
-        ours_mb = load(OURS, "pass.example.com", str(net.ca_cert), f"/bytes?n={DOWNLOAD}", mb=True)
-        stock_mb = load(
-            STOCK_PASS, ORIGIN_V4, str(net.ca_cert), f"/bytes?n={DOWNLOAD}", sni="pass.example.com", mb=True
-        )
-        print(f"{'scenario':48} {'sandgate':>10} {'mitmdump':>10} {'ratio':>7}")
-        for name, mine, theirs in rows:
-            print(f"{name:48} {mine:10.1f} {theirs:10.1f} {mine / theirs:7.2f}")
-        print(
-            f"{'pass-through TLS MB/s (8 MiB downloads)':48} {ours_mb:10.1f} {stock_mb:10.1f} "
-            f"{ours_mb / stock_mb:7.2f}"
-        )
-        print(
-            f"{'direct (no proxy) MB/s, same downloads':48} {direct:10.1f} {'':>10} {ours_mb / direct:7.2f}"
-        )
-        records = sum(1 for _ in (work / "sandgate" / "audit.jsonl").open())
-        print(f"audit records written by sandgate during the run: {records}")
-    finally:
-        for process in (ours, stock, stock_pass):
-            process.terminate()
-            process.wait(10)
-
-
-def start_ours(work: Path, net) -> subprocess.Popen[bytes]:  # type: ignore[no-untyped-def]
-    from sandgate.proxy import ProxyConfig, ProxyControl, SandboxEntry
-    from sandgate.vault import generate_master_key, open_store
-    from tests.support.internet import DNS_ADDR
-
-    key = generate_master_key()
-    open_store("local", work / "vault", key).put("api-token", "bench-secret-value-1234")
-    policy = {
-        "egress": [
-            {"action": "allow", "target": "api.example.com"},
-            {"action": "allow", "target": "pass.example.com"},
-        ],
-        "bindings": [
-            {
-                "name": "api",
-                "credential": "api-token",
-                "match": {"hosts": ["api.example.com"]},
-                "auth": {"type": "bearer"},
-            }
-        ],
-    }
-    config = ProxyConfig(
-        state_dir=work / "sandgate",
-        listen_host="127.0.0.1",
-        explicit_port=OURS,
-        transparent_port=OURS - 1,
-        dns_port=OURS + 51,
-        upstream_dns=[DNS_ADDR],
-        upstream_ca=net.ca_cert,
-        vault={"backend": "local", "state_dir": str(work / "vault"), "vault_key": key},
-        sandboxes=[SandboxEntry(sandbox_id="bench", address="127.0.0.1", policy=policy)],
-    )
-    config.state_dir.mkdir(parents=True)
-    (work / "proxy.json").write_text(config.model_dump_json())
-    process = subprocess.Popen([sys.executable, "-m", "sandgate.proxy", "--config", str(work / "proxy.json")])
-    wait_until(lambda: ProxyControl(config.socket_path).health())
-    return process
-
-
-def start_stock(work: Path, net, port: int, extra: list[str]) -> subprocess.Popen[bytes]:  # type: ignore[no-untyped-def]
-    import certifi
-
-    confdir = work / f"mitm{port}"
-    confdir.mkdir()
-    bundle = confdir / "trust.pem"
-    bundle.write_bytes(Path(certifi.where()).read_bytes() + net.ca_cert.read_bytes())
-    mitmdump = Path(sys.executable).parent / "mitmdump"
-    process = subprocess.Popen(
-        [
-            str(mitmdump),
-            "-q",
-            "--mode",
-            f"regular@127.0.0.1:{port}",
-            "--set",
-            f"confdir={confdir}",
-            "--set",
-            f"ssl_verify_upstream_trusted_ca={bundle}",
-            *extra,
-        ]
-    )
-    wait_until(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close())
-    wait_until(lambda: (confdir / "mitmproxy-ca-cert.pem").stat())
-    return process
-
-
-def wait_until(probe, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            probe()
-            return
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-def load(
-    proxy_port: int | None, target: str, cafile: str, path: str, sni: str | None = None, mb: bool = False
-) -> float:
-    """Requests/s (or MB/s with mb=True) over PROCESSES x CONNECTIONS keep-alive connections."""
-    with multiprocessing.get_context("fork").Pool(PROCESSES) as pool:
-        results = pool.starmap(_worker, [(proxy_port, target, cafile, path, sni)] * PROCESSES)
-    requests = sum(r[0] for r in results)
-    size = sum(r[1] for r in results)
-    return (size / 1e6 if mb else requests) / DURATION
-
-
-def _worker(proxy_port: int | None, target: str, cafile: str, path: str, sni: str | None) -> tuple[int, int]:
-    import http.client
-
-    deadline = time.monotonic() + DURATION
-    totals = [0, 0]
-    lock = threading.Lock()
-
-    def connection() -> None:
-        context = ssl.create_default_context(cafile=cafile)
-        context.check_hostname = (
-            False  # the load is the subject, not name checks (the proxy verifies upstream)
-        )
-        if proxy_port is None:
-            conn = http.client.HTTPSConnection(target, 443, context=context, timeout=30)
-        else:
-            conn = http.client.HTTPSConnection("127.0.0.1", proxy_port, context=context, timeout=30)
-            conn.set_tunnel(target, 443)
-        if sni:
-            conn._create_connection = _with_sni(conn, context, sni)  # type: ignore[attr-defined]
-        done = size = 0
-        try:
-            while time.monotonic() < deadline:
-                conn.request("GET", path, headers={"Host": sni or target})
-                size += len(conn.getresponse().read())
-                done += 1
-        except (OSError, http.client.HTTPException) as exc:
-            print(f"bench connection via {proxy_port} to {target} failed: {exc!r}", file=sys.stderr)
-        with lock:
-            totals[0] += done
-            totals[1] += size
-
-    threads = [threading.Thread(target=connection) for _ in range(CONNECTIONS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return totals[0], totals[1]
-
-
-def _with_sni(conn, context: ssl.SSLContext, sni: str):  # type: ignore[no-untyped-def]
-    """Wrap with `sni` as server_hostname, whatever address the connection dials."""
-    original = context.wrap_socket
-
-    def wrap(sock, server_hostname=None, **kw):  # type: ignore[no-untyped-def]
-        return original(sock, server_hostname=sni, **kw)
-
-    context.wrap_socket = wrap  # type: ignore[method-assign]
-    return socket.create_connection
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__" and os.environ.get(CHILD_FLAG) == "1":
+    _child()
