@@ -88,12 +88,15 @@ class StreamingAddon:
 
 def _counting(
     request_state: RequestState, feed: Callable[[bytes], bytes] | None, flush: Callable[[], bytes] | None
-) -> Callable[[bytes], bytes]:
-    def stream(chunk: bytes) -> bytes:
+) -> Callable[[bytes], bytes | list[bytes]]:
+    def stream(chunk: bytes) -> bytes | list[bytes]:
         request_state.bytes_in += len(chunk)
         if feed is None or flush is None:
             return chunk
-        return feed(chunk) if chunk else flush()  # mitmproxy signals the end with b""
+        scrubbed = feed(chunk) if chunk else flush()  # mitmproxy signals the end with b""
+        # The scrubber may hold a whole small chunk back; an empty bytes would go out as an empty
+        # chunk, which in HTTP/1 chunked framing ("0\r\n\r\n") ends the body early. No chunks instead.
+        return scrubbed if scrubbed else []
 
     return stream
 

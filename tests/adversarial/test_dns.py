@@ -92,8 +92,13 @@ def test_rebinding_an_allowed_name_to_internal_addresses(
         assert result.stdout in ("000", "403"), (scheme, result)
         # Forged resolution (curl --resolve): the sandbox dials the internal address itself.
         port = 443 if scheme == "https" else 80
-        forged = attacker.curl("-k", "-o /dev/null", "-w '%{http_code}'", f"--resolve {name}:{port}:{ORIGIN_V4}",
-                               f"{scheme}://{name}/")  # fmt: skip
+        forged = attacker.curl(
+            "-k",
+            "-o /dev/null",
+            "-w '%{http_code}'",
+            f"--resolve {name}:{port}:{ORIGIN_V4}",
+            f"{scheme}://{name}/",
+        )
         assert forged.stdout in ("000", "403", "502"), (scheme, forged)
     assert canaries.hits() == []
     records = attacker.wait_audit(lambda r: r["host"] == name and r["kind"] in ("request", "connection"))

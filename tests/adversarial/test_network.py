@@ -26,7 +26,8 @@ import socket, threading
 def tcp():
     s = socket.create_server(("0.0.0.0", 7777))
     while True:
-        c, p = s.accept(); open("/workspace/hits", "a").write(f"tcp {p[0]}\n"); c.sendall(b"victim\n"); c.close()
+        c, p = s.accept(); open("/workspace/hits", "a").write(f"tcp {p[0]}\n")
+        c.sendall(b"victim\n"); c.close()
 threading.Thread(target=tcp, daemon=True).start()
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", 7777))
 while True:
@@ -94,8 +95,14 @@ def test_the_hosts_other_services_are_out_of_reach(attacker: Attacker, canaries:
         assert outcome.get("reply", "").startswith("HTTP/1.1 403"), (port, outcome)
     for target in (METADATA_ADDR, PRIVATE_ADDR):
         for port in (80, 443):
-            outcome = attacker.attack("raw", host=target, port=port, sni="" if port == 443 else None, verify=False,
-                                      payload=f"GET /latest/meta-data/ HTTP/1.1\r\nHost: {target}\r\n\r\n")  # fmt: skip
+            outcome = attacker.attack(
+                "raw",
+                host=target,
+                port=port,
+                sni="" if port == 443 else None,
+                verify=False,
+                payload=f"GET /latest/meta-data/ HTTP/1.1\r\nHost: {target}\r\n\r\n",
+            )
             assert not outcome.get("reply", "").startswith("HTTP/1.1 200"), (target, port, outcome)
     assert canaries.hits() == []
     assert attacker.origin_requests_since(mark) == []
