@@ -14,6 +14,7 @@ from sandgate.policy.addresses import (
 )
 from sandgate.policy.compiled import (
     ALWAYS_ENFORCED,
+    DEFAULT_CACHE_SIZE,
     DEFAULT_MAX_RULES,
     CompiledPolicy,
     Decision,
@@ -45,6 +46,7 @@ __all__ = [
     "ALWAYS_DENIED",
     "ALWAYS_ENFORCED",
     "DEFAULT_BINDING_METHODS",
+    "DEFAULT_CACHE_SIZE",
     "DEFAULT_MAX_RULES",
     "EMBEDDING_PREFIXES",
     "RESERVED_HEADERS",

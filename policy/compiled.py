@@ -21,12 +21,15 @@ Theory of operation:
   a credential binding could apply, or the deciding rule says `inspect: always`.
 - Report mode turns a would-deny into allow with `report_only=True`, except for the reasons in
   `ALWAYS_ENFORCED` (malformed hosts and always-denied addresses are never let through).
-- A compiled policy never changes, so decisions without a per-request detail are interned: one
-  `Decision` object per distinct outcome, built once.
+- A compiled policy never changes, so answers can be reused: decisions without a per-request
+  detail are interned (one `Decision` object per distinct outcome), and connection-level
+  decisions and address checks are kept in bounded LRU caches (`cache_size` entries each;
+  request-level decisions are not cached, their paths vary too much).
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ from sandgate.policy.models import Binding, EgressRule, Policy
 from sandgate.policy.names import IPAddress, normalize_path, path_matches, request_host
 
 DEFAULT_MAX_RULES = 4096
+DEFAULT_CACHE_SIZE = 4096
 ALWAYS_ENFORCED = frozenset({"invalid_host", "invalid_address", "always_denied_range"})
 
 
@@ -236,7 +240,7 @@ class _NameIndex:
 class CompiledPolicy:
     """A Policy turned into indexes; `decide` and `check_address` answer in O(labels)."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
         self.policy = policy
         self._default_allow = policy.defaultAction == "allow"
         self._report = policy.mode == "report"
@@ -255,25 +259,30 @@ class CompiledPolicy:
             binding_hosts += [(host, compiled_binding) for host in binding.match.hosts]
         self._names = _NameIndex(name_rules, binding_hosts)
         self._interned: dict[tuple[Any, ...], Decision] = {}
+        self._connection_cache = functools.lru_cache(maxsize=cache_size)(self._decide_connection)
+        self._address_cache = functools.lru_cache(maxsize=cache_size)(self._check_address)
 
     # -- public ---------------------------------------------------------------------------------
 
     def decide(self, request: Request) -> Decision:
         """Allow or deny this connection (method/path None) or request, with the reason."""
         if request.method is None or request.path is None:
-            return self._decide(request.host, request.port, request.scheme, None, None)
+            return self._connection_cache(request.host, request.port, request.scheme)
         return self._decide(request.host, request.port, request.scheme, request.method, request.path)
 
     def check_address(self, ip: str | IPAddress, request: Request | None = None) -> Decision:
         """May the proxy dial this resolved address for this request? Always-denied ranges need an
         explicit IP/CIDR allow rule inside the range; IP/CIDR deny rules apply to every address."""
-        return self._check_address(ip, None if request is None else (request.port, request.scheme))
+        return self._address_cache(ip, None if request is None else (request.port, request.scheme))
 
     @property
     def rule_count(self) -> int:
         return len(self._rules)
 
     # -- deciding -------------------------------------------------------------------------------
+
+    def _decide_connection(self, host: str, port: int, scheme: str) -> Decision:
+        return self._decide(host, port, scheme, None, None)
 
     def _decide(
         self, raw_host: str, port: int, scheme: str, method: str | None, path: str | None
@@ -471,10 +480,15 @@ def _compile_binding(binding: Binding) -> _Binding:
     return _Binding(binding.name, _conditions(match.ports, match.schemes, match.methods, match.paths))
 
 
-def compile_policy(policy: Policy, max_rules: int = DEFAULT_MAX_RULES) -> CompiledPolicy:
-    """Build the indexes for `policy`; raises PolicyError if it has more than `max_rules` rules."""
+def compile_policy(
+    policy: Policy, max_rules: int = DEFAULT_MAX_RULES, cache_size: int = DEFAULT_CACHE_SIZE
+) -> CompiledPolicy:
+    """Build the indexes for `policy`; raises PolicyError if it has more than `max_rules` rules.
+
+    `cache_size` bounds each decision cache (connections, addresses); 0 turns caching off.
+    """
     check_rule_limit(len(policy.egress), max_rules)
-    return CompiledPolicy(policy)
+    return CompiledPolicy(policy, cache_size)
 
 
 def check_rule_limit(count: int, max_rules: int) -> None:

@@ -27,7 +27,7 @@ def target_matches(rule: EgressRule, host: str | IPAddress) -> bool:
     return denied is None or rule.action == "deny" or network.prefixlen >= denied.network.prefixlen
 
 
-def _port_scheme_miss(rule: EgressRule | Binding, port: int, scheme: str) -> str | None:
+def port_scheme_miss(rule: EgressRule | Binding, port: int, scheme: str) -> str | None:
     ports = rule.match.ports if isinstance(rule, Binding) else rule.ports
     schemes = rule.match.schemes if isinstance(rule, Binding) else rule.schemes
     if ports is not None and port not in ports:
@@ -72,7 +72,7 @@ def naive_decide(policy: Policy, request: Request) -> Decision:
     for rule in policy.egress:
         if not target_matches(rule, host):
             continue
-        miss = _port_scheme_miss(rule, request.port, scheme)
+        miss = port_scheme_miss(rule, request.port, scheme)
         if miss is None and level:
             miss = _method_path_miss(rule.methods, rule.paths, method, path)
             applicable.append(rule)
@@ -87,7 +87,7 @@ def naive_decide(policy: Policy, request: Request) -> Decision:
         fallback.action == "allow" if fallback else default_allow
     )
     bindings_apply = isinstance(host, str) and any(
-        any(_binding_hosts_match(b, host)) and _port_scheme_miss(b, request.port, scheme) is None
+        any(_binding_hosts_match(b, host)) and port_scheme_miss(b, request.port, scheme) is None
         for b in policy.bindings
     )
     inspect = connection_allowed and (
@@ -126,7 +126,7 @@ def _naive_binding(
     exact: list[str] = []
     wild: list[str] = []
     for binding in policy.bindings:
-        if _port_scheme_miss(binding, port, scheme) or _method_path_miss(
+        if port_scheme_miss(binding, port, scheme) or _method_path_miss(
             binding.match.methods, binding.match.paths, method, path
         ):
             continue

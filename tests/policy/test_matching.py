@@ -289,3 +289,23 @@ bindings:
     policy = parse_policy(text)
     assert [b.credential_names() for b in policy.bindings] == [["a", "b"], ["c"], ["k"]]
     assert policy.bindings[1].auth.substitutions[0].in_ == ["header", "query"]  # type: ignore[union-attr]
+
+
+# -- decision caches ----------------------------------------------------------------------------
+
+
+def test_connection_decisions_are_cached_and_bounded() -> None:
+    compiled = compile_policy(policy_from_dict(rules(("allow", "*.example.com"))), cache_size=8)
+    first = compiled.decide(Request("bad host!", 443, "https"))
+    assert first.reason == "invalid_host"
+    assert compiled.decide(Request("bad host!", 443, "https")) is first  # built once, then cached
+    for n in range(50):
+        assert compiled.decide(Request(f"h{n}.example.com", 443, "https")).action == "allow"
+    assert compiled._connection_cache.cache_info().currsize == 8  # bounded: least recently used go
+
+
+def test_cache_size_zero_recomputes_every_decision() -> None:
+    compiled = compile_policy(policy_from_dict(rules(("allow", "*.example.com"))), cache_size=0)
+    first = compiled.decide(Request("bad host!", 443, "https"))
+    again = compiled.decide(Request("bad host!", 443, "https"))
+    assert again == first and again is not first

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from sandgate.policy import PolicyError, Request, compile_policy, denied_range, policy_from_dict
 from sandgate.policy.addresses import address_to_check
-from tests.policy.reference import ip, naive_decide, same_decision, target_matches
+from tests.policy.reference import ip, naive_decide, port_scheme_miss, same_decision, target_matches
 
 LABELS = ["a", "b", "api", "example", "test", "cdn"]
 ADDRESSES = ["198.51.100.7", "198.51.100.200", "203.0.113.9", "10.1.2.3", "127.0.0.1", "2001:db8::5", "::1"]
@@ -122,17 +122,62 @@ def test_compiled_matches_naive_first_match(document: dict[str, Any], data: st.D
         assert same_decision(fast, slow), f"{request}\ncompiled {fast}\nnaive    {slow}"
 
 
+connections = st.one_of(
+    st.none(), st.tuples(st.sampled_from([80, 443, 8080]), st.sampled_from(["http", "https"]))
+)
+
+
 @settings(max_examples=200, deadline=None)
-@given(document=policies(), address=st.sampled_from([*ADDRESSES, "169.254.169.254", "::ffff:10.1.2.3"]))
-def test_check_address_is_first_matching_ip_rule(document: dict[str, Any], address: str) -> None:
-    """check_address = first IP/CIDR rule containing the address, else the always-deny table."""
+@given(
+    document=policies(),
+    address=st.sampled_from([*ADDRESSES, "169.254.169.254", "::ffff:10.1.2.3"]),
+    asked=st.lists(connections, min_size=1, max_size=6),
+)
+def test_check_address_is_first_matching_ip_rule(
+    document: dict[str, Any], address: str, asked: list[tuple[int, str] | None]
+) -> None:
+    """check_address = first IP/CIDR rule containing the address (and, given a request, matching
+    its port and scheme), else the always-deny table; asked repeatedly, so cached answers count."""
     policy = policy_from_dict({**document, "bindings": [], "mode": "enforce"})
-    decision = compile_policy(policy).check_address(address)
+    compiled = compile_policy(policy)
     host = address_to_check(ip(address))
-    first = next((rule for rule in policy.egress if target_matches(rule, host)), None)
-    if first is not None:
-        assert (decision.action, decision.reason, decision.rule) == (first.action, "rule", first.origin)
-    elif denied_range(host) is not None:
-        assert (decision.action, decision.reason) == ("deny", "always_denied_range")
-    else:
-        assert (decision.action, decision.reason) == ("allow", "address_ok")
+    for connection in asked:
+        request = None if connection is None else Request(address, *connection)
+        decision = compiled.check_address(address, request)
+        first = next(
+            (
+                rule
+                for rule in policy.egress
+                if target_matches(rule, host)
+                and (connection is None or port_scheme_miss(rule, *connection) is None)
+            ),
+            None,
+        )
+        if first is not None:
+            assert (decision.action, decision.reason, decision.rule) == (first.action, "rule", first.origin)
+        elif denied_range(host) is not None:
+            assert (decision.action, decision.reason) == ("deny", "always_denied_range")
+        else:
+            assert (decision.action, decision.reason) == ("allow", "address_ok")
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow]
+)
+@given(document=policies(), data=st.data())
+def test_cached_decisions_equal_uncached(document: dict[str, Any], data: st.DataObject) -> None:
+    """The decision caches change nothing: with a tiny cache (evicting all the time) decisions
+    still agree with the naive scan, and equal, detail included, those of an uncached policy."""
+    try:
+        policy = policy_from_dict(document)
+    except PolicyError:
+        return
+    cached, uncached = compile_policy(policy, cache_size=3), compile_policy(policy, cache_size=0)
+    drawn = data.draw(st.lists(requests(document), min_size=1, max_size=12))
+    for request in drawn + drawn[::-1]:  # the second pass hits (and evicts) cached entries
+        decision = cached.decide(request)
+        assert same_decision(decision, naive_decide(policy, request)), request
+        assert decision == uncached.decide(request), request
+        address = data.draw(st.sampled_from(ADDRESSES))
+        assert cached.check_address(address, request) == uncached.check_address(address, request)
+        assert cached.check_address(address) == uncached.check_address(address)
