@@ -4,6 +4,6 @@ It imports nothing of sandgate (it runs where the control plane's code must not 
 fast. Run it with `python -m sandgate.execd --host H --port P [--token T] [--root DIR]`.
 """
 
-from .app import ExecdConfig, create_app
+from .app import ExecdApp, ExecdConfig, create_app
 
-__all__ = ["ExecdConfig", "create_app"]
+__all__ = ["ExecdApp", "ExecdConfig", "create_app"]

@@ -1,13 +1,19 @@
-"""`python -m sandgate.execd --host H --port P [--token T] [--root DIR]` (also `sandgate-execd`)."""
+"""`python -m sandgate.execd --host H --port P [--token T] [--root DIR]` (also `sandgate-execd`).
+
+Rules: start-up is the sandbox's time to ready, so this imports only the app core (see app.py)
+and the small asyncio + h11 server (web.py); SIGTERM/SIGINT stop accepting, cancel open
+connections, kill every run and session and remove execd's temp directory.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import signal
 
-import uvicorn
-
-from .app import ExecdConfig, create_app
+from .app import ExecdApp, ExecdConfig
+from .web import serve
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -20,27 +26,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="require this X-EXECD-ACCESS-TOKEN on every route but /ping (default: $EXECD_ACCESS_TOKEN)",
     )
     parser.add_argument("--root", help="resolve every file path under DIR; paths may never leave it")
-    parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     return parser.parse_args(argv)
+
+
+async def run(app: ExecdApp, host: str, port: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await serve(app.respond, app.state, host, port, stop)
+    finally:
+        app.state.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.root and not os.path.isdir(args.root):
         raise SystemExit(f"sandgate-execd: --root {args.root!r} is not a directory")
-    app = create_app(ExecdConfig(token=args.token or None, root=args.root))
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=False,
-        http="h11",
-        loop="asyncio",
-        ws="none",
-        lifespan="on",
-        timeout_graceful_shutdown=3,
-    )
+    app = ExecdApp(ExecdConfig(token=args.token or None, root=args.root))
+    asyncio.run(run(app, args.host, args.port))
 
 
 if __name__ == "__main__":

@@ -1,33 +1,67 @@
-"""The execd HTTP app: the route table, the access token, error answers, startup and shutdown.
+"""The execd app: the route table, the access token, error answers, shared state and shutdown.
 
-Rules: execd imports nothing of sandgate (it runs inside the sandbox) and stays light: Starlette
-and pydantic, not FastAPI, because it must answer `/ping` well under a second after it starts.
-With a token configured, every route but `/ping` needs `X-EXECD-ACCESS-TOKEN` (compared in
-constant time); a missing or wrong token is a 401 before the route runs.
+Rules:
+1. execd imports nothing of sandgate (it runs inside the sandbox) and starts fast: the route
+   table names handlers as "module:function", and a module is imported on the first request
+   that needs it, never before `/ping` answers (`/ping` itself needs nothing but this module).
+   The state routes share (command runner, sessions, path resolver) is made on first use too.
+2. With a token configured, every route but `/ping` needs `X-EXECD-ACCESS-TOKEN` (compared in
+   constant time); a missing or wrong token is a 401 before the route runs.
+3. Every refusal is `{"code", "message"}` JSON; an unexpected error is a 500 that names the
+   request, with the traceback on execd's stderr.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hmac
 import os
-import shutil
-import tempfile
-from collections.abc import AsyncIterator
+import sys
+import traceback
 from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
 
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
-
-from . import commands, files, metrics, sessions, transfer
 from .errors import UNAUTHORIZED, ApiError
-from .paths import PathResolver
+from .web import Request, Response, Router, error_response, json_response
 
-TOKEN_HEADER = b"x-execd-access-token"
+if TYPE_CHECKING:
+    from .commands import CommandRunner
+    from .metrics import CpuSampler
+    from .paths import PathResolver
+    from .sessions import Sessions
+
+TOKEN_HEADER = "x-execd-access-token"
 OPEN_PATHS = frozenset({"/ping"})
+ROUTES = [
+    ("GET", "/ping", "app:ping"),
+    ("POST", "/command", "commands:run_command"),
+    ("DELETE", "/command", "commands:interrupt_command"),
+    ("GET", "/command/status/{id}", "commands:command_status"),
+    ("GET", "/command/{id}/logs", "commands:command_logs"),
+    ("POST", "/session", "sessions:create_session"),
+    ("POST", "/session/{session_id}/run", "sessions:run_in_session"),
+    ("DELETE", "/session/{session_id}", "sessions:delete_session"),
+    ("GET", "/metrics", "metrics:get_metrics"),
+    ("GET", "/metrics/watch", "metrics:watch_metrics"),
+    ("POST", "/files/upload", "transfer:upload"),
+    ("GET", "/files/download", "transfer:download"),
+    ("GET", "/files/info", "files:files_info"),
+    ("DELETE", "/files", "files:remove_files"),
+    ("POST", "/files/mv", "files:move_files"),
+    ("POST", "/files/permissions", "files:chmod_files"),
+    ("GET", "/files/search", "files:search_files"),
+    ("POST", "/files/replace", "files:replace_content"),
+    ("GET", "/directories/list", "files:list_directory"),
+    ("POST", "/directories", "files:make_dirs"),
+    ("DELETE", "/directories", "files:remove_dirs"),
+    # code contexts (code.py; each context runs repl_driver.py)
+    ("POST", "/code/context", "code:create_context"),
+    ("GET", "/code/contexts", "code:list_contexts"),
+    ("DELETE", "/code/contexts", "code:delete_contexts"),
+    ("GET", "/code/contexts/{context_id}", "code:get_context"),
+    ("DELETE", "/code/contexts/{context_id}", "code:delete_context"),
+    ("POST", "/code", "code:run_code"),
+    ("DELETE", "/code", "code:interrupt_code"),
+]
 
 
 @dataclass
@@ -38,92 +72,96 @@ class ExecdConfig:
     root: str | None = None
 
 
-class TokenGate:
-    """ASGI middleware: every route except /ping needs the access token when one is configured."""
+class ExecdState:
+    """What routes share; each part is made on first use (`request.state`)."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.token = token.encode()
+    def __init__(self, config: ExecdConfig) -> None:
+        if config.root is not None and not os.path.isdir(config.root):
+            raise ValueError(f"--root {config.root!r} is not a directory")
+        self.config = config
+        self.default_cwd = os.path.realpath(config.root) if config.root else os.getcwd()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope["headers"]).get(TOKEN_HEADER, b"")
-        if not hmac.compare_digest(given, self.token):
+    @cached_property
+    def resolver(self) -> PathResolver:
+        from .paths import PathResolver
+
+        return PathResolver(self.config.root)
+
+    @cached_property
+    def state_dir(self) -> str:
+        import tempfile
+
+        return tempfile.mkdtemp(prefix="sandgate-execd-")
+
+    @cached_property
+    def commands(self) -> CommandRunner:
+        from .commands import CommandRunner
+
+        return CommandRunner(self.state_dir, self.default_cwd)
+
+    @cached_property
+    def sessions(self) -> Sessions:
+        from .sessions import Sessions
+
+        return Sessions(self.commands)
+
+    @cached_property
+    def cpu(self) -> CpuSampler:
+        from .metrics import CpuSampler
+
+        return CpuSampler()
+
+    def shutdown(self) -> None:
+        """Kill every run and session, remove the state directory (only what was ever made)."""
+        made = self.__dict__
+        if "sessions" in made:
+            self.sessions.shutdown()
+        if "commands" in made:
+            self.commands.shutdown()
+        if "state_dir" in made:
+            import shutil
+
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+async def ping(request: Request) -> Response:
+    return Response()
+
+
+class ExecdApp:
+    """Request in, response out: token gate, routing, error answers."""
+
+    def __init__(self, config: ExecdConfig) -> None:
+        self.state = ExecdState(config)
+        self.token = config.token.encode() if config.token else None
+        self.router = Router(__package__ or "sandgate.execd", ROUTES)
+
+    async def respond(self, request: Request) -> Response:
+        try:
+            if self.token is not None and request.path not in OPEN_PATHS:
+                self._check_token(request)
+            return await self.router.find(request)(request)
+        except ApiError as error:
+            return error_response(error)
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            return json_response(
+                {"code": "RUNTIME_ERROR", "message": f"{request.method} {request.path} failed: {exc!r}"}, 500
+            )
+
+    def _check_token(self, request: Request) -> None:
+        import hmac  # not at start-up: it loads OpenSSL's libcrypto
+
+        given = request.headers.get(TOKEN_HEADER, "").encode("latin-1")
+        if not hmac.compare_digest(given, self.token or b""):
             what = "missing" if not given else "wrong"
-            answer = ApiError(
+            raise ApiError(
                 401,
                 UNAUTHORIZED,
                 f"{what} X-EXECD-ACCESS-TOKEN header: this execd requires the sandbox's access token "
                 "(the control plane adds it when it proxies; direct clients must send it)",
             )
-            await answer.response()(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
 
 
-async def ping(request: Request) -> Response:
-    return Response(status_code=200)
-
-
-async def api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return exc.response()
-
-
-async def unexpected_error(request: Request, exc: Exception) -> Response:
-    return JSONResponse(
-        {"code": "RUNTIME_ERROR", "message": f"{request.method} {request.url.path} failed: {exc!r}"}, 500
-    )
-
-
-def routes() -> list[Route]:
-    return [
-        Route("/ping", ping, methods=["GET"]),
-        Route("/command", commands.run_command, methods=["POST"]),
-        Route("/command", commands.interrupt_command, methods=["DELETE"]),
-        Route("/command/status/{id}", commands.command_status, methods=["GET"]),
-        Route("/command/{id}/logs", commands.command_logs, methods=["GET"]),
-        Route("/session", sessions.create_session, methods=["POST"]),
-        Route("/session/{session_id}/run", sessions.run_in_session, methods=["POST"]),
-        Route("/session/{session_id}", sessions.delete_session, methods=["DELETE"]),
-        Route("/metrics", metrics.get_metrics, methods=["GET"]),
-        Route("/metrics/watch", metrics.watch_metrics, methods=["GET"]),
-        Route("/files/upload", transfer.upload, methods=["POST"]),
-        Route("/files/download", transfer.download, methods=["GET"]),
-        Route("/files/info", files.files_info, methods=["GET"]),
-        Route("/files", files.remove_files, methods=["DELETE"]),
-        Route("/files/mv", files.move_files, methods=["POST"]),
-        Route("/files/permissions", files.chmod_files, methods=["POST"]),
-        Route("/files/search", files.search_files, methods=["GET"]),
-        Route("/files/replace", files.replace_content, methods=["POST"]),
-        Route("/directories/list", files.list_directory, methods=["GET"]),
-        Route("/directories", files.make_dirs, methods=["POST"]),
-        Route("/directories", files.remove_dirs, methods=["DELETE"]),
-    ]
-
-
-def create_app(config: ExecdConfig) -> ASGIApp:
-    resolver = PathResolver(config.root)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state_dir = tempfile.mkdtemp(prefix="sandgate-execd-")
-        app.state.resolver = resolver
-        app.state.commands = commands.CommandRunner(state_dir, resolver.root if config.root else os.getcwd())
-        app.state.sessions = sessions.Sessions(app.state.commands)
-        app.state.cpu = metrics.CpuSampler()
-        try:
-            yield
-        finally:
-            app.state.sessions.shutdown()
-            app.state.commands.shutdown()
-            shutil.rmtree(state_dir, ignore_errors=True)
-
-    app = Starlette(
-        routes=routes(),
-        lifespan=lifespan,
-        exception_handlers={ApiError: api_error, Exception: unexpected_error},
-    )
-    return TokenGate(app, config.token) if config.token else app
+def create_app(config: ExecdConfig) -> ExecdApp:
+    return ExecdApp(config)

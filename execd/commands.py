@@ -24,10 +24,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, Field, TypeAdapter, model_validator
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-
 from .errors import ApiError, bad_request, not_found
 from .events import error_event, event, frame, sse_response, with_pings
 from .paths import rfc3339
@@ -41,37 +37,54 @@ from .process import (
     pump_stream,
     terminate_group,
 )
-from .requests import parse_body
+from .requests import Field, check, parse_body
+from .web import Request, Response, json_response, text_response
 
 MAX_FINISHED = 1000
 MAX_LOG_READ = 4 * 1024 * 1024
 EVENT_QUEUE = 256
 
 
-class RunCommandRequest(BaseModel):
+RUN_COMMAND = {
+    "command": Field("str"),
+    "argv": Field("strings"),
+    "cwd": Field("str"),
+    "background": Field("bool"),
+    "timeout": Field("int", minimum=0),  # milliseconds; 0 or absent: no limit
+    "uid": Field("int", minimum=0),
+    "gid": Field("int", minimum=0),
+    "envs": Field("str_map"),
+}
+
+
+@dataclass(frozen=True)
+class RunCommandRequest:
     command: str | None = None
     argv: list[str] | None = None
     cwd: str | None = None
     background: bool = False
-    timeout: int | None = Field(default=None, ge=0, description="milliseconds; 0 or absent: no limit")
-    uid: int | None = Field(default=None, ge=0)
-    gid: int | None = Field(default=None, ge=0)
+    timeout: int | None = None
+    uid: int | None = None
+    gid: int | None = None
     envs: dict[str, str] | None = None
 
-    @model_validator(mode="after")
-    def one_command(self) -> RunCommandRequest:
-        if (self.command is None) == (self.argv is None):
-            raise ValueError(
-                "give exactly one of 'command' (shell text) or 'argv' (executable and arguments)"
+    @classmethod
+    def parse(cls, data: Any, where: str) -> RunCommandRequest:
+        values = check(data, RUN_COMMAND, where)
+        values["background"] = bool(values["background"])
+        req = cls(**values)
+        if (req.command is None) == (req.argv is None):
+            raise bad_request(
+                f"invalid {where}: give exactly one of 'command' (shell text) or 'argv' "
+                "(executable and arguments)"
             )
-        if self.command is not None and not self.command.strip():
-            raise ValueError("'command' is empty")
-        if self.argv is not None and (not self.argv or not self.argv[0] or any("\0" in a for a in self.argv)):
-            raise ValueError("'argv' needs a non-empty executable and arguments without NUL bytes")
-        return self
-
-
-RUN_COMMAND = TypeAdapter(RunCommandRequest)
+        if req.command is not None and not req.command.strip():
+            raise bad_request(f"invalid {where}: 'command' is empty")
+        if req.argv is not None and (not req.argv or not req.argv[0] or any("\0" in a for a in req.argv)):
+            raise bad_request(
+                f"invalid {where}: 'argv' needs a non-empty executable and arguments without NUL bytes"
+            )
+        return req
 
 
 @dataclass
@@ -293,12 +306,12 @@ def _remove_quietly(path: str) -> None:
 
 
 def runner_of(request: Request) -> CommandRunner:
-    runner: CommandRunner = request.app.state.commands
+    runner: CommandRunner = request.state.commands
     return runner
 
 
 async def run_command(request: Request) -> Response:
-    req = await parse_body(request, RUN_COMMAND)
+    req = await parse_body(request, RunCommandRequest.parse)
     runner = runner_of(request)
     launch = prepare(req, runner.default_cwd)
     content = req.command if req.command is not None else " ".join(req.argv or [])
@@ -314,27 +327,27 @@ async def run_command(request: Request) -> Response:
 
 
 async def interrupt_command(request: Request) -> Response:
-    run_id = request.query_params.get("id")
+    run_id = request.query("id")
     if not run_id:
         raise bad_request(
             "missing query parameter 'id' (the command id from the init event)", "MISSING_QUERY"
         )
     run = runner_of(request).get(run_id)
     await runner_of(request).interrupt(run)
-    return JSONResponse(run.status())
+    return json_response(run.status())
 
 
 async def command_status(request: Request) -> Response:
-    return JSONResponse(runner_of(request).get(request.path_params["id"]).status())
+    return json_response(runner_of(request).get(request.path_params["id"]).status())
 
 
 async def command_logs(request: Request) -> Response:
     runner = runner_of(request)
     run = runner.get(request.path_params["id"])
-    raw = request.query_params.get("cursor", "0") or "0"
+    raw = request.query("cursor") or "0"
     if not raw.isdigit():
         raise ApiError(400, "INVALID_QUERY", f"cursor {raw!r} must be a byte offset >= 0")
     data, cursor = runner.read_log(run, int(raw))
-    return PlainTextResponse(
+    return text_response(
         data.decode("utf-8", errors="replace"), headers={"EXECD-COMMANDS-TAIL-CURSOR": str(cursor)}
     )

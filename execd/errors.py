@@ -7,8 +7,6 @@ and the message says what was wrong, where, and how to fix it.
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse
-
 INVALID_REQUEST = "INVALID_REQUEST_BODY"
 MISSING_QUERY = "MISSING_QUERY"
 INVALID_PATH = "INVALID_PATH"
@@ -30,9 +28,6 @@ class ApiError(Exception):
         self.code = code
         self.message = message
         self.headers = headers
-
-    def response(self) -> JSONResponse:
-        return JSONResponse({"code": self.code, "message": self.message}, self.status, headers=self.headers)
 
 
 def bad_request(message: str, code: str = INVALID_REQUEST) -> ApiError:

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.responses import StreamingResponse
+from .web import Response
 
 PING_INTERVAL_S = 3.0
 EXEC_ERROR = "CommandExecError"
@@ -54,9 +54,10 @@ async def with_pings(events: asyncio.Queue[dict[str, Any] | None]) -> AsyncItera
         yield frame(item)
 
 
-def sse_response(body: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(
+def sse_response(body: AsyncIterator[bytes]) -> Response:
+    return Response(
+        200,
         body,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        {"cache-control": "no-cache", "x-accel-buffering": "no"},
+        "text/event-stream; charset=utf-8",
     )

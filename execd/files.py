@@ -9,6 +9,7 @@ never follow a symlink into a directory. The blocking work runs in a worker thre
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fnmatch
 import os
@@ -17,44 +18,66 @@ import secrets
 import shutil
 import stat
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
-
-from pydantic import BaseModel, Field, TypeAdapter
-from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
 from .errors import INVALID_PATH, ApiError, bad_request
 from .paths import PathResolver, Resolved, file_info, lookup_owner, os_error, parse_mode, set_mode_and_owner
-from .requests import parse_body, query_int, query_paths
+from .requests import Field, check, each_item, each_object, parse_body, query_int, query_paths
+from .web import Request, Response, json_response
 
 MAX_RESULTS = 100_000
 REPLACE_CHUNK = 1024 * 1024
 
 
-class Permission(BaseModel):
+@dataclass(frozen=True)
+class Permission:
     owner: str | None = None
     group: str | None = None
     mode: int | str | None = None
 
+    @classmethod
+    def parse(cls, data: Any, where: str) -> Permission:
+        shape = {"owner": Field("str"), "group": Field("str"), "mode": Field("mode")}
+        return cls(**check(data, shape, where))
 
-class RenameItem(BaseModel):
+
+@dataclass(frozen=True)
+class RenameItem:
     src: str
     dest: str
 
+    @classmethod
+    def parse(cls, data: Any, where: str) -> RenameItem:
+        shape = {"src": Field("str", required=True), "dest": Field("str", required=True)}
+        return cls(**check(data, shape, where))
 
-class ReplaceItem(BaseModel):
-    old: str = Field(min_length=1)
+
+@dataclass(frozen=True)
+class ReplaceItem:
+    old: str
     new: str
 
+    @classmethod
+    def parse(cls, data: Any, where: str) -> ReplaceItem:
+        shape = {"old": Field("str", required=True, min_length=1), "new": Field("str", required=True)}
+        return cls(**check(data, shape, where))
 
-PERMISSIONS = TypeAdapter(dict[str, Permission])
-RENAMES = TypeAdapter(list[RenameItem])
-REPLACEMENTS = TypeAdapter(dict[str, ReplaceItem])
+
+def permissions(data: Any, where: str) -> dict[str, Permission]:
+    return each_object(data, Permission.parse, where)
+
+
+def renames(data: Any, where: str) -> list[RenameItem]:
+    return each_item(data, RenameItem.parse, where)
+
+
+def replacements(data: Any, where: str) -> dict[str, ReplaceItem]:
+    return each_object(data, ReplaceItem.parse, where)
 
 
 def resolver_of(request: Request) -> PathResolver:
-    resolver: PathResolver = request.app.state.resolver
+    resolver: PathResolver = request.state.resolver
     return resolver
 
 
@@ -82,7 +105,7 @@ def resolved(resolver: PathResolver, paths: list[str], **options: Any) -> Iterat
 
 
 async def in_thread(function: Callable[..., Any], *args: Any) -> Any:
-    return await run_in_threadpool(function, *args)
+    return await asyncio.to_thread(function, *args)
 
 
 # -- info, delete, move, permissions -------------------------------------------------------------
@@ -94,7 +117,7 @@ def _info(resolver: PathResolver, paths: list[str]) -> dict[str, Any]:
 
 
 async def files_info(request: Request) -> Response:
-    return JSONResponse(await in_thread(_info, resolver_of(request), query_paths(request)))
+    return json_response(await in_thread(_info, resolver_of(request), query_paths(request)))
 
 
 def _remove_files(resolver: PathResolver, paths: list[str]) -> None:
@@ -113,7 +136,7 @@ def _remove_files(resolver: PathResolver, paths: list[str]) -> None:
 
 async def remove_files(request: Request) -> Response:
     await in_thread(_remove_files, resolver_of(request), query_paths(request))
-    return Response(status_code=200)
+    return Response()
 
 
 def _move(resolver: PathResolver, moves: list[RenameItem]) -> None:
@@ -142,9 +165,9 @@ def _move(resolver: PathResolver, moves: list[RenameItem]) -> None:
 
 
 async def move_files(request: Request) -> Response:
-    moves = await parse_body(request, RENAMES)
+    moves = await parse_body(request, renames)
     await in_thread(_move, resolver_of(request), moves)
-    return Response(status_code=200)
+    return Response()
 
 
 def _checked_permissions(entries: dict[str, Permission]) -> list[tuple[str, int | None, tuple[int, int]]]:
@@ -163,9 +186,9 @@ def _chmod(resolver: PathResolver, entries: dict[str, Permission]) -> None:
 
 
 async def chmod_files(request: Request) -> Response:
-    entries = await parse_body(request, PERMISSIONS)
+    entries = await parse_body(request, permissions)
     await in_thread(_chmod, resolver_of(request), entries)
-    return Response(status_code=200)
+    return Response()
 
 
 # -- search --------------------------------------------------------------------------------------
@@ -245,8 +268,8 @@ def _open_directory(target: Resolved) -> int:
 
 async def search_files(request: Request) -> Response:
     path = query_paths(request)[0]
-    pattern = request.query_params.get("pattern") or "**"
-    return JSONResponse(await in_thread(_search, resolver_of(request), path, pattern))
+    pattern = request.query("pattern") or "**"
+    return json_response(await in_thread(_search, resolver_of(request), path, pattern))
 
 
 # -- replace -------------------------------------------------------------------------------------
@@ -321,11 +344,11 @@ def _replace(resolver: PathResolver, entries: dict[str, ReplaceItem]) -> dict[st
 
 
 async def replace_content(request: Request) -> Response:
-    entries = await parse_body(request, REPLACEMENTS)
+    entries = await parse_body(request, replacements)
     counts = await in_thread(_replace, resolver_of(request), entries)
-    if request.query_params.get("verbose", "").lower() in ("1", "true", "yes"):
-        return JSONResponse(counts)
-    return Response(status_code=200)
+    if (request.query("verbose") or "").lower() in ("1", "true", "yes"):
+        return json_response(counts)
+    return Response()
 
 
 # -- directories ---------------------------------------------------------------------------------
@@ -362,7 +385,7 @@ def _list_into(entries: list[dict[str, Any]], dir_fd: int, shown: str, depth: in
 async def list_directory(request: Request) -> Response:
     path = query_paths(request)[0]
     depth = query_int(request, "depth", 1, 0) or 0
-    return JSONResponse(await in_thread(_list, resolver_of(request), path, depth))
+    return json_response(await in_thread(_list, resolver_of(request), path, depth))
 
 
 def _make_dirs(resolver: PathResolver, entries: dict[str, Permission]) -> None:
@@ -392,9 +415,9 @@ def remove_created(resolver: PathResolver, created: list[str]) -> None:
 
 
 async def make_dirs(request: Request) -> Response:
-    entries = await parse_body(request, PERMISSIONS)
+    entries = await parse_body(request, permissions)
     await in_thread(_make_dirs, resolver_of(request), entries)
-    return Response(status_code=200)
+    return Response()
 
 
 def _remove_dirs(resolver: PathResolver, paths: list[str]) -> None:
@@ -415,4 +438,4 @@ def _remove_dirs(resolver: PathResolver, paths: list[str]) -> None:
 
 async def remove_dirs(request: Request) -> Response:
     await in_thread(_remove_dirs, resolver_of(request), query_paths(request))
-    return Response(status_code=200)
+    return Response()

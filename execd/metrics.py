@@ -13,10 +13,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
 from .events import frame, now_ms, sse_response
+from .web import Request, Response, json_response
 
 WATCH_INTERVAL_S = 1.0
 FRESH_SAMPLE_S = 5.0
@@ -66,7 +64,7 @@ async def snapshot(sampler: CpuSampler) -> dict[str, Any]:
 
 
 async def get_metrics(request: Request) -> Response:
-    return JSONResponse(await snapshot(request.app.state.cpu))
+    return json_response(await snapshot(request.state.cpu))
 
 
 async def watch_metrics(request: Request) -> Response:

@@ -23,29 +23,39 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, Field, TypeAdapter
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
 from .commands import EVENT_QUEUE, CommandRunner
 from .errors import CONFLICT, ApiError, not_found
 from .events import error_event, event, frame, sse_response, with_pings
 from .process import READ_CHUNK, LineSplitter, child_env, exit_code, expand_cwd, kill_group
-from .requests import parse_body
+from .requests import Field, check, parse_body
+from .web import Request, Response, json_response
 
 
-class CreateSessionRequest(BaseModel):
+@dataclass(frozen=True)
+class CreateSessionRequest:
     cwd: str | None = None
 
+    @classmethod
+    def parse(cls, data: Any, where: str) -> CreateSessionRequest:
+        return cls(**check(data, {"cwd": Field("str")}, where))
 
-class RunInSessionRequest(BaseModel):
-    command: str = Field(min_length=1)
+
+RUN_IN_SESSION = {
+    "command": Field("str", required=True, min_length=1),
+    "cwd": Field("str"),
+    "timeout": Field("int", minimum=0),
+}
+
+
+@dataclass(frozen=True)
+class RunInSessionRequest:
+    command: str
     cwd: str | None = None
-    timeout: int | None = Field(default=None, ge=0)
+    timeout: int | None = None
 
-
-CREATE_SESSION = TypeAdapter(CreateSessionRequest)
-RUN_IN_SESSION = TypeAdapter(RunInSessionRequest)
+    @classmethod
+    def parse(cls, data: Any, where: str) -> RunInSessionRequest:
+        return cls(**check(data, RUN_IN_SESSION, where))
 
 
 @dataclass
@@ -201,20 +211,20 @@ class Sessions:
 
 
 def sessions_of(request: Request) -> Sessions:
-    sessions: Sessions = request.app.state.sessions
+    sessions: Sessions = request.state.sessions
     return sessions
 
 
 async def create_session(request: Request) -> Response:
-    req = await parse_body(request, CREATE_SESSION, optional=True)
+    req = await parse_body(request, CreateSessionRequest.parse, optional=True)
     session = await sessions_of(request).create(req.cwd)
-    return JSONResponse({"session_id": session.id})
+    return json_response({"session_id": session.id})
 
 
 async def run_in_session(request: Request) -> Response:
     sessions = sessions_of(request)
     session = sessions.get(request.path_params["session_id"])
-    req = await parse_body(request, RUN_IN_SESSION)
+    req = await parse_body(request, RunInSessionRequest.parse)
     if session.busy.locked():
         raise ApiError(
             409, CONFLICT, f"session {session.id} is running another command; wait for it to finish"
@@ -224,4 +234,4 @@ async def run_in_session(request: Request) -> Response:
 
 async def delete_session(request: Request) -> Response:
     sessions_of(request).delete(request.path_params["session_id"])
-    return Response(status_code=200)
+    return Response()

@@ -14,6 +14,7 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -22,35 +23,39 @@ import secrets
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
-
-from pydantic import BaseModel, ConfigDict, TypeAdapter
-from python_multipart.multipart import MultipartParser, parse_options_header
-from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
 
 from .errors import INVALID_PATH, RANGE_NOT_SATISFIABLE, ApiError, bad_request
 from .files import remove_created
 from .paths import PathResolver, Resolved, lookup_owner, os_error, parse_mode
-from .requests import query_int, validate
+from .requests import Field, check, query_int
+from .web import Request, Response, iterate_in_thread
+
+if TYPE_CHECKING:
+    from python_multipart.multipart import MultipartParser
 
 CHUNK = 1024 * 1024
 MAX_METADATA = 64 * 1024
 DEFAULT_FILE_MODE = 0o644
 
 
-class FileMetadata(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+@dataclass(frozen=True)
+class FileMetadata:
     path: str
     owner: str | None = None
     group: str | None = None
     mode: int | str | None = None
 
-
-FILE_METADATA = TypeAdapter(FileMetadata)
+    @classmethod
+    def parse(cls, data: Any, where: str) -> FileMetadata:
+        shape = {
+            "path": Field("str", required=True),
+            "owner": Field("str"),
+            "group": Field("str"),
+            "mode": Field("mode"),
+        }
+        return cls(**check(data, shape, where))
 
 
 @dataclass
@@ -101,6 +106,8 @@ class UploadParser:
         self._value.clear()
 
     def _headers_finished(self) -> None:
+        from python_multipart.multipart import parse_options_header
+
         _, options = parse_options_header(self._headers.get(b"content-disposition", b""))
         self._part = options.get(b"name", b"").decode("utf-8", errors="replace")
         if self._part == "metadata":
@@ -135,7 +142,7 @@ class UploadParser:
                 data = json.loads(self._metadata)
             except ValueError:
                 raise bad_request('metadata part is not JSON like {"path": ..., "mode": 644}') from None
-            self._next = validate(data, FILE_METADATA, "upload metadata")
+            self._next = FileMetadata.parse(data, "upload metadata")
         elif self._current is not None:
             self._current = None
 
@@ -198,6 +205,8 @@ class UploadParser:
 
 
 def multipart_boundary(request: Request) -> bytes:
+    from python_multipart.multipart import parse_options_header
+
     kind, options = parse_options_header(request.headers.get("content-type"))
     boundary = options.get(b"boundary")
     if kind != b"multipart/form-data" or not boundary:
@@ -206,23 +215,25 @@ def multipart_boundary(request: Request) -> bytes:
 
 
 async def upload(request: Request) -> Response:
-    parser = UploadParser(request.app.state.resolver)
+    from python_multipart.multipart import MultipartParser  # imported on the first upload only
+
+    parser = UploadParser(request.state.resolver)
     multipart = MultipartParser(multipart_boundary(request), parser.callbacks())  # type: ignore[arg-type]
     batch = bytearray()
     try:
         async for chunk in request.stream():
             batch += chunk
             if len(batch) >= CHUNK:
-                await run_in_threadpool(_feed, multipart, bytes(batch))
+                await asyncio.to_thread(_feed, multipart, bytes(batch))
                 batch.clear()
-        await run_in_threadpool(_feed, multipart, bytes(batch))
-        await run_in_threadpool(multipart.finalize)
+        await asyncio.to_thread(_feed, multipart, bytes(batch))
+        await asyncio.to_thread(multipart.finalize)
         if not parser.pending:
             raise bad_request("upload carried no 'metadata' + 'file' part pair")
-        await run_in_threadpool(parser.commit)
+        await asyncio.to_thread(parser.commit)
     finally:
-        await run_in_threadpool(parser.close)
-    return Response(status_code=200)
+        await asyncio.to_thread(parser.close)
+    return Response()
 
 
 def _feed(multipart: MultipartParser, data: bytes) -> None:
@@ -319,14 +330,11 @@ async def download(request: Request) -> Response:
     range_header = request.headers.get("range")
     if range_header and (offset is not None or limit is not None):
         raise bad_request("Range and offset/limit are mutually exclusive: use one or the other")
-    fd, st, path = await run_in_threadpool(
-        open_for_read, request.app.state.resolver, request.query_params.get("path")
-    )
+    fd, st, path = await asyncio.to_thread(open_for_read, request.state.resolver, request.query("path"))
     try:
         if offset is not None or limit is not None:
-            return StreamingResponse(
-                read_lines(fd, offset or 1, limit), media_type="text/plain; charset=utf-8"
-            )
+            lines = iterate_in_thread(read_lines(fd, offset or 1, limit))
+            return Response(200, lines, content_type="text/plain; charset=utf-8")
         name = quote(os.path.basename(path))
         headers = {"Accept-Ranges": "bytes", "Content-Disposition": f"attachment; filename*=UTF-8''{name}"}
         if range_header:
@@ -335,11 +343,12 @@ async def download(request: Request) -> Response:
                 "Content-Range": f"bytes {first}-{last}/{st.st_size}",
                 "Content-Length": str(last - first + 1),
             }
-            return StreamingResponse(
-                read_span(fd, first, last - first + 1), 206, headers, "application/octet-stream"
-            )
+            span = iterate_in_thread(read_span(fd, first, last - first + 1))
+            return Response(206, span, headers, "application/octet-stream")
         headers["Content-Length"] = str(st.st_size)
-        return StreamingResponse(read_span(fd, 0, st.st_size), 200, headers, "application/octet-stream")
+        return Response(
+            200, iterate_in_thread(read_span(fd, 0, st.st_size)), headers, "application/octet-stream"
+        )
     except BaseException:
         os.close(fd)
         raise
