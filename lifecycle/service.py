@@ -449,8 +449,11 @@ class Service:
         new: dict[str, Any],
         what: str,
     ) -> None:
+        """One policy_change record. `old`/`new` are the whole documents (policy or credential-vault
+        state: rule, binding and vault entry names, never a value), so the console can diff them."""
         summary = {"actor": actor, "change": what, "old_revision": old_revision, "revision": new_revision,
-                   "old_digest": digest(old) if old else None, "new_digest": digest(new)}  # fmt: skip
+                   "old_digest": digest(old) if old else None, "new_digest": digest(new),
+                   "old": old if old_revision else None, "new": new}  # fmt: skip
         try:
             self.audit(sandbox_id, what, summary)
         except Exception:

@@ -74,6 +74,12 @@ class Settings(BaseSettings):
         100 * 1024 * 1024, ge=1024, description="rotate the audit log past this size"
     )
     audit_backups: int = Field(10, ge=0)
+    audit_max_age_days: float | None = Field(
+        None, gt=0, description="the audit index drops records older than this (the JSONL is kept)"
+    )
+    audit_max_rows: int | None = Field(
+        None, ge=1, description="the audit index keeps at most this many newest records"
+    )
 
     @classmethod
     def settings_customise_sources(

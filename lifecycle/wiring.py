@@ -18,7 +18,7 @@ import httpx
 from fastapi import APIRouter
 
 from sandgate.lifecycle.api.auth import keys_match
-from sandgate.lifecycle.audit import AuditStore, audit_router
+from sandgate.lifecycle.audit import AuditStore, Retention, audit_router
 from sandgate.lifecycle.console import console_router
 from sandgate.lifecycle.images import ImageStore
 from sandgate.lifecycle.kernel import instance_tag
@@ -121,7 +121,8 @@ def audit_and_console(
 ) -> tuple[AuditStore, list[APIRouter]]:
     """The audit query API (/v1/audit, behind the API-key middleware) and the console (/console,
     its own cookie login), both reading the audit index of the state dir."""
-    audit = AuditStore(settings.state_dir)
+    retention = Retention(max_age_days=settings.audit_max_age_days, max_rows=settings.audit_max_rows)
+    audit = AuditStore(settings.state_dir, retention)
 
     def sandboxes() -> list[dict[str, Any]]:
         return [

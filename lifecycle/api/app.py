@@ -64,7 +64,7 @@ def create_app(
         return {"version": version("sandgate"), "compatible": "opensandbox-1.1.1"}
 
     for prefix in API_PREFIXES:
-        for router in (sandboxes.router, egress.router, proxy.router):
+        for router in (sandboxes.router, egress.router, egress.network_policy_router, proxy.router):
             app.include_router(router, prefix=prefix)
     for router in extra_routers:
         app.include_router(router)

@@ -9,10 +9,13 @@ sandbox's trust domain, at `/v1/sandboxes/{id}/egress/...`. Rules:
    sandgate policy document (L7 rules, bindings to named vault entries).
 3. Every change goes through `Service.change_policy`/`change_vault`: validated whole, pushed to
    the proxy, persisted, audited.
+4. The lifecycle API's `/sandboxes/{id}/networkpolicy` (what the SDK uses for template sandboxes)
+   is the same policy API behind the server's API key, answering errors as `{code, message}`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Request, Response
@@ -30,7 +33,7 @@ from sandgate.lifecycle.api.egress_models import (
 )
 from sandgate.lifecycle.api.errors import EgressError
 from sandgate.lifecycle.api.models import NetworkPolicy, NetworkRule
-from sandgate.lifecycle.api.sandboxes import EGRESS_AUTH_HEADER, KIND_STATUS, service_of
+from sandgate.lifecycle.api.sandboxes import EGRESS_AUTH_HEADER, ERRORS, KIND_STATUS, call, service_of
 from sandgate.lifecycle.api.vault_state import (
     binding_metadata,
     build_create,
@@ -85,16 +88,46 @@ def policy_status(service: Service, state: EgressState) -> PolicyStatusResponse:
     return PolicyStatusResponse(mode=mode, policy=view, enforcementMode="proxy")  # type: ignore[arg-type]
 
 
-def _change(request: Request, sandbox_id: str, actor: str, what: str, change: Any) -> PolicyStatusResponse:
+Runner = Callable[..., Any]  # `run` (egress API: text errors) or `call` (lifecycle API: JSON errors)
+Change = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def read_policy(request: Request, sandbox_id: str, runner: Runner) -> PolicyStatusResponse:
     service = service_of(request)
-    state = run(service.change_policy, sandbox_id, change, actor, what)
+    return policy_status(service, runner(service.policy, sandbox_id))
+
+
+def change_policy(
+    request: Request, sandbox_id: str, actor: str, what: str, change: Change, runner: Runner
+) -> PolicyStatusResponse:
+    service = service_of(request)
+    state = runner(service.change_policy, sandbox_id, change, actor, what)
     return policy_status(service, state)
+
+
+def replacing(request: Request, body: NetworkPolicy | None) -> Change:
+    """Replace the whole policy; None (empty body, `null`, `{}`) means deny everything."""
+    policies = service_of(request).policies
+    wanted = body.model_dump(by_alias=True, exclude_none=True) if body else None
+    return lambda current: policies.replace_opensandbox(current, wanted)
+
+
+def patching(request: Request, rules: list[NetworkRule]) -> Change:
+    """Merge rules: same target overrides, new rules come first, first duplicate in the body wins."""
+    policies = service_of(request).policies
+    wire = [rule.model_dump() for rule in rules]
+    return lambda current: policies.patch_rules(current, wire)
+
+
+def deleting(request: Request, targets: list[str]) -> Change:
+    """Remove the rules for these targets; unknown targets are ignored."""
+    policies = service_of(request).policies
+    return lambda current: policies.delete_targets(current, targets)
 
 
 @router.get("/policy", response_model=PolicyStatusResponse, response_model_exclude_none=True)
 def get_policy(request: Request, sandbox_id: str, actor: Actor) -> PolicyStatusResponse:
-    service = service_of(request)
-    return policy_status(service, run(service.policy, sandbox_id))
+    return read_policy(request, sandbox_id, run)
 
 
 @router.put("/policy", response_model=PolicyStatusResponse, response_model_exclude_none=True)
@@ -103,13 +136,7 @@ def replace_policy(
     request: Request, sandbox_id: str, actor: Actor, body: Annotated[NetworkPolicy | None, Body()] = None
 ) -> PolicyStatusResponse:
     """Replace the policy; an empty body, `null` or `{}` means deny everything."""
-    policies = service_of(request).policies
-    wanted = body.model_dump(by_alias=True, exclude_none=True) if body else None
-
-    def change(current: dict[str, Any]) -> dict[str, Any]:
-        return policies.replace_opensandbox(current, wanted)
-
-    return _change(request, sandbox_id, actor, "policy replace", change)
+    return change_policy(request, sandbox_id, actor, "policy replace", replacing(request, body), run)
 
 
 @router.patch("/policy", response_model=PolicyStatusResponse, response_model_exclude_none=True)
@@ -117,9 +144,7 @@ def patch_policy(
     request: Request, sandbox_id: str, actor: Actor, rules: Annotated[list[NetworkRule], Body(min_length=1)]
 ) -> PolicyStatusResponse:
     """Merge rules: same target overrides, new rules come first, first duplicate in the body wins."""
-    policies = service_of(request).policies
-    wire = [rule.model_dump() for rule in rules]
-    return _change(request, sandbox_id, actor, "policy patch", lambda doc: policies.patch_rules(doc, wire))
+    return change_policy(request, sandbox_id, actor, "policy patch", patching(request, rules), run)
 
 
 @router.delete("/policy", response_model=PolicyStatusResponse, response_model_exclude_none=True)
@@ -127,10 +152,46 @@ def delete_policy_rules(
     request: Request, sandbox_id: str, actor: Actor, targets: Annotated[list[str], Body(min_length=1)]
 ) -> PolicyStatusResponse:
     """Remove the rules for these targets; unknown targets are ignored."""
-    policies = service_of(request).policies
-    return _change(
-        request, sandbox_id, actor, "policy delete", lambda doc: policies.delete_targets(doc, targets)
-    )
+    return change_policy(request, sandbox_id, actor, "policy delete", deleting(request, targets), run)
+
+
+# --- /sandboxes/{id}/networkpolicy: the same policy API on the lifecycle side (API key) ---------
+
+network_policy_router = APIRouter(
+    prefix="/sandboxes/{sandbox_id}/networkpolicy", tags=["Sandboxes"], responses=ERRORS
+)
+NETWORK_POLICY_ACTOR = "api-key"  # the auth middleware has checked the key
+
+
+@network_policy_router.get("", response_model=PolicyStatusResponse, response_model_exclude_none=True)
+def get_network_policy(request: Request, sandbox_id: str) -> PolicyStatusResponse:
+    """The sandbox's egress policy in the OpenSandbox shape."""
+    return read_policy(request, sandbox_id, call)
+
+
+@network_policy_router.put("", response_model=PolicyStatusResponse, response_model_exclude_none=True)
+def replace_network_policy(request: Request, sandbox_id: str, body: NetworkPolicy) -> PolicyStatusResponse:
+    """Replace the whole policy (`{}` means deny everything)."""
+    change = replacing(request, body)
+    return change_policy(request, sandbox_id, NETWORK_POLICY_ACTOR, "networkpolicy replace", change, call)
+
+
+@network_policy_router.patch("", response_model=PolicyStatusResponse, response_model_exclude_none=True)
+def patch_network_policy(
+    request: Request, sandbox_id: str, rules: Annotated[list[NetworkRule], Body(min_length=1)]
+) -> PolicyStatusResponse:
+    """Merge rules as the egress API's PATCH does; defaultAction stays."""
+    change = patching(request, rules)
+    return change_policy(request, sandbox_id, NETWORK_POLICY_ACTOR, "networkpolicy patch", change, call)
+
+
+@network_policy_router.delete("", response_model=PolicyStatusResponse, response_model_exclude_none=True)
+def delete_network_policy_rules(
+    request: Request, sandbox_id: str, targets: Annotated[list[str], Body(min_length=1)]
+) -> PolicyStatusResponse:
+    """Remove the rules for these targets (idempotent); defaultAction stays."""
+    change = deleting(request, targets)
+    return change_policy(request, sandbox_id, NETWORK_POLICY_ACTOR, "networkpolicy delete", change, call)
 
 
 @router.get("/sandgate-policy")

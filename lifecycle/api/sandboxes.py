@@ -265,7 +265,7 @@ def diagnostics(request: Request, sandbox_id: str, kind: str, scope: str | None)
     record = call(service_of(request).get, sandbox_id)
     content, truncated = audit_tail(request.app.state.audit_path, sandbox_id, policy_changes=kind == "events")
     if kind == "events":
-        status = f'{{"state": "{record.state}", "reason": "{record.reason or ""}"}}'
+        status = json.dumps({"state": record.state, "reason": record.reason or ""})
         content = f"{content}\n{status}".strip()
     if scope is None:
         return PlainTextResponse(content)

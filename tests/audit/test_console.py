@@ -7,8 +7,6 @@ Screenshots go to $SANDGATE_SCREENSHOTS (default: the test's temp dir) for a hum
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -17,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from tests.audit.browser import chromium, needs_chromium, new_page, screenshot_dir
+from tests.audit.browser import log_in as login
 from tests.audit.conftest import API_KEY, Served, generated, serve, wait_indexed, write_records
 
-playwright_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = shutil.which("chromium") and Path("/usr/lib/chromium/chromium")
-pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMIUM.exists()), reason="Debian chromium not installed")
+pytestmark = needs_chromium
 
 OLD_POLICY = {
     "egress": [
@@ -103,50 +101,23 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    # Playwright gives every launch a fresh temporary profile (it refuses --user-data-dir here).
-    with playwright_api.sync_playwright() as driver:
-        instance = driver.chromium.launch(
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=[
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
-        try:
-            yield instance
-        finally:
-            instance.close()
+    with chromium() as instance:
+        yield instance
 
 
 @pytest.fixture
 def page(browser: Any, console: tuple[Served, list[dict[str, Any]]]) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1440, "height": 1000})
-    tab = context.new_page()
-    tab.set_default_timeout(10_000)
-    try:
+    with new_page(browser) as tab:
         yield tab
-    finally:
-        context.close()
 
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = Path(os.environ.get("SANDGATE_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
-    target.mkdir(parents=True, exist_ok=True)
-    return target
+    return screenshot_dir(tmp_path_factory)
 
 
 def log_in(page: Any, url: str, key: str = API_KEY) -> None:
-    page.goto(url + "/console")
-    page.fill("input[name=key]", key)
-    page.click("button[type=submit]")
+    login(page, url, key)
 
 
 def test_login_is_required_and_sets_an_httponly_cookie(

@@ -5,6 +5,8 @@ Use it as a context manager (or through a fixture):
     with sandgate_server(tmp_path) as server:
         server.client().get("/v1/sandboxes")          # httpx client with the API key set
         server.create_sandbox(network_policy=...)      # -> the JSON the API answered
+        server.run(sandbox_id, "curl -sS http://api.example.com/")   # -> CommandResult via execd
+        server.proxy_pid()                              # the supervised proxy child, to kill it
         server.restart()                               # same state dir: re-adoption
 
 The server runs in the test process's network namespace (conftest moves pytest into a fresh
@@ -17,6 +19,7 @@ netns, veths, the nft table, the proxy child) is removed on exit, also when the 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -25,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,33 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def parse_execd_events(body: str) -> CommandResult:
+    """execd's command stream (one JSON object per blank-line separated frame) -> its result."""
+    out: dict[str, list[str]] = {"stdout": [], "stderr": []}
+    exit_code: int | None = None
+    for frame in body.split("\n\n"):
+        if not frame.strip():
+            continue
+        event = json.loads(frame.strip().removeprefix("data:"))
+        if event["type"] in out:
+            out[event["type"]].append(event.get("text", ""))
+        elif event["type"] == "execution_complete":
+            exit_code = 0
+        elif event["type"] == "error":
+            evalue = event["error"]["evalue"]
+            exit_code = int(evalue) if evalue.lstrip("-").isdigit() else -1
+    if exit_code is None:
+        raise AssertionError(f"execd's stream ended without a result:\n{body[-2000:]}")
+    return CommandResult(exit_code, "".join(out["stdout"]), "".join(out["stderr"]))
 
 
 class SandgateServer:
@@ -132,6 +163,34 @@ class SandgateServer:
         if response.status_code != 202:
             raise AssertionError(f"create answered {response.status_code}: {response.text}")
         return response.json()  # type: ignore[no-any-return]
+
+    def run(
+        self, sandbox_id: str, command: str, timeout: float = 60.0, background: bool = False
+    ) -> CommandResult:
+        """Run a shell command in the sandbox (execd reached through the server's reverse proxy);
+        a background command answers at once and keeps running."""
+        body: dict[str, Any] = {"command": command, "background": background}
+        if not background:
+            body["timeout"] = int(timeout * 1000)
+        with self.client(timeout=timeout) as client:
+            response = client.post(f"/v1/sandboxes/{sandbox_id}/proxy/44772/command", json=body)
+        if response.status_code != 200:
+            raise AssertionError(f"execd answered {response.status_code}: {response.text}")
+        return parse_execd_events(response.text)
+
+    def proxy_pid(self) -> int:
+        """PID of the proxy child this server supervises now (it changes when it is restarted)."""
+        assert self.process is not None, "the server is not running"
+        config = str(self.state_dir / "proxy.json").encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if parent == self.process.pid and b"sandgate.proxy" in argv and config in argv:
+                    return int(entry.name)
+        raise LookupError(f"no proxy child of server pid {self.process.pid} (is it restarting?)")
 
     def delete_all(self) -> None:
         with self.client() as client:
