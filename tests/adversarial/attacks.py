@@ -107,9 +107,16 @@ def raw(
     sni: str | None = None,
     ca: str | None = None,
     verify: bool = True,
+    pad_headers: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
-    """Connect (TCP, optionally TLS with this SNI), send `payload` (\\n -> CRLF if marked), read the reply."""
+    """Connect (TCP, optionally TLS with this SNI), send `payload`, read the reply. `pad_headers`
+    (size, count) adds that many headers of that size before the payload's final CRLF (built
+    here: a command line cannot carry 200 kB)."""
     host = gateway() if host == "GATEWAY" else host
+    size, count = pad_headers
+    if count:
+        padding = "".join(f"X-Pad-{n}: {'a' * size}\r\n" for n in range(count))
+        payload = payload[:-2] + padding + "\r\n"
     try:
         sock = open_conn(host, port, family, sni, ca, verify)
     except (OSError, ssl.SSLError) as exc:
@@ -344,12 +351,12 @@ def connect_loop(host: str, port: int, seconds: float, gap: float, sni: str, pat
     attempts: list[dict[str, Any]] = []
     deadline = time.monotonic() + min(seconds, 40)
     while time.monotonic() < deadline and len(attempts) < 1000:
-        started = time.monotonic()
+        started, wall = time.monotonic(), time.time()  # wall clock: the test compares it with its own
         result = raw(host, port, f"GET {path} HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n", sni=sni)
         status = result.get("reply", "")[:12]
         attempts.append(
             {
-                "t": round(started, 3),
+                "t": round(wall, 3),
                 "connected": result["connected"],
                 "status": status,
                 "error": result.get("error"),

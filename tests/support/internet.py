@@ -13,11 +13,12 @@ and the origin addresses):
 
     GET  /               "hello from origin"
     ANY  /echo           JSON {"method", "path", "headers": {...}, "body"}: reflects the request;
-                         ?chunk=N streams that JSON in N-byte pieces, ?reflect=NAME also returns
+                         ?chunk=N streams that JSON in N-byte pieces (?gap=S apart, default
+                         0.005), ?reflect=NAME also returns
                          request header NAME as response header `x-reflected`
     GET  /sse?n=3&gap=0.3  text/event-stream, n events `gap` seconds apart, then the stream ends
     GET  /redirect?to=URL  302 to URL
-    GET  /bytes?n=N      N bytes of b"x"
+    GET  /bytes?n=N      N bytes of b"x" (?type=T: content-type T, default application/octet-stream)
     WS   /ws             echoes every message
 
 DNS (UDP, `DNS_ADDR`:53) answers only the names the test sets with `net.set_names({...})` and
@@ -256,6 +257,7 @@ def _serve(workdir: Path) -> None:
         reflect = request.query_params.get("reflect")
         headers = {"x-reflected": request.headers[reflect]} if reflect and reflect in request.headers else {}
         chunk = int(request.query_params.get("chunk", "0"))
+        gap = float(request.query_params.get("gap", "0.005"))
         if not chunk:
             return JSONResponse(reflected, headers=headers)
         data = json.dumps(reflected).encode()
@@ -263,7 +265,7 @@ def _serve(workdir: Path) -> None:
         async def pieces() -> Iterator[bytes]:  # type: ignore[misc]
             for start in range(0, len(data), chunk):
                 yield data[start : start + chunk]
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(gap)
 
         return StreamingResponse(pieces(), media_type="application/json", headers=headers)  # type: ignore[arg-type]
 
@@ -283,9 +285,8 @@ def _serve(workdir: Path) -> None:
         return RedirectResponse(request.query_params["to"], status_code=302)
 
     async def many_bytes(request: Request) -> Response:
-        return Response(
-            b"x" * int(request.query_params.get("n", "1024")), media_type="application/octet-stream"
-        )
+        media_type = request.query_params.get("type", "application/octet-stream")
+        return Response(b"x" * int(request.query_params.get("n", "1024")), media_type=media_type)
 
     async def ws_echo(websocket: WebSocket) -> None:
         await websocket.accept()

@@ -1,0 +1,117 @@
+"""Failure as an attack: the proxy killed mid-stream (fail closed, then restarted with every
+entry re-pushed) and a malformed policy update (rejected whole, the old policy stays in force).
+
+The crash test kills the proxy child of this package's server by its PID (found as the child
+process of `sandgate serve` running `sandgate.proxy`), never by name."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.adversarial.conftest import BOUND_HOST, DENIED_HOST, Attacker
+
+pytestmark = pytest.mark.root
+RESTART_TIMEOUT = 20.0
+
+
+def proxy_pid(server_pid: int) -> int:
+    for task in Path(f"/proc/{server_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            if b"sandgate.proxy" in cmdline:
+                return int(child)
+    raise AssertionError(f"no sandgate.proxy child of pid {server_pid}")
+
+
+def test_proxy_crash_mid_stream_fails_closed_and_restarts(attacker: Attacker) -> None:
+    server = attacker.server
+    assert server.process is not None
+    old_pid = proxy_pid(server.process.pid)
+    outcome: dict[str, Any] = {}
+
+    def watch() -> None:  # in the sandbox: repeated requests for 12 s, straddling the crash
+        outcome.update(
+            attacker.attack(
+                "connect_loop", host=BOUND_HOST, port=443, seconds=12, gap=0.1, sni=BOUND_HOST, path="/"
+            )
+        )
+
+    def stream_events() -> None:  # an SSE stream that is open when the proxy dies
+        outcome["sse"] = attacker.curl(
+            "--http1.1", "-N", f"'https://{BOUND_HOST}/sse?n=40&gap=0.25'", timeout=20
+        )
+
+    stream = threading.Thread(target=stream_events)
+    watcher = threading.Thread(target=watch)
+    stream.start()
+    watcher.start()
+    time.sleep(2.0)
+    killed_at = time.time()
+    os.kill(old_pid, signal.SIGKILL)  # by PID: the proxy child found above
+    stream.join(30)
+    watcher.join(40)
+    sse = outcome["sse"]
+    assert sse.exit_code != 0 and sse.stdout.count("id: ") < 40, sse  # the stream broke, it did not go around
+    attempts = outcome["attempts"]
+    after = [a for a in attempts if a["t"] > killed_at + 0.05]
+    down = [a for a in after if not a["status"].startswith("HTTP/1.1 200")]
+    assert down, attempts  # there was a window without a proxy, and it refused, not leaked
+    assert all(not a["status"] for a in down), down  # refused or reset: no answer from anywhere
+    assert after and after[-1]["status"].startswith("HTTP/1.1 200"), after[-3:]  # restarted, re-pushed
+    new_pid = proxy_pid(server.process.pid)
+    assert new_pid != old_pid
+    # The restarted proxy has the entries back: still injecting, still denying.
+    mark = len(attacker.internet.origin_requests())
+    assert attacker.curl(f"https://{BOUND_HOST}/echo").exit_code == 0
+    [seen] = attacker.origin_requests_since(mark)
+    assert seen["headers"]["authorization"].startswith("Bearer ")
+    denied = attacker.curl("-o /dev/null", "-w '%{http_code}'", f"http://{DENIED_HOST}/", timeout=5)
+    assert denied.stdout in ("000", "403")
+
+
+@pytest.mark.parametrize(
+    "bad_policy",
+    [
+        {"defaultAction": "allow", "egress": [{"action": "allow", "target": "*"}]},
+        {"defaultAction": "deny", "egress": [{"action": "allow", "target": "ok.example.com"}], "bogus": 1},
+        {"defaultAction": "deny", "egress": [{"action": "allow", "target": "10.0.0.0/33"}]},
+        {"defaultAction": "deny", "egress": [{"action": "permit", "target": "ok.example.com"}]},
+        {
+            "defaultAction": "allow",
+            "egress": [],
+            "bindings": [{"name": "x", "match": {"hosts": ["evil.example.com"]}, "auth": {"type": "bearer"}}],
+        },
+    ],
+)
+def test_malformed_policy_update_is_rejected_whole(attacker: Attacker, bad_policy: dict[str, Any]) -> None:
+    sandbox_id = attacker.sandbox.id
+    with attacker.server.client() as client:
+        before = client.get(f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy").json()
+        answer = client.put(f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy", json={"policy": bad_policy})
+        assert 400 <= answer.status_code < 500, answer.text
+        assert answer.text.strip(), "the error says what was wrong"
+        after = client.get(f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy").json()
+    assert after == before
+    denied = attacker.curl("-o /dev/null", "-w '%{http_code}'", f"http://{DENIED_HOST}/", timeout=5)
+    assert denied.stdout in ("000", "403")
+    assert attacker.curl(f"https://{BOUND_HOST}/").stdout.strip() == "hello from origin"
+
+
+def test_malformed_osb_patch_is_rejected_and_the_old_policy_kept(attacker: Attacker) -> None:
+    before = attacker.sandbox.get_egress_policy()
+    with attacker.server.client() as client:
+        answer = client.patch(
+            f"/v1/sandboxes/{attacker.sandbox.id}/egress/policy",
+            json=[{"action": "allow", "target": DENIED_HOST}, {"action": "allow", "target": "*"}],
+        )
+    assert 400 <= answer.status_code < 500, answer.text
+    assert attacker.sandbox.get_egress_policy() == before
+    denied = attacker.curl("-o /dev/null", "-w '%{http_code}'", f"http://{DENIED_HOST}/", timeout=5)
+    assert denied.stdout in ("000", "403")

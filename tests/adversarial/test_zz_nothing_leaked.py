@@ -1,0 +1,73 @@
+"""Runs last in the package (module order): after every attack above, the evidence as a whole.
+
+The secret is in no product log line and no file of the state dir but the encrypted vault; no
+canary was ever reached; no origin ever saw a request straight from a sandbox address, a request
+for the denied host, or the credential anywhere but the bound host over TLS; the test internet's
+resolver never saw a name of the exfiltration zone."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.adversarial.conftest import (
+    BOUND_HOST,
+    DENIED_HOST,
+    EXFIL_ZONE,
+    SECRET,
+    Attacker,
+    Canaries,
+    find_leak,
+)
+from tests.adversarial.test_identity import FRONTED_PATH
+from tests.support.internet import ORIGIN_V4
+
+pytestmark = pytest.mark.root
+
+
+def state_files(root: Path) -> list[Path]:
+    """Regular files under the state dir, not descending into mount points: a running sandbox's
+    root is mounted there, and its lower layer is the host's whole root."""
+    found = []
+    for directory, subdirs, files in os.walk(root):
+        subdirs[:] = [d for d in subdirs if not os.path.ismount(os.path.join(directory, d))]
+        found += [
+            Path(directory, f)
+            for f in files
+            if Path(directory, f).is_file() and not Path(directory, f).is_symlink()
+        ]
+    return found
+
+
+def test_the_secret_is_in_no_log_line_and_no_state_file(attacker: Attacker) -> None:
+    server = attacker.server
+    scanned = []
+    for path in [server.log_path, *state_files(server.state_dir)]:
+        data = path.read_bytes()
+        scanned.append(path.name)
+        assert find_leak(data) is None, f"the secret is in {path}"
+    assert "audit.jsonl" in scanned and "proxy.log" in scanned
+    records = attacker.audit()
+    assert len(records) > 100 and not [r for r in records if SECRET in str(r)]
+
+
+def test_no_canary_was_ever_reached(canaries: Canaries) -> None:
+    assert canaries.hits() == []
+
+
+def test_origins_saw_only_proxied_requests_and_the_credential_only_where_bound(attacker: Attacker) -> None:
+    seen = attacker.internet.origin_requests()
+    assert seen, "the suite made allowed requests too"
+    assert not [r for r in seen if r["client"].startswith("10.")], "a sandbox reached an origin directly"
+    denied = [r for r in seen if r["headers"].get("host", "").startswith(DENIED_HOST)]
+    assert [r["path"] for r in denied] == [FRONTED_PATH], denied  # only the documented fronting trade-off
+    carrying = [r for r in seen if SECRET in str(r)]
+    assert carrying and all(
+        r["server"] == f"{ORIGIN_V4}:443" and r["headers"]["host"] == BOUND_HOST for r in carrying
+    ), carrying
+
+
+def test_the_resolver_never_saw_the_exfiltration_zone(attacker: Attacker) -> None:
+    assert not [q for q in attacker.internet.dns_queries() if EXFIL_ZONE in q["name"]]
