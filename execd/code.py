@@ -38,7 +38,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,8 @@ from .web import Request, Response, json_response
 SUPPORTED_LANGUAGES = ("python",)
 DRIVER = Path(__file__).with_name("repl_driver.py")
 HEADER_BYTES = 4
-MAX_FRAME = 64 * 1024 * 1024
+MAX_FRAME = 64 * 1024 * 1024  # the driver's limit too
+HELD_RESULTS_BYTES = 16 * 1024 * 1024
 READY_TIMEOUT_S = 15.0
 INTERRUPT_GRACE_S = 2.0
 UNSUPPORTED_LANGUAGE = "UNSUPPORTED_LANGUAGE"
@@ -158,24 +159,34 @@ class Context:
         self.writer.write(len(data).to_bytes(HEADER_BYTES, "big") + data)
         await self.writer.drain()
 
-    async def receive(self) -> dict[str, Any] | None:
-        """The next frame from the driver; None once it has gone (or broke the protocol)."""
+    async def receive(self) -> tuple[dict[str, Any], int] | None:
+        """The next frame from the driver and its size; None once it has gone (or broke the protocol)."""
         try:
             size = int.from_bytes(await self.reader.readexactly(HEADER_BYTES), "big")
             if size > MAX_FRAME:
                 self.end(f"its driver sent a {size}-byte frame (limit {MAX_FRAME})")
                 return None
             message: dict[str, Any] = json.loads(await self.reader.readexactly(size))
-            return message
+            return message, size
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             return None
 
-    async def collect(self) -> CellOutcome | None:
-        """The current cell's results and error, or None if the driver went away mid-cell."""
-        outcome = CellOutcome()
-        while (message := await self.receive()) is not None:
+    async def collect(self, overflow: Callable[[dict[str, Any]], Awaitable[None]]) -> CellOutcome | None:
+        """The current cell's results and error, or None if the driver went away mid-cell.
+
+        Results are held so that they follow the cell's output, up to `HELD_RESULTS_BYTES`;
+        beyond that each goes to `overflow` as it comes, so memory stays bounded.
+        """
+        outcome, held = CellOutcome(), 0
+        while (received := await self.receive()) is not None:
+            message, size = received
             if message.get("op") == "result":
-                outcome.results.append(message.get("data") or {})
+                held += size
+                data = message.get("data") or {}
+                if held <= HELD_RESULTS_BYTES:
+                    outcome.results.append(data)
+                else:
+                    await overflow(data)
             elif message.get("op") == "done":
                 outcome.error = message.get("error")
                 return outcome
@@ -301,7 +312,7 @@ class CodeContexts:
             ready = await asyncio.wait_for(context.receive(), READY_TIMEOUT_S)
         except TimeoutError:
             ready = None
-        if ready is not None and ready.get("op") == "ready":
+        if ready is not None and ready[0].get("op") == "ready":
             return
         context.end("it did not start")
         assert context.process.stderr is not None
@@ -356,11 +367,15 @@ class CodeContexts:
                 asyncio.create_task(stream_until_marker(pipe, context.marker, kind, queue, progress))
                 for pipe, kind in ((context.process.stdout, "stdout"), (context.process.stderr, "stderr"))
             ]
-            outcome = await self._await_cell(context, req.timeout)
+
+            async def show(data: dict[str, Any]) -> None:
+                await queue.put(event("result", results=wire_bundle(data), execution_count=count))
+
+            outcome = await self._await_cell(context, req.timeout, show)
             # while the client still has events to take, the readers are making progress
             await drain_after_exit(readers, lambda: (progress[0], queue.qsize() > 0 and time.monotonic()))
             for data in outcome.results:
-                await queue.put(event("result", results=wire_bundle(data), execution_count=count))
+                await show(data)
             if outcome.error is None:
                 elapsed = int((time.monotonic() - started) * 1000)
                 await queue.put(event("execution_complete", execution_time=elapsed))
@@ -373,9 +388,11 @@ class CodeContexts:
             context.running = False
             await queue.put(None)
 
-    async def _await_cell(self, context: Context, timeout_ms: int | None) -> CellOutcome:
+    async def _await_cell(
+        self, context: Context, timeout_ms: int | None, show: Callable[[dict[str, Any]], Awaitable[None]]
+    ) -> CellOutcome:
         """The cell's outcome; a timeout interrupts it, then kills the context if it will not stop."""
-        reply = asyncio.ensure_future(context.collect())
+        reply = asyncio.ensure_future(context.collect(show))
         done, _ = await asyncio.wait([reply], timeout=timeout_ms / 1000 if timeout_ms else None)
         if not done:
             context.interrupt()

@@ -5,9 +5,10 @@ Rules:
    imports only the standard library and nothing of execd or sandgate, and it keeps its own
    directory off `sys.path` so user code cannot import execd's modules by accident.
 2. execd talks to it over one socket, fd `argv[1]`, in frames: a 4-byte big-endian length and
-   then a UTF-8 JSON object. execd sends `{"op": "run", "code", "count"}`. The driver answers
-   `{"op": "ready"}` once at start, `{"op": "result", "data": {mime: value}}` for each value
-   shown, and `{"op": "done", "error": null | {ename, evalue, traceback}}` when the cell ends.
+   then a UTF-8 JSON object, at most `MAX_FRAME` bytes. execd sends
+   `{"op": "run", "code", "count"}`. The driver answers `{"op": "ready"}` once at start,
+   `{"op": "result", "data": {mime: value}}` for each value shown, and
+   `{"op": "done", "error": null | {ename, evalue, traceback}}` when the cell ends.
 3. Output is not framed. stdout and stderr are fds 1 and 2, which are pipes execd reads, so
    `print`, C extensions and subprocesses all stream the same way. After each cell the driver
    flushes both and writes `argv[2]` (the context's marker) to each fd, which tells execd that
@@ -17,8 +18,9 @@ Rules:
    ends with `;`. An exception becomes the cell's error. This includes SyntaxError,
    KeyboardInterrupt and SystemExit, and the interpreter survives all of them. Top-level
    `await` works.
-5. SIGINT (execd's interrupt) raises KeyboardInterrupt only while a cell runs. Between cells
-   it is ignored, so a late interrupt cannot kill the context.
+5. SIGINT (execd's interrupt) raises KeyboardInterrupt only while a cell runs, and never in
+   the middle of a frame (it waits until the frame is sent). Between cells it is ignored, so a
+   late interrupt cannot kill the context.
 """
 
 from __future__ import annotations
@@ -54,14 +56,17 @@ REPR_METHODS = (
     ("_repr_latex_", "text/latex"),
     ("_repr_json_", "application/json"),
 )
-MAX_TEXT = 8 * 1024 * 1024
+MAX_TEXT = 2 * 1024 * 1024  # characters of one shown value or error
+MAX_FRAME = 64 * 1024 * 1024  # execd's limit too: a bigger frame ends the context
 
 
 class Driver:
     def __init__(self, channel: socket.socket, marker: bytes) -> None:
         self.channel = channel
         self.marker = marker
-        self.executing = False
+        self.in_cell = False  # a cell's code is running: SIGINT raises KeyboardInterrupt
+        self.sending = False  # a frame is half sent: SIGINT waits until it is whole
+        self.deferred = False
         self.loop: asyncio.AbstractEventLoop | None = None  # made by the first cell that awaits
         self.main = types.ModuleType("__main__")
         self.main.__dict__.update(__builtins__=builtins, display=self.display)
@@ -70,8 +75,19 @@ class Driver:
     # -- protocol -------------------------------------------------------------------------------
 
     def send(self, message: dict) -> None:
-        data = json.dumps(message, default=str).encode()
-        self.channel.sendall(HEADER.pack(len(data)) + data)
+        """Send one frame whole: an interrupt that arrives meanwhile is raised after it."""
+        data = encode(message)
+        if len(data) > MAX_FRAME and message.get("op") == "result":
+            too_big = f"[a value of {len(data)} bytes: more than execd's {MAX_FRAME}-byte limit]"
+            data = encode({"op": "result", "data": {"text/plain": too_big}})
+        self.sending = True
+        try:
+            self.channel.sendall(HEADER.pack(len(data)) + data)
+        finally:
+            self.sending = False
+        if self.deferred and self.in_cell:
+            self.deferred = False
+            raise KeyboardInterrupt
 
     def receive(self) -> dict | None:
         header = self._read_exactly(HEADER.size)
@@ -102,20 +118,24 @@ class Driver:
     # -- cells ----------------------------------------------------------------------------------
 
     def on_sigint(self, signum: int, frame: object) -> None:
-        if self.executing:
-            raise KeyboardInterrupt
+        if not self.in_cell:
+            return  # between cells: a late interrupt must not hit the driver itself
+        if self.sending:
+            self.deferred = True
+            return
+        raise KeyboardInterrupt
 
     def run_cell(self, code: str, count: int) -> dict | None:
         filename = f"<cell {count}>"
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         try:
             body, last = compile_cell(code, filename)
-            self.executing = True
+            self.in_cell, self.deferred = True, False
             try:
                 self.evaluate(body)
                 value = self.evaluate(last) if last is not None else None
             finally:
-                self.executing = False
+                self.in_cell = False
             if value is not None and not code.rstrip().endswith(";"):
                 self.main.__dict__["_"] = value
                 self.display(value)
@@ -162,6 +182,10 @@ def compile_cell(code: str, filename: str) -> tuple[types.CodeType, types.CodeTy
     return body, tail
 
 
+def encode(message: dict) -> bytes:
+    return json.dumps(message, default=str, ensure_ascii=False).encode("utf-8", "replace")
+
+
 def clean(text: str) -> str:
     """Text that survives UTF-8 (lone surrogates replaced), at most MAX_TEXT characters."""
     text = text.encode("utf-8", "replace").decode("utf-8")
@@ -184,10 +208,8 @@ def mime_bundle(value: object) -> dict:
             data = data[0]
         if isinstance(data, bytes):
             data = base64.b64encode(data).decode()
-        if isinstance(data, str):
-            data = clean(data)
-        if data is not None:
-            bundle[mime] = data
+        if data is not None and not (isinstance(data, str) and len(data) > MAX_TEXT):
+            bundle[mime] = data  # too long: left out rather than cut (a cut image is no image)
     return bundle
 
 

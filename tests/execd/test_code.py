@@ -170,6 +170,32 @@ def test_interrupt_stops_the_cell_and_keeps_the_context(
     assert client.delete("/code").status_code == 400
 
 
+def test_interrupting_a_cell_that_floods_results_keeps_the_protocol_intact(
+    client: httpx.Client, context_id: str, execd: Execd
+) -> None:
+    many = run_cell(client, context_id, "for i in range(2000):\n    display('x' * 10000)")
+    assert [len(e["results"]["text"]) for e in many if e["type"] == "result"] == [10002] * 2000
+    assert kinds(many)[-1] == "execution_complete"
+
+    def interrupt(item: Event) -> None:
+        if item["type"] == "stdout":
+            time.sleep(0.2)  # let the cell send results for a while, then interrupt it mid-stream
+            with execd.client() as other:
+                other.delete("/code", params={"id": context_id})
+
+    flood = run_cell(
+        client,
+        context_id,
+        "print('go', flush=True)\nn = 0\nwhile True:\n    display(n)\n    n += 1",
+        interrupt,
+    )
+    assert flood[-1]["error"]["ename"] == "KeyboardInterrupt"
+    shown = [int(e["results"]["text"]) for e in flood if e["type"] == "result"]
+    assert shown == list(range(len(shown))) and shown
+    after = run_cell(client, context_id, "n >= len([1])")
+    assert [e["results"] for e in after if e["type"] == "result"] == [{"text": "True"}]
+
+
 def test_timeout_interrupts_then_kills_a_cell_that_ignores_sigint(
     client: httpx.Client, context_id: str
 ) -> None:
