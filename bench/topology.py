@@ -250,24 +250,34 @@ table inet {self.nft_table} {{
 
 def serve_dns(address: str, zone_file: Path) -> None:
     """A tiny authoritative DNS server (A records from the zone file), until SIGTERM."""
-    from dnslib import QTYPE, RR, A, DNSRecord
-    from dnslib.server import DNSServer
+    from dnslib import QTYPE, RR, SOA, A, DNSRecord
+    from dnslib.server import DNSLogger, DNSServer
 
     zone: dict[str, str] = json.loads(zone_file.read_text())
+    # Negative answers carry the zone's SOA, as real servers' do, so resolvers may cache them.
+    soa = RR(
+        "example.com.",
+        QTYPE.SOA,
+        rdata=SOA("ns.example.com.", "hostmaster.example.com.", (1, 3600, 600, 86400, 3600)),
+        ttl=3600,
+    )
 
     class Zone:
         def resolve(self, request: DNSRecord, handler: object) -> DNSRecord:
             name = str(request.q.qname).lower().rstrip(".")
             reply = request.reply()
+            if name in zone and QTYPE[request.q.qtype] == "A":
+                reply.add_answer(RR(request.q.qname, QTYPE.A, rdata=A(zone[name]), ttl=3600))
+                return reply
             if name not in zone:
                 reply.header.rcode = 3  # NXDOMAIN
-            elif QTYPE[request.q.qtype] == "A":
-                reply.add_answer(RR(request.q.qname, QTYPE.A, rdata=A(zone[name]), ttl=3600))
+            reply.add_auth(soa)
             return reply
 
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # before the server thread starts
-    server = DNSServer(Zone(), address=address, port=53)  # type: ignore[arg-type]
+    quiet = DNSLogger("-request,-reply,-truncated,-error,-recv,-send,-data")
+    server = DNSServer(Zone(), address=address, port=53, logger=quiet)  # type: ignore[arg-type]
     server.start_thread()
     signal.sigwait(stop_signals)
     server.stop()

@@ -4,6 +4,9 @@ Rules: the proxy never dials an address a sandbox chose for a name; it resolves 
 itself with these resolvers (`upstream_dns`, else the system's) and dials the answer. Answers
 handed to a sandbox by the DNS listener are remembered per sandbox (bounded LRU), so a later
 connection to such an address without SNI or Host can be attributed to the name it came from.
+The answer for a name is reused for at most ANSWER_REUSE_SECONDS (a busy keep-alive connection
+would otherwise pay two resolver round trips per request); every use is still checked against
+the policy by the caller, so reuse never lets an address through that the policy refuses.
 """
 
 from __future__ import annotations
@@ -11,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import time
 from collections import OrderedDict
 
 import mitmproxy_rs
 
 MEMORY_PER_SANDBOX = 4096
+ANSWER_REUSE_SECONDS = 1.0
+ANSWERS_KEPT = 4096  # names; the table starts over when full
 
 
 class ResolveError(Exception):
@@ -30,6 +36,7 @@ class Resolver:
     def __init__(self, name_servers: list[str]) -> None:
         servers = name_servers or _system_servers()
         self._resolver = mitmproxy_rs.dns.DnsResolver(name_servers=servers, use_hosts_file=False)
+        self._recent: dict[str, tuple[float, list[str]]] = {}  # name -> (when, addresses)
 
     async def lookup(self, name: str, family: int) -> list[str]:
         """A (AF_INET) or AAAA (AF_INET6) answers; [] when the name exists without that type."""
@@ -45,6 +52,17 @@ class Resolver:
 
     async def addresses(self, name: str) -> list[str]:
         """Every address of `name`, IPv4 first (sandboxes and most upstreams are IPv4)."""
+        now = time.monotonic()
+        recent = self._recent.get(name)
+        if recent is not None and now - recent[0] < ANSWER_REUSE_SECONDS:
+            return list(recent[1])
+        found = await self._resolve_both(name)
+        if len(self._recent) >= ANSWERS_KEPT:
+            self._recent.clear()
+        self._recent[name] = (now, found)
+        return list(found)
+
+    async def _resolve_both(self, name: str) -> list[str]:
         v4, v6 = await asyncio.gather(
             self.lookup(name, socket.AF_INET), self.lookup(name, socket.AF_INET6), return_exceptions=True
         )
