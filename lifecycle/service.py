@@ -219,7 +219,7 @@ class Service:
             net = self.networks.create(record.id)
             undo.append(lambda: self.networks.destroy(record.id))
             record = replace(record, address=net.address, gateway=net.gateway, netns=net.netns)
-            self.proxy.put_sandbox(self.entry_factory(record.id, net.address, document, {}))
+            self._push_new(self.entry_factory(record.id, net.address, document, {}))
             undo.append(lambda: self.proxy.drop_sandbox(net.address))
             self.runtime.create(spec, net)
             undo.append(lambda: self.runtime.delete(record.id))
@@ -339,6 +339,16 @@ class Service:
         vault = self.store.get_vault(record.id)
         for name in _entry_names(vault.document if vault else {}):
             _quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
+
+    def _push_new(self, entry: Any) -> None:
+        try:
+            self.proxy.put_sandbox(entry)
+        except Exception as exc:
+            raise LifecycleError(
+                "unavailable",
+                f"the egress proxy did not take the new sandbox's policy ({exc or type(exc).__name__}); "
+                "it may be restarting: retry, or see proxy.log in the state dir",
+            ) from exc
 
     def _wait_ready(self, address: str) -> None:
         deadline = time.monotonic() + self.ready_timeout

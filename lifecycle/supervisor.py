@@ -3,20 +3,25 @@
 Rules:
 1. The proxy runs as `<python> -m sandgate.proxy --config <file>`, in its own process: a crash
    there cannot take the control plane down, and mitmproxy gets a core of its own.
-2. After every (re)start the supervisor waits until the proxy's control socket answers, then
-   calls `on_ready` (lifecycle re-pushes every sandbox entry). Until then sandboxes have no
-   egress: the nft redirect points at a port nobody listens on, so connections are refused.
+2. After every (re)start the supervisor waits until the proxy's control socket answers AND the
+   child listens on its TCP and UDP ports (a proxy whose port is taken answers on its socket for
+   a moment, then exits), then calls `on_ready` (lifecycle re-pushes every sandbox entry). Until
+   then sandboxes have no egress: the nft redirect points at a port nobody listens on, so
+   connections are refused.
 3. Restarts back off (0.5 s doubling to 10 s) so a proxy that cannot start does not spin.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -24,6 +29,37 @@ log = logging.getLogger(__name__)
 
 class ProxyStartError(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class Listeners:
+    """The ports the proxy child must listen on before it counts as ready."""
+
+    tcp: frozenset[int] = frozenset()
+    udp: frozenset[int] = frozenset()
+
+
+# /proc/<pid>/net/{tcp,udp}[6] socket states: TCP LISTEN, and UDP's unconnected "CLOSE".
+_LISTEN_STATES = {"tcp": "0A", "tcp6": "0A", "udp": "07", "udp6": "07"}
+
+
+def listening(pid: int) -> Listeners:
+    """The TCP ports `pid` listens on and the UDP ports it has bound (read from /proc)."""
+    inodes: set[str] = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    found: dict[str, set[int]] = {"tcp": set(), "udp": set()}
+    for table, state in _LISTEN_STATES.items():
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == state and fields[9] in inodes:
+                    found[table[:3]].add(int(fields[1].rsplit(":", 1)[1], 16))
+    return Listeners(frozenset(found["tcp"]), frozenset(found["udp"]))
 
 
 class ProxySupervisor:
@@ -35,8 +71,10 @@ class ProxySupervisor:
         log_path: Path,
         python: str = sys.executable,
         start_timeout: float = 20.0,
+        listeners: Listeners = Listeners(),
     ) -> None:
         self.config_path = config_path
+        self.listeners = listeners
         self.is_healthy = is_healthy
         self.on_ready = on_ready
         self.log_path = log_path
@@ -83,13 +121,27 @@ class ProxySupervisor:
             if self._process.poll() is not None:
                 status = self._process.returncode
                 raise ProxyStartError(
-                    f"the proxy exited with status {status} while starting; see {self.log_path}"
+                    f"the proxy exited with status {status} while starting (a port in use?); "
+                    f"last lines of {self.log_path}:\n{self._log_tail()}"
                 )
-            if self.is_healthy():
+            if self.is_healthy() and self._listens(self._process.pid):
                 self.on_ready()
                 return
             time.sleep(0.05)
-        raise ProxyStartError(f"the proxy did not answer on its control socket within {self.start_timeout}s")
+        raise ProxyStartError(
+            f"the proxy did not answer on its control socket and listen on TCP {sorted(self.listeners.tcp)} "
+            f"and UDP {sorted(self.listeners.udp)} within {self.start_timeout}s; see {self.log_path}"
+        )
+
+    def _listens(self, pid: int) -> bool:
+        bound = listening(pid)
+        return self.listeners.tcp <= bound.tcp and self.listeners.udp <= bound.udp
+
+    def _log_tail(self, lines: int = 8) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
 
     def _watch(self) -> None:
         backoff = 0.5

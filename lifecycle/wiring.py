@@ -28,7 +28,7 @@ from sandgate.lifecycle.runtime.local import LocalRuntime
 from sandgate.lifecycle.service import SandgatePolicies, Service
 from sandgate.lifecycle.settings import Settings
 from sandgate.lifecycle.store import Store
-from sandgate.lifecycle.supervisor import ProxySupervisor
+from sandgate.lifecycle.supervisor import Listeners, ProxySupervisor
 from sandgate.proxy import AuditRecord, ProxyConfig, ProxyControl, ProxyControlError, SandboxEntry, ensure_ca
 from sandgate.vault import open_store
 
@@ -181,6 +181,10 @@ def build_components(settings: Settings, api_key: str) -> Components:
         is_healthy=lambda: answers(control),
         on_ready=service.repush,
         log_path=settings.state_dir / "proxy.log",
+        listeners=Listeners(
+            tcp=frozenset({settings.proxy_transparent_port, settings.proxy_explicit_port}),
+            udp=frozenset({settings.proxy_dns_port}),
+        ),
     )
     audit, routers = audit_and_console(service, settings, api_key)
     audit.start()

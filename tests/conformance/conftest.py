@@ -1,4 +1,9 @@
-"""One real `sandgate serve` (local runtime) and one test internet for the whole conformance run."""
+"""One real `sandgate serve` (local runtime) and one test internet for this package's tests.
+
+Package scope, not session: the internet's addresses are fixed (198.51.100.0/24), so it must be
+gone before another package (tests/docker, tests/adversarial) builds its own in the same
+namespace; otherwise their traffic would reach this one's origins, signed by another test CA.
+"""
 
 from __future__ import annotations
 
@@ -14,14 +19,14 @@ from tests.support.server import SandgateServer, sandgate_server
 API_HOST = "api.example.com"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def internet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
     with start_internet(tmp_path_factory.mktemp("internet")) as net:
         net.set_names({API_HOST: [ORIGIN_V4]})
         yield net
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory, internet: Internet) -> Iterator[SandgateServer]:
     extra = {"SANDGATE_UPSTREAM_DNS": json.dumps([DNS_ADDR]), "SANDGATE_UPSTREAM_CA": str(internet.ca_cert)}
     with sandgate_server(Path(tmp_path_factory.mktemp("sandgate")), extra) as running:

@@ -11,7 +11,10 @@ Use it as a context manager (or through a fixture):
 
 The server runs in the test process's network namespace (conftest moves pytest into a fresh
 one, which plays "the host"), so sandboxes it creates are reachable at their addresses from the
-test, and nothing reaches the machine's real network. `env()` gives the OPEN_SANDBOX_* variables
+test, and nothing reaches the machine's real network. Several servers may share that namespace
+(a package-scoped one and a module's own), so each gets its own API port, proxy ports, address
+pool, nft table and veth prefix: two proxies on the same port would leave the second one
+restarting forever. `env()` gives the OPEN_SANDBOX_* variables
 the OpenSandbox SDK, `osb` and `opensandbox-mcp` read. Everything the server made (sandboxes,
 netns, veths, the nft table, the proxy child) is removed on exit, also when the test failed.
 """
@@ -19,6 +22,7 @@ netns, veths, the nft table, the proxy child) is removed on exit, also when the 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import secrets
@@ -29,6 +33,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +43,40 @@ SANDGATE = [sys.executable, "-m", "sandgate.lifecycle.cli"]
 START_TIMEOUT = 120.0  # generous: a loaded CI machine imports mitmproxy slowly
 
 
+TEST_POOLS = IPv4Network("10.216.0.0/14")  # test servers' address pools, one /22 each
+_pool_numbers = itertools.count()
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free for both TCP and UDP on every address (the proxy's DNS is UDP)."""
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            held.append(udp)
+            udp.bind(("0.0.0.0", 0))
+            port = int(udp.getsockname()[1])
+            tcp = socket.socket()
+            held.append(tcp)
+            with contextlib.suppress(OSError):
+                tcp.bind(("0.0.0.0", port))
+                ports.append(port)
+    finally:
+        for sock in held:
+            sock.close()
+    return ports
+
+
+def next_address_pool() -> IPv4Network:
+    subnets = TEST_POOLS.subnets(new_prefix=22)
+    return next(itertools.islice(subnets, next(_pool_numbers) % 256, None))
 
 
 @dataclass(frozen=True)
@@ -78,6 +113,8 @@ class SandgateServer:
         self.api_key = secrets.token_urlsafe(16)
         self.nft_table = f"sgt{secrets.token_hex(3)}"
         self.iface_prefix = f"t{secrets.token_hex(2)}"
+        self.proxy_ports = dict(zip(("TRANSPARENT", "EXPLICIT", "DNS"), free_ports(3), strict=True))
+        self.address_pool = next_address_pool()
         self.log_path = state_dir.parent / f"serve-{self.port}.log"
         self.extra_env = extra_env or {}
         self.process: subprocess.Popen[bytes] | None = None
@@ -110,6 +147,8 @@ class SandgateServer:
             "SANDGATE_API_KEY": self.api_key,
             "SANDGATE_NFT_TABLE": self.nft_table,
             "SANDGATE_IFACE_PREFIX": self.iface_prefix,
+            "SANDGATE_ADDRESS_POOL": str(self.address_pool),
+            **{f"SANDGATE_PROXY_{name}_PORT": str(port) for name, port in self.proxy_ports.items()},
             **self.extra_env,
         }
 
