@@ -234,6 +234,9 @@ class CodeContexts:
         self.contexts: dict[str, Context] = {}
         self.defaults: dict[str, str] = {}
         self.default_lock = asyncio.Lock()
+        # Contexts end with execd: when its event loop shuts down it cancels this task, which
+        # kills and reaps every context; atexit covers an exit that skips the loop's shutdown.
+        self.closer = asyncio.get_running_loop().create_task(self._end_all_when_cancelled())
         atexit.register(self.shutdown)
 
     # -- registry -------------------------------------------------------------------------------
@@ -274,6 +277,15 @@ class CodeContexts:
     def shutdown(self) -> None:
         for context in self.contexts.values():
             kill_group(context.process.pid)
+
+    async def _end_all_when_cancelled(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            for context in self.contexts.values():
+                context.end("execd stopped")
+            waits = [c.process.wait() for c in self.contexts.values()]
+            await asyncio.wait_for(asyncio.gather(*waits, return_exceptions=True), 5)
 
     # -- creation -------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from code_interpreter.sync.adapters.code_adapter import CodesAdapterSync
 from opensandbox.exceptions import SandboxApiException
 from opensandbox.models.execd_sync import ExecutionHandlersSync
 
-from .conftest import Execd
+from .conftest import Execd, start_execd, stop_execd
 
 Event = dict[str, Any]
 
@@ -372,3 +372,31 @@ def test_sdk_unsupported_language_is_a_clear_400(codes: CodesAdapterSync) -> Non
     with pytest.raises(SandboxApiException) as run_refused:
         codes.run("1", context=CodeContextSync(language=SupportedLanguageSync.JAVA))
     assert run_refused.value.status_code == 400
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+def test_contexts_die_with_execd(stop: str) -> None:
+    """A stopped execd ends its contexts, also one in the middle of a cell; a killed one too
+    (the driver asks the kernel for SIGKILL when its parent dies)."""
+    server = start_execd()
+    try:
+        with server.client() as http:
+            context_id = http.post("/code/context", json={"language": "python"}).json()["id"]
+            pid = int(run_cell(http, context_id, "import os\nos.getpid()")[-2]["results"]["text"])
+            body = {
+                "context": {"id": context_id},
+                "code": "import time\nprint(1, flush=True)\ntime.sleep(60)",
+            }
+            with http.stream("POST", "/code", json=body) as response:
+                next(e for e in events_of(response) if e["type"] == "stdout")
+                if stop == "sigterm":
+                    stop_execd(server)
+                else:
+                    server.process.kill()
+                    server.process.wait()
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not Path(f"/proc/{pid}").exists(), f"the context's python outlived execd ({stop})"
+    finally:
+        stop_execd(server)
