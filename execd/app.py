@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -144,6 +143,8 @@ class ExecdApp:
         except ApiError as error:
             return error_response(error)
         except Exception as exc:
+            import traceback  # not at start-up: it pulls in ast, dis, tokenize...
+
             traceback.print_exc(file=sys.stderr)
             return json_response(
                 {"code": "RUNTIME_ERROR", "message": f"{request.method} {request.path} failed: {exc!r}"}, 500

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -78,15 +79,31 @@ CA_BUNDLES = ("etc/ssl/certs/ca-certificates.crt", "etc/pki/tls/certs/ca-bundle.
 PROXY_CA_FILE = "usr/local/share/ca-certificates/sandgate-proxy.crt"
 CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# argv: N, the entrypoint's N words, then execd's argv. Starts the entrypoint, becomes execd.
+# argv: N, the entrypoint's N words, execd's package parent dir, its site-packages, execd's args.
+# Starts the entrypoint, then becomes execd in the same interpreter (-I -S: no site, no .pth
+# processing, no second interpreter start-up); `sandgate` is a bare package whose path is the
+# parent of the execd package, so `sandgate.execd` imports from where it is installed.
 LAUNCHER = (
-    "import os,sys;n=int(sys.argv[1]);e=sys.argv[2:2+n];x=sys.argv[2+n:];"
-    "e and os.posix_spawnp(e[0],e,os.environ);os.execv(x[0],x)"
+    "import os,sys;n=int(sys.argv[1]);e=sys.argv[2:2+n];p,s,*x=sys.argv[2+n:];"
+    "e and os.posix_spawnp(e[0],e,os.environ);sys.path[:0]=[s];m=type(sys)('sandgate');"
+    "m.__path__=[p];sys.modules['sandgate']=m;from sandgate.execd.__main__ import main;main(x)"
 )
+# Prints where execd's Python lives and compiles execd's bytecode (sandboxes see it read-only,
+# so without a precompiled __pycache__ every sandbox would compile execd from source).
 _PYTHON_PATHS = (
-    "import sys,importlib.util as u;s=u.find_spec('sandgate.execd');"
-    "print(sys.prefix,sys.base_prefix,*(s.submodule_search_locations if s else []),sep='\\n')"
+    "import sys,sysconfig,compileall,importlib.util as u;s=u.find_spec('sandgate.execd');"
+    "d=s.submodule_search_locations if s else [];[compileall.compile_dir(p,quiet=2) for p in d];"
+    "print(sysconfig.get_paths()['purelib'],sys.prefix,sys.base_prefix,*d,sep='\\n')"
 )
+
+
+@dataclass(frozen=True)
+class ExecdPython:
+    """Where the Python that runs execd lives; `binds` are made read-only in every sandbox."""
+
+    site_packages: str
+    package_dir: str
+    binds: list[str]
 
 
 class SandboxRecord(BaseModel):
@@ -119,7 +136,7 @@ class LocalRuntime:
         self.instance = instance or instance_tag(self.state_dir)
         self.seccomp_bpf = seccomp_bpf
         self.host_masked_dirs = (*host_masked_dirs, str(self.state_dir))
-        self.python_paths = _python_paths(execd_python)
+        self.execd_paths = _python_paths(execd_python)
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- the Runtime protocol ---------------------------------------------------------------
@@ -314,7 +331,7 @@ class LocalRuntime:
             empty.touch(mode=0o444)
             masked_files = [path for path in HOST_MASKED_FILES if os.path.exists(path)]
             argv += [word for path in masked_files for word in ("--ro-bind", str(empty), path)]
-        argv += [word for path in self.python_paths for word in ("--ro-bind", path, path)]
+        argv += [word for path in self.execd_paths.binds for word in ("--ro-bind", path, path)]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         argv += ["--hostname", "sandbox", "--new-session", "--cap-drop", "ALL"]
         argv += [word for cap in SANDBOX_CAPS for word in ("--cap-add", cap)]
@@ -322,24 +339,28 @@ class LocalRuntime:
         argv += [word for key, value in env.items() for word in ("--setenv", key, value)]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
-        execd = [self.execd_python, "-m", "sandgate.execd", "--host", net.address, "--port", str(EXECD_PORT)]
+        execd = [os.path.dirname(self.execd_paths.package_dir), self.execd_paths.site_packages]
+        execd += ["--host", net.address, "--port", str(EXECD_PORT)]
         if spec.execd_token:
             execd += ["--token", spec.execd_token]
         entrypoint = [str(len(spec.entrypoint)), *spec.entrypoint]
         return [*argv, "--", self.execd_python, "-I", "-S", "-c", LAUNCHER, *entrypoint, *execd]
 
 
-def _python_paths(python: str) -> list[str]:
-    """Directories execd's Python needs (venv, prefix, the execd package), read-only in every sandbox."""
-    result = subprocess.run([python, "-I", "-c", _PYTHON_PATHS], capture_output=True, text=True, timeout=30)
+def _python_paths(python: str) -> ExecdPython:
+    """Ask execd's Python where it lives (venv, prefix, site-packages, the execd package)."""
+    result = subprocess.run([python, "-I", "-c", _PYTHON_PATHS], capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise RuntimeError_(
             f"cannot ask {python} where it lives (is it a Python with sandgate?): {result.stderr}"
         )
     paths = [line for line in result.stdout.splitlines() if line]
-    if len(paths) < 3:
+    if len(paths) < 4:
         raise RuntimeError_(f"{python} cannot import sandgate.execd; install sandgate into that Python")
-    return list(dict.fromkeys(paths))
+    site_packages, package_dir, binds = paths[0], paths[3], paths[1:]
+    if not any(Path(site_packages).is_relative_to(path) for path in binds):
+        binds.append(site_packages)
+    return ExecdPython(site_packages, package_dir, list(dict.fromkeys(binds)))
 
 
 def _image_env(image: Image) -> dict[str, str]:

@@ -78,7 +78,9 @@ def test_sandbox_filesystem_is_an_overlay_with_host_secrets_masked(harness: Harn
     assert (upper / "etc/sandgate-probe-written").read_text() == "inside"
     # /root holds only what leads to the bound-back Python prefix (here /root/.pyenv/...).
     bound = {
-        Path(p).relative_to("/root").parts[0] for p in harness.runtime.python_paths if p.startswith("/root/")
+        Path(p).relative_to("/root").parts[0]
+        for p in harness.runtime.execd_paths.binds
+        if p.startswith("/root/")
     }
     assert set(seen["root"]) == bound and ".sandgate-test-secret" not in seen["root"]
     assert seen["home"] == [] and seen["state_dir"] == []
