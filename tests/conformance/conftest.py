@@ -17,12 +17,13 @@ from tests.support.internet import DNS_ADDR, ORIGIN_V4, Internet, start_internet
 from tests.support.server import SandgateServer, sandgate_server
 
 API_HOST = "api.example.com"
+PATCHED_HOST = "new.example.com"  # resolvable, allowed only once a test patches it in
 
 
 @pytest.fixture(scope="package")
 def internet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
     with start_internet(tmp_path_factory.mktemp("internet")) as net:
-        net.set_names({API_HOST: [ORIGIN_V4]})
+        net.set_names({API_HOST: [ORIGIN_V4], PATCHED_HOST: [ORIGIN_V4]})
         yield net
 
 

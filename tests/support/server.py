@@ -103,7 +103,7 @@ def parse_execd_events(body: str) -> CommandResult:
             exit_code = int(evalue) if evalue.lstrip("-").isdigit() else -1
     if exit_code is None:
         raise AssertionError(f"execd's stream ended without a result:\n{body[-2000:]}")
-    return CommandResult(exit_code, "".join(out["stdout"]), "".join(out["stderr"]))
+    return CommandResult(exit_code, "\n".join(out["stdout"]), "\n".join(out["stderr"]))  # a line each
 
 
 class SandgateServer:
@@ -189,9 +189,11 @@ class SandgateServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:] if self.log_path.exists() else ""
 
-    def client(self, **kwargs: Any) -> httpx.Client:
+    def client(self, timeout: float = 30.0, **kwargs: Any) -> httpx.Client:
         headers = {"OPEN-SANDBOX-API-KEY": self.api_key}
-        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30, trust_env=False, **kwargs)
+        return httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, trust_env=False, **kwargs
+        )
 
     def create_sandbox(self, **fields: Any) -> dict[str, Any]:
         """POST /v1/sandboxes with the local host image; camelCase keys pass through as given."""
