@@ -65,14 +65,16 @@ class PrefixTable[T]:
         self._lengths: dict[int, list[tuple[int, int, dict[int, list[T]]]]] = {4: [], 6: []}
 
     def add(self, network: IPNetwork, value: T) -> None:
-        by_length = self._tables[network.version].setdefault(network.prefixlen, {})
+        tables = self._tables[network.version]
+        by_length = tables.get(network.prefixlen)
+        if by_length is None:
+            by_length = tables[network.prefixlen] = {}
+            bits = network.max_prefixlen
+            self._lengths[network.version] = sorted(
+                ((bits - length, length, table) for length, table in tables.items()), key=lambda item: item[1]
+            )
         key = int(network.network_address) >> (network.max_prefixlen - network.prefixlen)
         by_length.setdefault(key, []).append(value)
-        bits = network.max_prefixlen
-        self._lengths[network.version] = sorted(
-            ((bits - length, length, table) for length, table in self._tables[network.version].items()),
-            key=lambda item: item[1],
-        )
 
     def lookup(self, address: IPAddress) -> Iterator[tuple[int, T]]:
         """(prefix length, value) for every network containing `address`, shortest prefix first."""

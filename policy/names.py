@@ -90,6 +90,16 @@ def parse_target(raw: str) -> Target:
     return Target("name", name)
 
 
+def canonical_target(text: str) -> Target:
+    """The Target of a target already in canonical form (as `EgressRule.target` holds it), without
+    validating it again: canonical names never contain ':' or '/' nor end in a numeric label."""
+    if text.startswith("*."):
+        return Target("wildcard", text)
+    if ":" in text or "/" in text or _is_numeric_name(text):
+        return Target("network", text, ipaddress.ip_network(text))
+    return Target("name", text)
+
+
 def _parse_wildcard(raw: str, text: str) -> Target:
     if text == "*":
         raise HintedValueError(
@@ -178,13 +188,6 @@ def _inet_aton_or_none(text: str) -> IPAddress | None:
         return ipaddress.IPv4Address(socket.inet_aton(text))
     except OSError:
         return None
-
-
-def name_matches_target(name: str, target: Target) -> bool:
-    """Reference semantics of a name against a name or wildcard target (used by the validator)."""
-    if target.kind == "name":
-        return name == target.text
-    return target.kind == "wildcard" and name.endswith("." + target.suffix)
 
 
 def normalize_path(raw: str) -> str:

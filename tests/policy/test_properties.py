@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from sandgate.policy import PolicyError, Request, compile_policy, denied_range, policy_from_dict
 from sandgate.policy.addresses import address_to_check
+from sandgate.policy.names import canonical_target, parse_target
 from tests.policy.reference import ip, naive_decide, port_scheme_miss, same_decision, target_matches
 
 LABELS = ["a", "b", "api", "example", "test", "cdn"]
@@ -181,3 +182,20 @@ def test_cached_decisions_equal_uncached(document: dict[str, Any], data: st.Data
         address = data.draw(st.sampled_from(ADDRESSES))
         assert cached.check_address(address, request) == uncached.check_address(address, request)
         assert cached.check_address(address) == uncached.check_address(address)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    raw=st.one_of(
+        name_targets,
+        names.map(lambda n: n.upper() + "."),
+        st.sampled_from(
+            [*NETWORKS, "[2001:db8::1]", "2001:DB8:0::/48", "198.51.100.7/24", "xn--bcher-kva.example"]
+        ),
+    )
+)
+def test_canonical_target_reads_back_what_parse_target_wrote(raw: str) -> None:
+    """Rules keep their target as canonical text; reading it back needs no validation but must
+    give exactly the Target the validator parsed."""
+    parsed = parse_target(raw)
+    assert canonical_target(parsed.text) == parsed
