@@ -30,12 +30,14 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import httpx
 
+from sandgate.lifecycle.cgroups import Limits
 from sandgate.lifecycle.runtime.base import EXECD_PORT, SandboxNet, SandboxSpec
 from sandgate.lifecycle.store import NotFound, RevisionConflict, SandboxRecord, Store, utcnow
+from sandgate.lifecycle.warm_pool import WarmPool
 from sandgate.policy import (
     delete_targets,
     patch_rules,
@@ -49,6 +51,7 @@ log = logging.getLogger(__name__)
 
 ErrorKind = Literal["not_found", "invalid", "conflict", "unsupported", "unavailable", "precondition"]
 READY_TIMEOUT = 15.0
+POOL_IMAGE = "sandgate/host"
 PAUSABLE = {"Running"}
 
 
@@ -74,6 +77,13 @@ class Runtime(Protocol):
     def pause(self, sandbox_id: str) -> None: ...
     def resume(self, sandbox_id: str) -> None: ...
     def adopt(self) -> list[str]: ...
+
+
+@runtime_checkable
+class WarmRuntime(Protocol):
+    """A runtime that can give a running sandbox its env and limits later (the local one)."""
+
+    def configure(self, sandbox_id: str, env: dict[str, str], limits: Limits) -> None: ...
 
 
 class ProxyClient(Protocol):
@@ -162,6 +172,7 @@ class Service:
         check_image: Callable[[str], object] = lambda image: None,
         ca_cert: Any = None,
         ready_timeout: float = READY_TIMEOUT,
+        warm_pool_size: int = 0,
     ) -> None:
         self.store = store
         self.networks = networks
@@ -176,6 +187,14 @@ class Service:
         self.ready_timeout = ready_timeout
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self.pool: WarmPool | None = None
+        if warm_pool_size > 0:
+            if isinstance(runtime, WarmRuntime):
+                self.pool = WarmPool(warm_pool_size, self._build_pool_member, self._discard_pool_member)
+            else:
+                log.warning(
+                    "warm_pool_size=%d ignored: this runtime cannot take env/limits later", warm_pool_size
+                )
 
     def _lock(self, sandbox_id: str) -> threading.Lock:
         with self._locks_guard:
@@ -190,22 +209,9 @@ class Service:
         except Exception as exc:
             raise LifecycleError("invalid", str(exc)) from exc
         limits = self._limits(request.resource_limits)
-        now = utcnow()
-        record = SandboxRecord(
-            id=str(uuid.uuid4()),
-            image=request.image,
-            entrypoint=request.entrypoint,
-            created_at=now,
-            state="Pending",
-            transition_at=now,
-            expires_at=now + timedelta(seconds=request.timeout) if request.timeout else None,
-            metadata=request.metadata,
-            extensions=request.extensions,
-            platform=request.platform,
-            resource_limits=request.resource_limits,
-            egress_token=secrets.token_urlsafe(24),
-            credential_proxy=request.credential_proxy,
-        )
+        if self._fits_pool(request) and (claimed := self._claim(request, document, limits, actor)):
+            return claimed
+        record = self._new_record(request, str(uuid.uuid4()))
         spec = SandboxSpec(
             sandbox_id=record.id,
             image=request.image,
@@ -235,6 +241,25 @@ class Service:
             raise LifecycleError("unavailable", f"sandbox could not be started: {exc}") from exc
         self._audit_change(record.id, actor, 0, 1, {}, document, "create")
         return record
+
+    @staticmethod
+    def _new_record(request: CreateRequest, sandbox_id: str) -> SandboxRecord:
+        now = utcnow()
+        return SandboxRecord(
+            id=sandbox_id,
+            image=request.image,
+            entrypoint=request.entrypoint,
+            created_at=now,
+            state="Pending",
+            transition_at=now,
+            expires_at=now + timedelta(seconds=request.timeout) if request.timeout else None,
+            metadata=request.metadata,
+            extensions=request.extensions,
+            platform=request.platform,
+            resource_limits=request.resource_limits,
+            egress_token=secrets.token_urlsafe(24),
+            credential_proxy=request.credential_proxy,
+        )
 
     def list_sandboxes(self) -> list[SandboxRecord]:
         return self.store.list_sandboxes()
@@ -307,7 +332,16 @@ class Service:
             log.warning("sandbox %s did not survive the restart (%s); removing it", record.id, record.state)
             self._teardown(record)
             self.store.delete_sandbox(record.id)
+        for stray in alive - keep:  # e.g. unclaimed warm-pool members: never persisted, never kept
+            _quietly(lambda s=stray: self.runtime.delete(s))  # type: ignore[misc]
         self.repush()
+        if self.pool is not None:
+            self.pool.start()
+
+    def stop(self) -> None:
+        """Remove the warm pool's unclaimed sandboxes (claimed ones keep running, as always)."""
+        if self.pool is not None:
+            self.pool.stop()
 
     def repush(self) -> int:
         """Push every live sandbox's entry to the proxy (after the proxy (re)started)."""
@@ -364,6 +398,68 @@ class Service:
                     last = str(exc) or type(exc).__name__
                 time.sleep(0.02)
         raise LifecycleError("unavailable", f"execd at {url} not ready within {self.ready_timeout}s: {last}")
+
+    # --- warm pool -------------------------------------------------------------------------------
+
+    def _fits_pool(self, request: CreateRequest) -> bool:
+        """A pooled sandbox can take this request only if nothing of it was needed at launch:
+        the pool's image, and no env that configures execd itself."""
+        return (
+            self.pool is not None
+            and request.image == POOL_IMAGE
+            and not any(key.startswith("EXECD_") for key in request.env)
+        )
+
+    def _claim(
+        self, request: CreateRequest, document: dict[str, Any], limits: dict[str, Any], actor: str
+    ) -> SandboxRecord | None:
+        """Create from a pooled sandbox: limits and env, policy, entrypoint, persist. None (and
+        the member removed) when the pool is empty or a step fails: the caller starts cold."""
+        assert self.pool is not None and isinstance(self.runtime, WarmRuntime)
+        member = self.pool.claim()
+        if member is None:
+            return None
+        sandbox_id, net = member
+        record = replace(
+            self._new_record(request, sandbox_id), address=net.address, gateway=net.gateway, netns=net.netns
+        )
+        try:
+            self.runtime.configure(sandbox_id, request.env, Limits(**limits))
+            self._push_new(self.entry_factory(sandbox_id, net.address, document, {}))
+            if request.entrypoint:
+                self._start_entrypoint(net.address, request.entrypoint)
+            record = record.with_state("Running", "SANDBOX_READY", "claimed from the warm pool")
+            self.store.put_sandbox(record)
+            self.store.put_policy(sandbox_id, document, expected_revision=0)
+        except Exception:
+            log.exception("warm pool: claiming sandbox %s failed; starting a cold one instead", sandbox_id)
+            _quietly(lambda: self.proxy.drop_sandbox(net.address))
+            _quietly(lambda: self.store.delete_sandbox(sandbox_id))
+            self._discard_pool_member(sandbox_id)
+            return None
+        self._audit_change(sandbox_id, actor, 0, 1, {}, document, "create")
+        return record
+
+    def _start_entrypoint(self, address: str, entrypoint: list[str]) -> None:
+        """Start the entrypoint through the sandbox's execd, in the background (cwd /workspace,
+        execd's env plus the env file the claim wrote)."""
+        url = f"http://{address}:{EXECD_PORT}/command"
+        with httpx.Client(timeout=10.0) as client:
+            answer = client.post(url, json={"argv": entrypoint, "background": True})
+        if answer.status_code != 200 or b'"execution_complete"' not in answer.content:
+            raise LifecycleError(
+                "invalid", f"execd refused to start the entrypoint {entrypoint!r}: {answer.text[:300]}"
+            )
+
+    def _build_pool_member(self, sandbox_id: str) -> SandboxNet:
+        net = self.networks.create(sandbox_id)
+        self.runtime.create(SandboxSpec(sandbox_id, POOL_IMAGE, [], ca_cert=self.ca_cert), net)
+        self._wait_ready(net.address)
+        return net
+
+    def _discard_pool_member(self, sandbox_id: str) -> None:
+        _quietly(lambda: self.runtime.delete(sandbox_id))
+        _quietly(lambda: self.networks.destroy(sandbox_id))
 
     def _limits(self, limits: dict[str, str]) -> dict[str, Any]:
         out: dict[str, Any] = {}

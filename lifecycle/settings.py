@@ -67,6 +67,12 @@ class Settings(BaseSettings):
     address_pool: IPv4Network = Field(IPv4Network("10.213.0.0/16"), description="sandbox /30s come from here")
     iface_prefix: str = Field("sgv", max_length=6, description="host-side veth name prefix")
     nft_table: str = Field("sandgate", description="the one nftables table for all sandboxes")
+    warm_pool_size: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="sandboxes kept pre-built for the default image (local runtime); 2 is a good start",
+    )
 
     # policy and audit
     policy_max_rules: int = Field(4096, ge=1)

@@ -175,6 +175,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
         audit=policy_change_writer(settings.audit_log),
         check_image=runtime.images.get,
         ca_cert=ca.cert,
+        warm_pool_size=settings.warm_pool_size,
     )
     supervisor = ProxySupervisor(
         write_proxy_config(settings),
@@ -193,5 +194,5 @@ def build_components(settings: Settings, api_key: str) -> Components:
         supervisor,
         routers,
         open_prefixes=["/console"],
-        closers=[store.close, supervisor.stop, audit.stop],
+        closers=[store.close, supervisor.stop, audit.stop, service.stop],
     )

@@ -78,6 +78,9 @@ HOST_MASKED_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshado
 CA_BUNDLES = ("etc/ssl/certs/ca-certificates.crt", "etc/pki/tls/certs/ca-bundle.crt", "etc/ssl/cert.pem")
 PROXY_CA_FILE = "usr/local/share/ca-certificates/sandgate-proxy.crt"
 CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE")
+# The file execd reads KEY=VALUE lines from for every command (EXECD_ENVS; the SDK's set_env
+# appends to it). A warm-pool sandbox gets its request's env here when it is claimed.
+EXECD_ENV_FILE = "etc/sandgate-execd.env"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # argv: N, the entrypoint's N words, execd's package parent dir, its site-packages, execd's args.
 # Starts the entrypoint, then becomes execd in the same interpreter (-I -S: no site, no .pth
@@ -230,6 +233,17 @@ class LocalRuntime:
             f"within {timeout}s: {self.log_tail(sandbox_id)}"
         )
 
+    def configure(self, sandbox_id: str, env: dict[str, str], limits: Limits) -> None:
+        """Give a running sandbox (a claimed warm-pool member) its limits and its env: the env
+        goes to execd's env file, so every command (and the entrypoint execd starts) sees it."""
+        self._existing_cgroup(sandbox_id).create(limits)
+        lines = "".join(f"{key}={_env_file_value(value)}\n" for key, value in env.items())
+        root_fd = os.open(self.root_path(sandbox_id), os.O_PATH | os.O_DIRECTORY)
+        try:
+            _write_file(root_fd, EXECD_ENV_FILE, lines.encode())
+        finally:
+            os.close(root_fd)
+
     def log_tail(self, sandbox_id: str, limit: int = 2000) -> str:
         """The end of the sandbox's output (entrypoint and execd), for error messages."""
         try:
@@ -281,6 +295,7 @@ class LocalRuntime:
                 env.update(_install_ca(root_fd, spec.ca_cert.read_bytes()))
         finally:
             os.close(root_fd)
+        env["EXECD_ENVS"] = "/" + EXECD_ENV_FILE
         env.update(spec.env)
         env["SANDGATE_SANDBOX_ID"] = spec.sandbox_id
         return env
@@ -361,6 +376,15 @@ def _python_paths(python: str) -> ExecdPython:
     if not any(Path(site_packages).is_relative_to(path) for path in binds):
         binds.append(site_packages)
     return ExecdPython(site_packages, package_dir, list(dict.fromkeys(binds)))
+
+
+def _env_file_value(value: str) -> str:
+    """A double-quoted value as execd's env file reader unquotes it (\\ \" \n \r \t)."""
+    escapes = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    quoted = '"' + "".join(escapes.get(char, char) for char in value) + '"'
+    if len(quoted.splitlines()) != 1:
+        raise ValueError(f"env value {value[:40]!r} has a line separator the env file cannot carry")
+    return quoted
 
 
 def _image_env(image: Image) -> dict[str, str]:
