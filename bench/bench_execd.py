@@ -40,12 +40,6 @@ def _cpu_ms(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_ms(pid: int) -> float:
-    """User + system CPU the process has used (load-independent, unlike wall time)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
-
-
 def _start(root: Path) -> tuple[subprocess.Popen[bytes], str, float]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
