@@ -6,11 +6,12 @@ What it must never know: sockets, mitmproxy, the clock, files. It is pure and de
 
 Theory of operation:
 - Rules are numbered in document order; the first rule whose every condition matches decides
-  (OpenSandbox's first-match-wins). Compilation gathers, for every host name a rule or binding
-  names and for every wildcard suffix, the rules and bindings that can apply to it, in document
-  order (`_HostSlot`); a decision finds its slot with one dict lookup or one walk down a
-  reversed-label trie, and addresses find their rules in a prefix table. So a decision costs
-  O(labels + prefix lengths + rules for that host), never O(all rules), and never sorts.
+  (OpenSandbox's first-match-wins). Every host name a rule or binding names, and every wildcard
+  suffix, gets a slot (`_HostSlot`): the rules and bindings that can apply to it, in document
+  order, including those of the wildcards above it (merged on the slot's first lookup, then
+  kept). A decision finds its slot with one dict lookup or one walk down a reversed-label trie,
+  and addresses find their rules in a prefix table. So a decision costs O(labels + prefix
+  lengths + rules for that host), never O(all rules).
 - A slot's rule list ends at the first rule without conditions: every later rule is unreachable
   for that host, which keeps slots short even when wildcards overlap.
 - At connection level (method/path unknown: SNI, CONNECT, original destination) a rule with
@@ -172,20 +173,32 @@ def _first_match_order(*groups: Sequence[_Rule]) -> tuple[_Rule, ...]:
     return tuple(ordered)
 
 
+def _merge(above: _HostSlot, own: _HostSlot) -> _HostSlot:
+    """A name's or wildcard's own slot completed with the slot of the wildcard above it."""
+    return _HostSlot(
+        _first_match_order(above.rules, own.rules),
+        own.exact_bindings,
+        tuple(dict.fromkeys([*above.wildcard_bindings, *own.wildcard_bindings])),
+    )
+
+
 class _TrieNode:
-    __slots__ = ("children", "slot")
+    __slots__ = ("children", "merged", "own")
 
     def __init__(self) -> None:
         self.children: dict[str, _TrieNode] = {}
-        self.slot: _HostSlot | None = None  # for proper subdomains, merged with every wildcard above
+        self.own: _HostSlot | None = None  # the wildcard `*.<this suffix>`, if some rule names it
+        self.merged: _HostSlot | None = None  # own + every wildcard above, filled on first use
 
 
 class _NameIndex:
     """Host name -> `_HostSlot`: names in a dict, `*.suffix` wildcards in a reversed-label trie.
 
-    Every slot already holds what all matching patterns contribute (a name also gets the wildcards
-    above it, a trie node the wildcards of its ancestors), so a lookup is one dict hit or one walk
-    down the trie, keeping the deepest slot it passes.
+    A lookup is one dict hit, or one walk down the trie keeping the deepest wildcard it passes.
+    A slot holds everything that applies to its host: a name's slot includes the wildcards above
+    it, a wildcard's those of shorter suffixes. That merge is done on a slot's first lookup and
+    kept, so compiling stays linear in the rules however they overlap, and the merge cost (the
+    rules of that one host) is paid once per name or wildcard actually asked for.
     """
 
     def __init__(self, rules: Iterable[tuple[str, _Rule]], bindings: Iterable[tuple[str, _Binding]]) -> None:
@@ -195,17 +208,13 @@ class _NameIndex:
         for pattern, binding in bindings:
             own.setdefault(pattern, ([], []))[1].append(binding)
         self._root = _TrieNode()
+        self._names: dict[str, _HostSlot] = {}
         for pattern, (pattern_rules, pattern_bindings) in own.items():
             if pattern.startswith("*."):
-                self._node(pattern[2:]).slot = _HostSlot(tuple(pattern_rules), (), tuple(pattern_bindings))
-        self._inherit_wildcards()
-        self.exact: dict[str, _HostSlot] = {}
-        for name, (name_rules, name_bindings) in own.items():
-            if not name.startswith("*."):
-                above = self.below_wildcards(name)
-                self.exact[name] = _HostSlot(
-                    _first_match_order(name_rules, above.rules), tuple(name_bindings), above.wildcard_bindings
-                )
+                self._node(pattern[2:]).own = _HostSlot(tuple(pattern_rules), (), tuple(pattern_bindings))
+            else:
+                self._names[pattern] = _HostSlot(tuple(pattern_rules), tuple(pattern_bindings), ())
+        self._merged: dict[str, _HostSlot] = {}
 
     def _node(self, suffix: str) -> _TrieNode:
         node = self._root
@@ -216,21 +225,18 @@ class _NameIndex:
             node = child
         return node
 
-    def _inherit_wildcards(self) -> None:
-        """Merge every wildcard's slot with those of the wildcards above it (shorter suffixes)."""
-        pending = [(self._root, _NOTHING)]
-        while pending:
-            node, above = pending.pop()
-            if node.slot is not None:
-                node.slot = above = _HostSlot(
-                    _first_match_order(above.rules, node.slot.rules),
-                    (),
-                    tuple(dict.fromkeys([*above.wildcard_bindings, *node.slot.wildcard_bindings])),
-                )
-            pending.extend((child, above) for child in node.children.values())
+    def named(self, name: str) -> _HostSlot | None:
+        """The slot of a name some rule or binding names exactly, else None."""
+        slot = self._merged.get(name)
+        if slot is None:
+            own = self._names.get(name)
+            if own is None:
+                return None
+            slot = self._merged[name] = _merge(self.below_wildcards(name), own)
+        return slot
 
     def lookup(self, name: str) -> _HostSlot:
-        slot = self.exact.get(name)
+        slot = self.named(name)
         return slot if slot is not None else self.below_wildcards(name)
 
     def below_wildcards(self, name: str) -> _HostSlot:
@@ -243,8 +249,11 @@ class _NameIndex:
             if child is None:
                 break
             node = child
-            if node.slot is not None:
-                found = node.slot
+            if node.own is not None:
+                merged = node.merged
+                if merged is None:
+                    merged = node.merged = _merge(found, node.own)
+                found = merged
         return found
 
 
@@ -305,7 +314,7 @@ class CompiledPolicy:
         else:
             method = path = None
         # A rule's or binding's name is already canonical: request_host would return it unchanged.
-        slot = self._names.exact.get(raw_host)
+        slot = self._names.named(raw_host)
         if slot is None:
             host = request_host(raw_host)
             if host is None:
