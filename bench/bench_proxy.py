@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -113,8 +114,8 @@ class Load:
     requests: int
     bytes: int
     seconds: float
-    p50_ms: float
-    p99_ms: float
+    p50_ms: float | None  # None: the generator reports no percentiles (h2load)
+    p99_ms: float | None
     errors: int
     cpu_seconds: float | None = None  # the proxy's, during the run
     rss_mib: float | None = None  # the proxy's, at the end of the run
@@ -199,6 +200,19 @@ def wrk(topo: Topology, url: str, c: int, path: str | None = None, headers: tupl
         raise RuntimeError(f"wrk {url} failed ({done.returncode}): {done.stdout}{done.stderr}")
     requests, size, micros, p50, p99, errors = (int(v) for v in report[0])
     return Load(requests, size, micros / 1e6, p50 / 1000, p99 / 1000, errors)
+
+
+def h2load(topo: Topology, url: str, streams: int) -> Load:
+    """HTTP/2 load: `streams` concurrent streams on one TLS connection, for SECONDS (no cert checks)."""
+    argv = ["h2load", "-t1", "-c1", f"-m{streams}", "-D", str(SECONDS), url]
+    done = topo.run_client(argv, SECONDS + 30)
+    finished = re.search(r"finished in ([\d.]+)s", done.stdout)
+    counts = re.search(r"(\d+) succeeded, (\d+) failed, (\d+) errored, (\d+) timeout", done.stdout)
+    data = re.search(r"\((\d+)\) data", done.stdout)
+    if done.returncode or not (finished and counts and data):
+        raise RuntimeError(f"h2load {url} failed ({done.returncode}): {done.stdout}{done.stderr}")
+    succeeded, *failures = (int(n) for n in counts.groups())
+    return Load(succeeded, int(data.group(1)), float(finished.group(1)), None, None, sum(failures))
 
 
 def curl_load(
@@ -363,6 +377,7 @@ class Scenario:
 
 
 KEEP, FRESH, BIG = "1 KiB, keep-alive", "new TLS connection per request, 1 KiB", "1 MiB bodies, keep-alive"
+H2 = "HTTP/2 (h2load), 1 KiB, c = streams on one connection"
 DOWNLOAD = "100 MiB download (curl, one connection, certificate verified)"
 C = (1, 32)
 K, M = "1k.json", "1m.bin"
@@ -382,6 +397,11 @@ KEEP_ROWS = [  # (name, proxy, tool, origin); each at c=1 and c=32, 1 KiB
     ("sandgate CONNECT intercepted (curl)", "sandgate", "curl", API),
     ("sandgate TLS pass-through (transparent)", "sandgate", "wrk", PASS),
     ("sandgate CONNECT pass-through (curl)", "sandgate", "curl", PASS),
+]
+H2_ROWS = [
+    ("direct HTTPS h2", None, "h2load", DIRECT_HTTPS),
+    ("mitmdump HTTPS h2 intercepted", "mitmdump", "h2load", API),
+    ("sandgate HTTPS h2 intercepted+inject+audit", "sandgate", "h2load", API),
 ]
 HEAVY_ROWS = [  # at c=8: new connection per request (1 KiB), and 1 MiB bodies
     ("direct HTTPS", None, "wrk", DIRECT_HTTPS),
@@ -404,6 +424,7 @@ SCENARIOS = (
     [_scenario(KEEP, row, K, C) for row in KEEP_ROWS]
     + [_scenario(FRESH, row, K, (8,)) for row in HEAVY_ROWS]
     + [_scenario(BIG, row, M, (8,)) for row in HEAVY_ROWS]
+    + [_scenario(H2, row, K, (32,)) for row in H2_ROWS]
 )
 
 
@@ -424,6 +445,7 @@ class Ratio:
 OURS_INTERCEPTED, STOCK_INTERCEPTED = "sandgate HTTPS intercepted+inject+audit", "mitmdump HTTPS intercepted"
 OURS_PASS, SQUID_TUNNEL = "sandgate CONNECT pass-through (curl)", "squid CONNECT tunnel (curl)"
 VERIFIED = ("sandgate CONNECT intercepted (curl)", "mitmdump CONNECT intercepted (curl)")
+H2_INTERCEPTED = ("sandgate HTTPS h2 intercepted+inject+audit", "mitmdump HTTPS h2 intercepted")
 RATIOS = [
     Ratio("intercepted HTTPS, sandgate / mitmdump", OURS_INTERCEPTED, STOCK_INTERCEPTED, KEEP, 1, 1.5, True),
     Ratio("intercepted HTTPS, sandgate / mitmdump", OURS_INTERCEPTED, STOCK_INTERCEPTED, KEEP, 32, 1.5, True),
@@ -441,13 +463,20 @@ RATIOS = [
     Ratio("pass-through, sandgate / squid CONNECT", OURS_PASS, SQUID_TUNNEL, KEEP, 32, 1.0, False),
     Ratio("pass-through new conns, sandgate / squid", OURS_PASS, SQUID_TUNNEL, FRESH, 8, 1.0, False),
     Ratio("pass-through 1 MiB (MB/s), sandgate / squid", OURS_PASS, SQUID_TUNNEL, BIG, 8, 1.0, False),
+    Ratio("intercepted HTTP/2 streams, sandgate / mitmdump", *H2_INTERCEPTED, H2, 32, 1.5, True),
 ]
 
 
 def run_scenario(topo: Topology, scenario: Scenario, c: int, proxies: dict[str, Proxy]) -> Load:
     proxy = proxies.get(scenario.proxy or "")
-    if scenario.tool == "wrk":
-        transparent = {"sandgate": SANDGATE_PORTS["transparent_port"], "mitmdump": MITMDUMP_PORT}
+    transparent = {"sandgate": SANDGATE_PORTS["transparent_port"], "mitmdump": MITMDUMP_PORT}
+    if scenario.tool == "h2load":
+        topo.redirect_to(transparent.get(scenario.proxy or ""))
+
+        def run() -> Load:
+            return h2load(topo, scenario.url, c)
+
+    elif scenario.tool == "wrk":
         topo.redirect_to(transparent.get(scenario.proxy or "") if not scenario.absolute_path else None)
         headers = ("Connection: close",) if scenario.fresh else ()
         if scenario.absolute_path:
@@ -601,9 +630,9 @@ def _line(row: Row) -> str:
 
     cpu_percent = load.cpu_seconds / load.seconds * 100 if load.cpu_seconds is not None else None
     return (
-        f"{row.scenario:46} {row.concurrency:>3} {load.rps:8.0f} {load.p50_ms:8.2f} {load.p99_ms:8.2f} "
-        f"{load.mbps:8.1f} {opt(cpu_percent, 5, 0)} {opt(load.cpu_ms_per_request, 10, 2)} "
-        f"{opt(load.rss_mib, 8, 1)} {load.errors:>4}"
+        f"{row.scenario:46} {row.concurrency:>3} {load.rps:8.0f} {opt(load.p50_ms, 8, 2)} "
+        f"{opt(load.p99_ms, 8, 2)} {load.mbps:8.1f} {opt(cpu_percent, 5, 0)} "
+        f"{opt(load.cpu_ms_per_request, 10, 2)} {opt(load.rss_mib, 8, 1)} {load.errors:>4}"
     )
 
 
