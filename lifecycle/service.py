@@ -16,6 +16,9 @@ Rules:
    all before the API accepts traffic.
 5. This module speaks no HTTP: it raises `LifecycleError(kind, message)`; the API maps kinds to
    status codes. Collaborators (networks, runtime, proxy, vault, policy) are passed in.
+6. Warm pool (optional, `warm_pool_size`): a create that fits claims a pre-built sandbox
+   (env and limits applied, policy pushed, entrypoint started through execd) or starts cold;
+   unclaimed members are never persisted and are removed at restart and stop.
 """
 
 from __future__ import annotations
