@@ -1,7 +1,7 @@
-"""One sandbox's credentials: revealing them for injection, and the redactor that scrubs them.
+"""One sandbox's credentials: revealing them for injection, and the scrubber that removes them.
 
 Rules: values are revealed only here, only from the vault store, and only for the credentials
-the sandbox's own bindings name (mapped through `SandboxEntry.credentials`). The redactor holds
+the sandbox's own bindings name (mapped through `SandboxEntry.credentials`). The scrubber holds
 exactly those values, so a sandbox without bindings pays nothing for scrubbing; it is rebuilt
 when a reveal returns a value it has not seen (a rotated secret). Nothing here logs a value.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sandgate.vault import Injection, Redactor, VaultError, render, reveal_via
+from sandgate.proxy.scrubbing import Scrubber
+from sandgate.vault import Injection, VaultError, render, reveal_via
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ class SandboxCredentials:
         self._bindings = bindings
         self._names = names
         self._known: frozenset[str] = frozenset()
-        self.redactor: Redactor | None = None
+        self.scrubber: Scrubber | None = None
         self._reveal = reveal_via(self._reveal_and_track, names) if store is not None else None
         if store is not None and bindings:
             self._refresh()
@@ -37,7 +38,7 @@ class SandboxCredentials:
         value: str = self._store.reveal(vault_name)
         if value not in self._known:
             self._known = self._known | {value}
-            self.redactor = Redactor(self._known)
+            self.scrubber = Scrubber(self._known)
         return value
 
     def _refresh(self) -> None:

@@ -4,18 +4,20 @@ Rules:
 1. Every allowed request body and every response body is streamed (never buffered whole), so
    SSE and LLM token streams arrive as the origin sends them and memory stays flat; the one
    exception is a request whose binding substitutes placeholders in the body.
-2. Response headers always, and text bodies of responses to requests that carried a credential,
-   pass through the sandbox's redactor (a sandbox with no bound credentials has none and pays
-   nothing). The body redactor holds back at most the longest secret form minus one byte, so a
-   value split across chunks is still caught; that is why bodies of other responses (which the
-   origin answered without ever being sent a credential) stream without it.
-3. WebSocket message history is trimmed to the last message (mitmproxy would keep all of it),
-   and text messages from the server are scrubbed like bodies.
+2. Every response to a sandbox with a bound credential is scrubbed, whatever its request carried
+   (an origin can reflect or leak a value it got elsewhere): headers always, bodies when they are
+   text (`TEXT_TYPES`, or no content-type) and not compressed (such sandboxes ask upstream for
+   `identity`). Binary types (images, archives, octet-stream, ...) are not scrubbed: scanning
+   them costs throughput and a secret inside them is not reliably findable anyway.
+3. A scrubbed body may change length, so its content-length is dropped: HTTP/1.1 frames it as
+   chunked, HTTP/1.0 by closing the connection, HTTP/2 by DATA frames up to END_STREAM.
+4. WebSocket message history is trimmed to the last message (mitmproxy would keep all of it),
+   and messages from the server are scrubbed like bodies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from mitmproxy import http
 
@@ -32,6 +34,7 @@ TEXT_TYPES = (
     "application/x-www-form-urlencoded",
     "application/x-ndjson",
 )
+BODYLESS_STATUS = (204, 304)
 
 
 class StreamingAddon:
@@ -39,7 +42,7 @@ class StreamingAddon:
         request_state: RequestState | None = flow.metadata.get(FLOW_KEY)
         if flow.response or request_state is None:
             return
-        if request_state.sandbox.credentials.redactor is not None:
+        if request_state.sandbox.credentials.scrubber is not None:
             flow.request.headers["accept-encoding"] = "identity"  # compressed bodies cannot be scrubbed
         if BODY_KEY in flow.metadata:
             return
@@ -55,50 +58,57 @@ class StreamingAddon:
         response = flow.response
         if response is None or request_state is None:
             return
-        redactor = request_state.sandbox.credentials.redactor
-        if redactor is not None:
-            for name, value in list(response.headers.items(multi=True)):
-                if redactor.redact_text(value) != value:
-                    response.headers.set_all(
-                        name, [redactor.redact_text(v) for v in response.headers.get_all(name)]
-                    )
-        carried_credential = bool(request_state.bindings)
-        scrub = (
-            redactor.stream() if redactor is not None and carried_credential and _is_text(response) else None
-        )
-        if scrub is not None and "content-length" in response.headers:
-            # Scrubbing may change the length: frame the body by chunks (HTTP/1) or frames (HTTP/2).
-            del response.headers["content-length"]
-            if not flow.request.is_http2:
-                response.headers["transfer-encoding"] = "chunked"
-        response.stream = _counting(
-            request_state, scrub.feed if scrub else None, scrub.flush if scrub else None
-        )
+        scrubber = request_state.sandbox.credentials.scrubber
+        scrub: Callable[[bytes], list[bytes]] | None = None
+        if scrubber is not None:
+            scrubber.headers(response.headers)
+            if _has_body(flow) and _is_text(response):
+                scrub = scrubber.body()
+                _frame_without_length(flow)
+        response.stream = _counting(request_state, scrub)
 
     def websocket_message(self, flow: http.HTTPFlow) -> None:
         assert flow.websocket is not None
         messages = flow.websocket.messages
         message = messages[-1]
         request_state: RequestState | None = flow.metadata.get(FLOW_KEY)
-        redactor = request_state.sandbox.credentials.redactor if request_state else None
-        if redactor is not None and not message.from_client:
-            message.content = redactor.redact(message.content)
+        scrubber = request_state.sandbox.credentials.scrubber if request_state else None
+        if scrubber is not None and not message.from_client:
+            message.content = scrubber.redactor.redact(message.content)
         del messages[:-1]
 
 
 def _counting(
-    request_state: RequestState, feed: Callable[[bytes], bytes] | None, flush: Callable[[], bytes] | None
-) -> Callable[[bytes], bytes | list[bytes]]:
-    def stream(chunk: bytes) -> bytes | list[bytes]:
+    request_state: RequestState, scrub: Callable[[bytes], list[bytes]] | None
+) -> Callable[[bytes], bytes | Iterable[bytes]]:
+    def stream(chunk: bytes) -> bytes | Iterable[bytes]:
         request_state.bytes_in += len(chunk)
-        if feed is None or flush is None:
-            return chunk
-        scrubbed = feed(chunk) if chunk else flush()  # mitmproxy signals the end with b""
-        # The scrubber may hold a whole small chunk back; an empty bytes would go out as an empty
-        # chunk, which in HTTP/1 chunked framing ("0\r\n\r\n") ends the body early. No chunks instead.
-        return scrubbed if scrubbed else []
+        return scrub(chunk) if scrub is not None else chunk  # mitmproxy signals the end with b""
 
     return stream
+
+
+def _frame_without_length(flow: http.HTTPFlow) -> None:
+    """The body's length is about to change: let the client's protocol frame it instead."""
+    response = flow.response
+    assert response is not None
+    if "content-length" not in response.headers:
+        return
+    del response.headers["content-length"]
+    if flow.request.http_version == "HTTP/1.1":
+        response.headers["transfer-encoding"] = "chunked"
+    elif flow.request.http_version == "HTTP/1.0":
+        response.headers["connection"] = "close"  # the end of the connection ends the body
+
+
+def _has_body(flow: http.HTTPFlow) -> bool:
+    response = flow.response
+    assert response is not None
+    return (
+        flow.request.method.upper() != "HEAD"
+        and response.status_code >= 200
+        and response.status_code not in BODYLESS_STATUS
+    )
 
 
 def _is_text(response: http.Response) -> bool:

@@ -82,7 +82,6 @@ def test_sdk_create_run_files_egress_vault_kill(server: SandgateServer) -> None:
         assert SECRET not in fetched.model_dump_json()
         assert vault.get_binding("api").auth.type == "bearer"
 
-        # HTTP/1.1: over HTTP/2 the scrubbed body currently ends in a stream error (proxy issue)
         run = sandbox.commands.run(f"curl -sS --max-time 10 https://{API_HOST}/echo")
         output = "".join(m.text for m in run.logs.stdout)
         assert run.exit_code == 0, output + "".join(m.text for m in run.logs.stderr)
