@@ -17,6 +17,7 @@ from tests.support.server import SandgateServer
 
 pytestmark = pytest.mark.root
 VENV_BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
+MCP_TIMEOUT_S = 120
 
 
 def osb(server: SandgateServer, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -106,6 +107,11 @@ def test_mcp_command_run(server: SandgateServer) -> None:
             ],
             env=server.env(),
         )
+        # Bounded: when a tool fails, the MCP server logs a rich traceback, which can take minutes.
+        with anyio.fail_after(MCP_TIMEOUT_S):
+            return await call_tools(params)
+
+    async def call_tools(params: StdioServerParameters) -> str:
         async with stdio_client(params) as (read, write), ClientSession(read, write) as mcp:
             await mcp.initialize()
             created = await mcp.call_tool(
