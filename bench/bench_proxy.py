@@ -4,10 +4,11 @@ Rules:
 1. Nothing leaves the machine: the module re-executes itself in a fresh network namespace and
    builds its own origin (Debian nginx + a DNS server) and client namespaces (bench/topology.py);
    every process, namespace, veth and nft table is removed by PID or name, also on failure.
-2. Bounded: every load run lasts SANDGATE_BENCH_SECONDS (default 3) seconds; the list of 38
-   runs is gone through SANDGATE_BENCH_ROUNDS (default 2) times, interleaved, and each row
-   shows its best round (the machine may be shared: the best round is the one least disturbed).
-   The whole benchmark takes under 5 minutes at the defaults, about 1 with
+2. Bounded: every load run lasts SANDGATE_BENCH_SECONDS (default 2) seconds; the 41 runs are
+   gone through SANDGATE_BENCH_ROUNDS (default 3) times. Rows that are compared run back to
+   back (A B, then B A), each row shows its best round (the machine may be shared: the best
+   round is the least disturbed one), and ratios are the median of the per-round ratios. The
+   whole benchmark takes under 5 minutes at the defaults, about 1 with
    SANDGATE_BENCH_SECONDS=1 SANDGATE_BENCH_ROUNDS=1.
 3. Same conditions for every proxy: each is pinned to CPU 1 (`taskset`), nginx and the load
    generators share CPU 0. Load generators are C programs, never Python threads: `wrk` for
@@ -53,8 +54,8 @@ from bench.topology import (
     enter_private_netns,
 )
 
-SECONDS = max(1, round(float(os.environ.get("SANDGATE_BENCH_SECONDS", "3"))))
-ROUNDS = max(1, int(os.environ.get("SANDGATE_BENCH_ROUNDS", "2")))
+SECONDS = max(1, round(float(os.environ.get("SANDGATE_BENCH_SECONDS", "2"))))
+ROUNDS = max(1, int(os.environ.get("SANDGATE_BENCH_ROUNDS", "3")))
 CHILD_FLAG = "SANDGATE_BENCH_PROXY_CHILD"
 SANDGATE_PORTS = {"transparent_port": 15001, "explicit_port": 15002, "dns_port": 15053}
 IDLE_PORTS = {"transparent_port": 17001, "explicit_port": 17002, "dns_port": 17053}
@@ -561,12 +562,16 @@ def run_all(topo: Topology) -> None:
     proxies = {"sandgate": sandgate, "mitmdump": start_mitmdump(topo), "squid": start_squid(topo)}
     for note in check_paths(topo, sandgate, proxies["mitmdump"]):
         print(f"  {note}")
-    rows = [Row(s.section, s.name, c) for s in SCENARIOS for c in s.concurrency]
     plan = [(s, c) for s in SCENARIOS for c in s.concurrency]
-    for round_number in range(1, ROUNDS + 1):
-        print(f"round {round_number} of {ROUNDS}", flush=True)
-        for row, (scenario, c) in zip(rows, plan, strict=True):
-            row.rounds.append(run_scenario(topo, scenario, c, proxies))
+    rows = [Row(s.section, s.name, c) for s, c in plan]
+    groups: dict[tuple[str, int], list[int]] = {}  # rows compared with each other run back to back
+    for index, (scenario, c) in enumerate(plan):
+        groups.setdefault((scenario.section, c), []).append(index)
+    for round_number in range(ROUNDS):
+        print(f"round {round_number + 1} of {ROUNDS}", flush=True)
+        for members in groups.values():
+            for index in members if round_number % 2 == 0 else reversed(members):  # ABBA
+                rows[index].rounds.append(run_scenario(topo, *plan[index], proxies))
     topo.redirect_to(None)
     downloads = [download(topo, "direct", "https://direct.example.com/100m.bin", topo.ca_cert, None)]
     topo.redirect_to(SANDGATE_PORTS["transparent_port"])
@@ -598,19 +603,27 @@ def report(rows: list[Row], idle: dict[str, float], audit_lines: int) -> None:
             if row.extra:
                 before, peak = row.extra["rss_before_mib"], row.extra["peak_mib"]
                 print(f"{'':50} proxy RSS before {before:.1f} MiB, peak during (VmHWM) {peak:.1f} MiB")
-    print("\nratios: throughput (req/s, MB/s for 1 MiB) and per core (inverse CPU time per request)")
+    print(
+        "\nratios, median over the rounds (each round compares runs made back to back; min-max):"
+        "\nthroughput = req/s (MB/s for 1 MiB); per core = inverse of the proxies' CPU time per request"
+    )
     for ratio in RATIOS:
         ours, theirs = (
-            _find(rows, name, ratio.section, ratio.concurrency).load for name in (ratio.ours, ratio.theirs)
+            _find(rows, name, ratio.section, ratio.concurrency) for name in (ratio.ours, ratio.theirs)
         )
-        throughput = ours.mbps / theirs.mbps if ratio.section == BIG else ours.rps / theirs.rps
-        per_core = (theirs.cpu_ms_per_request or 0) / (ours.cpu_ms_per_request or float("inf"))
-        judged = per_core if ratio.per_core else throughput
+        # a round where either side finished no request has no ratio
+        pairs = [(a, b) for a, b in zip(ours.rounds, theirs.rounds, strict=True) if a.requests and b.requests]
+        if not pairs:
+            print(f"  {ratio.what:52} c={ratio.concurrency:<3} no round with requests on both sides")
+            continue
+        throughput = [a.mbps / b.mbps if ratio.section == BIG else a.rps / b.rps for a, b in pairs]
+        per_core = [(b.cpu_ms_per_request or 0) / (a.cpu_ms_per_request or float("inf")) for a, b in pairs]
+        judged = statistics.median(per_core if ratio.per_core else throughput)
         verdict = f"goal >= {ratio.goal}x {'per core' if ratio.per_core else 'throughput'}: "
         verdict += "met" if judged >= ratio.goal else "MISSED"
         print(
-            f"  {ratio.what:52} c={ratio.concurrency:<3} throughput {throughput:5.2f}x  "
-            f"per core {per_core:5.2f}x  [{verdict}]"
+            f"  {ratio.what:52} c={ratio.concurrency:<3} throughput {_spread(throughput)}  "
+            f"per core {_spread(per_core)}  [{verdict}]"
         )
     per = idle["kib_per_sandbox"]
     print(
@@ -634,6 +647,10 @@ def _line(row: Row) -> str:
         f"{opt(load.p99_ms, 8, 2)} {load.mbps:8.1f} {opt(cpu_percent, 5, 0)} "
         f"{opt(load.cpu_ms_per_request, 10, 2)} {opt(load.rss_mib, 8, 1)} {load.errors:>4}"
     )
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):5.2f}x ({min(values):.2f}-{max(values):.2f})"
 
 
 def _find(rows: list[Row], scenario: str, section: str, c: int) -> Row:
