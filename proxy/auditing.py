@@ -4,6 +4,10 @@ Rules: connection-level decisions are recorded when they are made (`record_decis
 request is recorded once, when it ends (`AuditAddon.response` / `.error`), from the
 `RequestState` the enforcement addon attached, so bytes, status and duration are known. Paths
 lose their query (`redact_path`); nothing else from the request body or headers is logged.
+A passed-through TLS connection has no requests to record, so when it closes it gets a second
+`connection` record (`event: "closed"`, id `<decision id>-closed`) with its bytes (from the
+kernel, `tcpinfo`) and duration; the decision record written at the decision stays the one
+that counts, so a connection that never closes (or a proxy that dies) still has its record.
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from mitmproxy import http
+from mitmproxy import connection, http
 
-from sandgate.proxy.audit import AuditRecord, redact_path
+from sandgate.proxy.audit import AuditRecord, redact_path, utc_timestamp
 from sandgate.proxy.decide import Verdict
-from sandgate.proxy.state import FLOW_KEY, ProxyState, RequestState, Sandbox
+from sandgate.proxy.state import FLOW_KEY, ConnState, ProxyState, RequestState, Sandbox
+
+CLOSED = "closed"  # `event` of the record that closes a pass-through connection
 
 
 def addr(address: tuple[str, int] | None) -> str | None:
@@ -32,21 +38,21 @@ def record_decision(
     verdict: Verdict,
     client: tuple[str, int] | None,
     **facts: object,
-) -> None:
+) -> AuditRecord:
     """One record for a decision made now (connection and DNS level, and refused requests)."""
     state.metrics.decision(kind, verdict.action, verdict.reason)
-    state.audit.write(
-        AuditRecord(
-            kind=kind,
-            sandbox=sandbox.id,
-            client=addr(client) or "-",
-            decision=verdict.action,
-            reason=verdict.reason,
-            rule=verdict.rule,
-            inspect=verdict.inspect,
-            **facts,  # type: ignore[arg-type]
-        )
+    record = AuditRecord(
+        kind=kind,
+        sandbox=sandbox.id,
+        client=addr(client) or "-",
+        decision=verdict.action,
+        reason=verdict.reason,
+        rule=verdict.rule,
+        inspect=verdict.inspect,
+        **facts,  # type: ignore[arg-type]
     )
+    state.audit.write(record)
+    return record
 
 
 def security_event(
@@ -73,10 +79,17 @@ def security_event(
 
 
 class AuditAddon:
-    """Writes the one record of every request when it ends, with status, bytes and duration."""
+    """Writes the one record of every request when it ends, with status, bytes and duration, and
+    the closing record of every pass-through connection; it runs last, so it also drops the
+    connection's state."""
 
     def __init__(self, state: ProxyState) -> None:
         self.state = state
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        conn = self.state.connections.pop(client.id, None)
+        if conn is not None and conn.passthrough and conn.decision_record is not None:
+            self.state.audit.write(closing_record(conn, conn.decision_record, client))
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._record(flow, status=flow.response.status_code if flow.response else None)
@@ -124,6 +137,23 @@ class AuditAddon:
                 detail=detail,
             )
         )
+
+
+def closing_record(conn: ConnState, decision: AuditRecord, client: connection.Client) -> AuditRecord:
+    counted = conn.counters.read_and_close() if conn.counters else None
+    bytes_in, bytes_out = counted or (0, 0)
+    started, ended = client.timestamp_start, client.timestamp_end
+    duration = round((ended - started) * 1000, 3) if started and ended else None
+    return decision.model_copy(
+        update={
+            "id": f"{decision.id}-{CLOSED}",
+            "ts": utc_timestamp(),
+            "event": CLOSED,
+            "bytes_in": bytes_in,
+            "bytes_out": bytes_out,
+            "duration_ms": duration,
+        }
+    )
 
 
 def _size(message: http.Message | None) -> int:

@@ -5,7 +5,7 @@ Rules:
    (`tls_clienthello`, by SNI, else the DNS-attributed name of the original destination, else
    the address itself). A denied TLS connection is ignored and then killed in `server_connect`,
    so the client never sees a certificate; a pass-through verdict (`inspect` False) ignores the
-   connection, so the bytes are relayed untouched.
+   connection, so the bytes are relayed untouched (and counted by the kernel, `tcpinfo`).
 2. Request level for everything decrypted or plain (`requestheaders`: every HTTP/1 request,
    every HTTP/2 stream, WebSocket upgrades), re-evaluated against the current table entry.
    A refused request gets a 403 (421 for disagreeing names) JSON answer and never reaches upstream.
@@ -36,6 +36,7 @@ from sandgate.proxy.decide import (
 )
 from sandgate.proxy.resolver import ResolveError, is_ip_literal
 from sandgate.proxy.state import FLOW_KEY, ConnState, ProxyState, RequestState, Sandbox
+from sandgate.proxy.tcpinfo import KernelCounters
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +62,16 @@ class EnforcementAddon:
         host = (flow.request.host or "").lower().rstrip(".")
         verdict = decide(sandbox.policy, host, flow.request.port, "https") if sandbox else GONE
         facts = {"method": "CONNECT", "host": host, "port": flow.request.port}
-        if sandbox:
+        record = (
             record_decision(self.state, "connection", sandbox, verdict, flow.client_conn.peername, **facts)
+            if sandbox
+            else None
+        )
         if not verdict.allowed or conn is None:
             flow.response = deny_response(verdict, host)
             return
         conn.connect_host = host
-        conn.connect_recorded = True
+        conn.connect_record = record
 
     async def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         client = data.context.client
@@ -90,9 +94,10 @@ class EnforcementAddon:
         upstream = None
         if verdict.allowed and not verdict.inspect:
             verdict, upstream = await self._pin(conn, sandbox, name or "", port, "https", verdict)
-        already_recorded = conn.connect_recorded and name == conn.connect_host and verdict.allowed
-        if not already_recorded:
-            record_decision(
+        dialled = addr((upstream, port)) if upstream else None
+        record = conn.connect_record if name == conn.connect_host and verdict.allowed else None
+        if record is None:
+            record = record_decision(
                 self.state,
                 "connection",
                 sandbox,
@@ -102,15 +107,19 @@ class EnforcementAddon:
                 host=name,
                 port=port,
                 scheme="https",
-                upstream=addr((upstream, port)) if upstream else None,
+                upstream=dialled,
                 detail=detail,
             )
+        else:  # the CONNECT record stands; the closing record also says what TLS then showed
+            record = record.model_copy(update={"sni": sni, "upstream": dialled, "scheme": "https"})
         conn.name = name
         if not verdict.allowed:
             conn.denied = True
             data.ignore_connection = True  # then killed in server_connect: no certificate is ever shown
         elif not verdict.inspect:
             conn.passthrough = True
+            conn.decision_record = record
+            conn.counters = KernelCounters.of(client)
             data.ignore_connection = True
 
     def _attributed(self, conn: ConnState, destination: str) -> str:

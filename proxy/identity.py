@@ -26,7 +26,4 @@ class IdentityAddon:
             client.error = f"source {source} is not a registered sandbox"
             security_event(self.state, "-", client.peername, UNKNOWN_SOURCE, client.error)
             return
-        self.state.connections[client.id] = ConnState(sandbox_address=source)
-
-    def client_disconnected(self, client: connection.Client) -> None:
-        self.state.connections.pop(client.id, None)
+        self.state.connections[client.id] = ConnState(sandbox_address=source)  # dropped by AuditAddon

@@ -14,12 +14,13 @@ from types import MappingProxyType
 from typing import Any
 
 from sandgate.policy import Binding, CompiledPolicy, PassthroughAuth, compile_policy, parse_policy
-from sandgate.proxy.audit import AuditLog
+from sandgate.proxy.audit import AuditLog, AuditRecord
 from sandgate.proxy.config import SandboxEntry
 from sandgate.proxy.credentials import SandboxCredentials
 from sandgate.proxy.decide import Verdict
 from sandgate.proxy.metrics import Metrics
 from sandgate.proxy.resolver import NameMemory, Resolver
+from sandgate.proxy.tcpinfo import KernelCounters
 
 FLOW_KEY = "sandgate"  # flow.metadata key of a RequestState
 
@@ -96,10 +97,12 @@ class ConnState:
 
     sandbox_address: str
     connect_host: str | None = None  # explicit proxy: the CONNECT target
-    connect_recorded: bool = False  # the CONNECT decision is already in the audit log
+    connect_record: AuditRecord | None = None  # the CONNECT decision, already in the audit log
     name: str | None = None  # the connection-level name (SNI, CONNECT target, DNS-attributed)
     denied: bool = False
     passthrough: bool = False
+    decision_record: AuditRecord | None = None  # pass-through: its decision, closed at disconnect
+    counters: KernelCounters | None = None  # pass-through: the kernel's byte counts
     pins: dict[str, str] = field(default_factory=dict)  # name -> the address the proxy dials
     restore: dict[str, tuple[str, int]] = field(default_factory=dict)  # server id -> address by name
 

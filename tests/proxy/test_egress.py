@@ -75,9 +75,75 @@ def test_passthrough_tls_is_not_decrypted(proxy: RunningProxy, client: Client, n
     result = client.curl("--cacert", str(net.ca_cert), "https://pass.example.com/")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "hello from origin\n"
-    [record] = proxy.wait_audit(1, kind="connection", host="pass.example.com")
+    [record] = proxy.wait_audit(1, kind="connection", host="pass.example.com", event=None)
     assert record["decision"] == "allow" and record["inspect"] is False
     assert record["sni"] == "pass.example.com" and record["upstream"] == f"{ORIGIN_V4}:443"
+
+
+def test_passthrough_connection_is_closed_with_bytes_and_duration(
+    proxy: RunningProxy, client: Client, net: Internet
+) -> None:
+    # A long-lived pass-through connection: its decision record is there while it is open...
+    code = f"""
+import socket, ssl, sys
+ctx = ssl.create_default_context(cafile={str(net.ca_cert)!r})
+raw = socket.create_connection(("pass.example.com", 443))
+with ctx.wrap_socket(raw, server_hostname="pass.example.com") as s:
+    print("open", flush=True)
+    sys.stdin.readline()
+    s.sendall(b"GET /bytes?n=200000 HTTP/1.1\\r\\nHost: pass.example.com\\r\\nConnection: close\\r\\n\\r\\n")
+    got = 0
+    while data := s.recv(65536):
+        got += len(data)
+    print(got, flush=True)
+"""
+    before = {r["id"] for r in proxy.audit()}
+    process = client.ns.popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout.readline().strip() == "open"
+        [decision] = [
+            r
+            for r in proxy.wait_audit(1, kind="connection", host="pass.example.com", event=None)
+            if r["id"] not in before
+        ]
+        assert decision["event"] is None and decision["bytes_in"] == 0 and decision["duration_ms"] is None
+        # ...and when it closes, a second record with the same id prefix counts bytes and time.
+        process.stdin.write("\n")
+        process.stdin.flush()
+        received = int(process.stdout.readline())
+    finally:
+        process.kill()
+        process.wait()
+    assert received > 200_000
+    [closed] = proxy.wait_audit(1, id=f"{decision['id']}-closed")
+    assert (closed["kind"], closed["event"], closed["decision"], closed["inspect"]) == (
+        "connection",
+        "closed",
+        "allow",
+        False,
+    )
+    assert closed["sni"] == "pass.example.com" and closed["upstream"] == f"{ORIGIN_V4}:443"
+    # TLS adds a little around the 200000 body bytes; the client sent a ClientHello and a request.
+    assert 200_000 < closed["bytes_in"] < 220_000 and 300 < closed["bytes_out"] < 5_000
+    assert closed["duration_ms"] > 0
+
+
+def test_explicit_connect_passthrough_is_closed_under_the_connect_record(
+    proxy: RunningProxy, client: Client, net: Internet
+) -> None:
+    before = {r["id"] for r in proxy.audit()}
+    explicit = f"http://{GATEWAY}:{EXPLICIT_PORT}"
+    result = client.curl(
+        "-x", explicit, "--cacert", str(net.ca_cert), "https://pass.example.com/bytes?n=50000"
+    )
+    assert result.returncode == 0 and len(result.stdout) == 50_000, result.stderr
+    connects = proxy.wait_audit(1, kind="connection", method="CONNECT", host="pass.example.com", event=None)
+    [connect] = [r for r in connects if r["id"] not in before]  # one decision record, not two
+    [closed] = proxy.wait_audit(1, id=f"{connect['id']}-closed")
+    assert closed["sni"] == "pass.example.com" and closed["upstream"] == f"{ORIGIN_V4}:443"
+    assert closed["bytes_in"] > 50_000 and closed["bytes_out"] > 0
 
 
 def test_intercepted_tls_injects_and_client_never_sees_the_value(proxy: RunningProxy, client: Client) -> None:
