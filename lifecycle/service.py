@@ -80,6 +80,8 @@ class Runtime(Protocol):
     def pause(self, sandbox_id: str) -> None: ...
     def resume(self, sandbox_id: str) -> None: ...
     def adopt(self) -> list[str]: ...
+    def alive(self, sandbox_id: str) -> bool: ...
+    def log_tail(self, sandbox_id: str, limit: int = 2000) -> str: ...
 
 
 @runtime_checkable
@@ -232,7 +234,7 @@ class Service:
             undo.append(lambda: self.proxy.drop_sandbox(net.address))
             self.runtime.create(spec, net)
             undo.append(lambda: self.runtime.delete(record.id))
-            self._wait_ready(net.address)
+            self._wait_ready(record.id, net.address)
             record = record.with_state("Running", "SANDBOX_READY", "execd answered /ping")
             self.store.put_sandbox(record)
             self.store.put_policy(record.id, document, expected_revision=0)
@@ -387,7 +389,8 @@ class Service:
                 "it may be restarting: retry, or see proxy.log in the state dir",
             ) from exc
 
-    def _wait_ready(self, address: str) -> None:
+    def _wait_ready(self, sandbox_id: str, address: str) -> None:
+        """Until execd answers /ping; a sandbox that died, or a timeout, fails with its output."""
         deadline = time.monotonic() + self.ready_timeout
         url = f"http://{address}:{EXECD_PORT}/ping"
         last: str = "no answer yet"
@@ -399,8 +402,14 @@ class Service:
                     last = "execd answered /ping with an error"
                 except httpx.HTTPError as exc:
                     last = str(exc) or type(exc).__name__
+                if not self.runtime.alive(sandbox_id):
+                    last = "the sandbox exited"
+                    break
                 time.sleep(0.02)
-        raise LifecycleError("unavailable", f"execd at {url} not ready within {self.ready_timeout}s: {last}")
+            else:
+                last += f" within {self.ready_timeout}s"
+        output = self.runtime.log_tail(sandbox_id)
+        raise LifecycleError("unavailable", f"execd at {url} not ready: {last}; sandbox output: {output}")
 
     # --- warm pool -------------------------------------------------------------------------------
 
@@ -457,7 +466,7 @@ class Service:
     def _build_pool_member(self, sandbox_id: str) -> SandboxNet:
         net = self.networks.create(sandbox_id)
         self.runtime.create(SandboxSpec(sandbox_id, POOL_IMAGE, [], ca_cert=self.ca_cert), net)
-        self._wait_ready(net.address)
+        self._wait_ready(sandbox_id, net.address)
         return net
 
     def _discard_pool_member(self, sandbox_id: str) -> None:
