@@ -4,8 +4,11 @@ nftables, and the test internet. Each test states one behaviour of docs/proxy.md
 from __future__ import annotations
 
 import json
+import select
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -22,6 +25,7 @@ from tests.proxy.conftest import (
     stop_proxy,
 )
 from tests.support.internet import ORIGIN_V4, Internet
+from tests.support.netns import ip
 
 pytestmark = pytest.mark.root
 
@@ -34,6 +38,7 @@ POLICY = {
         {"action": "allow", "target": "ro.example.com", "methods": ["GET"]},
         {"action": "allow", "target": "plain.example.com"},
         {"action": "allow", "target": "stream.example.com", "inspect": "always"},
+        {"action": "allow", "target": "*.rebind.example.com"},
     ],
     "bindings": [
         {
@@ -45,11 +50,16 @@ POLICY = {
     ],
 }
 NAMES = ["pass", "api", "ro", "plain", "stream", "denied", "other"]
+# Allowed names whose DNS answer is an always-denied address (DNS rebinding).
+REBOUND = {"loopback": "127.0.0.1", "metadata": "169.254.169.254", "private": "10.99.0.9"}
 
 
 @pytest.fixture(scope="module")
 def proxy(net: Internet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    net.set_names({f"{n}.example.com": [ORIGIN_V4] for n in NAMES})
+    net.set_names(
+        {f"{n}.example.com": [ORIGIN_V4] for n in NAMES}
+        | {f"{label}.rebind.example.com": [address] for label, address in REBOUND.items()}
+    )
     vault_dir = tmp_path_factory.mktemp("vault")
     key = generate_master_key()
     open_store("local", vault_dir, key).put("api-token", TOKEN)
@@ -449,3 +459,87 @@ def test_binary_bodies_are_not_scrubbed_or_reframed(proxy: RunningProxy, client:
     headers, body = split_response(result.stdout)
     assert headers["content-type"] == "application/octet-stream"
     assert headers["content-length"] == "5000" and body == "x" * 5000
+
+
+def new_records(proxy: RunningProxy, seen: set[str], **match: object) -> list[dict]:
+    return [r for r in proxy.wait_audit(1, **match) if r["id"] not in seen]
+
+
+def test_a_denied_plain_request_has_exactly_one_record(proxy: RunningProxy, client: Client) -> None:
+    seen = {r["id"] for r in proxy.audit()}
+    result = client.curl(
+        "-w",
+        "%{http_code}",
+        "-o",
+        "/dev/null",
+        "--resolve",
+        f"denied.example.com:80:{ORIGIN_V4}",
+        "http://denied.example.com/one",
+    )
+    assert result.stdout == "403"
+    proxy.wait_audit(1, kind="request", host="denied.example.com", path="/one")
+    records = [r for r in proxy.audit() if r["id"] not in seen and r["host"] == "denied.example.com"]
+    assert [(r["kind"], r["decision"], r["status"]) for r in records] == [("request", "deny", 403)]
+
+
+def test_a_denied_connect_has_exactly_one_record(proxy: RunningProxy, client: Client) -> None:
+    seen = {r["id"] for r in proxy.audit()}
+    result = client.curl("-x", f"http://{GATEWAY}:{EXPLICIT_PORT}", "https://denied.example.com/")
+    assert "403" in result.stderr
+    new_records(proxy, seen, kind="connection", method="CONNECT", host="denied.example.com")
+    records = [r for r in proxy.audit() if r["id"] not in seen and r["host"] == "denied.example.com"]
+    assert [(r["kind"], r["method"], r["decision"]) for r in records] == [("connection", "CONNECT", "deny")]
+
+
+@pytest.fixture
+def canaries() -> Iterator[list[str]]:
+    """Listeners on port 80 of every rebinding target, in the proxy's own namespace (the pytest
+    process's): any connection to one means the proxy dialled an always-denied address."""
+    added = [address for address in REBOUND.values() if not address.startswith("127.")]
+    hits: list[str] = []
+    listeners: list[socket.socket] = []
+    stop = threading.Event()
+    try:
+        for address in added:
+            ip("addr", "add", f"{address}/32", "dev", "lo")
+        for address in REBOUND.values():
+            listener = socket.create_server((address, 80))
+            listeners.append(listener)
+
+        def watch() -> None:
+            while not stop.is_set():
+                ready, _, _ = select.select(listeners, [], [], 0.1)
+                for listener in ready:
+                    accepted, peer = listener.accept()
+                    hits.append(f"{peer[0]} -> {listener.getsockname()[0]}")
+                    accepted.close()
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        yield hits
+        stop.set()
+        watcher.join(2)
+    finally:
+        stop.set()
+        for listener in listeners:
+            listener.close()
+        for address in added:
+            subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", "lo"], capture_output=True)
+
+
+@pytest.mark.parametrize("label", sorted(REBOUND))
+def test_dns_rebinding_is_403_and_never_dialled(
+    proxy: RunningProxy, client: Client, canaries: list[str], label: str
+) -> None:
+    # The policy allows *.rebind.example.com, but the name resolves to an always-denied address.
+    # The sandbox's own DNS would drop that answer; --resolve makes it send the request anyway.
+    name = f"{label}.rebind.example.com"
+    seen = {r["id"] for r in proxy.audit()}
+    result = client.curl("-w", "\n%{http_code}", "--resolve", f"{name}:80:{ORIGIN_V4}", f"http://{name}/")
+    body, status = result.stdout.rsplit("\n", 1)
+    assert status == "403"
+    reply = json.loads(body)
+    assert (reply["error"], reply["host"], reply["reason"]) == ("egress denied", name, "always_denied_range")
+    [record] = new_records(proxy, seen, kind="request", host=name)
+    assert (record["decision"], record["reason"], record["upstream"]) == ("deny", "always_denied_range", None)
+    assert canaries == []
