@@ -5,8 +5,9 @@ itself with these resolvers (`upstream_dns`, else the system's) and dials the an
 handed to a sandbox by the DNS listener are remembered per sandbox (bounded LRU), so a later
 connection to such an address without SNI or Host can be attributed to the name it came from.
 The answer for a name is reused for at most ANSWER_REUSE_SECONDS (a busy keep-alive connection
-would otherwise pay two resolver round trips per request); every use is still checked against
-the policy by the caller, so reuse never lets an address through that the policy refuses.
+would otherwise pay two resolver round trips per request), and requests arriving while a name is
+being resolved share that one resolution; every use is still checked against the policy by the
+caller, so reuse never lets an address through that the policy refuses. Failures are not kept.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Resolver:
         servers = name_servers or _system_servers()
         self._resolver = mitmproxy_rs.dns.DnsResolver(name_servers=servers, use_hosts_file=False)
         self._recent: dict[str, tuple[float, list[str]]] = {}  # name -> (when, addresses)
+        self._resolving: dict[str, asyncio.Future[list[str]]] = {}  # name -> the resolution under way
 
     async def lookup(self, name: str, family: int) -> list[str]:
         """A (AF_INET) or AAAA (AF_INET6) answers; [] when the name exists without that type."""
@@ -52,15 +54,22 @@ class Resolver:
 
     async def addresses(self, name: str) -> list[str]:
         """Every address of `name`, IPv4 first (sandboxes and most upstreams are IPv4)."""
-        now = time.monotonic()
         recent = self._recent.get(name)
-        if recent is not None and now - recent[0] < ANSWER_REUSE_SECONDS:
+        if recent is not None and time.monotonic() - recent[0] < ANSWER_REUSE_SECONDS:
             return list(recent[1])
-        found = await self._resolve_both(name)
+        resolving = self._resolving.get(name)
+        if resolving is None:
+            resolving = self._resolving[name] = asyncio.ensure_future(self._resolve_both(name))
+            resolving.add_done_callback(lambda done: self._resolved(name, done))
+        return list(await asyncio.shield(resolving))  # one waiter going away cancels nothing shared
+
+    def _resolved(self, name: str, done: asyncio.Future[list[str]]) -> None:
+        self._resolving.pop(name, None)
+        if done.cancelled() or done.exception() is not None:
+            return
         if len(self._recent) >= ANSWERS_KEPT:
             self._recent.clear()
-        self._recent[name] = (now, found)
-        return list(found)
+        self._recent[name] = (time.monotonic(), done.result())
 
     async def _resolve_both(self, name: str) -> list[str]:
         v4, v6 = await asyncio.gather(
