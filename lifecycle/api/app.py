@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 from fastapi import APIRouter, FastAPI
 
-from sandgate.lifecycle.api import egress, proxy, sandboxes
+from sandgate.lifecycle.api import egress, metrics, proxy, sandboxes
 from sandgate.lifecycle.api.auth import OPEN_PATHS, AuthMiddleware
 from sandgate.lifecycle.api.errors import install_error_handlers
 from sandgate.lifecycle.service import Service
@@ -64,7 +64,14 @@ def create_app(
         return {"version": version("sandgate"), "compatible": "opensandbox-1.1.1"}
 
     for prefix in API_PREFIXES:
-        for router in (sandboxes.router, egress.router, egress.network_policy_router, proxy.router):
+        routers = (
+            sandboxes.router,
+            egress.router,
+            egress.network_policy_router,
+            proxy.router,
+            metrics.router,
+        )
+        for router in routers:
             app.include_router(router, prefix=prefix)
     for router in extra_routers:
         app.include_router(router)
