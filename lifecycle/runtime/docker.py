@@ -5,7 +5,9 @@ Rules:
    for it) and, once started, the sandbox's veth end is moved from the sandgate netns into the
    container's network namespace and configured there (address, default route via the gateway).
    Then the netns name (/run/netns/<name>) is re-pointed at the container's namespace, so
-   lifecycle's network module finds and removes the same namespace by the same name. The
+   lifecycle's network module finds and removes the same namespace by the same name. Both steps
+   use one fd of that namespace, opened before the move: a sandbox whose entrypoint fails exits
+   as soon as its address appears, and its namespace must still get the name. The
    container's only route is therefore the proxy via the sandgate veth, never Docker's bridge.
 2. Hardened by default: every capability dropped (`cap_add` is empty unless the operator adds
    some), no-new-privileges, IPv6 disabled inside, a pids limit always, memory and CPU limits from
@@ -108,13 +110,12 @@ class DockerRuntime:
         try:
             container.start()
             container.reload()
-            pid = int(container.attrs["State"]["Pid"])
-            if not pid:
-                raise RuntimeError_(
-                    f"container of sandbox {spec.sandbox_id} exited at start: {self._logs(container)}"
-                )
-            _in_fresh_thread(lambda: _move_veth_into(pid, net))
-            _repoint_netns_name(pid, net)
+            container_ns = self._open_netns(spec.sandbox_id, container)
+            try:
+                _in_fresh_thread(lambda: _move_veth_into(container_ns, net))
+                _repoint_netns_name(container_ns, net)
+            finally:
+                os.close(container_ns)
         except BaseException:
             self._remove(container)
             raise
@@ -220,6 +221,18 @@ class DockerRuntime:
             args["volumes"] = {str(Path(spec.ca_cert).resolve()): {"bind": CA_PATH_INSIDE, "mode": "ro"}}
         return args
 
+    def _open_netns(self, sandbox_id: str, container: Container) -> int:
+        """An fd of the container's network namespace. The fd, not the PID, is what the veth move
+        and the netns name use: the sandbox may exit as soon as its address appears (a bad
+        entrypoint), and the fd keeps the namespace there until the name is pinned to it."""
+        pid = int(container.attrs["State"]["Pid"])
+        try:
+            if pid:
+                return os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+        except FileNotFoundError:
+            pass
+        raise RuntimeError_(f"container of sandbox {sandbox_id} exited at start: {self._logs(container)}")
+
     def _containers(self, sandbox_id: str | None = None) -> list[Container]:
         labels = [f"{LABEL_INSTANCE}={self.instance}"]
         labels.append(f"{LABEL_SANDBOX}={sandbox_id}" if sandbox_id else LABEL_SANDBOX)
@@ -257,7 +270,7 @@ def _client(given: docker.DockerClient | str | None) -> docker.DockerClient:
     return given if given is not None else docker.from_env()
 
 
-def _move_veth_into(pid: int, net: SandboxNet) -> None:
+def _move_veth_into(container_ns: int, net: SandboxNet) -> None:
     """Move the sandbox's veth end from the sandgate netns into the container's and configure it.
 
     Runs in a thread of its own: setns changes only the calling thread's namespace. Moving an
@@ -265,7 +278,6 @@ def _move_veth_into(pid: int, net: SandboxNet) -> None:
     """
     host_ns = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     sandbox_ns = os.open(net.netns_path, os.O_RDONLY)
-    container_ns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
     try:
         os.setns(sandbox_ns, os.CLONE_NEWNET)
         with IPRoute() as sandbox:
@@ -283,11 +295,11 @@ def _move_veth_into(pid: int, net: SandboxNet) -> None:
             inside.route("add", dst="0.0.0.0/0", gateway=net.gateway, oif=index)
     finally:
         os.setns(host_ns, os.CLONE_NEWNET)
-        for fd in (host_ns, sandbox_ns, container_ns):
+        for fd in (host_ns, sandbox_ns):
             os.close(fd)
 
 
-def _repoint_netns_name(pid: int, net: SandboxNet) -> None:
+def _repoint_netns_name(container_ns: int, net: SandboxNet) -> None:
     """Make /run/netns/<name> the container's namespace (the old one, now empty, is freed)."""
     umount(net.netns_path, lazy=True)
-    mount(f"/proc/{pid}/ns/net", net.netns_path, None, MS_BIND)
+    mount(f"/proc/self/fd/{container_ns}", net.netns_path, None, MS_BIND)
