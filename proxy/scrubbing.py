@@ -8,8 +8,9 @@ Rules:
 2. Streaming: the vault's `RedactingStream` holds back up to (longest secret form - 1) bytes, so
    a value split across chunks is still caught. Holding that much would delay the end of every
    SSE event or token chunk until the next one arrives, so after each chunk the held bytes are
-   released at once unless some suffix of them could be the start of a secret form. The output
-   is still exactly `Redactor.redact` of the whole body.
+   released at once unless some suffix of them could be the start of a secret form (the forms
+   are `sandgate.vault.secret_forms`, the ones the redactor is built from). The output is still
+   exactly `Redactor.redact` of the whole body.
 3. A chunk that scrubs to nothing yields no chunk at all: mitmproxy frames an empty HTTP/1 chunk
    as the terminating one.
 """
@@ -32,6 +33,9 @@ class Scrubber:
         # Every proper prefix of every form: what the tail of a chunk may be the start of.
         self._prefixes = frozenset(form[:n] for form in forms for n in range(1, len(form)))
         self._first_bytes = frozenset(form[0] for form in forms)
+        # Early release is only sound for exactly the forms the redactor looks for; should the
+        # vault ever derive others, fall back to its own (longer) hold rather than risk a leak.
+        self._releases_early = len(forms) == self.redactor.pattern_count
 
     def __repr__(self) -> str:
         return f"Scrubber({self.redactor!r})"
@@ -47,6 +51,8 @@ class Scrubber:
 
     def may_continue(self, tail: bytes) -> bool:
         """Could some suffix of `tail` be the beginning of a secret form?"""
+        if not self._releases_early:
+            return True
         first_bytes, prefixes = self._first_bytes, self._prefixes
         return any(tail[i] in first_bytes and tail[i:] in prefixes for i in range(len(tail)))
 
