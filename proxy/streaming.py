@@ -56,8 +56,8 @@ class StreamingAddon:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         request_state: RequestState | None = flow.metadata.get(FLOW_KEY)
         response = flow.response
-        if response is None or request_state is None:
-            return
+        if response is None or request_state is None or not request_state.verdict.allowed:
+            return  # a refusal is the proxy's own answer: nothing to scrub, nothing to stream
         scrubber = request_state.sandbox.credentials.scrubber
         scrub: Callable[[bytes], list[bytes]] | None = None
         if scrubber is not None:
