@@ -19,6 +19,10 @@ Rules:
 6. Warm pool (optional, `warm_pool_size`): a create that fits claims a pre-built sandbox
    (env and limits applied, policy pushed, entrypoint started through execd) or starts cold;
    unclaimed members are never persisted and are removed at restart and stop.
+7. Every sandbox's execd requires an access token of its own: random, made with the sandbox
+   (a pooled one's when it is built), persisted in its record like the egress token, so it
+   holds across restarts. The control plane sends it (`execd_headers`) on its own calls to
+   execd; the API hands it to clients only in the 44772 endpoint's headers.
 """
 
 from __future__ import annotations
@@ -38,9 +42,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import httpx
 
 from sandgate.lifecycle.cgroups import Limits
-from sandgate.lifecycle.runtime.base import EXECD_PORT, SandboxNet, SandboxSpec
+from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER, SandboxNet, SandboxSpec
 from sandgate.lifecycle.store import NotFound, RevisionConflict, SandboxRecord, Store, utcnow
-from sandgate.lifecycle.warm_pool import WarmPool
+from sandgate.lifecycle.warm_pool import Member, WarmPool
 from sandgate.policy import (
     delete_targets,
     patch_rules,
@@ -141,6 +145,15 @@ SandboxEntryFactory = Callable[[str, str, dict[str, Any], dict[str, str]], Any]
 AuditWriter = Callable[[str, str, dict[str, Any]], None]
 
 
+def new_token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def execd_headers(record: SandboxRecord) -> dict[str, str]:
+    """What a request to this sandbox's execd must carry (nothing for a pre-token sandbox)."""
+    return {EXECD_TOKEN_HEADER: record.execd_token} if record.execd_token else {}
+
+
 def digest(document: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -217,12 +230,13 @@ class Service:
         limits = self._limits(request.resource_limits)
         if self._fits_pool(request) and (claimed := self._claim(request, document, limits, actor)):
             return claimed
-        record = self._new_record(request, str(uuid.uuid4()))
+        record = self._new_record(request, str(uuid.uuid4()), execd_token=new_token())
         spec = SandboxSpec(
             sandbox_id=record.id,
             image=request.image,
             entrypoint=request.entrypoint,
             env=request.env,
+            execd_token=record.execd_token,
             ca_cert=self.ca_cert,
             **limits,
         )
@@ -249,7 +263,7 @@ class Service:
         return record
 
     @staticmethod
-    def _new_record(request: CreateRequest, sandbox_id: str) -> SandboxRecord:
+    def _new_record(request: CreateRequest, sandbox_id: str, execd_token: str) -> SandboxRecord:
         now = utcnow()
         return SandboxRecord(
             id=sandbox_id,
@@ -263,7 +277,8 @@ class Service:
             extensions=request.extensions,
             platform=request.platform,
             resource_limits=request.resource_limits,
-            egress_token=secrets.token_urlsafe(24),
+            egress_token=new_token(),
+            execd_token=execd_token,
             credential_proxy=request.credential_proxy,
         )
 
@@ -432,15 +447,18 @@ class Service:
         member = self.pool.claim()
         if member is None:
             return None
-        sandbox_id, net = member
+        sandbox_id, net = member.sandbox_id, member.net
         record = replace(
-            self._new_record(request, sandbox_id), address=net.address, gateway=net.gateway, netns=net.netns
+            self._new_record(request, sandbox_id, member.execd_token),
+            address=net.address,
+            gateway=net.gateway,
+            netns=net.netns,
         )
         try:
             self.runtime.configure(sandbox_id, request.env, Limits(**limits))
             self._push_new(self.entry_factory(sandbox_id, net.address, document, {}))
             if request.entrypoint:
-                self._start_entrypoint(net.address, request.entrypoint)
+                self._start_entrypoint(record, request.entrypoint)
             record = record.with_state("Running", "SANDBOX_READY", "claimed from the warm pool")
             self.store.put_sandbox(record)
             self.store.put_policy(sandbox_id, document, expected_revision=0)
@@ -453,22 +471,24 @@ class Service:
         self._audit_change(sandbox_id, actor, 0, 1, {}, document, "create")
         return record
 
-    def _start_entrypoint(self, address: str, entrypoint: list[str]) -> None:
+    def _start_entrypoint(self, record: SandboxRecord, entrypoint: list[str]) -> None:
         """Start the entrypoint through the sandbox's execd, in the background (cwd /workspace,
         execd's env plus the env file the claim wrote)."""
-        url = f"http://{address}:{EXECD_PORT}/command"
-        with httpx.Client(timeout=10.0) as client:
+        url = f"http://{record.address}:{EXECD_PORT}/command"
+        with httpx.Client(timeout=10.0, headers=execd_headers(record)) as client:
             answer = client.post(url, json={"argv": entrypoint, "background": True})
         if answer.status_code != 200 or b'"execution_complete"' not in answer.content:
             raise LifecycleError(
                 "invalid", f"execd refused to start the entrypoint {entrypoint!r}: {answer.text[:300]}"
             )
 
-    def _build_pool_member(self, sandbox_id: str) -> SandboxNet:
+    def _build_pool_member(self, sandbox_id: str) -> Member:
         net = self.networks.create(sandbox_id)
-        self.runtime.create(SandboxSpec(sandbox_id, POOL_IMAGE, [], ca_cert=self.ca_cert), net)
+        token = new_token()
+        spec = SandboxSpec(sandbox_id, POOL_IMAGE, [], execd_token=token, ca_cert=self.ca_cert)
+        self.runtime.create(spec, net)
         self._wait_ready(sandbox_id, net.address)
-        return net
+        return Member(sandbox_id, net, token)
 
     def _discard_pool_member(self, sandbox_id: str) -> None:
         _quietly(lambda: self.runtime.delete(sandbox_id))

@@ -68,6 +68,7 @@ class SandboxRecord:
     gateway: str | None = None
     netns: str | None = None
     egress_token: str = ""
+    execd_token: str = ""  # "" for sandboxes made before execd tokens: their execd has none
     credential_proxy: bool = False
 
     def with_state(self, state: str, reason: str | None = None, message: str | None = None) -> SandboxRecord:

@@ -8,6 +8,8 @@ Rules:
    A member that fails to build is removed whole (`discard`), and the next try waits longer.
 3. `stop()` ends the refill thread and removes every unclaimed member. Members are never
    persisted: after a restart the store does not know them, and `Service.start` removes them.
+4. A member's execd token is made when it is built (execd starts with it) and stays with it
+   when it is claimed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sandgate.lifecycle.runtime.base import SandboxNet
 
@@ -24,12 +27,21 @@ MAX_BACKOFF_S = 30.0
 STOP_TIMEOUT_S = 60.0
 
 
+@dataclass(frozen=True)
+class Member:
+    """A ready pooled sandbox: its id, its network and the token its execd was started with."""
+
+    sandbox_id: str
+    net: SandboxNet
+    execd_token: str
+
+
 class WarmPool:
-    def __init__(self, size: int, build: Callable[[str], SandboxNet], discard: Callable[[str], None]) -> None:
+    def __init__(self, size: int, build: Callable[[str], Member], discard: Callable[[str], None]) -> None:
         self.size = size
         self._build = build
         self._discard = discard
-        self._ready: list[tuple[str, SandboxNet]] = []
+        self._ready: list[Member] = []
         self._changed = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -39,8 +51,8 @@ class WarmPool:
             self._thread = threading.Thread(target=self._refill, name="warm-pool", daemon=True)
             self._thread.start()
 
-    def claim(self) -> tuple[str, SandboxNet] | None:
-        """A ready member (id, network), or None when the pool is empty right now."""
+    def claim(self) -> Member | None:
+        """A ready member, or None when the pool is empty right now."""
         with self._changed:
             if not self._ready:
                 return None
@@ -50,7 +62,7 @@ class WarmPool:
 
     def members(self) -> list[str]:
         with self._changed:
-            return [sandbox_id for sandbox_id, _ in self._ready]
+            return [member.sandbox_id for member in self._ready]
 
     def wait_full(self, timeout: float) -> bool:
         """Wait until `size` members are ready (for start-up and tests)."""
@@ -65,8 +77,8 @@ class WarmPool:
             self._thread.join(STOP_TIMEOUT_S)
         with self._changed:
             left, self._ready = self._ready, []
-        for sandbox_id, _ in left:
-            self._remove(sandbox_id)
+        for member in left:
+            self._remove(member.sandbox_id)
 
     def _refill(self) -> None:
         backoff = 0.0
@@ -77,7 +89,7 @@ class WarmPool:
                     return
             sandbox_id = str(uuid.uuid4())
             try:
-                net = self._build(sandbox_id)
+                member = self._build(sandbox_id)
             except Exception:
                 log.exception(
                     "warm pool: building sandbox %s failed; retrying in %.0f s", sandbox_id, backoff
@@ -92,7 +104,7 @@ class WarmPool:
                 if self._stopping:
                     keep = False
                 else:
-                    self._ready.append((sandbox_id, net))
+                    self._ready.append(member)
                     keep = True
                 self._changed.notify_all()
             if not keep:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import httpx
 from fastapi import APIRouter, FastAPI
@@ -56,8 +57,12 @@ def create_app(
     install_error_handlers(app)
 
     @app.get("/health", tags=["Server"])
-    def health() -> dict[str, str]:
-        return {"status": "healthy"}
+    def health() -> dict[str, Any]:
+        """With a warm pool, how many of its sandboxes are ready to be claimed (counts only)."""
+        answer: dict[str, Any] = {"status": "healthy"}
+        if service.pool is not None:
+            answer["warmPool"] = {"size": service.pool.size, "ready": len(service.pool.members())}
+        return answer
 
     @app.get("/version", tags=["Server"])
     def server_version() -> dict[str, str]:

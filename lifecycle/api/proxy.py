@@ -3,7 +3,9 @@
 Rules: the caller needs the API key (the clients send it in server-proxy mode); the request
 goes to `<sandbox address>:<port>` over the host's veth, never anywhere else. Bodies stream
 both ways (SSE from execd arrives as it is written); hop-by-hop headers and the API key are
-not forwarded; WebSocket upgrades are relayed message by message.
+not forwarded; WebSocket upgrades are relayed message by message. Requests to execd (44772)
+carry the sandbox's execd token, added here: a client of the proxy never needs it, and a token
+header the client sent is replaced, never passed on.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from starlette.responses import StreamingResponse
 from sandgate.lifecycle.api.auth import API_KEY_HEADER
 from sandgate.lifecycle.api.errors import ApiError
 from sandgate.lifecycle.api.sandboxes import call
+from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
+from sandgate.lifecycle.service import execd_headers
+from sandgate.lifecycle.store import SandboxRecord
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailer", "transfer-encoding", "upgrade", "host", "content-length",
@@ -30,17 +35,27 @@ METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
 router = APIRouter(tags=["Proxy"])
 
 
-def target(app_state: Any, sandbox_id: str, port: int) -> str:
+def target(app_state: Any, sandbox_id: str, port: int) -> SandboxRecord:
     if not 1 <= port <= 65535:
         raise ApiError(400, "INVALID_REQUEST", f"port {port} is outside 1-65535")
-    record = call(app_state.service.get, sandbox_id)
+    record: SandboxRecord = call(app_state.service.get, sandbox_id)
     if record.address is None or record.state != "Running":
         raise ApiError(409, "NOT_RUNNING", f"sandbox {sandbox_id} is {record.state}; nothing to proxy to")
-    return f"{record.address}:{port}"
+    return record
 
 
 def forwarded_headers(headers: Any) -> list[tuple[str, str]]:
     return [(k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP]
+
+
+def upstream_headers(headers: Any, record: SandboxRecord, port: int) -> list[tuple[str, str]]:
+    """The client's headers for the sandbox; for execd, with the sandbox's token instead of any
+    the client sent."""
+    forwarded = forwarded_headers(headers)
+    if port != EXECD_PORT:
+        return forwarded
+    kept = [(k, v) for k, v in forwarded if k.lower() != EXECD_TOKEN_HEADER.lower()]
+    return kept + list(execd_headers(record).items())
 
 
 @router.api_route("/sandboxes/{sandbox_id}/proxy/{port}", methods=METHODS, include_in_schema=False)
@@ -49,13 +64,13 @@ def forwarded_headers(headers: Any) -> list[tuple[str, str]]:
 )
 async def proxy_http(request: Request, sandbox_id: str, port: int, path: str = "") -> StreamingResponse:
     """Forward one HTTP request into the sandbox and stream the answer back."""
-    where = target(request.app.state, sandbox_id, port)
+    record = target(request.app.state, sandbox_id, port)
     client: httpx.AsyncClient = request.app.state.proxy_client
     upstream = client.build_request(
         request.method,
-        f"http://{where}/{path}",
+        f"http://{record.address}:{port}/{path}",
         params=request.url.query,
-        headers=forwarded_headers(request.headers),
+        headers=upstream_headers(request.headers, record, port),
         content=request.stream(),
     )
     try:
@@ -74,14 +89,18 @@ async def proxy_http(request: Request, sandbox_id: str, port: int, path: str = "
 async def proxy_websocket(websocket: WebSocket, sandbox_id: str, port: int, path: str = "") -> None:
     """Relay a WebSocket session into the sandbox, message by message, until either side closes."""
     try:
-        where = target(websocket.app.state, sandbox_id, port)
+        record = target(websocket.app.state, sandbox_id, port)
     except ApiError as exc:
         await websocket.close(code=4404, reason=exc.message[:120])
         return
     query = f"?{websocket.url.query}" if websocket.url.query else ""
     subprotocols = websocket.scope.get("subprotocols") or None
     try:
-        upstream = await websockets.connect(f"ws://{where}/{path}{query}", subprotocols=subprotocols)
+        upstream = await websockets.connect(
+            f"ws://{record.address}:{port}/{path}{query}",
+            subprotocols=subprotocols,
+            additional_headers=execd_headers(record) if port == EXECD_PORT else None,
+        )
     except (OSError, websockets.WebSocketException) as exc:
         await websocket.close(code=1011, reason=f"sandbox did not accept: {exc}"[:120])
         return

@@ -34,7 +34,8 @@ from sandgate.lifecycle.api.models import (
     Sandbox,
     SandboxStatus,
 )
-from sandgate.lifecycle.service import CreateRequest, LifecycleError, Service
+from sandgate.lifecycle.runtime.base import EXECD_PORT
+from sandgate.lifecycle.service import CreateRequest, LifecycleError, Service, execd_headers
 from sandgate.lifecycle.store import SandboxRecord
 
 EGRESS_PORT = 18080
@@ -220,8 +221,10 @@ def get_endpoint(
     use_server_proxy: bool = False,
     expires: Annotated[int | None, Query(ge=0)] = None,
 ) -> Endpoint:
-    """44772 (execd) is the sandbox's own address; 18080 (egress API) is served here, by the
-    control plane, with the sandbox's token; `use_server_proxy` routes through this server."""
+    """44772 (execd) is the sandbox's own address, with the header execd requires (the SDK sends
+    an endpoint's headers on every request to it); 18080 (egress API) is served here, by the
+    control plane, with the sandbox's token; `use_server_proxy` routes through this server,
+    which adds execd's token itself, so that endpoint carries none."""
     if not 1 <= port <= 65535:
         raise ApiError(400, "INVALID_REQUEST", f"port {port} is outside 1-65535")
     record = call(service_of(request).get, sandbox_id)
@@ -236,7 +239,8 @@ def get_endpoint(
         return Endpoint(endpoint=f"{here}{prefix}/sandboxes/{sandbox_id}/proxy/{port}")
     if record.address is None or record.state != "Running":
         raise ApiError(409, "NOT_RUNNING", f"sandbox {sandbox_id} is {record.state}; it has no endpoint now")
-    return Endpoint(endpoint=f"{record.address}:{port}")
+    headers = execd_headers(record) if port == EXECD_PORT else {}
+    return Endpoint(endpoint=f"{record.address}:{port}", headers=headers or None)
 
 
 def audit_tail(path: Path, sandbox_id: str, policy_changes: bool, limit: int = 200) -> tuple[str, bool]:

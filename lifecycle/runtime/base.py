@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Protocol
 
 EXECD_PORT = 44772
+# execd refuses every route but /ping without it (when it was started with a token).
+EXECD_TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,8 @@ class SandboxSpec:
     memory_bytes: int | None = None
     pids_max: int | None = None
     cpu_quota: float | None = None  # in CPUs, e.g. 0.5
+    # execd's access token. Runtimes hand it over outside argv (never in the host's process
+    # list) and keep it from the entrypoint's environment.
     execd_token: str | None = None
     ca_cert: Path | None = None  # the proxy CA certificate (never the key) to trust inside
 

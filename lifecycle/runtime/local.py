@@ -16,6 +16,9 @@ Rules:
    package) is bound back read-only, into every image, at the same paths.
 6. Sandboxes outlive the server (own session, no die-with-parent); `adopt` finds them again by
    their state directories and cgroups and removes the rest.
+7. execd's access token never appears in a process's argv or environment: the launch chain's
+   stdin is a pipe that carries it to the launcher, which reads it, puts /dev/null in its place
+   for the entrypoint, and hands it to execd in-process.
 """
 
 from __future__ import annotations
@@ -82,14 +85,18 @@ CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL
 # appends to it). A warm-pool sandbox gets its request's env here when it is claimed.
 EXECD_ENV_FILE = "etc/sandgate-execd.env"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# argv: N, the entrypoint's N words, execd's package parent dir, its site-packages, execd's args.
+# argv: N, the entrypoint's N words, execd's package parent dir, its site-packages, execd's args;
+# stdin: execd's token (empty for none; passed as --token=T, since a token may start with '-'),
+# then /dev/null for the entrypoint.
 # Starts the entrypoint, then becomes execd in the same interpreter (-I -S: no site, no .pth
 # processing, no second interpreter start-up); `sandgate` is a bare package whose path is the
 # parent of the execd package, so `sandgate.execd` imports from where it is installed.
 LAUNCHER = (
-    "import os,sys;n=int(sys.argv[1]);e=sys.argv[2:2+n];p,s,*x=sys.argv[2+n:];"
+    "import os,sys;t=os.read(0,4096).decode();os.dup2(os.open('/dev/null',os.O_RDONLY),0);"
+    "n=int(sys.argv[1]);e=sys.argv[2:2+n];p,s,*x=sys.argv[2+n:];"
     "e and os.posix_spawnp(e[0],e,os.environ);sys.path[:0]=[s];m=type(sys)('sandgate');"
-    "m.__path__=[p];sys.modules['sandgate']=m;from sandgate.execd.__main__ import main;main(x)"
+    "m.__path__=[p];sys.modules['sandgate']=m;from sandgate.execd.__main__ import main;"
+    "main(x+['--token='+t] if t else x)"
 )
 # Prints where execd's Python lives and compiles execd's bytecode (sandboxes see it read-only,
 # so without a precompiled __pycache__ every sandbox would compile execd from source).
@@ -316,14 +323,16 @@ class LocalRuntime:
             argv = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sandgate-launch"]
             argv += ["nsenter", f"--net={net.netns_path}", "--", *bwrap]
             with open(box / "output.log", "ab") as log:
-                self._processes[spec.sandbox_id] = subprocess.Popen(
+                process = subprocess.Popen(
                     argv,
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.PIPE,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     pass_fds=() if seccomp_fd is None else (seccomp_fd,),
                 )
+            self._processes[spec.sandbox_id] = process
+            _hand_over_token(process, spec.execd_token or "")
         finally:
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
@@ -356,10 +365,21 @@ class LocalRuntime:
             argv += ["--seccomp", str(seccomp_fd)]
         execd = [os.path.dirname(self.execd_paths.package_dir), self.execd_paths.site_packages]
         execd += ["--host", net.address, "--port", str(EXECD_PORT)]
-        if spec.execd_token:
-            execd += ["--token", spec.execd_token]
         entrypoint = [str(len(spec.entrypoint)), *spec.entrypoint]
         return [*argv, "--", self.execd_python, "-I", "-S", "-c", LAUNCHER, *entrypoint, *execd]
+
+
+def _hand_over_token(process: subprocess.Popen[bytes], token: str) -> None:
+    """Write the token into the launch chain's stdin and close it (one write of a few bytes: a
+    pipe takes it at once). A chain that already died is reported by `wait_ready`."""
+    assert process.stdin is not None
+    try:
+        if token:
+            os.write(process.stdin.fileno(), token.encode())
+    except BrokenPipeError:
+        pass
+    finally:
+        process.stdin.close()
 
 
 def _python_paths(python: str) -> ExecdPython:

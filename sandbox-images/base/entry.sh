@@ -28,13 +28,16 @@ else
   cat /usr/share/sandgate/system-ca.crt > /run/sandgate/ca-bundle.crt
 fi
 
+# execd's token goes to execd alone, in its environment (never argv: the host's process list
+# shows container processes); execd keeps it from the commands it runs, and the entrypoint
+# below never sees it. -I -S: no site, no .pth processing (execd needs neither, and start-up
+# is the sandbox's time to ready); execd's site-packages goes on sys.path by hand instead.
 token="${SANDGATE_EXECD_TOKEN:-}"
 unset SANDGATE_EXECD_TOKEN
-if [ -n "$token" ]; then
-  python3 -m sandgate.execd --host "$SANDGATE_ADDRESS" --port "$port" --token "$token" &
-else
-  python3 -m sandgate.execd --host "$SANDGATE_ADDRESS" --port "$port" &
-fi
+for site in /usr/local/lib/python3*/site-packages; do :; done
+EXECD_ACCESS_TOKEN="$token" python3 -I -S -c \
+  'import sys; sys.path.insert(0, sys.argv.pop(1)); from sandgate.execd.__main__ import main; main()' \
+  "$site" --host "$SANDGATE_ADDRESS" --port "$port" &
 unset token
 
 if [ "$#" -gt 0 ]; then

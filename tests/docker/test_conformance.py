@@ -14,6 +14,7 @@ import pytest
 
 from tests.conformance import test_sdk as sdk_scenarios
 from tests.conformance.conftest import API_HOST
+from tests.lifecycle.test_execd_token import check_execd_needs_the_sandboxs_token
 from tests.support.dockerd import PrivateDockerd
 from tests.support.internet import DNS_ADDR, ORIGIN_V4, Internet, start_internet
 from tests.support.server import SandgateServer, sandgate_server
@@ -48,3 +49,8 @@ def test_sdk_create_run_files_egress_vault_kill_on_docker(docker_server: Sandgat
 
 def test_sdk_through_server_proxy_on_docker(docker_server: SandgateServer) -> None:
     sdk_scenarios.test_sdk_through_server_proxy(docker_server)
+
+
+def test_execd_needs_the_sandboxs_token_on_docker(docker_server: SandgateServer) -> None:
+    sandbox_id = docker_server.create_sandbox()["id"]
+    check_execd_needs_the_sandboxs_token(docker_server, sandbox_id)

@@ -17,7 +17,7 @@ from tests.runtime.harness import Harness, Listeners
 
 pytestmark = pytest.mark.root
 
-TOKEN = "execd-test-token"
+TOKEN = "-execd-test-token"  # a leading dash, as secrets.token_urlsafe gives one time in 64
 CA_VARIABLES = [
     "SSL_CERT_FILE",
     "REQUESTS_CA_BUNDLE",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.lifecycle.test_execd_token import check_execd_needs_the_sandboxs_token
 from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
@@ -31,16 +32,21 @@ def api_ids(server: SandgateServer) -> set[str]:
         return {item["id"] for item in client.get("/v1/sandboxes", params={"pageSize": 200}).json()["items"]}
 
 
+def pool_ready(server: SandgateServer) -> int:
+    with server.client() as client:
+        return int(client.get("/health").json()["warmPool"]["ready"])
+
+
 def wait_pool(server: SandgateServer, exclude: set[str] | None = None, timeout: float = 90) -> str:
-    """The id of the (one) ready pool member that is not in `exclude`."""
+    """The id of the (one) pool member that is not in `exclude`, once the server says it is ready
+    to be claimed (its files exist well before its execd answers; a create in between starts cold)."""
     exclude = exclude or set()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        ready = pool_ready(server)
         pooled = runtime_ids(server) - api_ids(server) - exclude
-        if len(pooled) == 1:
-            member = pooled.pop()
-            if (server.state_dir / "sandboxes" / member / "root" / "workspace").is_dir():
-                return member
+        if ready == 1 and len(pooled) == 1:
+            return pooled.pop()
         time.sleep(0.1)
     raise AssertionError(f"no warm pool member within {timeout}s:\n{server.log()}")
 
@@ -86,6 +92,7 @@ def test_claim_applies_env_limits_policy_and_entrypoint_then_refills(server: San
     assert member in proxy_entries(server)
     with server.client() as client:
         assert client.get(f"/v1/sandboxes/{member}").json()["status"]["state"] == "Running"
+    check_execd_needs_the_sandboxs_token(server, member)  # the token made with the member, kept
 
     refilled = wait_pool(server, exclude={member})
     assert refilled != member and refilled not in proxy_entries(server)

@@ -1,0 +1,102 @@
+"""Each sandbox's execd requires the token the control plane made for it: direct clients get it
+in the 44772 endpoint's headers, the reverse proxy adds it itself, it survives a restart, and it
+never shows in the host's process list (with the local runtime, in no environment either)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.server import SandgateServer, parse_execd_events, sandgate_server
+
+pytestmark = pytest.mark.root
+TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[SandgateServer]:
+    with sandgate_server(tmp_path) as running:
+        yield running
+
+
+def execd_endpoint(server: SandgateServer, sandbox_id: str, **params: str) -> dict[str, object]:
+    with server.client() as client:
+        answer = client.get(f"/v1/sandboxes/{sandbox_id}/endpoints/44772", params=params)
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+def direct_command(endpoint: str, command: str, headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(
+        f"http://{endpoint}/command", json={"command": command}, headers=headers, timeout=30, trust_env=False
+    )
+
+
+def processes_showing(secret: str, parts: tuple[str, ...] = ("cmdline",)) -> list[str]:
+    """Host processes whose argv (the process list anyone may read), or other `parts` of /proc,
+    hold `secret`; sandbox processes included: the host sees them in its /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            for part in parts:
+                with contextlib.suppress(OSError):
+                    if secret.encode() in (entry / part).read_bytes():
+                        found.append(f"{entry.name}/{part}")
+    return found
+
+
+def check_execd_needs_the_sandboxs_token(server: SandgateServer, sandbox_id: str) -> str:
+    """The checks every runtime must pass; returns the token."""
+    found = execd_endpoint(server, sandbox_id)
+    endpoint, headers = str(found["endpoint"]), dict(found["headers"])  # type: ignore[call-overload]
+    token = headers[TOKEN_HEADER]
+    assert len(token) >= 24
+
+    assert httpx.get(f"http://{endpoint}/ping", timeout=10, trust_env=False).status_code == 200
+    assert direct_command(endpoint, "echo hi", {}).status_code == 401
+    assert direct_command(endpoint, "echo hi", {TOKEN_HEADER: "guess"}).status_code == 401
+    allowed = direct_command(endpoint, "echo hi; printenv EXECD_ACCESS_TOKEN SANDGATE_EXECD_TOKEN", headers)
+    assert allowed.status_code == 200
+    assert parse_execd_events(allowed.text).stdout == "hi"  # and neither variable is set
+
+    # Through the server: the client knows no token, and a wrong one it sends is replaced.
+    assert server.run(sandbox_id, "echo proxied").stdout == "proxied"
+    with server.client() as client:
+        answer = client.post(
+            f"/v1/sandboxes/{sandbox_id}/proxy/44772/command",
+            json={"command": "echo replaced"},
+            headers={TOKEN_HEADER: "guess"},
+        )
+    assert parse_execd_events(answer.text).stdout == "replaced"
+    assert "headers" not in execd_endpoint(server, sandbox_id, use_server_proxy="true")
+
+    assert processes_showing(token) == []
+    return token
+
+
+def test_execd_needs_the_token_the_endpoint_gives_and_the_proxy_adds(server: SandgateServer) -> None:
+    first = server.create_sandbox()["id"]
+    second = server.create_sandbox()["id"]
+    token = check_execd_needs_the_sandboxs_token(server, first)
+    assert processes_showing(token, ("cmdline", "environ")) == []  # local: not even in an environment
+
+    other = execd_endpoint(server, second)
+    assert other["headers"] != {TOKEN_HEADER: token}  # one token per sandbox
+    refused = direct_command(str(other["endpoint"]), "true", {TOKEN_HEADER: token})
+    assert refused.status_code == 401
+
+
+def test_the_token_survives_a_restart(server: SandgateServer) -> None:
+    sandbox_id = server.create_sandbox()["id"]
+    before = execd_endpoint(server, sandbox_id)
+
+    server.restart()
+
+    assert execd_endpoint(server, sandbox_id) == before
+    answer = direct_command(str(before["endpoint"]), "echo still", dict(before["headers"]))  # type: ignore[call-overload]
+    assert parse_execd_events(answer.text).stdout == "still"
+    assert server.run(sandbox_id, "echo proxied").stdout == "proxied"
