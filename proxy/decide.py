@@ -7,7 +7,9 @@ Rules:
    hosts or read policy decisions themselves.
 2. Identity comes first: every name a request claims (SNI, Host, :authority, CONNECT target)
    must be the same normalised name, else the request is refused with 421 before the policy is
-   asked. The agreed name is what the policy judges and what the proxy dials.
+   asked. The agreed name is what the policy judges and what the proxy dials. A port in Host or
+   :authority (else the scheme's default) must be the port the connection was made to, the one
+   the proxy dials and the policy judges (`claimed_port`), else it is a 421 too.
 3. The policy (sandgate.policy) is the matcher; this module only turns its `Decision` into a
    `Verdict` the proxy acts on: report-only denials pass but are recorded as "report".
 4. No I/O here: resolution happens in the addons, which hand the address back to `check_upstream`.
@@ -50,6 +52,27 @@ def normalise_host(raw: str | None) -> str | None:
     elif host.count(":") == 1:
         host = host.split(":", 1)[0]
     return host.rstrip(".") or None
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def claimed_port(raw: str | None, scheme: str) -> int | None:
+    """The port a Host/:authority value names (the scheme's default without one); None if no
+    claim, -1 if the port is not a number (which then matches no connection)."""
+    if not raw:
+        return None
+    authority = raw.strip()
+    if authority.startswith("["):
+        _, _, rest = authority.partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif authority.count(":") == 1:
+        port = authority.split(":", 1)[1]
+    else:
+        port = ""
+    if not port:
+        return DEFAULT_PORTS[scheme]
+    return int(port) if port.isdigit() else -1
 
 
 def agreed_name(*claims: str | None) -> tuple[str | None, bool]:

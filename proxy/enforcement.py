@@ -3,12 +3,15 @@
 Rules:
 1. Connection level first: explicit CONNECT (`http_connect`) and TLS ClientHello
    (`tls_clienthello`, by SNI, else the DNS-attributed name of the original destination, else
-   the address itself). A denied TLS connection is ignored and then killed in `server_connect`,
-   so the client never sees a certificate; a pass-through verdict (`inspect` False) ignores the
-   connection, so the bytes are relayed untouched (and counted by the kernel, `tcpinfo`).
+   the address itself). A name credited from DNS (no SNI) is never passed through: such a
+   connection is intercepted, so each request's Host is judged. A denied TLS connection is
+   ignored and then killed in `server_connect`, so the client never sees a certificate; a
+   pass-through verdict (`inspect` False) ignores the connection, so the bytes are relayed
+   untouched (and counted by the kernel, `tcpinfo`).
 2. Request level for everything decrypted or plain (`requestheaders`: every HTTP/1 request,
    every HTTP/2 stream, WebSocket upgrades), re-evaluated against the current table entry.
-   A refused request gets a 403 (421 for disagreeing names) JSON answer and never reaches upstream.
+   A refused request gets a 403 (421 for disagreeing names, or a Host/:authority port that is not
+   the connection's) JSON answer and never reaches upstream; the port judged is the one dialled.
 3. The proxy dials only what it resolved itself for the agreed name, after `check_upstream`:
    the request's `host` is set to that name (so upstream connections are keyed by it, and TLS
    upstream uses it as SNI) and `server_connect` pins the socket to the checked address.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from typing import Literal
 
 from mitmproxy import connection, http, tls
@@ -31,6 +35,7 @@ from sandgate.proxy.decide import (
     Verdict,
     agreed_name,
     check_upstream,
+    claimed_port,
     decide,
     describe_claims,
 )
@@ -42,6 +47,7 @@ log = logging.getLogger(__name__)
 
 GONE = Verdict("deny", UNKNOWN_SANDBOX)
 UNRESOLVED = "upstream-unresolvable"
+CREDITED_INTERCEPTED = "no SNI: name credited from this sandbox's DNS answers; intercepted"
 
 
 def deny_response(verdict: Verdict, host: str | None) -> http.Response:
@@ -89,8 +95,14 @@ class EnforcementAddon:
         if not agreed:
             verdict, detail = MISMATCH, describe_claims({"sni": sni, "connect": conn.connect_host})
         else:
+            credited = name is None
             name = name or self._attributed(conn, server_address[0])
+            credited = credited and not is_ip_literal(name)
             verdict, detail = decide(sandbox.policy, name, port, "https"), None
+            if credited and verdict.allowed and not verdict.inspect:
+                # The name is only DNS's guess, not the client's claim: pass-through would relay
+                # whatever is inside unchecked, so intercept and judge every request's Host.
+                verdict, detail = replace(verdict, inspect=True), CREDITED_INTERCEPTED
         upstream = None
         if verdict.allowed and not verdict.inspect:
             verdict, upstream = await self._pin(conn, sandbox, name or "", port, "https", verdict)
@@ -143,6 +155,11 @@ class EnforcementAddon:
             return
         name = name or self._attributed(conn, request.host)
         scheme: Literal["http", "https"] = "https" if request.scheme == "https" else "http"
+        claimed = claimed_port(request.host_header, scheme)
+        if claimed is not None and claimed != request.port:  # the port is part of the identity
+            detail = f"host={request.host_header}, connection port={request.port}"
+            self._refuse(flow, sandbox, MISMATCH, name, detail)
+            return
         verdict = decide(sandbox.policy, name, request.port, scheme, request.method, request.path)
         if verdict.allowed:
             verdict, _upstream = await self._pin(conn, sandbox, name, request.port, scheme, verdict)

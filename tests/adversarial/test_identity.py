@@ -125,6 +125,39 @@ def test_tls_without_sni_gets_the_name_this_sandbox_resolved_and_the_request_is_
     assert attacker.origin_requests_since(mark) == []
 
 
+def test_tls_without_sni_to_a_passthrough_host_is_intercepted_not_relayed(attacker: Attacker) -> None:
+    """The name credited from DNS is a guess, not a claim: a pass-through host's TLS without SNI
+    is intercepted, so the Host inside is judged (an address literal or a denied name is 403)."""
+    attacker.attack("resolve", name=OPEN_HOST)
+    mark = len(attacker.internet.origin_requests())
+    literal = attacker.curl("-k", "-o /dev/null", "-w '%{http_code}'", f"https://{ORIGIN_V4}/echo")
+    assert literal.stdout == "403", literal
+    denied = attacker.attack(
+        "raw", host=ORIGIN_V4, port=443, sni="", verify=False, payload=http_get(DENIED_HOST)
+    )
+    assert status(denied["reply"]) == 403, denied
+    assert attacker.origin_requests_since(mark) == []
+    allowed = attacker.attack(
+        "raw", host=ORIGIN_V4, port=443, sni="", verify=False, payload=http_get(OPEN_HOST)
+    )
+    assert status(allowed["reply"]) == 200, allowed  # a legitimate SNI-less client still works
+    records = attacker.wait_audit(
+        lambda r: r["kind"] == "connection" and r["host"] == OPEN_HOST and r["sni"] is None
+    )
+    assert records and all(r["inspect"] is True and "credited" in r["detail"] for r in records)
+
+
+def test_tls_without_sni_to_an_intercepted_host_still_works(attacker: Attacker) -> None:
+    attacker.attack("resolve", name=BOUND_HOST)
+    mark = len(attacker.internet.origin_requests())
+    outcome = attacker.attack(
+        "raw", host=ORIGIN_V4, port=443, sni="", verify=False, payload=http_get(BOUND_HOST)
+    )
+    assert status(outcome["reply"]) == 200, outcome
+    [seen] = attacker.origin_requests_since(mark)
+    assert seen["headers"]["authorization"].startswith("Bearer ")  # injected: judged as api.example.com
+
+
 def test_domain_fronting_through_a_passthrough_host_is_the_documented_tradeoff(attacker: Attacker) -> None:
     """open.example.com has no L7 rule and no credential, so its TLS passes through untouched:
     the proxy never sees the Host inside, and a shared front end routes by it. docs/security.md
@@ -199,7 +232,10 @@ def test_explicit_proxy_absolute_form_is_the_same_decision(attacker: Attacker) -
         f"GET http://{ORIGIN_V4}/echo HTTP/1.1\r\nHost: {ORIGIN_V4}\r\n\r\n": 403,
         f"GET http://{BOUND_HOST}/echo HTTP/1.1\r\nHost: {DENIED_HOST}\r\n\r\n": 421,
         f"GET http://{DENIED_HOST}/echo HTTP/1.1\r\nHost: {BOUND_HOST}\r\n\r\n": 421,
-        f"GET http://127.0.0.1:{attacker.server.port}/v1/sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n": 403,
+        f"GET http://127.0.0.1:{attacker.server.port}/v1/sandboxes HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{attacker.server.port}\r\n\r\n": 403,
+        # A Host without the URL's port names port 80: not this request's port (case 6b).
+        f"GET http://{BOUND_HOST}:8443/echo HTTP/1.1\r\nHost: {BOUND_HOST}\r\n\r\n": 421,
     }
     for request, expected in cases.items():
         outcome = attacker.attack("raw", host="GATEWAY", port=port, payload=request)

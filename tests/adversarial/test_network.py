@@ -90,7 +90,7 @@ def test_the_hosts_other_services_are_out_of_reach(attacker: Attacker, canaries:
             "raw",
             host="GATEWAY",
             port=port,
-            payload=f"GET /v1/sandboxes HTTP/1.1\r\nHost: {attacker.gateway}\r\n\r\n",
+            payload=f"GET /v1/sandboxes HTTP/1.1\r\nHost: {attacker.gateway}:{port}\r\n\r\n",
         )
         assert outcome.get("reply", "").startswith("HTTP/1.1 403"), (port, outcome)
     for target in (METADATA_ADDR, PRIVATE_ADDR):
@@ -123,7 +123,10 @@ def test_another_sandbox_is_unreachable(attacker: Attacker, victim: Attacker) ->
     direct = attacker.attack("raw", host=victim.address, port=7777, payload="hello\n")
     assert "victim" not in direct.get("reply", ""), direct
     as_http = attacker.attack(
-        "raw", host=victim.address, port=7777, payload=f"GET / HTTP/1.1\r\nHost: {victim.address}\r\n\r\n"
+        "raw",
+        host=victim.address,
+        port=7777,
+        payload=f"GET / HTTP/1.1\r\nHost: {victim.address}:7777\r\n\r\n",
     )
     assert as_http["reply"].startswith("HTTP/1.1 403"), as_http
     through_proxy = attacker.attack(

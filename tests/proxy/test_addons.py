@@ -64,7 +64,7 @@ def sandbox_flow(state: ProxyState, host: str, method: str = "GET", path: str = 
     flow.client_conn.peername = (SANDBOX, 40000)
     flow.client_conn.sni = None
     flow.request.method, flow.request.path = method, path
-    flow.request.data.host = host
+    flow.request.data.host, flow.request.data.port = host, 80  # tflow's port 22 would not match Host
     flow.request.headers["host"] = host
     IdentityAddon(state).client_connected(flow.client_conn)
     return flow

@@ -382,6 +382,25 @@ def test_bad_policy_is_rejected_whole_and_unknown_sources_refused(
     assert "sandgate_proxy_request_duration_seconds_count" in metrics
 
 
+@pytest.mark.parametrize("version", ["--http1.1", "--http2"])
+def test_an_authority_port_other_than_the_connections_is_421(
+    proxy: RunningProxy, client: Client, version: str
+) -> None:
+    # A request for :8443 on a connection to :443 would be served (and judged) as :443.
+    tls = ["--cacert", str(proxy.ca_cert), "-w", " %{http_code}", version]
+    other_port = client.curl(*tls, "-H", "Host: api.example.com:8443", "https://api.example.com/echo")
+    assert other_port.stdout.endswith(" 421"), other_port
+    assert "Bearer" not in other_port.stdout
+    default_port = client.curl(*tls, "-H", "Host: api.example.com:443", "https://api.example.com/echo")
+    assert default_port.stdout.endswith(" 200"), default_port
+    plain = client.curl(
+        "-w", " %{http_code}", "-H", "Host: plain.example.com:8080", "http://plain.example.com/"
+    )
+    assert plain.stdout.endswith(" 421"), plain
+    refused = proxy.wait_audit(1, kind="request", reason="identity-mismatch", host="plain.example.com")
+    assert refused[-1]["port"] == 80 and "8080" in refused[-1]["detail"]
+
+
 def test_http2_streams_websockets_and_ip_literals(proxy: RunningProxy, client: Client, net: Internet) -> None:
     # HTTP/2: :authority is checked per stream like Host.
     h2 = client.curl(
