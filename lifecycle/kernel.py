@@ -12,6 +12,8 @@ import ctypes
 import errno
 import os
 import secrets
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 MS_BIND = 4096
@@ -93,3 +95,20 @@ def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0o644) -> int:
         code = ctypes.get_errno()
         raise OSError(code, f"open {path} inside the sandbox root: {os.strerror(code)}")
     return int(fd)
+
+
+def in_fresh_thread(work: Callable[[], None]) -> None:
+    """Run `work` in a new thread (which may change its netns) and re-raise what it raised."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="sandgate-netns", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]

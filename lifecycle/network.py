@@ -25,7 +25,6 @@ import os
 import re
 import subprocess
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
@@ -33,7 +32,15 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from sandgate.lifecycle.kernel import MS_BIND, MS_REC, MS_SHARED, mount, mount_points, umount
+from sandgate.lifecycle.kernel import (
+    MS_BIND,
+    MS_REC,
+    MS_SHARED,
+    in_fresh_thread,
+    mount,
+    mount_points,
+    umount,
+)
 from sandgate.lifecycle.runtime.base import SandboxNet
 
 RUN_NETNS = Path("/run/netns")
@@ -148,7 +155,7 @@ class SandboxNetworks:
             index = self._allocate()
         net = self._net_for(index, sandbox_id)
         try:
-            _in_fresh_thread(lambda: self._build(index, net))
+            in_fresh_thread(lambda: self._build(index, net))
         except BaseException as exc:
             self._teardown(index, net.netns)
             with self._lock:
@@ -287,23 +294,6 @@ class SandboxNetworks:
         with IPRoute() as host:
             names = [link.get("ifname") for link in host.get_links()]
         return {int(m.group(1)) for name in names if (m := pattern.fullmatch(name or ""))}
-
-
-def _in_fresh_thread(work: Callable[[], None]) -> None:
-    """Run `work` in a new thread (which may change its netns) and re-raise what it raised."""
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            work()
-        except BaseException as exc:
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="sandgate-netns", daemon=True)
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
 
 
 _run_netns_lock = threading.Lock()

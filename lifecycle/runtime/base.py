@@ -7,6 +7,8 @@ every runtime inherits the same egress guarantees. All operations are idempotent
 
 from __future__ import annotations
 
+import http.client
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -68,3 +70,40 @@ class Runtime(Protocol):
 
     def adopt(self) -> list[str]:
         """Ids of sandboxes still running from before a restart (the rest is cleaned up)."""
+
+
+class Watched(Protocol):
+    """What waiting for execd needs of a runtime: whether the sandbox lives, and its log."""
+
+    def alive(self, sandbox_id: str) -> bool: ...
+
+    def log_tail(self, sandbox_id: str, limit: int = 2000) -> str: ...
+
+
+def ping_execd(address: str) -> bool:
+    """True if execd on `address` answers GET /ping with 200 (within a second)."""
+    connection = http.client.HTTPConnection(address, EXECD_PORT, timeout=1)
+    try:
+        connection.request("GET", "/ping")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+def wait_for_execd(runtime: Watched, sandbox_id: str, net: SandboxNet, timeout: float, poll: float) -> None:
+    """Wait until execd answers GET /ping with 200; fail early if the sandbox died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ping_execd(net.address):
+            return
+        if not runtime.alive(sandbox_id):
+            raise RuntimeError_(
+                f"sandbox {sandbox_id} exited before execd was ready: {runtime.log_tail(sandbox_id)}"
+            )
+        time.sleep(poll)
+    raise RuntimeError_(
+        f"execd of sandbox {sandbox_id} did not answer /ping on {net.address}:{EXECD_PORT} "
+        f"within {timeout}s: {runtime.log_tail(sandbox_id)}"
+    )

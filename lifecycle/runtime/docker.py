@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,10 +35,14 @@ from docker.models.containers import Container
 from docker.types import Mount
 from pyroute2 import IPRoute
 
-from sandgate.lifecycle.kernel import MS_BIND, mount, umount
-from sandgate.lifecycle.network import _in_fresh_thread
-from sandgate.lifecycle.runtime.base import EXECD_PORT, RuntimeError_, SandboxNet, SandboxSpec
-from sandgate.lifecycle.runtime.local import _ping
+from sandgate.lifecycle.kernel import MS_BIND, in_fresh_thread, mount, umount
+from sandgate.lifecycle.runtime.base import (
+    EXECD_PORT,
+    RuntimeError_,
+    SandboxNet,
+    SandboxSpec,
+    wait_for_execd,
+)
 
 LABEL_SANDBOX = "io.sandgate.sandbox"
 LABEL_INSTANCE = "io.sandgate.instance"
@@ -112,7 +115,7 @@ class DockerRuntime:
             container.reload()
             container_ns = self._open_netns(spec.sandbox_id, container)
             try:
-                _in_fresh_thread(lambda: _move_veth_into(container_ns, net))
+                in_fresh_thread(lambda: _move_veth_into(container_ns, net))
                 _repoint_netns_name(container_ns, net)
             finally:
                 os.close(container_ns)
@@ -156,19 +159,7 @@ class DockerRuntime:
 
     def wait_ready(self, sandbox_id: str, net: SandboxNet, timeout: float = 10.0) -> None:
         """Wait until execd answers GET /ping with 200; fail early if the container died."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if _ping(net.address):
-                return
-            if not self.alive(sandbox_id):
-                raise RuntimeError_(
-                    f"sandbox {sandbox_id} exited before execd was ready: {self.log_tail(sandbox_id)}"
-                )
-            time.sleep(0.005)
-        raise RuntimeError_(
-            f"execd of sandbox {sandbox_id} did not answer /ping on {net.address}:{EXECD_PORT} "
-            f"within {timeout}s: {self.log_tail(sandbox_id)}"
-        )
+        wait_for_execd(self, sandbox_id, net, timeout, poll=0.005)
 
     def log_tail(self, sandbox_id: str, limit: int = 2000) -> str:
         container = self._container(sandbox_id)

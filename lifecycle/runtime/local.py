@@ -23,7 +23,6 @@ Rules:
 
 from __future__ import annotations
 
-import http.client
 import os
 import shlex
 import shutil
@@ -41,7 +40,13 @@ from pydantic import BaseModel
 from sandgate.lifecycle.cgroups import Limits, SandboxCgroup
 from sandgate.lifecycle.images import Image, ImageStore
 from sandgate.lifecycle.kernel import instance_tag, mount, open_in_root, umount
-from sandgate.lifecycle.runtime.base import EXECD_PORT, RuntimeError_, SandboxNet, SandboxSpec
+from sandgate.lifecycle.runtime.base import (
+    EXECD_PORT,
+    RuntimeError_,
+    SandboxNet,
+    SandboxSpec,
+    wait_for_execd,
+)
 
 SANDBOX_CAPS = (
     "CAP_CHOWN",
@@ -226,19 +231,7 @@ class LocalRuntime:
 
     def wait_ready(self, sandbox_id: str, net: SandboxNet, timeout: float = 10.0) -> None:
         """Wait until execd answers GET /ping with 200; fail early if the sandbox died."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if _ping(net.address):
-                return
-            if not self.alive(sandbox_id):
-                raise RuntimeError_(
-                    f"sandbox {sandbox_id} exited before execd was ready: {self.log_tail(sandbox_id)}"
-                )
-            time.sleep(0.002)
-        raise RuntimeError_(
-            f"execd of sandbox {sandbox_id} did not answer /ping on {net.address}:{EXECD_PORT} "
-            f"within {timeout}s: {self.log_tail(sandbox_id)}"
-        )
+        wait_for_execd(self, sandbox_id, net, timeout, poll=0.002)
 
     def configure(self, sandbox_id: str, env: dict[str, str], limits: Limits) -> None:
         """Give a running sandbox (a claimed warm-pool member) its limits and its env: the env
@@ -462,14 +455,3 @@ def _read_file(root_fd: int, relative: str) -> bytes | None:
         return None
     with os.fdopen(fd, "rb") as handle:
         return handle.read()
-
-
-def _ping(address: str) -> bool:
-    connection = http.client.HTTPConnection(address, EXECD_PORT, timeout=1)
-    try:
-        connection.request("GET", "/ping")
-        return connection.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        connection.close()

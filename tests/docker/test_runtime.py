@@ -16,9 +16,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from sandgate.lifecycle.runtime.base import RuntimeError_
+from sandgate.lifecycle.runtime.base import RuntimeError_, ping_execd
 from sandgate.lifecycle.runtime.docker import DockerRuntime
-from sandgate.lifecycle.runtime.local import _ping
 from tests.docker.conftest import DockerHarness, load_image_builder
 from tests.support.dockerd import PrivateDockerd
 
@@ -91,7 +90,7 @@ def test_pause_stops_execd_and_resume_brings_it_back(boxes: DockerHarness) -> No
     boxes.runtime.pause(sandbox_id)
     boxes.runtime.pause(sandbox_id)  # idempotent
     assert boxes.runtime.paused(sandbox_id) and boxes.runtime.alive(sandbox_id)
-    assert not _ping(net.address)
+    assert not ping_execd(net.address)
     boxes.runtime.resume(sandbox_id)
     assert not boxes.runtime.paused(sandbox_id)
     boxes.runtime.wait_ready(sandbox_id, net, timeout=10)
@@ -131,7 +130,7 @@ def test_delete_is_idempotent_and_removes_the_container(
         dockerd.client.containers.list(all=True, filters={"label": f"io.sandgate.sandbox={sandbox_id}"}) == []
     )
     assert workspace_volume not in {v.name for v in dockerd.client.volumes.list()}
-    assert not _ping(net.address)
+    assert not ping_execd(net.address)
     with pytest.raises(RuntimeError_, match="has no container"):
         boxes.runtime.pause(sandbox_id)
 
