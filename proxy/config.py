@@ -57,6 +57,9 @@ class ProxyConfig(BaseModel):
     control_socket: Path | None = Field(
         None, description="control API socket (default <state_dir>/proxy.sock)"
     )
+    header_timeout: float = Field(
+        default=30.0, gt=0, description="seconds a connection has to finish its first request's headers"
+    )
     audit_max_bytes: int = Field(100 * 1024 * 1024, ge=1024, description="rotate audit.jsonl past this size")
     audit_backups: int = Field(10, ge=0, description="rotated audit files kept (audit.jsonl.1 ...)")
     vault: dict[str, Any] = Field(

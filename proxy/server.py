@@ -22,6 +22,7 @@ from sandgate.proxy.auditing import AuditAddon
 from sandgate.proxy.ca import ensure_ca, upstream_trust_bundle
 from sandgate.proxy.config import ProxyConfig
 from sandgate.proxy.control import ControlServer
+from sandgate.proxy.deadline import HeaderDeadlineAddon
 from sandgate.proxy.dnsguard import DnsAddon
 from sandgate.proxy.enforcement import EnforcementAddon
 from sandgate.proxy.identity import IdentityAddon
@@ -82,6 +83,7 @@ def addons(state: ProxyState, config: ProxyConfig) -> list[object]:
         disable_h2c.DisableH2C(),
         errorcheck.ErrorCheck(),
         IdentityAddon(state),
+        HeaderDeadlineAddon(state, config.header_timeout),
         EnforcementAddon(state),
         InjectionAddon(state),
         StreamingAddon(),
