@@ -73,17 +73,11 @@ def make_harness(runtime: str, state_dir: Path, request: pytest.FixtureRequest) 
 
 @pytest.fixture(scope="module", params=RUNTIMES)
 def sandboxes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
-    harness = make_harness(request.param, tmp_path_factory.mktemp(f"state-{request.param}"), request)
-    try:
+    with make_harness(request.param, tmp_path_factory.mktemp(f"state-{request.param}"), request) as harness:
         yield harness
-    finally:
-        harness.close()
 
 
 @pytest.fixture(scope="module")
 def listeners(sandboxes: Harness) -> Iterator[Listeners]:
-    listeners = Listeners(sandboxes.ports)
-    try:
+    with Listeners(sandboxes.ports) as listeners:
         yield listeners
-    finally:
-        listeners.close()

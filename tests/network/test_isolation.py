@@ -11,52 +11,27 @@ from pathlib import Path
 import pytest
 
 from sandgate.lifecycle.network import RUN_NETNS
-from tests.runtime.harness import Harness, Listeners
+from tests.runtime.harness import (
+    ICMP_ECHO,
+    Harness,
+    Listeners,
+    assert_egress_fails_closed_when_the_proxy_is_down,
+    assert_two_sandboxes_cannot_reach_each_other,
+)
 
 pytestmark = pytest.mark.root
-
-ECHO_SERVER = r"""
-import socket, threading
-def tcp():
-    s = socket.create_server(("0.0.0.0", 7777))
-    while True:
-        c, _ = s.accept(); c.sendall(b"echo-tcp\n"); c.close()
-threading.Thread(target=tcp, daemon=True).start()
-u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", 7777))
-while True:
-    d, p = u.recvfrom(100); u.sendto(b"echo-udp", p)
-"""
-
-ICMP_ECHO = r"""
-import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); s.settimeout(1)
-s.sendto(bytes.fromhex("0800f7ff00000000"), (sys.argv[1], 0))
-try:
-    while True:
-        data, peer = s.recvfrom(200)
-        if data[20] == 0:
-            print("reply", peer[0]); break
-except TimeoutError:
-    print("no-reply")
-"""
 
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
-    harness = Harness(tmp_path_factory.mktemp("state"))
-    try:
+    with Harness(tmp_path_factory.mktemp("state")) as harness:
         yield harness
-    finally:
-        harness.close()
 
 
 @pytest.fixture(scope="module")
 def listeners(harness: Harness) -> Iterator[Listeners]:
-    listeners = Listeners(harness.ports)
-    try:
+    with Listeners(harness.ports) as listeners:
         yield listeners
-    finally:
-        listeners.close()
 
 
 def test_every_tcp_connect_lands_at_the_transparent_port_and_only_dns_udp_passes(
@@ -121,35 +96,12 @@ def test_icmp_and_ipv6_are_gone(harness: Harness, listeners: Listeners) -> None:
 
 
 def test_egress_fails_closed_when_the_proxy_is_down(tmp_path: Path) -> None:
-    harness = Harness(tmp_path)
-    own = Listeners(harness.ports)
-    try:
-        sandbox_id, _ = harness.probe([[("tcp", "198.51.100.7", 443)], [("tcp", "198.51.100.7", 443)]])
-        assert harness.phase(sandbox_id, 0) == [{"ok": "orig=198.51.100.7:443"}]
-        own.stop_transparent()
-        assert harness.phase(sandbox_id, 1) == [{"error": "ConnectionRefusedError", "errno": 111}]
-    finally:
-        own.close()
-        harness.close()
+    with Harness(tmp_path) as harness:
+        assert_egress_fails_closed_when_the_proxy_is_down(harness)
 
 
 def test_two_sandboxes_cannot_reach_each_other(harness: Harness, listeners: Listeners) -> None:
-    _target_id, target = harness.start(["/proc/self/exe", "-I", "-c", ECHO_SERVER])
-    # Positive control: the host can reach the target's echo server, so it is really listening.
-    reply = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"import socket;print(socket.create_connection(('{target.address}',7777),2).recv(50))",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert "echo-tcp" in reply.stdout, reply
-    prober_id, _ = harness.probe([[("tcp", target.address, 7777), ("udp", target.address, 7777)]])
-    tcp, udp = harness.phase(prober_id, 0)
-    assert tcp == {"ok": f"orig={target.address}:7777"}  # at the proxy, never at the other sandbox
-    assert "error" in udp
+    assert_two_sandboxes_cannot_reach_each_other(harness)
 
 
 def test_spoofed_source_addresses_are_dropped(harness: Harness, listeners: Listeners) -> None:

@@ -13,12 +13,15 @@ import json
 import secrets
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from ipaddress import IPv4Network
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 from sandgate.lifecycle.images import ImageStore
 from sandgate.lifecycle.network import ProxyPorts, SandboxNetworks
@@ -60,6 +63,33 @@ for i, phase in enumerate(json.loads(sys.argv[1])):
         json.dump(results, out)
     os.rename(f"/workspace/.phase{i}", f"/workspace/phase{i}.json")
 time.sleep(3600)
+"""
+
+# A TCP and UDP echo server on port 7777, for a sandbox that others must not reach.
+ECHO_SERVER = r"""
+import socket, threading
+def tcp():
+    s = socket.create_server(("0.0.0.0", 7777))
+    while True:
+        c, _ = s.accept(); c.sendall(b"echo-tcp\n"); c.close()
+threading.Thread(target=tcp, daemon=True).start()
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", 7777))
+while True:
+    d, p = u.recvfrom(100); u.sendto(b"echo-udp", p)
+"""
+
+# One raw ICMP echo request to argv[1]; prints "reply <addr>" or "no-reply" (after a second).
+ICMP_ECHO = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); s.settimeout(1)
+s.sendto(bytes.fromhex("0800f7ff00000000"), (sys.argv[1], 0))
+try:
+    while True:
+        data, peer = s.recvfrom(200)
+        if data[20] == 0:
+            print("reply", peer[0]); break
+except TimeoutError:
+    print("no-reply")
 """
 
 
@@ -126,6 +156,14 @@ class Harness:
         for sandbox_id in list(self.nets):
             self.stop(sandbox_id)
         self.networks.remove_table()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
 
 class Listeners:
@@ -220,6 +258,42 @@ class Listeners:
     def close(self) -> None:
         for server in self._sockets:
             _close(server)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def in_netns(netns_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run argv as root in the sandbox's netns (more than a sandbox process may do)."""
+    return subprocess.run(["nsenter", f"--net={netns_path}", "--", *argv], capture_output=True, text=True)
+
+
+def assert_egress_fails_closed_when_the_proxy_is_down(harness: Harness) -> None:
+    """With the transparent port closed, a sandbox's connect is refused, never routed around."""
+    with Listeners(harness.ports) as proxy:
+        sandbox_id, _ = harness.probe([[("tcp", "198.51.100.7", 443)], [("tcp", "198.51.100.7", 443)]])
+        assert harness.phase(sandbox_id, 0) == [{"ok": "orig=198.51.100.7:443"}]
+        proxy.stop_transparent()
+        assert harness.phase(sandbox_id, 1) == [{"error": "ConnectionRefusedError", "errno": 111}]
+
+
+def assert_two_sandboxes_cannot_reach_each_other(harness: Harness) -> None:
+    """A sandbox's TCP to another sandbox lands at the proxy; its UDP goes nowhere."""
+    image_python = "python3" if harness.runtime.name == "docker" else "/proc/self/exe"
+    _, target = harness.start([image_python, "-I", "-c", ECHO_SERVER])
+    # Positive control: from the host the target's echo server answers, so it really listens.
+    hello = f"import socket;print(socket.create_connection(('{target.address}', 7777), 2).recv(50))"
+    reply = subprocess.run([sys.executable, "-c", hello], capture_output=True, text=True)
+    assert "echo-tcp" in reply.stdout, reply
+    prober_id, _ = harness.probe([[("tcp", target.address, 7777), ("udp", target.address, 7777)]])
+    tcp, udp = harness.phase(prober_id, 0)
+    assert tcp == {"ok": f"orig={target.address}:7777"}  # it reached the proxy, not the other sandbox
+    assert "error" in udp
 
 
 def _close(server: socket.socket) -> None:

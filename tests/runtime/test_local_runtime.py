@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import struct
@@ -15,7 +14,7 @@ import pytest
 
 from sandgate.lifecycle.cgroups import SandboxCgroup
 from sandgate.lifecycle.kernel import mount_points
-from sandgate.lifecycle.runtime.base import EXECD_PORT, SandboxSpec
+from sandgate.lifecycle.runtime.base import SandboxSpec, ping_execd
 from sandgate.lifecycle.runtime.local import LocalRuntime
 from tests.runtime.harness import Harness
 
@@ -51,11 +50,8 @@ json.dump(result, open("/workspace/.fs", "w")); os.rename("/workspace/.fs", "/wo
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
-    harness = Harness(tmp_path_factory.mktemp("state"))
-    try:
+    with Harness(tmp_path_factory.mktemp("state")) as harness:
         yield harness
-    finally:
-        harness.close()
 
 
 def test_sandbox_filesystem_is_an_overlay_with_host_secrets_masked(harness: Harness, tmp_path: Path) -> None:
@@ -128,9 +124,9 @@ def test_pause_freezes_every_process_and_resume_thaws(harness: Harness) -> None:
     sandbox_id, net = harness.start(["sleep", "3600"])
     harness.runtime.pause(sandbox_id)
     assert harness.runtime.paused(sandbox_id)
-    assert not _pings(net.address)
+    assert not ping_execd(net.address)
     harness.runtime.resume(sandbox_id)
-    assert _pings(net.address)
+    assert ping_execd(net.address)
 
 
 def test_delete_leaves_no_process_mount_cgroup_netns_or_veth(harness: Harness) -> None:
@@ -161,22 +157,11 @@ def test_adopt_keeps_running_sandboxes_and_removes_dead_ones(harness: Harness) -
     adopted = restarted.adopt()
     assert running_id in adopted and dead_id not in adopted
     assert set(adopted) == set(harness.nets) - {dead_id}  # the module's other live sandboxes too
-    assert restarted.alive(running_id) and _pings(running_net.address)
+    assert restarted.alive(running_id) and ping_execd(running_net.address)
     assert not (harness.state_dir / "sandboxes" / dead_id).exists()
     assert not SandboxCgroup(harness.runtime._cgroup_name(dead_id)).exists()
     restarted.pause(running_id)
     restarted.resume(running_id)
-
-
-def _pings(address: str) -> bool:
-    connection = http.client.HTTPConnection(address, EXECD_PORT, timeout=0.5)
-    try:
-        connection.request("GET", "/ping")
-        return connection.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        connection.close()
 
 
 def _running(pid: int) -> bool:
