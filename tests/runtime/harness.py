@@ -99,7 +99,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Harness:
+class Closing:
+    """`with X(...) as x:` closes x at the end, also when the block failed."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class Harness(Closing):
     def __init__(self, state_dir: Path, ports: ProxyPorts | None = None) -> None:
         self.ports = ports or ProxyPorts(transparent=free_port(), dns=free_port(), explicit=free_port())
         self.networks = SandboxNetworks(
@@ -157,16 +172,8 @@ class Harness:
             self.stop(sandbox_id)
         self.networks.remove_table()
 
-    def __enter__(self) -> Self:
-        return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-class Listeners:
+class Listeners(Closing):
     """The proxy's ports on the host, played by tiny servers that say who they are."""
 
     def __init__(self, ports: ProxyPorts) -> None:
@@ -258,14 +265,6 @@ class Listeners:
     def close(self) -> None:
         for server in self._sockets:
             _close(server)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 def in_netns(netns_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
