@@ -16,10 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from ipaddress import IPv4Network
 from pathlib import Path
 
-from bench.bench_sandboxes import _row
+from bench.sandbox_rig import own_network, row, run_as_root_child
 from sandgate.lifecycle.images import ImageStore
 from sandgate.lifecycle.network import SandboxNetworks
 from sandgate.lifecycle.runtime.base import SandboxSpec
@@ -33,27 +32,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    if os.geteuid() != 0:
-        print("bench_docker: needs root (netns, nftables, dockerd); skipped")
-        return
-    env = {**os.environ, CHILD_FLAG: "1"}
-    subprocess.run([sys.executable, "-m", "bench.bench_docker"], env=env, check=True, timeout=1800)
+    run_as_root_child("bench.bench_docker", CHILD_FLAG, "netns, nftables, dockerd")
 
 
 def _child() -> None:
-    os.unshare(os.CLONE_NEWNET)
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    networks = own_network("sgd")
     sys.path.insert(0, str(REPO))
     from tests.support.dockerd import private_dockerd
 
     state_dir = Path(tempfile.mkdtemp(prefix="sandgate-bench-docker-"))
-    networks = SandboxNetworks(
-        table=f"sgbench_{secrets.token_hex(3)}",
-        iface_prefix="sgd",
-        address_pool=IPv4Network("10.213.0.0/16"),
-        instance=secrets.token_hex(3),
-    )
-    networks.ensure_table()
     try:
         local = LocalRuntime(state_dir, ImageStore(state_dir / "images"), instance=networks.instance)
         _measure("local runtime (sandgate/host)", networks, local, "sandgate/host")
@@ -89,9 +76,9 @@ def _measure(
             networks.destroy(sandbox_id)
             teardowns.append(time.perf_counter() - stop)
     print(f"{label}, {SEQUENTIAL} sandboxes one after another (execd + sleep):")
-    _row("network + launch", launched)
-    _row("create-to-ready", ready)
-    _row("teardown", teardowns)
+    row("network + launch", launched)
+    row("create-to-ready", ready)
+    row("teardown", teardowns)
 
 
 def _image_builder():

@@ -14,13 +14,13 @@ import os
 import secrets
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Any
+
+from bench.sandbox_rig import own_network, row, run_as_root_child
 
 SEQUENTIAL = 30
 CONCURRENT = int(os.environ.get("SANDGATE_BENCH_SANDBOXES", "200"))
@@ -31,29 +31,16 @@ WARM_POOL = 2
 
 
 def main() -> None:
-    if os.geteuid() != 0:
-        print("bench_sandboxes: needs root (netns, nftables, mounts, cgroups); skipped")
-        return
-    env = {**os.environ, CHILD_FLAG: "1"}
-    subprocess.run([sys.executable, "-m", "bench.bench_sandboxes"], env=env, check=True, timeout=1800)
+    run_as_root_child("bench.bench_sandboxes", CHILD_FLAG, "netns, nftables, mounts, cgroups")
 
 
 def _child() -> None:
-    os.unshare(os.CLONE_NEWNET)
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    networks = own_network("sgb")
     from sandgate.lifecycle.images import ImageStore
-    from sandgate.lifecycle.network import SandboxNetworks
     from sandgate.lifecycle.runtime.base import SandboxSpec
     from sandgate.lifecycle.runtime.local import LocalRuntime
 
     state_dir = Path(tempfile.mkdtemp(prefix="sandgate-bench-"))
-    networks = SandboxNetworks(
-        table=f"sgbench_{secrets.token_hex(3)}",
-        iface_prefix="sgb",
-        address_pool=IPv4Network("10.213.0.0/16"),
-        instance=secrets.token_hex(3),
-    )
-    networks.ensure_table()
     runtime = LocalRuntime(state_dir, ImageStore(state_dir / "images"), instance=networks.instance)
     alive: list[str] = []
 
@@ -83,10 +70,10 @@ def _child() -> None:
             timings.append(create(f"seq{index}"))
             teardowns.append(teardown(f"seq{index}"))
         print(f"sequential, {SEQUENTIAL} sandboxes (sandgate/host, execd + sleep):")
-        _row("network create", [t[0] for t in timings])
-        _row("runtime launch", [t[1] for t in timings])
-        _row("create-to-ready", [t[2] for t in timings])
-        _row("teardown", teardowns)
+        row("network create", [t[0] for t in timings])
+        row("runtime launch", [t[1] for t in timings])
+        row("create-to-ready", [t[2] for t in timings])
+        row("teardown", teardowns)
         cpu = sorted(t[3] for t in timings)
         print(
             f"  {'execd CPU to first /ping':<28} p50 {statistics.median(cpu):7.1f} ms   max {cpu[-1]:7.1f} ms"
@@ -100,7 +87,7 @@ def _child() -> None:
         print(
             f"{CONCURRENT} alive at once: all ready after {elapsed:.1f} s ({CREATE_THREADS} creating threads)"
         )
-        _row("create-to-ready under load", [t[2] for t in ready])
+        row("create-to-ready under load", [t[2] for t in ready])
         print(f"  memory (cgroup usage) {memory / len(alive) / 2**20:.1f} MiB per sandbox")
         started = time.perf_counter()
         for sandbox_id in list(alive):
@@ -144,10 +131,10 @@ def _through_the_service() -> None:
         warm.start()
         pooled = _creates(warm, request, warm)
         print(f"through the control plane (Service.create, proxy + store), {SEQUENTIAL} each:")
-        _row("create-to-ready, cold", cold[0])
-        _row("create-to-ready, warm pool", pooled[0])
-        _row("teardown", cold[1] + pooled[1])
-        _row("pool refill (background)", pooled[2])
+        row("create-to-ready, cold", cold[0])
+        row("create-to-ready, warm pool", pooled[0])
+        row("teardown", cold[1] + pooled[1])
+        row("pool refill (background)", pooled[2])
     finally:
         if warm is not None:
             warm.stop()
@@ -176,12 +163,6 @@ def _creates(service: Any, request: Any, pooled: Any) -> tuple[list[float], list
         service.delete(record.id)
         teardowns.append(time.perf_counter() - started)
     return ready, teardowns, refills[1:]
-
-
-def _row(label: str, seconds: list[float]) -> None:
-    ordered = sorted(seconds)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    print(f"  {label:<28} p50 {statistics.median(ordered) * 1000:7.1f} ms   p95 {p95 * 1000:7.1f} ms")
 
 
 def _execd_cpu_ms(cgroup: str) -> float:
