@@ -63,6 +63,9 @@ CREATE TABLE IF NOT EXISTS ingest_state (
   malformed INTEGER NOT NULL DEFAULT 0, gaps INTEGER NOT NULL DEFAULT 0
 );
 """
+# Which rows count as decisions: a pass-through connection's second record (`event: "closed"`)
+# carries its bytes and duration, not another decision, so counts skip it and byte sums keep it.
+_COUNTED = "(kind != 'connection' OR event IS NULL)"
 _INSERT = f"INSERT OR IGNORE INTO records ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 _SELECT = f"SELECT seq, {', '.join(COLUMNS)} FROM records"
 
@@ -224,7 +227,9 @@ class AuditIndex:
         where, params = _where(query)
         db = self._conn()
         total, denied = db.execute(
-            f"SELECT count(*), coalesce(sum(decision = 'deny'), 0) FROM records{where}", params
+            f"SELECT coalesce(sum({_COUNTED}), 0), coalesce(sum(decision = 'deny' AND {_COUNTED}), 0)"
+            f" FROM records{where}",
+            params,
         ).fetchone()
 
         def grouped(sql: str, extra: str) -> list[CountRow]:
@@ -241,17 +246,18 @@ class AuditIndex:
             total=total,
             denied=denied,
             top_hosts=grouped(
-                "SELECT host, count(*) n, sum(decision = 'deny'), sum(bytes_in), sum(bytes_out), max(binding)"
-                " FROM records{where} GROUP BY host ORDER BY n DESC LIMIT ?",
+                f"SELECT host, sum({_COUNTED}) n, sum(decision = 'deny' AND {_COUNTED}), sum(bytes_in),"
+                " sum(bytes_out), max(binding) FROM records{where} GROUP BY host ORDER BY n DESC LIMIT ?",
                 "host IS NOT NULL",
             ),
             denials_by_reason=grouped(
                 "SELECT reason, count(*) n, count(*), sum(bytes_in), sum(bytes_out), max(host)"
                 " FROM records{where} GROUP BY reason ORDER BY n DESC LIMIT ?",
-                "decision = 'deny'",
+                f"decision = 'deny' AND {_COUNTED}",
             ),
             injections_by_binding=grouped(
-                "SELECT binding || ' -> ' || coalesce(host, '?'), count(*) n, sum(decision = 'deny'),"
+                f"SELECT binding || ' -> ' || coalesce(host, '?'), sum({_COUNTED}) n,"
+                f" sum(decision = 'deny' AND {_COUNTED}),"
                 " sum(bytes_in), sum(bytes_out), NULL"
                 " FROM records{where} GROUP BY binding, host ORDER BY n DESC LIMIT ?",
                 "binding IS NOT NULL",
@@ -262,7 +268,9 @@ class AuditIndex:
         """sandbox -> (records, denied) for the filtered records."""
         where, params = _where(query)
         rows = self._conn().execute(
-            f"SELECT sandbox, count(*), sum(decision = 'deny') FROM records{where} GROUP BY sandbox", params
+            f"SELECT sandbox, sum({_COUNTED}), sum(decision = 'deny' AND {_COUNTED}) FROM records{where}"
+            " GROUP BY sandbox",
+            params,
         )
         return {sandbox: (total, denied) for sandbox, total, denied in rows}
 

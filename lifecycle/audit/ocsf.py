@@ -69,6 +69,8 @@ def _activity(record: dict[str, Any]) -> tuple[int, str]:
         method = (record.get("method") or "").upper()
         return _HTTP_ACTIVITY.get(method, 99), method.title() or "Unknown"
     if kind == "connection":
+        if record.get("event") == "closed":  # a pass-through connection's end: bytes, not a decision
+            return 2, "Close"
         return (5, "Refuse") if record["decision"] == "deny" else (6, "Traffic")
     if kind == "dns":
         return 1, "Query"

@@ -226,3 +226,39 @@ def test_ocsf_other_kinds() -> None:
     change = to_ocsf(record_of("policy_change", detail='{"actor":"api"}'))
     assert (change["class_uid"], change["category_uid"], change["type_uid"]) == (0, 0, 99)
     assert to_ocsf(record_of("security_event", event="sni_mismatch"))["severity_id"] == 4
+
+
+def test_a_passthrough_closing_record_adds_bytes_not_a_decision(tmp_path: Path) -> None:
+    """The proxy writes a second `connection` record (`event: "closed"`) when a pass-through
+    connection ends; summaries and per-sandbox counts count decisions (event null) only."""
+    opened = record_of(
+        "connection",
+        id="pt1",
+        host="open.example.com",
+        inspect=False,
+        bytes_in=0,
+        bytes_out=0,
+        duration_ms=None,
+    )
+    closed = opened | {
+        "id": "pt1-closed",
+        "event": "closed",
+        "bytes_in": 5000,
+        "bytes_out": 700,
+        "duration_ms": 90.0,
+    }
+    refused = record_of("connection", id="c2", host="denied.example.com", decision="deny", reason="default")
+    request = record_of("request", id="r1", method="GET", status=200)
+    event = record_of(
+        "security_event", id="s1", decision="deny", reason="header_timeout", event="header_timeout"
+    )
+    write_records(tmp_path, [opened, closed, refused, request, event])
+    index = AuditIndex(tmp_path / "audit-index.db", tmp_path / "audit.jsonl")
+    assert index.ingest().added == 5  # the closing record is stored and shown
+    summary = index.summary(AuditFilter(), top=10)
+    assert (summary.total, summary.denied) == (4, 2)
+    [open_host] = [row for row in summary.top_hosts if row.key == "open.example.com"]
+    assert (open_host.count, open_host.bytes_in, open_host.bytes_out) == (1, 5000, 700)
+    assert {row.key: row.count for row in summary.denials_by_reason} == {"default": 1, "header_timeout": 1}
+    assert index.counts_by_sandbox(AuditFilter()) == {"sbx-1": (4, 2)}
+    assert (to_ocsf(closed)["activity_id"], to_ocsf(opened)["activity_id"]) == (2, 6)
