@@ -100,6 +100,19 @@ def test_sni_host_mismatch_on_the_intercepted_host_is_421(attacker: Attacker) ->
     assert records and records[-1]["status"] == 421 and "sni=api.example.com" in records[-1]["detail"]
 
 
+def test_a_port_in_the_authority_must_be_the_connections(attacker: Attacker) -> None:
+    """`api.example.com:8443` on a connection to 443 would be served, and judged, as port 443."""
+    mark = len(attacker.internet.origin_requests())
+    outcome = attacker.attack("h2_streams", host=BOUND_HOST, authorities=[f"{BOUND_HOST}:8443", BOUND_HOST])
+    assert [stream["status"] for stream in outcome["streams"]] == [421, 200], outcome
+    http1 = attacker.attack(
+        "raw", host=BOUND_HOST, port=443, sni=BOUND_HOST, payload=http_get(f"{BOUND_HOST}:8443")
+    )
+    assert status(http1["reply"]) == 421 and deny_reason(http1["reply"]) == "identity-mismatch", http1
+    assert len(attacker.origin_requests_since(mark)) == 1  # only the stream for the connection's port
+    assert attacker.wait_audit(lambda r: r["reason"] == "identity-mismatch" and "8443" in (r["detail"] or ""))
+
+
 def test_tls_to_a_denied_name_is_closed_before_any_certificate(attacker: Attacker) -> None:
     for sni in (DENIED_HOST, "localhost", "metadata.google.internal"):
         outcome = attacker.attack(
