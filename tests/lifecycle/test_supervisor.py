@@ -41,3 +41,18 @@ def test_serve_refuses_to_start_when_the_proxy_port_is_taken(tmp_path: Path) -> 
     message = str(failed.value)
     assert "sandgate serve exited" in message
     assert "address already in use" in message and str(server.proxy_ports["TRANSPARENT"]) in message
+
+
+def test_sigterm_stops_serve_and_its_proxy_child(tmp_path: Path) -> None:
+    server = SandgateServer(tmp_path / "state")
+    try:
+        server.start()
+        proxy = server.proxy_pid()
+        process = server.process
+        assert process is not None
+        server.stop()
+        assert process.returncode == 0, server.log()
+        assert not Path(f"/proc/{proxy}").exists(), "the proxy child outlived sandgate serve"
+    finally:
+        server.stop()
+        server.remove_leftovers()

@@ -172,9 +172,10 @@ class SandgateServer:
         raise RuntimeError(f"sandgate serve did not answer /health in {START_TIMEOUT}s:\n{self.log()}")
 
     def stop(self) -> None:
-        """Stop the server (sandboxes keep running, as after a real restart)."""
+        """Stop the server with SIGTERM, as a service manager does (sandboxes keep running, as
+        after a real restart)."""
         if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(15)
             except subprocess.TimeoutExpired:

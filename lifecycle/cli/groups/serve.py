@@ -9,6 +9,8 @@ then the proxy; sandboxes keep running and are re-adopted by the next start.
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,7 +66,15 @@ def command(
             )
         )
         click.echo(f"sandgate: API on http://{settings.host}:{settings.port} (state in {settings.state_dir})")
+        signal.signal(signal.SIGTERM, exit_cleanly)
         server.run()
+
+
+def exit_cleanly(signum: int, frame: object) -> None:
+    """uvicorn re-raises the signal that stopped it once it has shut down; SIGTERM's default
+    action would then end the process before the proxy child, the audit indexer and the database
+    are closed (an orphaned proxy would keep the ports). Unwind like Ctrl-C instead."""
+    sys.exit(0)
 
 
 def prepare_state_dir(state_dir: Path) -> None:
