@@ -37,7 +37,7 @@ def ensure_ca(state_dir: Path) -> CaFiles:
     state_dir.mkdir(parents=True, exist_ok=True)
     files = CaFiles(state_dir / CA_KEY_AND_CERT, state_dir / CA_CERT)
     if not files.key_and_cert.exists():
-        key, cert = _new_ca()
+        key, cert = new_ca("sandgate egress CA", organization="sandgate")
         secret = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         ) + cert.public_bytes(serialization.Encoding.PEM)
@@ -61,15 +61,15 @@ def upstream_trust_bundle(state_dir: Path, extra: Path | None) -> Path:
     return path
 
 
-def _new_ca() -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+def new_ca(
+    common_name: str, organization: str | None = None, validity: datetime.timedelta = CA_VALIDITY
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A self-signed CA that signs leaves directly (path length 0). Python 3.13 clients verify
+    strictly (VERIFY_X509_STRICT), so it carries key usage and a subject key identifier."""
     # mitmproxy signs leaves with the CA key and reuses it as the leaf key; P-256 keeps that fast.
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "sandgate"),
-            x509.NameAttribute(NameOID.COMMON_NAME, "sandgate egress CA"),
-        ]
-    )
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization)] if organization else []
+    name = x509.Name([*attributes, x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
@@ -78,7 +78,7 @@ def _new_ca() -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + CA_VALIDITY)
+        .not_valid_after(now + validity)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(

@@ -98,40 +98,16 @@ def make_test_ca(workdir: Path) -> tuple[Path, Path, Path, Path]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
+    from sandgate.proxy.ca import new_ca
+
     def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
         return key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
 
     now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandgate test internet CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=30))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(  # Python 3.13 clients verify strictly (VERIFY_X509_STRICT): a CA needs key usage
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_key, ca = new_ca("sandgate test internet CA", validity=datetime.timedelta(days=30))
+    ca_name = ca.subject
     leaf_key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in TLS_NAMES]
     sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in (ORIGIN_V4, ORIGIN_V4_ALT, ORIGIN_V6)]
