@@ -32,7 +32,6 @@ import json
 import logging
 import secrets
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -42,7 +41,15 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import httpx
 
 from sandgate.lifecycle.cgroups import Limits
-from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER, SandboxNet, SandboxSpec
+from sandgate.lifecycle.runtime.base import (
+    EXECD_PORT,
+    EXECD_TOKEN_HEADER,
+    Runtime,
+    RuntimeError_,
+    SandboxNet,
+    SandboxSpec,
+    wait_for_execd,
+)
 from sandgate.lifecycle.store import NotFound, RevisionConflict, SandboxRecord, Store, utcnow
 from sandgate.lifecycle.warm_pool import Member, WarmPool
 from sandgate.policy import (
@@ -53,6 +60,7 @@ from sandgate.policy import (
     to_document,
     to_opensandbox,
 )
+from sandgate.vault import SecretStore
 
 log = logging.getLogger(__name__)
 
@@ -78,16 +86,6 @@ class Networks(Protocol):
     def cleanup_leftovers(self, keep: set[str]) -> dict[str, SandboxNet]: ...
 
 
-class Runtime(Protocol):
-    def create(self, spec: SandboxSpec, net: SandboxNet) -> None: ...
-    def delete(self, sandbox_id: str) -> None: ...
-    def pause(self, sandbox_id: str) -> None: ...
-    def resume(self, sandbox_id: str) -> None: ...
-    def adopt(self) -> list[str]: ...
-    def alive(self, sandbox_id: str) -> bool: ...
-    def log_tail(self, sandbox_id: str, limit: int = 2000) -> str: ...
-
-
 @runtime_checkable
 class WarmRuntime(Protocol):
     """A runtime that can give a running sandbox its env and limits later (the local one)."""
@@ -99,11 +97,6 @@ class ProxyClient(Protocol):
     def put_sandbox(self, entry: Any) -> object: ...
     def drop_sandbox(self, address: str) -> object: ...
     def metrics(self) -> str: ...
-
-
-class SecretStore(Protocol):
-    def put(self, name: str, value: str) -> object: ...
-    def delete(self, name: str) -> object: ...
 
 
 class PolicyBook(Protocol):
@@ -222,7 +215,10 @@ class Service:
     # --- lifecycle -------------------------------------------------------------------------------
 
     def create(self, request: CreateRequest, actor: str = "api") -> SandboxRecord:
-        document = self._validated(self.policies.from_opensandbox(request.network_policy))
+        try:
+            document = self.policies.from_opensandbox(request.network_policy)
+        except ValueError as exc:  # PolicyError
+            raise LifecycleError("invalid", f"policy rejected: {exc}") from exc
         try:
             self.check_image(request.image)
         except Exception as exc:
@@ -249,10 +245,9 @@ class Service:
             undo.append(lambda: self.proxy.drop_sandbox(net.address))
             self.runtime.create(spec, net)
             undo.append(lambda: self.runtime.delete(record.id))
-            self._wait_ready(record.id, net.address)
+            self._wait_ready(record.id, net)
             record = record.with_state("Running", "SANDBOX_READY", "execd answered /ping")
-            self.store.put_sandbox(record)
-            self.store.put_policy(record.id, document, expected_revision=0)
+            self.store.create_sandbox(record, document)
         except Exception as exc:
             for step in reversed(undo):
                 _quietly(step)
@@ -405,27 +400,12 @@ class Service:
                 "it may be restarting: retry, or see proxy.log in the state dir",
             ) from exc
 
-    def _wait_ready(self, sandbox_id: str, address: str) -> None:
+    def _wait_ready(self, sandbox_id: str, net: SandboxNet) -> None:
         """Until execd answers /ping; a sandbox that died, or a timeout, fails with its output."""
-        deadline = time.monotonic() + self.ready_timeout
-        url = f"http://{address}:{EXECD_PORT}/ping"
-        last: str = "no answer yet"
-        with httpx.Client(timeout=1.0) as client:
-            while time.monotonic() < deadline:
-                try:
-                    if client.get(url).status_code == 200:
-                        return
-                    last = "execd answered /ping with an error"
-                except httpx.HTTPError as exc:
-                    last = str(exc) or type(exc).__name__
-                if not self.runtime.alive(sandbox_id):
-                    last = "the sandbox exited"
-                    break
-                time.sleep(0.02)
-            else:
-                last += f" within {self.ready_timeout}s"
-        output = self.runtime.log_tail(sandbox_id)
-        raise LifecycleError("unavailable", f"execd at {url} not ready: {last}; sandbox output: {output}")
+        try:
+            wait_for_execd(self.runtime, sandbox_id, net, self.ready_timeout, poll=0.005)
+        except RuntimeError_ as exc:
+            raise LifecycleError("unavailable", str(exc)) from exc
 
     # --- warm pool -------------------------------------------------------------------------------
 
@@ -460,12 +440,10 @@ class Service:
             if request.entrypoint:
                 self._start_entrypoint(record, request.entrypoint)
             record = record.with_state("Running", "SANDBOX_READY", "claimed from the warm pool")
-            self.store.put_sandbox(record)
-            self.store.put_policy(sandbox_id, document, expected_revision=0)
+            self.store.create_sandbox(record, document)
         except Exception:
             log.exception("warm pool: claiming sandbox %s failed; starting a cold one instead", sandbox_id)
             _quietly(lambda: self.proxy.drop_sandbox(net.address))
-            _quietly(lambda: self.store.delete_sandbox(sandbox_id))
             self._discard_pool_member(sandbox_id)
             return None
         self._audit_change(sandbox_id, actor, 0, 1, {}, document, "create")
@@ -487,7 +465,7 @@ class Service:
         token = new_token()
         spec = SandboxSpec(sandbox_id, POOL_IMAGE, [], execd_token=token, ca_cert=self.ca_cert)
         self.runtime.create(spec, net)
-        self._wait_ready(sandbox_id, net.address)
+        self._wait_ready(sandbox_id, net)
         return Member(sandbox_id, net, token)
 
     def _discard_pool_member(self, sandbox_id: str) -> None:

@@ -134,6 +134,18 @@ class Store:
                 (record.id, record.to_json(), record.state, record.created_at.isoformat()),
             )
 
+    def create_sandbox(self, record: SandboxRecord, policy: dict[str, Any]) -> None:
+        """A new sandbox's record and its first policy revision, in one transaction (rule 2)."""
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO sandboxes(id, record, state, created_at) VALUES (?, ?, ?, ?)",
+                (record.id, record.to_json(), record.state, record.created_at.isoformat()),
+            )
+            db.execute(
+                "INSERT INTO policies(sandbox_id, revision, document, updated_at) VALUES (?, 1, ?, ?)",
+                (record.id, json.dumps(policy), utcnow().isoformat()),
+            )
+
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         with self._lock:
             row = self._db.execute("SELECT record FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()

@@ -71,6 +71,9 @@ class Runtime(Protocol):
     def adopt(self) -> list[str]:
         """Ids of sandboxes still running from before a restart (the rest is cleaned up)."""
 
+    def log_tail(self, sandbox_id: str, limit: int = 2000) -> str:
+        """The end of the sandbox's output (for errors that say why it did not start)."""
+
 
 class Watched(Protocol):
     """What waiting for execd needs of a runtime: whether the sandbox lives, and its log."""

@@ -1,0 +1,273 @@
+"""Create, delete and egress changes of `Service`, in the fast tier (no root): every failure
+point of a create leaves nothing behind, and a failed egress change leaves the old state in force.
+
+The collaborators that need root (netns + nftables networks, the bubblewrap runtime, the proxy
+child) are replaced by small loopback stand-ins; what runs is real: the SQLite store, the policy
+compiler, and a real execd process per sandbox on its own 127.x address (so the create really
+waits for `/ping`). The same flows run through a real `sandgate serve` as root in
+tests/conformance and tests/lifecycle.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandgate.lifecycle.runtime.base import EXECD_PORT, SandboxNet, SandboxSpec, ping_execd
+from sandgate.lifecycle.service import CreateRequest, LifecycleError, SandgatePolicies, Service
+from sandgate.lifecycle.store import Store
+
+ALLOW_ONE = {"defaultAction": "deny", "egress": [{"action": "allow", "target": "api.example.test"}]}
+
+
+class Broken(Exception):
+    """What an injected failure raises (so a test can tell it from a real one)."""
+
+
+class LoopbackNetworks:
+    """Addresses in a random 127.x.y.0/24 instead of namespaces: each sandbox one address."""
+
+    def __init__(self) -> None:
+        self.prefix = f"127.{secrets.randbelow(200) + 20}.{secrets.randbelow(250) + 1}"
+        self.live: dict[str, SandboxNet] = {}
+        self.fail = False
+        self._next = 2
+
+    def create(self, sandbox_id: str) -> SandboxNet:
+        if self.fail:
+            raise Broken("network")
+        net = SandboxNet(netns=f"fake-{sandbox_id[:8]}", address=f"{self.prefix}.{self._next}", gateway="")
+        self._next += 1
+        self.live[sandbox_id] = net
+        return net
+
+    def destroy(self, sandbox_id: str) -> None:
+        self.live.pop(sandbox_id, None)
+
+    def cleanup_leftovers(self, keep: set[str]) -> dict[str, SandboxNet]:
+        return {key: net for key, net in self.live.items() if key in keep}
+
+
+class ExecdRuntime:
+    """Each sandbox is a real execd process listening on the sandbox's loopback address."""
+
+    name = "execd-process"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.fail = False
+        self.die_at_start = False
+
+    def create(self, spec: SandboxSpec, net: SandboxNet) -> None:
+        if self.fail:
+            raise Broken("runtime")
+        workdir = self.root / spec.sandbox_id
+        workdir.mkdir()
+        argv = [sys.executable, "-m", "sandgate.execd", "--host", net.address, "--port", str(EXECD_PORT),
+                "--root", str(workdir)]  # fmt: skip
+        if self.die_at_start:
+            argv = [sys.executable, "-c", "print('entrypoint failed: no such file'); raise SystemExit(3)"]
+        self.processes[spec.sandbox_id] = subprocess.Popen(
+            argv, env={"PATH": os.environ["PATH"], "EXECD_ACCESS_TOKEN": spec.execd_token or ""},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def delete(self, sandbox_id: str) -> None:
+        process = self.processes.pop(sandbox_id, None)
+        if process is not None:
+            process.kill()
+            process.communicate()
+
+    def pause(self, sandbox_id: str) -> None: ...
+
+    def resume(self, sandbox_id: str) -> None: ...
+
+    def adopt(self) -> list[str]:
+        return [key for key, process in self.processes.items() if process.poll() is None]
+
+    def alive(self, sandbox_id: str) -> bool:
+        process = self.processes.get(sandbox_id)
+        return process is not None and process.poll() is None
+
+    def log_tail(self, sandbox_id: str, limit: int = 2000) -> str:
+        process = self.processes.get(sandbox_id)
+        if process is None or process.poll() is None or process.stdout is None:
+            return ""
+        return process.stdout.read().decode(errors="replace")[-limit:]
+
+
+class RecordingProxy:
+    """The proxy's control socket: the entries it holds, by address."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Any] = {}
+        self.fail = False
+
+    def put_sandbox(self, entry: Any) -> None:
+        if self.fail:
+            raise Broken("proxy")
+        self.entries[entry["address"]] = entry
+
+    def drop_sandbox(self, address: str) -> None:
+        self.entries.pop(address, None)
+
+    def metrics(self) -> str:
+        return ""
+
+
+class DictVault:
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def put(self, name: str, value: str) -> None:
+        self.values[name] = value
+
+    def delete(self, name: str) -> None:
+        self.values.pop(name, None)
+
+
+def break_inserts(store: Store, table: str) -> None:
+    """Make SQLite itself refuse every insert into `table` (as a full disk or a lock would)."""
+    with store.transaction() as db:
+        db.execute(
+            f"CREATE TRIGGER refuse_{table} BEFORE INSERT ON {table} "
+            f"BEGIN SELECT RAISE(ABORT, 'injected: {table} refused'); END"
+        )
+
+
+class Rig:
+    def __init__(self, tmp_path: Path) -> None:
+        (tmp_path / "sandboxes").mkdir()
+        self.store = Store(tmp_path / "state.db")
+        self.networks = LoopbackNetworks()
+        self.runtime = ExecdRuntime(tmp_path / "sandboxes")
+        self.proxy = RecordingProxy()
+        self.vault = DictVault()
+        self.audit: list[tuple[str, str]] = []
+        self.bad_image = False
+        self.service = Service(
+            self.store,
+            networks=self.networks,
+            runtime=self.runtime,
+            proxy=self.proxy,
+            vault=self.vault,
+            policies=SandgatePolicies(max_rules=100),
+            entry_factory=lambda sid, address, policy, creds: {
+                "id": sid, "address": address, "policy": policy, "credentials": creds,
+            },
+            audit=lambda sid, what, summary: self.audit.append((sid, what)),
+            check_image=self._check_image,
+            ready_timeout=10.0,
+        )  # fmt: skip
+
+    def _check_image(self, image: str) -> None:
+        if self.bad_image:
+            raise Broken(f"image {image} not found")
+
+    def assert_nothing_left(self) -> None:
+        assert self.networks.live == {}
+        assert self.proxy.entries == {}
+        assert self.runtime.processes == {}
+        assert self.store.list_sandboxes() == []
+        assert self.vault.values == {}
+        assert self.audit == []
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    made = Rig(tmp_path)
+    try:
+        yield made
+    finally:
+        for sandbox_id in list(made.runtime.processes):
+            made.runtime.delete(sandbox_id)
+        made.store.close()
+
+
+def request(policy: dict[str, Any] | None = ALLOW_ONE) -> CreateRequest:
+    return CreateRequest(
+        image="sandgate/host", entrypoint=["sleep", "infinity"], env={}, metadata={}, extensions={},
+        platform=None, resource_limits={}, timeout=600, network_policy=policy, credential_proxy=False,
+    )  # fmt: skip
+
+
+def test_create_runs_a_real_execd_and_delete_removes_every_part(rig: Rig) -> None:
+    record = rig.service.create(request())
+    assert record.state == "Running"
+    assert ping_execd(record.address or "")
+    assert rig.store.get_sandbox(record.id).state == "Running"
+    assert rig.proxy.entries[record.address]["policy"]["egress"][0]["target"] == "api.example.test"
+    assert rig.audit == [(record.id, "create")]
+
+    rig.service.delete(record.id)
+    rig.audit.clear()
+    rig.assert_nothing_left()
+    assert not ping_execd(record.address or "")
+
+
+FAILURES: dict[str, Callable[[Rig], None]] = {
+    "image": lambda rig: setattr(rig, "bad_image", True),
+    "network": lambda rig: setattr(rig.networks, "fail", True),
+    "proxy push": lambda rig: setattr(rig.proxy, "fail", True),
+    "runtime start": lambda rig: setattr(rig.runtime, "fail", True),
+    "execd never ready": lambda rig: setattr(rig.runtime, "die_at_start", True),
+    "store sandbox": lambda rig: break_inserts(rig.store, "sandboxes"),
+    "store policy": lambda rig: break_inserts(rig.store, "policies"),
+}
+
+
+@pytest.mark.parametrize("failure", FAILURES)
+def test_a_failed_create_leaves_nothing_behind(rig: Rig, failure: str) -> None:
+    FAILURES[failure](rig)
+    with pytest.raises(LifecycleError) as raised:
+        rig.service.create(request())
+    assert raised.value.kind in ("invalid", "unavailable")
+    rig.assert_nothing_left()
+
+
+def test_a_sandbox_that_dies_at_start_fails_with_its_output(rig: Rig) -> None:
+    rig.runtime.die_at_start = True
+    with pytest.raises(LifecycleError, match="entrypoint failed: no such file"):
+        rig.service.create(request())
+
+
+def test_an_invalid_policy_is_refused_before_anything_is_built(rig: Rig) -> None:
+    with pytest.raises(LifecycleError) as raised:
+        rig.service.create(request({"egress": [{"action": "maybe", "target": "x.example.test"}]}))
+    assert raised.value.kind == "invalid"
+    rig.assert_nothing_left()
+
+
+def test_a_policy_change_the_proxy_refuses_leaves_the_old_policy(rig: Rig) -> None:
+    record = rig.service.create(request())
+    before = rig.service.policy(record.id)
+    rig.proxy.fail = True
+    with pytest.raises(Broken):
+        rig.service.change_policy(
+            record.id, lambda doc: {**doc, "egress": []}, actor="test", what="egress replace"
+        )
+    after = rig.service.policy(record.id)
+    assert (after.revision, after.document) == (before.revision, before.document)
+    assert rig.proxy.entries[record.address]["policy"] == before.document
+
+
+def test_a_vault_change_the_proxy_refuses_removes_the_new_values(rig: Rig) -> None:
+    record = rig.service.create(request())
+    rig.proxy.fail = True
+
+    def build(old: dict[str, Any] | None, revision: int) -> tuple[dict[str, Any], dict[str, str]]:
+        entry = f"{record.id}/r{revision}/token"
+        return {"credentials": [{"name": "token", "entry": entry}], "bindings": []}, {entry: "s3cr3t"}
+
+    with pytest.raises(Broken):
+        rig.service.change_vault(record.id, build, "test", "credential-vault create", None, must_exist=False)
+    assert rig.vault.values == {}
+    assert rig.store.get_vault(record.id) is None
