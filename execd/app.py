@@ -20,7 +20,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from .errors import UNAUTHORIZED, ApiError
-from .web import Request, Response, Router, error_response, json_response
+from .web import Request, Response, Route, Router, error_response, json_response
 
 if TYPE_CHECKING:
     from .commands import CommandRunner
@@ -30,17 +30,9 @@ if TYPE_CHECKING:
 
 TOKEN_HEADER = "x-execd-access-token"
 OPEN_PATHS = frozenset({"/ping"})
-ROUTES = [
-    ("GET", "/ping", "app:ping"),
-    ("POST", "/command", "commands:run_command"),
-    ("DELETE", "/command", "commands:interrupt_command"),
-    ("GET", "/command/status/{id}", "commands:command_status"),
-    ("GET", "/command/{id}/logs", "commands:command_logs"),
-    ("POST", "/session", "sessions:create_session"),
-    ("POST", "/session/{session_id}/run", "sessions:run_in_session"),
-    ("DELETE", "/session/{session_id}", "sessions:delete_session"),
-    ("GET", "/metrics", "metrics:get_metrics"),
-    ("GET", "/metrics/watch", "metrics:watch_metrics"),
+# The file routes, also served under `/v1/filesystem/{uid}/{gid}` (as that identity, see
+# identity.py) and, as not available, under `/v1/isolated/session/{id}`.
+FILE_ROUTES = [
     ("POST", "/files/upload", "transfer:upload"),
     ("GET", "/files/download", "transfer:download"),
     ("GET", "/files/info", "files:files_info"),
@@ -52,6 +44,22 @@ ROUTES = [
     ("GET", "/directories/list", "files:list_directory"),
     ("POST", "/directories", "files:make_dirs"),
     ("DELETE", "/directories", "files:remove_dirs"),
+]
+IDENTITY_PREFIX = "/v1/filesystem/{uid}/{gid}"
+ISOLATED_SESSION = "/v1/isolated/session/{session_id}"
+ROUTES: list[Route] = [
+    ("GET", "/ping", "app:ping"),
+    ("POST", "/command", "commands:run_command"),
+    ("DELETE", "/command", "commands:interrupt_command"),
+    ("GET", "/command/status/{id}", "commands:command_status"),
+    ("GET", "/command/{id}/logs", "commands:command_logs"),
+    ("POST", "/session", "sessions:create_session"),
+    ("POST", "/session/{session_id}/run", "sessions:run_in_session"),
+    ("DELETE", "/session/{session_id}", "sessions:delete_session"),
+    ("GET", "/metrics", "metrics:get_metrics"),
+    ("GET", "/metrics/watch", "metrics:watch_metrics"),
+    *FILE_ROUTES,
+    *[(method, IDENTITY_PREFIX + path, to, "identity:as_identity") for method, path, to in FILE_ROUTES],
     # code contexts (code.py; each context runs repl_driver.py)
     ("POST", "/code/context", "code:create_context"),
     ("GET", "/code/contexts", "code:list_contexts"),
@@ -60,6 +68,18 @@ ROUTES = [
     ("DELETE", "/code/contexts/{context_id}", "code:delete_context"),
     ("POST", "/code", "code:run_code"),
     ("DELETE", "/code", "code:interrupt_code"),
+    # OSEP-0013 isolated sessions: capabilities say they are not available, the rest is a 503
+    ("GET", "/v1/isolated/capabilities", "isolated:capabilities"),
+    ("POST", "/v1/isolated/session", "isolated:unsupported"),
+    ("GET", "/v1/isolated/sessions", "isolated:unsupported"),
+    ("GET", ISOLATED_SESSION, "isolated:unsupported"),
+    ("DELETE", ISOLATED_SESSION, "isolated:unsupported"),
+    ("POST", ISOLATED_SESSION + "/run", "isolated:unsupported"),
+    ("GET", ISOLATED_SESSION + "/runs/{run_id}", "isolated:unsupported"),
+    ("GET", ISOLATED_SESSION + "/runs/{run_id}/logs", "isolated:unsupported"),
+    ("GET", ISOLATED_SESSION + "/diff", "isolated:unsupported"),
+    ("POST", ISOLATED_SESSION + "/commit", "isolated:unsupported"),
+    *[(method, ISOLATED_SESSION + path, "isolated:unsupported") for method, path, _ in FILE_ROUTES],
 ]
 
 

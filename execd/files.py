@@ -9,7 +9,6 @@ never follow a symlink into a directory. The blocking work runs in a worker thre
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fnmatch
 import os
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import INVALID_PATH, ApiError, bad_request
+from .identity import in_thread
 from .paths import PathResolver, Resolved, file_info, lookup_owner, os_error, parse_mode, set_mode_and_owner
 from .requests import Field, check, each_item, each_object, parse_body, query_int, query_paths
 from .web import Request, Response, json_response
@@ -102,10 +102,6 @@ def resolved(resolver: PathResolver, paths: list[str], **options: Any) -> Iterat
     finally:
         for item in items:
             item.close()
-
-
-async def in_thread(function: Callable[..., Any], *args: Any) -> Any:
-    return await asyncio.to_thread(function, *args)
 
 
 # -- info, delete, move, permissions -------------------------------------------------------------

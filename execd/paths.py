@@ -73,6 +73,9 @@ class PathResolver:
         self.root = os.path.realpath(root) if root is not None else "/"
         if not os.path.isdir(self.root):
             raise ValueError(f"--root {root!r} is not a directory")
+        # held with execd's own credentials: a request served as another identity starts at
+        # the root as a chrooted process would, never needing search rights above it
+        self.root_fd = os.open(self.root, _DIR_FLAGS)
 
     def resolve(
         self,
@@ -85,7 +88,7 @@ class PathResolver:
         """Resolve `user_path`; `make_parents` creates missing parent directories (mode 755),
         appending each one it made to `created` so a failed request can remove them again."""
         pending = deque(self._components(user_path))
-        stack = [os.open(self.root, _DIR_FLAGS)]
+        stack = [os.dup(self.root_fd)]
         names: list[str] = []
         hops = 0
         try:

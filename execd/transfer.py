@@ -14,7 +14,6 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -28,6 +27,7 @@ from urllib.parse import quote
 
 from .errors import INVALID_PATH, RANGE_NOT_SATISFIABLE, ApiError, bad_request
 from .files import remove_created
+from .identity import in_thread
 from .paths import PathResolver, Resolved, lookup_owner, os_error, parse_mode
 from .requests import Field, check, query_int
 from .web import Request, Response, iterate_in_thread
@@ -224,15 +224,15 @@ async def upload(request: Request) -> Response:
         async for chunk in request.stream():
             batch += chunk
             if len(batch) >= CHUNK:
-                await asyncio.to_thread(_feed, multipart, bytes(batch))
+                await in_thread(_feed, multipart, bytes(batch))
                 batch.clear()
-        await asyncio.to_thread(_feed, multipart, bytes(batch))
-        await asyncio.to_thread(multipart.finalize)
+        await in_thread(_feed, multipart, bytes(batch))
+        await in_thread(multipart.finalize)
         if not parser.pending:
             raise bad_request("upload carried no 'metadata' + 'file' part pair")
-        await asyncio.to_thread(parser.commit)
+        await in_thread(parser.commit)
     finally:
-        await asyncio.to_thread(parser.close)
+        await in_thread(parser.close)
     return Response()
 
 
@@ -330,7 +330,7 @@ async def download(request: Request) -> Response:
     range_header = request.headers.get("range")
     if range_header and (offset is not None or limit is not None):
         raise bad_request("Range and offset/limit are mutually exclusive: use one or the other")
-    fd, st, path = await asyncio.to_thread(open_for_read, request.state.resolver, request.query("path"))
+    fd, st, path = await in_thread(open_for_read, request.state.resolver, request.query("path"))
     try:
         if offset is not None or limit is not None:
             lines = iterate_in_thread(read_lines(fd, offset or 1, limit))

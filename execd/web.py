@@ -28,8 +28,32 @@ from .errors import ApiError
 READ_SIZE = 256 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 MAX_DISCARD = 4 * 1024 * 1024
+# Reason phrases of the statuses execd answers with (clients print them: "404 Not Found");
+# any other status looks its phrase up in `http` (not imported at start-up).
+REASONS = {
+    101: b"Switching Protocols",
+    200: b"OK",
+    201: b"Created",
+    204: b"No Content",
+    206: b"Partial Content",
+    400: b"Bad Request",
+    401: b"Unauthorized",
+    403: b"Forbidden",
+    404: b"Not Found",
+    405: b"Method Not Allowed",
+    409: b"Conflict",
+    410: b"Gone",
+    413: b"Content Too Large",
+    416: b"Range Not Satisfiable",
+    500: b"Internal Server Error",
+    501: b"Not Implemented",
+    503: b"Service Unavailable",
+}
 
 Handler = Callable[["Request"], Awaitable["Response"]]
+# (method, path, "module:handler") or (..., "module:wrapper"): a wrapper takes the handler and
+# returns the handler that serves the route (e.g. the same file route as another identity).
+Route = tuple[str, str, str] | tuple[str, str, str, str]
 
 
 class Response:
@@ -87,6 +111,18 @@ def error_response(error: ApiError) -> Response:
     return json_response({"code": error.code, "message": error.message}, error.status, error.headers)
 
 
+def reason_phrase(status: int) -> bytes:
+    known = REASONS.get(status)
+    if known is not None:
+        return known
+    from http import HTTPStatus
+
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
+
+
 class Request:
     """One HTTP request; the body is read on demand with `stream()`."""
 
@@ -124,21 +160,21 @@ class Request:
 class Router:
     """Routes `METHOD /path/{param}` to handlers named "module:function" (imported on first use)."""
 
-    def __init__(self, package: str, table: list[tuple[str, str, str]]) -> None:
+    def __init__(self, package: str, table: list[Route]) -> None:
         self.package = package
-        self.exact: dict[str, dict[str, str]] = {}
-        self.patterns: list[tuple[re.Pattern[str], dict[str, str]]] = []
-        for method, path, target in table:
+        self.exact: dict[str, dict[str, tuple[str, ...]]] = {}
+        self.patterns: list[tuple[re.Pattern[str], dict[str, tuple[str, ...]]]] = []
+        for method, path, *targets in table:
             if "{" in path:
                 regex = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path) + "$")
                 found = next((m for p, m in self.patterns if p.pattern == regex.pattern), None)
                 if found is None:
                     found = {}
                     self.patterns.append((regex, found))
-                found[method] = target
+                found[method] = tuple(targets)
             else:
-                self.exact.setdefault(path, {})[method] = target
-        self.loaded: dict[str, Handler] = {}
+                self.exact.setdefault(path, {})[method] = tuple(targets)
+        self.loaded: dict[tuple[str, ...], Handler] = {}
 
     def find(self, request: Request) -> Handler:
         methods = self.exact.get(request.path)
@@ -150,23 +186,28 @@ class Router:
                     break
         if methods is None:
             raise ApiError(404, "NOT_FOUND", f"no route {request.method} {request.path} in execd")
-        target = methods.get(request.method)
-        if target is None:
+        targets = methods.get(request.method)
+        if targets is None:
             raise ApiError(
                 405,
                 "METHOD_NOT_ALLOWED",
                 f"{request.method} is not allowed on {request.path}; use {', '.join(sorted(methods))}",
                 {"allow": ", ".join(sorted(methods))},
             )
-        return self.load(target)
+        return self.load(targets)
 
-    def load(self, target: str) -> Handler:
-        handler = self.loaded.get(target)
+    def load(self, targets: tuple[str, ...]) -> Handler:
+        handler = self.loaded.get(targets)
         if handler is None:
-            module, _, name = target.partition(":")
-            handler = getattr(importlib.import_module(f".{module}", self.package), name)
-            self.loaded[target] = handler
+            handler = self._import(targets[0])
+            for wrapper in targets[1:]:
+                handler = self._import(wrapper)(handler)
+            self.loaded[targets] = handler
         return handler
+
+    def _import(self, target: str) -> Any:
+        module, _, name = target.partition(":")
+        return getattr(importlib.import_module(f".{module}", self.package), name)
 
 
 # -- the server ------------------------------------------------------------------------------
@@ -198,7 +239,7 @@ class Connection:
                 self.h11.start_next_cycle()
         except h11.RemoteProtocolError as exc:
             with contextlib.suppress(Exception):
-                if self.h11.our_state is h11.SEND_RESPONSE:
+                if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                     body = json.dumps({"code": "BAD_REQUEST", "message": f"malformed HTTP: {exc}"}).encode()
                     await self._send_all(
                         Response(exc.error_status_hint, body, content_type="application/json")
@@ -230,7 +271,8 @@ class Connection:
 
     async def _body(self) -> AsyncIterator[bytes]:
         if self.h11.they_are_waiting_for_100_continue:
-            self.writer.write(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
+            go_on = h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
+            self.writer.write(self.h11.send(go_on))
         while True:
             try:
                 event = await self._next_event()
@@ -256,7 +298,11 @@ class Connection:
 
     def _head(self, response: Response) -> bytes:
         return self.h11.send(
-            h11.Response(status_code=response.status, headers=list(response.headers.items()))
+            h11.Response(
+                status_code=response.status,
+                headers=list(response.headers.items()),
+                reason=reason_phrase(response.status),
+            )
         )
 
     async def _send_all(self, response: Response) -> None:
