@@ -68,6 +68,11 @@ ROUTES: list[Route] = [
     ("DELETE", "/code/contexts/{context_id}", "code:delete_context"),
     ("POST", "/code", "code:run_code"),
     ("DELETE", "/code", "code:interrupt_code"),
+    # interactive terminals (pty_sessions.py; the live channel is a WebSocket)
+    ("POST", "/pty", "pty_sessions:create_pty"),
+    ("GET", "/pty/{session_id}", "pty_sessions:pty_status"),
+    ("DELETE", "/pty/{session_id}", "pty_sessions:delete_pty"),
+    ("GET", "/pty/{session_id}/ws", "pty_sessions:pty_websocket"),
     # OSEP-0013 isolated sessions: capabilities say they are not available, the rest is a 503
     ("GET", "/v1/isolated/capabilities", "isolated:capabilities"),
     ("POST", "/v1/isolated/session", "isolated:unsupported"),

@@ -18,6 +18,7 @@ import contextlib
 import importlib
 import json
 import re
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -59,7 +60,7 @@ Route = tuple[str, str, str] | tuple[str, str, str, str]
 class Response:
     """Status, headers and a body: bytes, or an async iterator of chunks (streamed)."""
 
-    __slots__ = ("body", "headers", "status")
+    __slots__ = ("body", "headers", "status", "switch")
 
     def __init__(
         self,
@@ -70,6 +71,8 @@ class Response:
     ) -> None:
         self.status = status
         self.body = body
+        # a 101's protocol: run on the connection (bytes already read, reader, writer) after it
+        self.switch: Callable[[bytes, Any, Any], Awaitable[None]] | None = None
         self.headers = dict(headers or {})
         if content_type is not None:
             self.headers["content-type"] = content_type
@@ -291,10 +294,30 @@ class Connection:
             event.method.decode(), event.target.decode("latin-1"), headers, self.state, self._body()
         )
         response = await self.respond(request)
-        if isinstance(response.body, bytes):
+        if response.switch is not None:
+            await self._switch_protocol(response, response.switch)
+        elif isinstance(response.body, bytes):
             await self._send_all(response)
         else:
             await self._stream(response)
+
+    async def _switch_protocol(self, response: Response, protocol: Callable[..., Awaitable[None]]) -> None:
+        """Answer 101 and hand the connection to `protocol`; it is closed when that returns."""
+        await self._discard_body()  # an upgrade request has no body: read to its end
+        switching = h11.InformationalResponse(
+            status_code=101, headers=list(response.headers.items()), reason=reason_phrase(101)
+        )
+        self.writer.write(self.h11.send(switching))
+        await self.writer.drain()
+        early, _ = self.h11.trailing_data
+        try:
+            await protocol(bytes(early), self.reader, self.writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
 
     def _head(self, response: Response) -> bytes:
         return self.h11.send(
