@@ -3,12 +3,16 @@
 Rules: start-up is the sandbox's time to ready, so this imports only the app core (see app.py)
 and the small asyncio + h11 server (web.py); SIGTERM/SIGINT stop accepting, cancel open
 connections, kill every run and session and remove execd's temp directory.
+Before anything else execd makes itself non-dumpable: the commands it runs share its uid, and
+without CAP_SYS_PTRACE they can then neither ptrace it nor read its /proc memory, environ or fds
+(where a client's headers and execd's token live). Its children become dumpable again at exec.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import os
 import signal
 
@@ -40,7 +44,17 @@ async def run(app: ExecdApp, host: str, port: int) -> None:
         app.state.shutdown()
 
 
+PR_SET_DUMPABLE = 4
+
+
+def become_undumpable() -> None:
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        error = os.strerror(ctypes.get_errno())
+        raise SystemExit(f"sandgate-execd: prctl(PR_SET_DUMPABLE, 0) failed: {error}")
+
+
 def main(argv: list[str] | None = None) -> None:
+    become_undumpable()
     args = parse_args(argv)
     if args.root and not os.path.isdir(args.root):
         raise SystemExit(f"sandgate-execd: --root {args.root!r} is not a directory")

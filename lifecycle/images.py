@@ -1,9 +1,11 @@
 """The local runtime's image store: root filesystems as directories under `<state_dir>/images`.
 
 Rules:
-1. An image is a name and a root filesystem directory. The built-in `sandgate/host` image has no
-   directory: it is the host's root, read-only, under each sandbox's overlay (the runtime masks
-   host credentials in it). Every other image was imported from a tarball.
+1. An image is a name and a root filesystem directory. The built-in `sandgate/host` image is an
+   allowlist of the host (`host_root`): the host's system directories (`HOST_SYSTEM_DIRS`) bound
+   read-only, a curated copy of /etc (`HOST_ETC`, never keys or sandgate's config), and fresh
+   private /tmp, /home, /root, /run, /var. Nothing else of the host is in it. Every other image
+   was imported from a tarball.
 2. Import accepts `docker save` archives (manifest.json; layers applied in order with whiteouts),
    OCI image layouts (index.json) and plain root filesystem tarballs. Nothing in an archive may
    write outside the image directory (tarfile's `tar` filter plus whiteout path checks).
@@ -19,9 +21,12 @@ import json
 import os
 import re
 import shutil
+import stat
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -33,6 +38,40 @@ HOST_IMAGE = "sandgate/host"
 IMAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,126}(:[A-Za-z0-9._-]{1,64})?$")
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
+
+# The host's program and library directories, bound read-only into `sandgate/host` sandboxes
+# (a merged-/usr host's /bin, /sbin, /lib* are symlinks into /usr, and stay symlinks).
+HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# What of the host's /etc a sandbox gets (copied; names are relative to /etc): users and groups
+# for `id` and `ls -l`, name resolution, CA trust, the dynamic linker, time zone, shell profiles.
+# Never: shadow files, ssh, sandgate's config, package-manager credentials (pip.conf, npmrc,
+# apt auth), environment files, machine-id, git's system config.
+HOST_ETC = (
+    "passwd", "group", "hosts", "host.conf", "nsswitch.conf", "gai.conf", "networks", "protocols",
+    "services", "rpc", "ethertypes", "shells", "profile", "profile.d", "bash.bashrc", "inputrc",
+    "localtime", "timezone", "os-release", "debian_version", "lsb-release", "issue",
+    "ld.so.conf", "ld.so.conf.d", "ld.so.cache", "alternatives", "ssl", "ca-certificates",
+    "ca-certificates.conf", "pki", "mime.types", "magic", "magic.mime", "terminfo",
+    "locale.alias", "python3", "xattr.conf",
+)  # fmt: skip
+# Inside the copied directories: private keys stay out.
+HOST_ETC_NEVER = frozenset({"ssl/private", "pki/tls/private", "pki/CA/private", "pki/rsyslog"})
+# Fresh, private and writable in each sandbox (in its overlay), with their modes.
+PRIVATE_DIRS = {
+    "tmp": 0o1777,
+    "home": 0o755,
+    "root": 0o700,
+    "run": 0o755,
+    "var": 0o755,
+    "var/tmp": 0o1777,
+    "var/cache": 0o755,
+    "var/lib": 0o755,
+    "var/log": 0o755,
+    "workspace": 0o755,
+    "proc": 0o555,
+    "dev": 0o755,
+    "etc": 0o755,
+}
 
 
 class ImageError(RuntimeError_):
@@ -60,12 +99,23 @@ class Image(BaseModel):
     cmd: list[str] = []
 
 
+@dataclass(frozen=True)
+class HostRoot:
+    """The `sandgate/host` image as built now: `lower` is its root (skeleton and curated /etc),
+    `binds` the host directories a runtime binds read-only at the same path."""
+
+    lower: Path
+    binds: tuple[str, ...]
+
+
 class ImageStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, host: Path = Path("/")) -> None:
         self.root = root
+        self.host = host
 
     def list(self) -> list[Image]:
-        images = [Image(name=HOST_IMAGE, rootfs=None, created=0.0, source="the host's root, read-only")]
+        source = "an allowlist of the host: its /usr and libraries read-only, a curated /etc"
+        images = [Image(name=HOST_IMAGE, rootfs=None, created=0.0, source=source)]
         if self.root.is_dir():
             for meta in sorted(self.root.glob("*/image.json")):
                 images.append(Image.model_validate_json(meta.read_text(encoding="utf-8")))
@@ -117,8 +167,83 @@ class ImageStore:
     def remove(self, name: str) -> None:
         shutil.rmtree(self._dir(name), ignore_errors=True)
 
+    def host_root(self) -> HostRoot:
+        """The `sandgate/host` root for the host as it is now: one directory per content digest
+        of the copied /etc (a changed CA bundle makes a new one; running sandboxes keep theirs)."""
+        entries = list(_host_etc_entries(self.host / "etc"))
+        lower = self.root / f".host-{_fingerprint(entries)}"
+        if not lower.is_dir():
+            self.root.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=".host-build-", dir=self.root))
+            try:
+                _build_host_root(staging, self.host, entries)
+                staging.rename(lower)
+            except OSError:
+                shutil.rmtree(staging, ignore_errors=True)
+                if not lower.is_dir():  # another builder won the rename
+                    raise
+        binds = tuple(
+            f"/{name}"
+            for name in HOST_SYSTEM_DIRS
+            if (self.host / name).is_dir() and not (self.host / name).is_symlink()
+        )
+        return HostRoot(lower, binds)
+
+    def prune_host_roots(self, keep: set[Path]) -> None:
+        """Remove `sandgate/host` roots no running sandbox uses and that are not current."""
+        current = self.host_root().lower
+        for lower in self.root.glob(".host-*"):
+            if lower != current and lower not in keep:
+                shutil.rmtree(lower, ignore_errors=True)
+
     def _dir(self, name: str) -> Path:
         return self.root / hashlib.sha256(name.encode()).hexdigest()[:24]
+
+
+def _host_etc_entries(etc: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """(path relative to /etc, lstat) of everything `HOST_ETC` lets into a sandbox, parents first."""
+    for name in HOST_ETC:
+        path = etc / name
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            continue
+        yield name, info
+        if stat.S_ISDIR(info.st_mode):
+            for parent, dirs, files in os.walk(path):
+                relative_parent = Path(parent).relative_to(etc)
+                dirs[:] = sorted(d for d in dirs if (relative_parent / d).as_posix() not in HOST_ETC_NEVER)
+                for child in [*dirs, *sorted(files)]:
+                    yield (relative_parent / child).as_posix(), (Path(parent) / child).lstat()
+
+
+def _fingerprint(entries: list[tuple[str, os.stat_result]]) -> str:
+    digest = hashlib.sha256()
+    for relative, info in entries:
+        digest.update(f"{relative}\0{info.st_mode}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+def _build_host_root(root: Path, host: Path, entries: list[tuple[str, os.stat_result]]) -> None:
+    """The skeleton: mount points for the system dirs (or their symlinks), private dirs, /etc."""
+    for name in HOST_SYSTEM_DIRS:
+        source = host / name
+        if source.is_symlink():
+            os.symlink(os.readlink(source), root / name)
+        elif source.is_dir():
+            (root / name).mkdir()
+    for name, mode in PRIVATE_DIRS.items():
+        (root / name).mkdir(exist_ok=True)
+        os.chmod(root / name, mode)  # mkdir applies the umask
+    for relative, info in entries:
+        source, target = host / "etc" / relative, root / "etc" / relative
+        if stat.S_ISLNK(info.st_mode):
+            os.symlink(os.readlink(source), target)
+        elif stat.S_ISDIR(info.st_mode):
+            target.mkdir()
+            os.chmod(target, stat.S_IMODE(info.st_mode))
+        elif stat.S_ISREG(info.st_mode):
+            shutil.copy2(source, target)
 
 
 def _unpack(outer: tarfile.TarFile, rootfs: Path) -> dict[str, Any]:

@@ -8,9 +8,12 @@ every runtime inherits the same egress guarantees. All operations are idempotent
 from __future__ import annotations
 
 import http.client
+import os
+import stat
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 EXECD_PORT = 44772
@@ -32,6 +35,55 @@ class SandboxNet:
         return Path("/run/netns") / self.netns
 
 
+# Host paths no bind may show a sandbox, nor contain (the control plane's files, kernel and
+# device views, engine sockets, host keys); the state dir is added by the caller.
+UNSAFE_BIND_SOURCES = (
+    "/proc", "/sys", "/dev", "/boot", "/run", "/var/run", "/etc/sandgate", "/etc/ssh",
+    "/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/var/lib/sandgate", "/var/lib/docker",
+    "/var/lib/containerd", "/root/.ssh",
+)  # fmt: skip
+# Places inside a sandbox a bind may not cover: the kernel's views and the read-only system.
+RESERVED_BIND_TARGETS = ("/proc", "/dev", "/sys", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
+
+
+class UnsafeBind(ValueError):
+    """A bind the runtime refuses; the message says which path and why."""
+
+
+@dataclass(frozen=True)
+class BindMount:
+    """A host path shown inside a sandbox (read-only unless `read_only` is False)."""
+
+    source: str  # absolute, resolved (no symlink left) by `checked`
+    target: str
+    read_only: bool = True
+
+    def checked(self, unsafe: Iterable[str | Path] = ()) -> BindMount:
+        """This bind with its source resolved, or UnsafeBind saying what is wrong with it."""
+        where = f"bind {self.source} -> {self.target}"
+        if not (self.source.startswith("/") and self.target.startswith("/")):
+            raise UnsafeBind(f"{where}: source and target must be absolute paths")
+        target = PurePosixPath(os.path.normpath(self.target))
+        reserved = any(target.is_relative_to(t) for t in RESERVED_BIND_TARGETS)
+        if reserved or target == PurePosixPath("/") or ".." in PurePosixPath(self.target).parts:
+            raise UnsafeBind(
+                f"{where}: the target may not be /, contain '..' or lie in {', '.join(RESERVED_BIND_TARGETS)}"
+            )
+        source = Path(os.path.realpath(self.source))
+        if not source.exists():
+            raise UnsafeBind(f"{where}: {source} does not exist on the host")
+        if stat.S_ISSOCK(source.stat().st_mode):
+            raise UnsafeBind(f"{where}: {source} is a socket (an engine or control socket is never bound)")
+        for path in (*UNSAFE_BIND_SOURCES, *map(str, unsafe)):
+            danger = Path(os.path.realpath(path))
+            if source == Path("/") or source.is_relative_to(danger) or danger.is_relative_to(source):
+                raise UnsafeBind(f"{where}: {source} is or holds {danger}, which no sandbox may see")
+        return BindMount(str(source), str(target), self.read_only)
+
+    def bwrap_args(self) -> list[str]:
+        return ["--ro-bind" if self.read_only else "--bind", self.source, self.target]
+
+
 @dataclass(frozen=True)
 class SandboxSpec:
     """What the user asked for, already validated."""
@@ -47,6 +99,7 @@ class SandboxSpec:
     # list) and keep it from the entrypoint's environment.
     execd_token: str | None = None
     ca_cert: Path | None = None  # the proxy CA certificate (never the key) to trust inside
+    binds: tuple[BindMount, ...] = ()  # checked binds of this sandbox (besides the runtime's)
 
 
 class RuntimeError_(Exception):

@@ -2,23 +2,32 @@
 
 Rules:
 1. Host files are never written. A sandbox's `/` is an overlay whose upper layer lives in
-   `<state_dir>/sandboxes/<id>/`; the image (or, for `sandgate/host`, the host's root) is only
-   ever its lower layer. `/workspace` is in the overlay and lives as long as the sandbox.
+   `<state_dir>/sandboxes/<id>/`; the image's rootfs (for `sandgate/host`, the skeleton of
+   `ImageStore.host_root`) is only ever its lower layer. The overlay is mounted with
+   /proc/self/fd paths, so the sandbox's mountinfo names no host directory. `/workspace` is in
+   the overlay and lives as long as the sandbox.
 2. Files the runtime puts into a sandbox root (resolv.conf, the CA bundle) are written with
    openat2(RESOLVE_IN_ROOT), so a symlink in an image cannot lead the write onto the host.
 3. Every process of a sandbox joins its cgroup before it runs anything (the launch shell writes
    its PID, then execs nsenter -> bwrap), so delete = kill the cgroup, unmount, remove the dir.
 4. Sandbox processes are uid 0 with a reduced capability set (`SANDBOX_CAPS`): nothing that could
-   undo the isolation (no CAP_SYS_ADMIN to unmount masks, no CAP_NET_ADMIN/NET_RAW to change
-   or spoof addresses, no CAP_MKNOD to reach host devices).
-5. `sandgate/host` hides the state dir and host credentials behind empty tmpfs mounts
-   (`HOST_MASKED_DIRS`, `HOST_MASKED_FILES`); the Python that runs execd (venv, prefix, the execd
-   package) is bound back read-only, into every image, at the same paths.
+   undo the isolation (no CAP_SYS_ADMIN to unmount binds, no CAP_NET_ADMIN/NET_RAW to change or
+   spoof addresses, no CAP_MKNOD to reach host devices, no CAP_SYS_PTRACE to read execd, no
+   CAP_SYSLOG), and a seccomp filter denies syslog(2) (`seccomp.DENY_KERNEL_LOG`).
+5. `sandgate/host` is an allowlist, never the host's root minus masks: the host's system dirs
+   read-only, a curated /etc, private /tmp, /home, /root, /run, /var (see lifecycle/images.py).
+   The Python that runs execd (venv, prefix, the execd package) is bound read-only into every
+   image at the same paths, and so are the operator's `binds`.
 6. Sandboxes outlive the server (own session, no die-with-parent); `adopt` finds them again by
    their state directories and cgroups and removes the rest.
-7. execd's access token never appears in a process's argv or environment: the launch chain's
-   stdin is a pipe that carries it to the launcher, which reads it, puts /dev/null in its place
-   for the entrypoint, and hands it to execd in-process.
+7. Nothing of the server's environment enters a sandbox: every hop of the launch chain (sh,
+   nsenter, bwrap, the launcher) starts from `LAUNCH_ENV`, and bwrap gives the launcher only the
+   sandbox's own env (`--clearenv`). No hop's argv holds a secret.
+8. execd's access token never appears in a process's argv or environment: the launch chain's
+   stdin is a pipe that carries it to the launcher, which first makes itself non-dumpable (its
+   memory and /proc entries are then closed to the sandbox's processes, which lack
+   CAP_SYS_PTRACE), reads it, puts /dev/null in its place for the entrypoint, and hands it to
+   execd in-process.
 """
 
 from __future__ import annotations
@@ -38,15 +47,17 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from sandgate.lifecycle.cgroups import Limits, SandboxCgroup
-from sandgate.lifecycle.images import Image, ImageStore
+from sandgate.lifecycle.images import HostRoot, Image, ImageStore
 from sandgate.lifecycle.kernel import instance_tag, mount, open_in_root, umount
 from sandgate.lifecycle.runtime.base import (
     EXECD_PORT,
+    BindMount,
     RuntimeError_,
     SandboxNet,
     SandboxSpec,
     wait_for_execd,
 )
+from sandgate.lifecycle.runtime.seccomp import DENY_KERNEL_LOG, deny_syscalls, filter_fd
 
 SANDBOX_CAPS = (
     "CAP_CHOWN",
@@ -62,27 +73,6 @@ SANDBOX_CAPS = (
     "CAP_SYS_CHROOT",
     "CAP_AUDIT_WRITE",
 )
-HOST_MASKED_DIRS = (
-    "/root",
-    "/home",
-    "/run",
-    "/tmp",
-    "/var/tmp",
-    "/mnt",
-    "/media",
-    "/srv",
-    "/boot",
-    "/etc/sandgate",
-    "/etc/ssh",
-    "/var/lib/sandgate",
-    "/var/lib/docker",
-    "/var/lib/containerd",
-    "/var/log",
-    "/var/mail",
-    "/var/spool",
-    "/var/backups",
-)
-HOST_MASKED_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
 CA_BUNDLES = ("etc/ssl/certs/ca-certificates.crt", "etc/pki/tls/certs/ca-bundle.crt", "etc/ssl/cert.pem")
 PROXY_CA_FILE = "usr/local/share/ca-certificates/sandgate-proxy.crt"
 CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE")
@@ -90,6 +80,10 @@ CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL
 # appends to it). A warm-pool sandbox gets its request's env here when it is claimed.
 EXECD_ENV_FILE = "etc/sandgate-execd.env"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The whole environment of the launch chain's host-side hops (sh, nsenter, bwrap): bwrap's PID 1
+# inside the sandbox keeps it, so it must hold nothing of the server's.
+LAUNCH_ENV = {"PATH": DEFAULT_PATH}
+# PR_SET_DUMPABLE(4) 0 comes first: before the token is read and before the entrypoint exists.
 # argv: N, the entrypoint's N words, execd's package parent dir, its site-packages, execd's args;
 # stdin: execd's token (empty for none; passed as --token=T, since a token may start with '-'),
 # then /dev/null for the entrypoint.
@@ -97,7 +91,8 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # processing, no second interpreter start-up); `sandgate` is a bare package whose path is the
 # parent of the execd package, so `sandgate.execd` imports from where it is installed.
 LAUNCHER = (
-    "import os,sys;t=os.read(0,4096).decode();os.dup2(os.open('/dev/null',os.O_RDONLY),0);"
+    "import os,sys,ctypes;ctypes.CDLL(None).prctl(4,0,0,0,0);"
+    "t=os.read(0,4096).decode();os.dup2(os.open('/dev/null',os.O_RDONLY),0);"
     "n=int(sys.argv[1]);e=sys.argv[2:2+n];p,s,*x=sys.argv[2+n:];"
     "e and os.posix_spawnp(e[0],e,os.environ);sys.path[:0]=[s];m=type(sys)('sandgate');"
     "m.__path__=[p];sys.modules['sandgate']=m;from sandgate.execd.__main__ import main;"
@@ -129,6 +124,7 @@ class SandboxRecord(BaseModel):
     netns: str
     address: str
     created: float
+    lower: str | None = None  # the overlay's lower layer, kept while the sandbox runs
 
 
 class LocalRuntime:
@@ -142,7 +138,7 @@ class LocalRuntime:
         execd_python: str = sys.executable,
         instance: str | None = None,
         seccomp_bpf: Path | None = None,
-        host_masked_dirs: Sequence[str] = HOST_MASKED_DIRS,
+        binds: Sequence[BindMount] = (),
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.sandboxes_dir = self.state_dir / "sandboxes"
@@ -150,7 +146,8 @@ class LocalRuntime:
         self.execd_python = execd_python
         self.instance = instance or instance_tag(self.state_dir)
         self.seccomp_bpf = seccomp_bpf
-        self.host_masked_dirs = (*host_masked_dirs, str(self.state_dir))
+        self.binds = list(binds)
+        self._kernel_log_filter = deny_syscalls(DENY_KERNEL_LOG)
         self.execd_paths = _python_paths(execd_python)
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -163,8 +160,11 @@ class LocalRuntime:
         image = self.images.get(spec.image)
         self.delete(spec.sandbox_id)
         box = self._dir(spec.sandbox_id)
+        host = self.images.host_root() if image.rootfs is None else None
+        lower = host.lower if host is not None else image.rootfs
+        assert lower is not None  # an imported image always has its rootfs
         try:
-            env = self._prepare_root(box, image, spec, net)
+            env = self._prepare_root(box, image, lower, spec, net)
             cgroup = self._cgroup(spec.sandbox_id)
             cgroup.create(Limits(spec.memory_bytes, spec.pids_max, spec.cpu_quota))
             record = SandboxRecord(
@@ -173,9 +173,10 @@ class LocalRuntime:
                 netns=net.netns,
                 address=net.address,
                 created=time.time(),
+                lower=str(lower),
             )
             (box / "state.json").write_text(record.model_dump_json(), encoding="utf-8")
-            self._launch(spec, net, image, env, box, cgroup)
+            self._launch(spec, net, host, env, box, cgroup)
         except BaseException:
             self.delete(spec.sandbox_id)
             raise
@@ -211,11 +212,14 @@ class LocalRuntime:
     def adopt(self) -> list[str]:
         """Sandboxes still running from a previous server; everything else of ours is removed."""
         running: list[str] = []
+        lowers: set[Path] = set()
         if self.sandboxes_dir.is_dir():
             for state in sorted(self.sandboxes_dir.glob("*/state.json")):
                 sandbox_id = state.parent.name
                 if self.alive(sandbox_id):
                     running.append(sandbox_id)
+                    lower = SandboxRecord.model_validate_json(state.read_text(encoding="utf-8")).lower
+                    lowers.update([Path(lower)] if lower else [])
                 else:
                     self.delete(sandbox_id)
             for box in self.sandboxes_dir.iterdir():
@@ -225,6 +229,7 @@ class LocalRuntime:
         for name in SandboxCgroup.names(prefix):
             if name[len(prefix) :] not in running:
                 SandboxCgroup(name).remove()
+        self.images.prune_host_roots(keep=lowers)
         return running
 
     # -- beyond the protocol ----------------------------------------------------------------
@@ -275,13 +280,13 @@ class LocalRuntime:
             raise RuntimeError_(f"sandbox {sandbox_id} is not running in the local runtime")
         return cgroup
 
-    def _prepare_root(self, box: Path, image: Image, spec: SandboxSpec, net: SandboxNet) -> dict[str, str]:
+    def _prepare_root(
+        self, box: Path, image: Image, lower: Path, spec: SandboxSpec, net: SandboxNet
+    ) -> dict[str, str]:
         """Mount the overlay root and write what the sandbox needs; returns its environment."""
         for name in ("upper", "work", "root"):
             (box / name).mkdir(parents=True, exist_ok=True)
-        lower = "/" if image.rootfs is None else str(image.rootfs)
-        options = f"lowerdir={lower},upperdir={box / 'upper'},workdir={box / 'work'}"
-        mount("overlay", box / "root", "overlay", 0, options)
+        _mount_overlay(lower, box)
         env = _image_env(image)
         root_fd = os.open(box / "root", os.O_PATH | os.O_DIRECTORY)
         try:
@@ -304,14 +309,16 @@ class LocalRuntime:
         self,
         spec: SandboxSpec,
         net: SandboxNet,
-        image: Image,
+        host: HostRoot | None,
         env: dict[str, str],
         box: Path,
         cgroup: SandboxCgroup,
     ) -> None:
-        seccomp_fd = os.open(self.seccomp_bpf, os.O_RDONLY) if self.seccomp_bpf else None
+        filters = [filter_fd(self._kernel_log_filter)]
         try:
-            bwrap = self._bwrap_argv(spec, net, image, env, box, seccomp_fd)
+            if self.seccomp_bpf:
+                filters.append(os.open(self.seccomp_bpf, os.O_RDONLY))
+            bwrap = self._bwrap_argv(spec, net, host, env, box, filters)
             joins = " && ".join(f"echo $$ > {shlex.quote(str(path))}" for path in cgroup.procs_files())
             argv = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sandgate-launch"]
             argv += ["nsenter", f"--net={net.netns_path}", "--", *bwrap]
@@ -321,45 +328,53 @@ class LocalRuntime:
                     stdin=subprocess.PIPE,
                     stdout=log,
                     stderr=subprocess.STDOUT,
+                    env=LAUNCH_ENV,
+                    cwd="/",  # the shell exports PWD: the server's directory is not the sandbox's business
                     start_new_session=True,
-                    pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+                    pass_fds=filters,
                 )
             self._processes[spec.sandbox_id] = process
             _hand_over_token(process, spec.execd_token or "")
         finally:
-            if seccomp_fd is not None:
-                os.close(seccomp_fd)
+            for fd in filters:
+                os.close(fd)
 
     def _bwrap_argv(
         self,
         spec: SandboxSpec,
         net: SandboxNet,
-        image: Image,
+        host: HostRoot | None,
         env: dict[str, str],
         box: Path,
-        seccomp_fd: int | None,
+        seccomp_fds: list[int],
     ) -> list[str]:
         argv = ["bwrap", "--bind", str(box / "root"), "/", "--proc", "/proc", "--dev", "/dev"]
-        if image.rootfs is None:
-            argv += [
-                word for path in self.host_masked_dirs if os.path.isdir(path) for word in ("--tmpfs", path)
-            ]
-            empty = box / "empty"
-            empty.touch(mode=0o444)
-            masked_files = [path for path in HOST_MASKED_FILES if os.path.exists(path)]
-            argv += [word for path in masked_files for word in ("--ro-bind", str(empty), path)]
-        argv += [word for path in self.execd_paths.binds for word in ("--ro-bind", path, path)]
+        system = host.binds if host is not None else ()
+        argv += [word for path in (*system, *self.execd_paths.binds) for word in ("--ro-bind", path, path)]
+        argv += [word for bind in (*self.binds, *spec.binds) for word in bind.bwrap_args()]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         argv += ["--hostname", "sandbox", "--new-session", "--cap-drop", "ALL"]
         argv += [word for cap in SANDBOX_CAPS for word in ("--cap-add", cap)]
         argv += ["--chdir", "/workspace", "--clearenv"]
         argv += [word for key, value in env.items() for word in ("--setenv", key, value)]
-        if seccomp_fd is not None:
-            argv += ["--seccomp", str(seccomp_fd)]
+        argv += [word for fd in seccomp_fds for word in ("--add-seccomp-fd", str(fd))]
         execd = [os.path.dirname(self.execd_paths.package_dir), self.execd_paths.site_packages]
         execd += ["--host", net.address, "--port", str(EXECD_PORT)]
         entrypoint = [str(len(spec.entrypoint)), *spec.entrypoint]
         return [*argv, "--", self.execd_python, "-I", "-S", "-c", LAUNCHER, *entrypoint, *execd]
+
+
+def _mount_overlay(lower: Path, box: Path) -> None:
+    """Mount the overlay at box/root, naming its layers by /proc/self/fd paths: the options are
+    what mountinfo shows inside the sandbox, and they must not name host directories."""
+    fds = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in (lower, box / "upper", box / "work")]
+    try:
+        lowerdir, upperdir, workdir = (f"/proc/self/fd/{fd}" for fd in fds)
+        options = f"lowerdir={lowerdir},upperdir={upperdir},workdir={workdir}"
+        mount("overlay", box / "root", "overlay", 0, options)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _hand_over_token(process: subprocess.Popen[bytes], token: str) -> None:

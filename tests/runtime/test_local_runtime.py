@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from sandgate.lifecycle.cgroups import SandboxCgroup
 from sandgate.lifecycle.kernel import mount_points
 from sandgate.lifecycle.runtime.base import SandboxSpec, ping_execd
 from sandgate.lifecycle.runtime.local import LocalRuntime
+from sandgate.lifecycle.runtime.seccomp import AUDIT_ARCH_X86_64, deny_syscalls
 from tests.runtime.harness import Harness
 
 pytestmark = pytest.mark.root
@@ -28,12 +28,20 @@ FS_PROBE = r"""
 import json, os, socket, subprocess, sys
 state_dir = sys.argv[1]
 open("/etc/sandgate-probe-written", "w").write("inside")
-os.makedirs("/usr/local/sandgate-probe", exist_ok=True)
+try:
+    os.makedirs("/usr/local/sandgate-probe")
+    usr = "written"
+except OSError as exc:
+    usr = exc.strerror
 result = {
+    "usr": usr,
+    "top": sorted(os.listdir("/")),
+    "etc": sorted(os.listdir("/etc")),
     "root": os.listdir("/root"),
     "home": os.listdir("/home"),
-    "state_dir": os.listdir(state_dir),
-    "shadow": open("/etc/shadow").read(),
+    "state_dir": os.path.exists(state_dir),
+    "mountinfo": open("/proc/self/mountinfo").read(),
+    "pid1_environ": open("/proc/1/environ").read(),
     "resolv": open("/etc/resolv.conf").read(),
     "env": {k: os.environ.get(k) for k in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO",
             "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "SANDGATE_SANDBOX_ID", "FROM_SPEC")},
@@ -54,7 +62,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
         yield harness
 
 
-def test_sandbox_filesystem_is_an_overlay_with_host_secrets_masked(harness: Harness, tmp_path: Path) -> None:
+def test_the_host_image_is_an_allowlist_on_an_overlay(harness: Harness, tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text(CA_PEM)
     (harness.state_dir / "vault.key").write_text("host secret")
@@ -69,9 +77,15 @@ def test_sandbox_filesystem_is_an_overlay_with_host_secrets_masked(harness: Harn
     seen = json.loads(harness.wait_file(sandbox_id, "fs.json"))
 
     assert not Path("/etc/sandgate-probe-written").exists()
-    assert not Path("/usr/local/sandgate-probe").exists()
+    assert seen["usr"] == "Read-only file system" and not Path("/usr/local/sandgate-probe").exists()
     upper = harness.state_dir / "sandboxes" / sandbox_id / "upper"
     assert (upper / "etc/sandgate-probe-written").read_text() == "inside"
+    # / holds the allowlist and the first parts of the bound-back Python (/root/.pyenv, the venv).
+    execd_tops = {Path(p).parts[1] for p in harness.runtime.execd_paths.binds}
+    allowlist = {"usr", "bin", "sbin", "lib", "lib64", "etc", "tmp", "home", "root", "run", "var"}
+    assert set(seen["top"]) == allowlist | {"workspace", "proc", "dev"} | execd_tops
+    assert "shadow" not in seen["etc"] and "sandgate" not in seen["etc"] and "ssh" not in seen["etc"]
+    assert {"passwd", "group", "hosts", "resolv.conf", "ssl", "ld.so.cache"} <= set(seen["etc"])
     # /root holds only what leads to the bound-back Python prefix (here /root/.pyenv/...).
     bound = {
         Path(p).relative_to("/root").parts[0]
@@ -79,10 +93,15 @@ def test_sandbox_filesystem_is_an_overlay_with_host_secrets_masked(harness: Harn
         if p.startswith("/root/")
     }
     assert set(seen["root"]) == bound and ".sandgate-test-secret" not in seen["root"]
-    assert seen["home"] == [] and seen["state_dir"] == []
-    assert seen["shadow"] == ""
-    assert seen["umount_root"] != 0  # no CAP_SYS_ADMIN: masks stay
-    assert int(seen["cap_eff"], 16) & (1 << 21 | 1 << 12 | 1 << 13 | 1 << 27) == 0  # SYS_ADMIN, NET_*, MKNOD
+    assert seen["home"] == [] and seen["state_dir"] is False
+    assert str(harness.state_dir) not in seen["mountinfo"]
+    # bwrap is PID 1: its environment is the launch chain's, nothing of the server's
+    assert (
+        seen["pid1_environ"] == "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\0PWD=/\0"
+    )
+    assert seen["umount_root"] != 0  # no CAP_SYS_ADMIN: binds stay
+    # no SYS_ADMIN, NET_ADMIN, NET_RAW, MKNOD, SYS_PTRACE, SYSLOG
+    assert int(seen["cap_eff"], 16) & (1 << 21 | 1 << 12 | 1 << 13 | 1 << 27 | 1 << 19 | 1 << 34) == 0
     assert seen["resolv"].startswith(f"nameserver {net.gateway}\n")
     assert seen["env"]["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt"
     for name in ("REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE"):
@@ -174,20 +193,11 @@ def _running(pid: int) -> bool:
 
 
 def chroot_denying_filter(path: Path) -> Path:
-    """A classic-BPF seccomp filter (x86_64): chroot fails with EPERM, everything else is allowed.
+    """A seccomp filter file (x86_64): chroot fails with EPERM, everything else is allowed.
 
     Sandbox processes hold CAP_SYS_CHROOT, so only the filter can make chroot fail.
     """
-    ld, jeq, ret = 0x20, 0x15, 0x06
-    program = [
-        (ld, 0, 0, 4),  # arch
-        (jeq, 0, 3, 0xC000003E),  # not x86_64: allow
-        (ld, 0, 0, 0),  # syscall number
-        (jeq, 0, 1, 161),  # chroot
-        (ret, 0, 0, 0x00050000 | 1),  # SECCOMP_RET_ERRNO | EPERM
-        (ret, 0, 0, 0x7FFF0000),  # SECCOMP_RET_ALLOW
-    ]
-    path.write_bytes(b"".join(struct.pack("<HBBI", *instruction) for instruction in program))
+    path.write_bytes(deny_syscalls(((AUDIT_ARCH_X86_64, 161),)))
     return path
 
 
