@@ -112,7 +112,7 @@ class AuditAddon:
         server = flow.server_conn
         detail = request_state.detail
         if flow.error and detail is None:
-            detail = flow.error.msg
+            detail = request_state.sandbox.credentials.redact_text(flow.error.msg)  # may quote upstream bytes
         self.state.audit.write(
             AuditRecord(
                 kind="request",

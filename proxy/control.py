@@ -11,6 +11,7 @@ only: lifecycle re-pushes every entry after it (re)starts the proxy.
     GET    /sandboxes/{address}                             -> 200 SandboxEntry (404 if unknown)
     GET    /health                                          -> 200 {"status": "ok", "sandboxes": n}
     GET    /metrics                                         -> 200 Prometheus text
+    POST   /vault/changed   body: {"names": [...]} or {}    -> 200 {"refreshed": n}
 """
 
 from __future__ import annotations
@@ -26,10 +27,17 @@ import httpx
 import uvicorn
 from fastapi import FastAPI, HTTPException, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel
 
 from sandgate.policy import PolicyError
 from sandgate.proxy.config import SandboxEntry
 from sandgate.proxy.state import ProxyState
+
+
+class VaultChange(BaseModel):
+    """Vault entries that were stored, rotated or removed; None means "maybe all of them"."""
+
+    names: list[str] | None = None
 
 
 def control_app(state: ProxyState) -> FastAPI:
@@ -60,6 +68,11 @@ def control_app(state: ProxyState) -> FastAPI:
             raise HTTPException(404, f"no sandbox at {address}")
         state.names.forget(address)
         return Response(status_code=204)
+
+    @app.post("/vault/changed")
+    def vault_changed(change: VaultChange) -> dict[str, int]:
+        # A sync handler: FastAPI runs it in a worker thread, so the vault reads never block the loop.
+        return {"refreshed": state.table.values.refresh(change.names)}
 
     @app.get("/sandboxes")
     def list_sandboxes() -> list[SandboxEntry]:
@@ -145,6 +158,11 @@ class ProxyControl:
             return False
         self._ok(response)
         return True
+
+    def vault_changed(self, names: list[str] | None = None) -> int:
+        """Tell the proxy these vault entries changed (None: any); how many it re-read."""
+        response = self._client.post("/vault/changed", json={"names": names})
+        return int(self._ok(response).json()["refreshed"])
 
     def list(self) -> list[SandboxEntry]:
         return [SandboxEntry.model_validate(item) for item in self._ok(self._client.get("/sandboxes")).json()]

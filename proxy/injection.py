@@ -10,10 +10,14 @@ Rules:
    binding at all) is refused with 403 and a security_event: the workload tried to send a
    credential somewhere it may not go.
 4. The proxy never follows redirects, so a credential goes only to the request it was decided for.
+5. Values come from the proxy's memory (`credentials.SecretValues`); one that is not there yet
+   is read from the vault in a thread (`asyncio.to_thread`): this hook awaits it, other
+   connections and sandboxes go on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from mitmproxy import http
@@ -36,7 +40,7 @@ class InjectionAddon:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
 
-    def requestheaders(self, flow: http.HTTPFlow) -> None:
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
         request_state: RequestState | None = flow.metadata.get(FLOW_KEY)
         if flow.response or request_state is None or not request_state.verdict.allowed:
             return
@@ -47,6 +51,8 @@ class InjectionAddon:
         if flow.request.method.upper() in NEVER_INJECT:
             return
         for binding_name in selected:
+            if sandbox.credentials.missing(binding_name):
+                await asyncio.to_thread(sandbox.credentials.load_missing, binding_name)
             self._inject(flow, request_state, binding_name)
 
     def request(self, flow: http.HTTPFlow) -> None:

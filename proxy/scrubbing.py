@@ -1,4 +1,4 @@
-"""Scrubbing a sandbox's secret values out of the responses it gets: headers whole, text bodies
+"""Scrubbing a sandbox's secret values out of the responses it gets: head fields whole, bodies
 while they stream.
 
 Rules:
@@ -41,9 +41,12 @@ class Scrubber:
         return f"Scrubber({self.redactor!r})"
 
     def headers(self, headers: Headers) -> None:
-        """Replace every header value that holds a secret form (in place)."""
-        for name in {name for name, value in headers.items(multi=True) if self._touches(value)}:
-            headers.set_all(name, [self.redactor.redact_text(v) for v in headers.get_all(name)])
+        """Scrub header (or trailer) fields in place: a value holding a secret form is redacted; a
+        field whose *name* holds one is dropped (a name has no room for a valid replacement)."""
+        redact = self.redactor.redact
+        fields = tuple((name, redact(value)) for name, value in headers.fields if redact(name) == name)
+        if fields != headers.fields:
+            headers.fields = fields
 
     def body(self) -> BodyScrub:
         """A fresh scrubber for one streamed body; feed it chunks, then b"" at the end."""
@@ -55,9 +58,6 @@ class Scrubber:
             return True
         first_bytes, prefixes = self._first_bytes, self._prefixes
         return any(tail[i] in first_bytes and tail[i:] in prefixes for i in range(len(tail)))
-
-    def _touches(self, value: str) -> bool:
-        return self.redactor.redact_text(value) != value
 
 
 class BodyScrub:

@@ -17,6 +17,7 @@ from mitmproxy import options
 from mitmproxy.addons import core, disable_h2c, errorcheck, next_layer, proxyserver, tlsconfig
 from mitmproxy.master import Master
 
+from sandgate.proxy import errorpages, websocket
 from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.auditing import AuditAddon
 from sandgate.proxy.ca import ensure_ca, upstream_trust_bundle
@@ -42,7 +43,9 @@ def run_proxy(config: ProxyConfig) -> None:
 
 
 def build_state(config: ProxyConfig) -> ProxyState:
-    store = open_store(**config.vault) if config.vault else None
+    # The proxy keeps values in memory itself (proxy/credentials.py), refreshed when the control
+    # plane signals a change: a store-side cache would only serve a stale value after a rotation.
+    store = open_store(**{**config.vault, "cache_ttl": 0}) if config.vault else None
     table = SandboxTable(store)
     for entry in config.sandboxes:
         table.put(entry)
@@ -92,8 +95,21 @@ def addons(state: ProxyState, config: ProxyConfig) -> list[object]:
     ]
 
 
+async def refresh_vault_values(state: ProxyState, interval: float) -> None:
+    """Re-read every bound value now and then, off the loop: a value rotated behind the control
+    plane's back (straight in OpenBao) is injected and scrubbed within `interval` seconds."""
+    while interval > 0:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.to_thread(state.table.values.refresh)
+        except Exception:
+            log.exception("re-reading the vault failed; the values in memory stay in use")
+
+
 async def serve(config: ProxyConfig) -> None:
     ensure_ca(config.state_dir)
+    errorpages.install()  # proxy-made error pages never quote upstream bytes
+    websocket.install()  # WebSocket control frames pass the scrubber too
     state = build_state(config)
     master = Master(options.Options())
     master.addons.add(*addons(state, config))
@@ -104,8 +120,10 @@ async def serve(config: ProxyConfig) -> None:
         loop.add_signal_handler(signum, master.shutdown)
     await control.start()
     log.info("sandgate proxy: control socket %s", config.socket_path)
+    refresher = asyncio.create_task(refresh_vault_values(state, config.vault.get("cache_ttl", 30.0)))
     try:
         await master.run()
     finally:
+        refresher.cancel()
         await control.stop()
         state.audit.close()

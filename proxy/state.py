@@ -16,13 +16,14 @@ from typing import Any
 from sandgate.policy import Binding, CompiledPolicy, PassthroughAuth, compile_policy, parse_policy
 from sandgate.proxy.audit import AuditLog, AuditRecord
 from sandgate.proxy.config import SandboxEntry
-from sandgate.proxy.credentials import SandboxCredentials
+from sandgate.proxy.credentials import SandboxCredentials, SecretValues
 from sandgate.proxy.decide import Verdict
 from sandgate.proxy.metrics import Metrics
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.tcpinfo import KernelCounters
 
 FLOW_KEY = "sandgate"  # flow.metadata key of a RequestState
+SCRUB_KEY = "sandgate.scrub"  # flow.metadata: the SandboxCredentials whose values the answer loses
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Sandbox:
     credentials: SandboxCredentials
 
     @classmethod
-    def compile(cls, entry: SandboxEntry, store: Any) -> Sandbox:
+    def compile(cls, entry: SandboxEntry, values: SecretValues) -> Sandbox:
         """Parse and compile the entry's policy; raises PolicyError with file:line issues."""
         policy = compile_policy(parse_policy(entry.policy, f"<sandbox {entry.sandbox_id}>"))
         bindings = {binding.name: binding for binding in policy.policy.bindings}
@@ -46,7 +47,7 @@ class Sandbox:
             for substitution in binding.auth.substitutions
         }
         ports = {80, 443} | {port for rule in policy.policy.egress for port in rule.ports or ()}
-        credentials = SandboxCredentials(store, bindings, entry.credentials)
+        credentials = SandboxCredentials(values, bindings, entry.credentials)
         return cls(entry, policy, bindings, placeholders, tuple(sorted(ports)), credentials)
 
     @property
@@ -64,17 +65,20 @@ class Sandbox:
 
 class SandboxTable:
     """address -> Sandbox, swapped atomically; compiling happens before the swap, so a bad
-    policy raises (sandgate.policy.PolicyError) and leaves the old entry in force."""
+    policy raises (sandgate.policy.PolicyError) and leaves the old entry in force. `put` also
+    reads the entry's credential values from the vault (blocking: the control API calls it from
+    a handler thread), so they are scrubbed from the moment the entry is in force."""
 
     def __init__(self, store: Any = None) -> None:
-        self._store = store  # the vault store (reveal) or None
+        self.values = SecretValues(store)
         self._by_address: MappingProxyType[str, Sandbox] = MappingProxyType({})
 
     def get(self, address: str) -> Sandbox | None:
         return self._by_address.get(address)
 
     def put(self, entry: SandboxEntry) -> Sandbox:
-        sandbox = Sandbox.compile(entry, self._store)
+        sandbox = Sandbox.compile(entry, self.values)
+        self.values.load(sandbox.credentials.vault_names)
         self._by_address = MappingProxyType({**self._by_address, entry.address: sandbox})
         return sandbox
 

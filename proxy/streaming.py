@@ -4,37 +4,44 @@ Rules:
 1. Every allowed request body and every response body is streamed (never buffered whole), so
    SSE and LLM token streams arrive as the origin sends them and memory stays flat; the one
    exception is a request whose binding substitutes placeholders in the body.
-2. Every response to a sandbox with a bound credential is scrubbed, whatever its request carried
-   (an origin can reflect or leak a value it got elsewhere): headers always, bodies when they are
-   text (`TEXT_TYPES`, or no content-type) and not compressed (such sandboxes ask upstream for
-   `identity`). Binary types (images, archives, octet-stream, ...) are not scrubbed: scanning
-   them costs throughput and a secret inside them is not reliably findable anyway.
+2. Closed world for a sandbox that holds a credential: every byte the proxy sends it passes the
+   redactor, or it is not sent. The channels read here: the status line's reason phrase, header
+   names (a header whose name holds a secret is dropped) and values, trailers, every body
+   whatever its type, through the content codings `decoding` undoes (the body is sent decoded)
+   and in every charset whose ASCII range is ASCII or UTF-16 (the redactor knows UTF-16 forms).
+   Refused with the proxy's own 502 (audited, `detail` says why): a content coding it cannot
+   decode, a charset it cannot read, a partial (206/Content-Range) response. Requests of such a
+   sandbox ask for `identity` and lose `Range`/`If-Range`, so an origin has no reason to answer
+   in pieces: six 12-byte ranges would each be shorter than the secret and pass unrecognised.
+   WebSocket messages and control frames: `websocket.py`; proxy-made error pages: `errorpages.py`.
 3. A scrubbed body may change length, so its content-length is dropped: HTTP/1.1 frames it as
    chunked, HTTP/1.0 by closing the connection, HTTP/2 by DATA frames up to END_STREAM.
-4. WebSocket message history is trimmed to the last message (mitmproxy would keep all of it),
-   and messages from the server are scrubbed like bodies.
+4. A body that turns out corrupt or a decompression bomb half-way is cut short there (its head
+   is already sent): nothing unscrubbed goes out, and the audit record's detail says so.
+5. WebSocket message history is trimmed to the last message (mitmproxy would keep all of it).
 """
 
 from __future__ import annotations
 
+import codecs
+import json
+import string
 from collections.abc import Callable, Iterable
 
 from mitmproxy import http
+from mitmproxy.net.http.headers import parse_content_type
 
+from sandgate.proxy.credentials import SandboxCredentials
+from sandgate.proxy.decoding import BodyDecoder, BodyRefused, UnknownCoding, codings
 from sandgate.proxy.injection import BODY_KEY
-from sandgate.proxy.state import FLOW_KEY, RequestState
+from sandgate.proxy.scrubbing import BodyScrub
+from sandgate.proxy.state import FLOW_KEY, SCRUB_KEY, RequestState
 
-TEXT_TYPES = (
-    "text/",
-    "application/json",
-    "application/javascript",
-    "application/xml",
-    "+json",
-    "+xml",
-    "application/x-www-form-urlencoded",
-    "application/x-ndjson",
-)
 BODYLESS_STATUS = (204, 304)
+RANGE_HEADERS = ("range", "if-range")
+UTF16_CODECS = frozenset({"utf-16", "utf-16-le", "utf-16-be"})
+ASCII_PROBE = string.ascii_letters + string.digits + "-_.~+/=:%\\\"'{}[],"
+REFUSED = "response-refused"
 
 
 class StreamingAddon:
@@ -42,8 +49,13 @@ class StreamingAddon:
         request_state: RequestState | None = flow.metadata.get(FLOW_KEY)
         if flow.response or request_state is None:
             return
-        if request_state.sandbox.credentials.scrubber is not None:
-            flow.request.headers["accept-encoding"] = "identity"  # compressed bodies cannot be scrubbed
+        credentials = request_state.sandbox.credentials
+        if credentials.holds_secrets:
+            flow.metadata[SCRUB_KEY] = credentials
+            headers = flow.request.headers
+            headers["accept-encoding"] = "identity"  # decoding is the fallback, not the plan
+            for name in RANGE_HEADERS:
+                headers.pop(name, None)  # whole responses only: a piece shorter than a secret hides it
         if BODY_KEY in flow.metadata:
             return
 
@@ -58,24 +70,110 @@ class StreamingAddon:
         response = flow.response
         if response is None or request_state is None or not request_state.verdict.allowed:
             return  # a refusal is the proxy's own answer: nothing to scrub, nothing to stream
-        scrubber = request_state.sandbox.credentials.scrubber
-        scrub: Callable[[bytes], list[bytes]] | None = None
-        if scrubber is not None:
-            scrubber.headers(response.headers)
-            if _has_body(flow) and _is_text(response):
-                scrub = scrubber.body()
-                _frame_without_length(flow)
-        response.stream = _counting(request_state, scrub)
+        credentials: SandboxCredentials | None = flow.metadata.get(SCRUB_KEY)
+        scrubber = credentials.scrubber if credentials else None
+        if scrubber is None:
+            response.stream = _counting(request_state, None)
+            return
+        refusal = _unreadable(response)
+        if refusal:
+            _refuse(flow, request_state, refusal)
+            return
+        response.reason = scrubber.redactor.redact_text(response.reason)
+        scrubber.headers(response.headers)
+        if not _has_body(flow):
+            response.stream = _counting(request_state, None)
+            return
+        decoder = BodyDecoder(codings(response.headers.get("content-encoding", "")))
+        response.headers.pop("content-encoding", None)  # sent decoded
+        _frame_without_length(flow)
+        response.stream = _counting(request_state, _scrubbed(request_state, decoder, scrubber.body()))
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        credentials: SandboxCredentials | None = flow.metadata.get(SCRUB_KEY)
+        scrubber = credentials.scrubber if credentials else None
+        if scrubber is not None and flow.response is not None and flow.response.trailers:
+            scrubber.headers(flow.response.trailers)  # sent after this hook
 
     def websocket_message(self, flow: http.HTTPFlow) -> None:
         assert flow.websocket is not None
         messages = flow.websocket.messages
         message = messages[-1]
-        request_state: RequestState | None = flow.metadata.get(FLOW_KEY)
-        scrubber = request_state.sandbox.credentials.scrubber if request_state else None
+        credentials: SandboxCredentials | None = flow.metadata.get(SCRUB_KEY)
+        scrubber = credentials.scrubber if credentials else None
         if scrubber is not None and not message.from_client:
-            message.content = scrubber.redactor.redact(message.content)
+            message.content = scrubber.redactor.redact(message.content)  # mitmproxy re-frames it
         del messages[:-1]
+
+
+def _unreadable(response: http.Response) -> str | None:
+    """Why the scrubber cannot judge this response, or None if it can."""
+    if response.status_code == 206 or "content-range" in response.headers:
+        return "partial response (206/Content-Range): a piece may hold part of a secret"
+    try:
+        BodyDecoder(codings(response.headers.get("content-encoding", "")))
+    except UnknownCoding as exc:
+        return str(exc)
+    return _unreadable_charset(response.headers.get("content-type", ""))
+
+
+def _unreadable_charset(content_type: str) -> str | None:
+    parsed = parse_content_type(content_type)
+    charset = parsed[2].get("charset", "").strip("\"' ") if parsed else ""
+    if not charset:
+        return None
+    try:
+        codec = codecs.lookup(charset).name
+    except LookupError:
+        return f"charset {charset!r} is unknown to the proxy"
+    if codec in UTF16_CODECS:
+        return None
+    try:
+        ascii_compatible = ASCII_PROBE.encode(codec) == ASCII_PROBE.encode("ascii")
+    except UnicodeError:
+        ascii_compatible = False
+    return None if ascii_compatible else f"charset {charset!r} is not one the scrubber reads"
+
+
+def _refuse(flow: http.HTTPFlow, request_state: RequestState, why: str) -> None:
+    """Answer the proxy's own 502 instead (the head is not sent yet); the origin's body is dropped."""
+    response = flow.response
+    assert response is not None
+    body = (json.dumps({"error": "response refused", "reason": REFUSED, "detail": why}) + "\n").encode()
+    response.status_code, response.reason = 502, "Bad Gateway"
+    response.headers = http.Headers(content_type="application/json", content_length=str(len(body)))
+    response.trailers = None
+    request_state.detail = f"{REFUSED}: {why}"
+
+    def drop_upstream_body(chunk: bytes) -> bytes:
+        request_state.bytes_in += len(chunk)
+        return b"" if chunk else body
+
+    response.stream = drop_upstream_body
+
+
+def _scrubbed(
+    request_state: RequestState, decoder: BodyDecoder, scrub: BodyScrub
+) -> Callable[[bytes], list[bytes]]:
+    failed = False
+
+    def stream(chunk: bytes) -> list[bytes]:
+        nonlocal failed
+        if failed:
+            return []
+        out: list[bytes] = []
+        try:
+            for piece in decoder(chunk):
+                out += scrub(piece)
+        except BodyRefused as exc:
+            failed = True
+            request_state.detail = f"{REFUSED}: {exc}; body cut short"
+            return out
+        if not chunk:
+            out += scrub(b"")  # the end: what the scrubber held back
+        return out
+
+    return stream
 
 
 def _counting(
@@ -109,10 +207,3 @@ def _has_body(flow: http.HTTPFlow) -> bool:
         and response.status_code >= 200
         and response.status_code not in BODYLESS_STATUS
     )
-
-
-def _is_text(response: http.Response) -> bool:
-    content_type = response.headers.get("content-type", "").lower()
-    encoding = response.headers.get("content-encoding", "identity").lower()
-    # Compressed bodies cannot be scanned in flight; requests ask for identity when it matters.
-    return encoding in ("identity", "") and (not content_type or any(t in content_type for t in TEXT_TYPES))

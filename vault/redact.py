@@ -2,15 +2,20 @@
 
 Rules:
 1. Built once per credential set: every value is expanded into the forms it commonly travels
-   in (raw, JSON-escaped, URL-encoded, base64 and base64url at every byte alignment, and for
-   `user:pass` or base64(`user:pass`) values the password alone), and all forms go into one
-   Aho-Corasick automaton (leftmost-longest), so cost does not grow with the number of secrets.
+   in (raw, JSON-escaped with and without `\\/`, URL-encoded with every common set of characters
+   left as they are (`/`, the URI reserved set, JavaScript's encodeURI/encodeURIComponent),
+   upper- or lower-case hex, base64 and base64url at every byte alignment, and for `user:pass`
+   or base64(`user:pass`) values the password alone), each of those also in UTF-16 LE and BE
+   (a body in UTF-16 carries them so), and all forms go into one Aho-Corasick automaton
+   (leftmost-longest), so cost does not grow with the number of secrets.
 2. Base64 at every alignment: a value inside a larger base64 blob (`Basic base64(user:TOKEN)`)
    encodes differently depending on its offset mod 3; each alignment's stable middle characters
    are a pattern of their own, so the value is found whatever precedes it.
 3. Streams: `stream()` holds back at most (longest pattern - 1) bytes, so a value split across
    chunks is caught, and the output of any chunking equals `redact()` of the whole.
-4. Fail towards redaction: a derived form shorter than MIN_DERIVED_LENGTH is dropped (it would
+4. A UTF-16 form is replaced by `[REDACTED]` in the same UTF-16 form, so the body stays
+   well-formed UTF-16 (the replacement has an even length: alignment is kept).
+5. Fail towards redaction: a derived form shorter than MIN_DERIVED_LENGTH is dropped (it would
    blank ordinary text), but a raw value is always redacted, however short.
 """
 
@@ -25,22 +30,27 @@ import ahocorasick_rs
 
 REDACTED = b"[REDACTED]"
 MIN_DERIVED_LENGTH = 6
+UTF16 = ("utf-16-le", "utf-16-be")
+# Characters URL encoders commonly leave as they are: none, `/` (Python's quote default), the
+# URI reserved set (a whole URL quoted at once), and JavaScript's encodeURIComponent / encodeURI.
+URL_SAFE_SETS = ("", "/", ":/?#[]@!$&'()*+,;=", "!'()*", ";,/?:@&=+$#!'()*")
 
 
 class Redactor:
     """Replaces known secret values and their encodings with `[REDACTED]`."""
 
     def __init__(self, values: Iterable[str], replacement: bytes = REDACTED) -> None:
-        patterns: set[bytes] = set()
+        forms: dict[bytes, str] = {}
         for value in values:
-            patterns |= secret_forms(value)
+            forms.update(encoded_forms(value))
+        patterns = sorted(forms)
         self.replacement = replacement
+        # A UTF-16 form is replaced in UTF-16, so the text around it stays well-formed.
+        self._replacements = [replacement.decode().encode(forms[pattern]) for pattern in patterns]
         self.pattern_count = len(patterns)
         self.max_pattern_length = max(map(len, patterns), default=0)
         self._automaton = (
-            ahocorasick_rs.BytesAhoCorasick(
-                list(patterns), matchkind=ahocorasick_rs.MatchKind.LeftmostLongest
-            )
+            ahocorasick_rs.BytesAhoCorasick(patterns, matchkind=ahocorasick_rs.MatchKind.LeftmostLongest)
             if patterns
             else None
         )
@@ -52,8 +62,9 @@ class Redactor:
         return self._redact_until(data, len(data))[0]
 
     def redact_text(self, text: str) -> str:
-        # Patterns are whole UTF-8 strings, so a match never starts or ends inside a character.
-        return self.redact(text.encode()).decode()
+        # surrogateescape: header text may hold bytes that are not UTF-8 (mitmproxy keeps them
+        # so), and a UTF-16 form may match across UTF-8 characters; both round-trip unchanged.
+        return self.redact(text.encode("utf-8", "surrogateescape")).decode("utf-8", "surrogateescape")
 
     def stream(self) -> RedactingStream:
         return RedactingStream(self)
@@ -70,10 +81,11 @@ class Redactor:
         view = memoryview(data)  # slices of a view are not copies; join copies once
         out: list[bytes | memoryview] = []
         cursor = 0
-        for _, start, end in self._automaton.find_matches_as_indexes(data):
+        replacements = self._replacements
+        for index, start, end in self._automaton.find_matches_as_indexes(data):
             if start >= settled:
                 break
-            out += (view[cursor:start], self.replacement)
+            out += (view[cursor:start], replacements[index])
             cursor = end
         if not out and settled == len(data):
             return data, settled  # nothing to replace: no copy
@@ -108,29 +120,31 @@ class RedactingStream:
 
 def secret_forms(value: str) -> set[bytes]:
     """Every byte form of `value` the redactor looks for."""
+    return set(encoded_forms(value))
+
+
+def encoded_forms(value: str) -> dict[bytes, str]:
+    """Every byte form of `value` the redactor looks for -> the charset it is written in."""
     if not value:
-        return set()
+        return {}
     raw = value.encode()
     texts = {value, *_password_parts(value)}
-    forms = {raw}
+    utf8 = {raw}
     for text in texts:
-        forms |= _text_encodings(text)
-        forms |= _base64_cores(text.encode())
-    return {form for form in forms if form == raw or len(form) >= MIN_DERIVED_LENGTH}
+        utf8 |= _text_encodings(text)
+        utf8 |= _base64_cores(text.encode())
+    forms = {form.decode().encode(utf16): utf16 for form in utf8 for utf16 in UTF16}
+    forms.update(dict.fromkeys(utf8, "utf-8"))
+    return {form: cs for form, cs in forms.items() if form == raw or len(form) >= MIN_DERIVED_LENGTH}
 
 
 def _text_encodings(text: str) -> set[bytes]:
-    url = quote(text, safe="")
-    encoded = {
-        text,
-        json.dumps(text)[1:-1],
-        json.dumps(text, ensure_ascii=False)[1:-1],
-        url,
-        _lower_hex(url),
-        quote_plus(text),
-        _lower_hex(quote_plus(text)),
-    }
-    return {form.encode() for form in encoded}
+    escaped = {json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1]}
+    escaped |= {form.replace("/", "\\/") for form in escaped}  # PHP, some JSON writers: `\/`
+    urls = {quote(text, safe=safe) for safe in URL_SAFE_SETS}
+    urls |= {quote_plus(text, safe=safe) for safe in URL_SAFE_SETS}
+    urls |= {_lower_hex(url) for url in urls}
+    return {form.encode() for form in {text, *escaped, *urls}}
 
 
 def _lower_hex(percent_encoded: str) -> str:

@@ -140,12 +140,12 @@ def test_injection_replaces_client_header_and_never_on_trace(state: ProxyState) 
     enforcement, injection = EnforcementAddon(state), InjectionAddon(state)
     state.resolver.addresses = _fixed(ORIGIN)  # type: ignore[method-assign]  # no DNS in unit tests
     asyncio.run(enforcement.requestheaders(injected))
-    injection.requestheaders(injected)
+    asyncio.run(injection.requestheaders(injected))
     assert injected.request.headers.get_all("authorization") == [f"Bearer {TOKEN}"]
     trace = sandbox_flow(state, "api.example.com", method="TRACE")
     trace.request.scheme, trace.request.port = "http", 80
     asyncio.run(enforcement.requestheaders(trace))
-    injection.requestheaders(trace)
+    asyncio.run(injection.requestheaders(trace))
     assert "authorization" not in trace.request.headers
 
 

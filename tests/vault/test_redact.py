@@ -127,3 +127,58 @@ def test_stream_equals_whole_for_any_chunking(
     assert out == r.redact(data)
     for _, value in parts:
         assert value.encode() not in out
+
+
+# -- forms reflections really take (issue 15): each one property-tested ------------------------
+
+SECRETS = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=8, max_size=40
+)
+URL_SAFE_SETS = ["", "/", ":/?#[]@!$&'()*+,;=", "!'()*", ";,/?:@&=+$#!'()*"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(secret=SECRETS, safe=st.sampled_from(URL_SAFE_SETS), plus=st.booleans(), lower=st.booleans())
+def test_url_encoding_that_keeps_reserved_characters(secret: str, safe: str, plus: bool, lower: bool) -> None:
+    form = (quote_plus if plus else quote)(secret, safe=safe)
+    if lower:
+        form = re.sub("%[0-9A-F]{2}", lambda m: m.group(0).lower(), form)
+    out = Redactor([secret]).redact_text(f"https://x.example.test/cb?t={form}&u=1")
+    assert form not in out and REDACTED.decode() in out
+
+
+@settings(max_examples=150, deadline=None)
+@given(secret=SECRETS, ascii_only=st.booleans())
+def test_json_with_escaped_slashes(secret: str, ascii_only: bool) -> None:
+    form = json.dumps({"token": secret + "/x"}, ensure_ascii=ascii_only).replace("/", "\\/")
+    out = Redactor([secret]).redact(form.encode())
+    assert json.dumps(secret, ensure_ascii=ascii_only)[1:-1].replace("/", "\\/").encode() not in out
+    assert REDACTED in out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    secret=SECRETS,
+    charset=st.sampled_from(["utf-16-le", "utf-16-be", "utf-16"]),
+    before=st.text(max_size=20),
+    after=st.text(max_size=20),
+    json_escaped=st.booleans(),
+)
+def test_utf16_bodies_are_redacted_and_stay_utf16(
+    secret: str, charset: str, before: str, after: str, json_escaped: bool
+) -> None:
+    shown = json.dumps(secret)[1:-1] if json_escaped else secret
+    body = f"{before}{shown}{after}".encode(charset)  # "utf-16" writes a BOM, then native order
+    out = Redactor([secret]).redact(body)
+    text = out.decode(charset)  # still well-formed UTF-16: the replacement is UTF-16 too
+    assert shown not in text and "[REDACTED]" in text
+
+
+def test_utf16_forms_survive_any_chunking() -> None:
+    secret = "tok-\u00e9-0123456789/ab"
+    body = f"data: {secret}\n".encode("utf-16-le") * 3
+    r = Redactor([secret])
+    for size in (1, 2, 3, 7):
+        stream = r.stream()
+        out = b"".join(stream.feed(body[i : i + size]) for i in range(0, len(body), size)) + stream.flush()
+        assert out == r.redact(body) and secret.encode("utf-16-le") not in out

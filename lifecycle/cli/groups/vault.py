@@ -2,6 +2,8 @@
 
 Rules: a value enters only through stdin or a hidden prompt, never argv (argv is visible in
 `ps` and shell history); no command prints a value; vault errors become one clear line.
+A running proxy is told about every put and rm (`ProxyControl.vault_changed`), so a stored or
+rotated value is scrubbed from every sandbox bound to it at once, not from its first use.
 """
 
 from __future__ import annotations
@@ -61,6 +63,27 @@ def _read_secret_input(prompt: str) -> str:
     return text.removesuffix("\n").removesuffix("\r")
 
 
+def _tell_proxy(settings: Settings, name: str) -> None:
+    """Have a running proxy re-read `name`; without one there is nothing to tell (it reads the
+    vault when lifecycle pushes its sandboxes)."""
+    socket_path = settings.state_dir / "proxy.sock"
+    if not socket_path.exists():
+        return
+    import httpx
+
+    from sandgate.proxy import ProxyControl, ProxyControlError  # imports mitmproxy: only when needed
+
+    try:
+        with ProxyControl(socket_path) as control:
+            control.vault_changed([name])
+    except (ProxyControlError, OSError, httpx.HTTPError) as exc:
+        click.echo(
+            f"warning: the running proxy was not told about {name} ({exc or type(exc).__name__}); "
+            "it scrubs and injects the new value after its next restart",
+            err=True,
+        )
+
+
 @click.group("vault")
 def group() -> None:
     """Manage credentials in the vault (write-only: values are never shown)."""
@@ -86,6 +109,7 @@ def put(obj: Any, name: str, stray: tuple[str, ...]) -> None:
             )
         info = store.put(name, value)
     click.echo(f"stored {info.name} (version {info.version})")
+    _tell_proxy(obj.settings(), name)
 
 
 @group.command("list")
@@ -120,6 +144,7 @@ def rm(obj: Any, name: str, missing_ok: bool) -> None:
         removed = open_vault(obj.settings()).delete(name)
     if removed:
         click.echo(f"removed {name}")
+        _tell_proxy(obj.settings(), name)
     elif not missing_ok:
         raise click.ClickException(f"no credential named {name!r} in the vault (see `sandgate vault list`)")
 
