@@ -1,13 +1,19 @@
-# The two commands a newcomer needs: `make serve` and `make test`. Both bootstrap first.
+# The two commands a newcomer needs: `make serve` and `make test`. Both bootstrap first
+# (`serve` only its run-time part, see scripts/bootstrap.sh).
 VENV := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap serve test bench lint images clean
+.PHONY: bootstrap bootstrap-run serve test bench lint images clean
 
+# Everything: run time, test and benchmark tools, dev extras (scripts/bootstrap.sh test).
 bootstrap:
-	@bash scripts/bootstrap.sh
+	@bash scripts/bootstrap.sh test
 
-serve: bootstrap
+# Only what the gateway needs at run time: no test tool, no service besides sandgate.
+bootstrap-run:
+	@bash scripts/bootstrap.sh run
+
+serve: bootstrap-run
 	$(VENV)/sandgate serve
 
 test: bootstrap

@@ -1,27 +1,85 @@
 #!/usr/bin/env bash
-# Idempotent set-up for a fresh Debian host (run as root): the Debian packages sandgate needs,
-# a Python >= 3.12, and .venv with sandgate installed editable with its dev extras.
+# Idempotent set-up for a fresh Debian host (run as root), in two stages:
+#   bootstrap.sh run    what `sandgate serve` needs at run time: nft, ip, bwrap, the CA bundle,
+#                       a Python >= 3.12 and .venv with sandgate and its run-time dependencies.
+#   bootstrap.sh test   (the default; also `make bench`, `make lint`, `make images`) run's part,
+#                       then the test and benchmark tools and sandgate's dev extras.
 # A second run does nothing unless a package is missing or pyproject.toml changed.
+# Tools installed for tests never stay running: services they bring are neither started by the
+# package scripts nor enabled (squid on :3128, nginx on :80, dockerd; tests start their own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages: nft + ip for sandbox networks, bwrap for the local runtime, docker.io for the
-# Docker runtime (its dockerd is started by the tests, never here), busybox for tiny test images.
-APT_PACKAGES=(nftables iproute2 iptables bubblewrap busybox-static docker.io ca-certificates curl chromium nginx-light wrk squid nghttp2-client)
+stage=${1:-test}
+case $stage in
+  run | test) ;;
+  *) echo "bootstrap: unknown stage '$stage' (use 'run' or 'test')" >&2; exit 2 ;;
+esac
 
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
+# Run time: nft + ip for sandbox networks, bwrap for the local runtime, CA bundle for upstream TLS.
+RUN_PACKAGES=(nftables iproute2 bubblewrap ca-certificates)
+# Tests and benchmarks: docker.io for the Docker runtime (the tests start a private dockerd),
+# busybox for tiny test images (`make images`), chromium drives the console tests, the test
+# internet's and the benchmarks' servers and load generators.
+TEST_PACKAGES=(iptables busybox-static docker.io curl chromium nginx-light wrk squid nghttp2-client)
+# The services the test packages would start; disabled again when this run installed them.
+TEST_SERVICES=(squid nginx docker.socket docker containerd)
+
+missing_packages() {
+  local pkg
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || echo "$pkg"
+  done
+}
+
+# Installs the missing ones among "$@" with every service start refused (policy-rc.d 101,
+# honoured by invoke-rc.d and deb-systemd-invoke); prints what it installed.
+apt_install() {
+  local missing
+  mapfile -t missing < <(missing_packages "$@")
+  ((${#missing[@]})) || return 0
   if [[ $(id -u) -ne 0 ]]; then
     echo "bootstrap: missing Debian packages: ${missing[*]}; run as root or install them" >&2
     exit 1
   fi
-  echo "bootstrap: installing ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+  echo "bootstrap: installing ${missing[*]}" >&2
+  local own_policy=""
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\n# written by sandgate bootstrap while it installs packages\nexit 101\n' \
+      >/usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
+  local status=0
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || status=$?
+  [[ -n $own_policy ]] && rm -f /usr/sbin/policy-rc.d
+  ((status == 0)) || exit "$status"
+  printf '%s\n' "${missing[@]}"
+}
+
+# On a systemd host, the test services are disabled (they would start at the next boot) and
+# stopped (in case something started them anyway).
+quiet_test_services() {
+  [[ -d /run/systemd/system ]] || return 0
+  local unit
+  for unit in "${TEST_SERVICES[@]}"; do
+    if systemctl list-unit-files "$unit.service" "$unit" >/dev/null 2>&1; then
+      systemctl disable --now "$unit" >/dev/null 2>&1 || true
+    fi
+  done
+}
+
+# Nothing the test packages brought may listen (squid :3128, nginx :80).
+check_no_test_listeners() {
+  local found
+  found=$(ss -Hltnp 'sport = :80 or sport = :3128' 2>/dev/null | grep -E 'squid|nginx' || true)
+  if [[ -n $found ]]; then
+    echo "bootstrap: a test service is listening; stop it (systemctl disable --now squid nginx):" >&2
+    echo "$found" >&2
+    exit 1
+  fi
+}
 
 find_python() {
   local candidates=(python3.13 python3.12)
@@ -35,7 +93,9 @@ find_python() {
   return 1
 }
 
-if [[ ! -x .venv/bin/python ]]; then
+ensure_venv() {
+  [[ -x .venv/bin/python ]] && return 0
+  local py
   py=$(find_python) || {
     echo "bootstrap: no Python >= 3.12 found (tried python3.13, python3.12, pyenv versions);" \
       "install one (e.g. 'pyenv install 3.13') and re-run" >&2
@@ -43,11 +103,33 @@ if [[ ! -x .venv/bin/python ]]; then
   }
   echo "bootstrap: creating .venv with $py"
   "$py" -m venv .venv
-fi
+}
 
-stamp=.venv/.sandgate-installed
-if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
-  echo "bootstrap: installing sandgate[dev] into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+# pip install -e "$1" once per pyproject.toml change; the dev stamp implies the run-time one.
+pip_install() {
+  local target=$1 stamp=$2
+  [[ -f $stamp && $stamp -nt pyproject.toml ]] && return 0
+  echo "bootstrap: installing $target into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check -e "$target"
   touch "$stamp"
-fi
+}
+
+run_stage() {
+  apt_install "${RUN_PACKAGES[@]}" >/dev/null
+  ensure_venv
+  if [[ ! -f .venv/.sandgate-installed || pyproject.toml -nt .venv/.sandgate-installed ]]; then
+    pip_install . .venv/.sandgate-run
+  fi
+}
+
+test_stage() {
+  run_stage
+  local installed
+  installed=$(apt_install "${TEST_PACKAGES[@]}")
+  [[ -n $installed ]] && quiet_test_services
+  check_no_test_listeners
+  pip_install '.[dev]' .venv/.sandgate-installed
+  # Test-only tools from other registries (e.g. the npm JS SDK) are installed here.
+}
+
+"${stage}_stage"
