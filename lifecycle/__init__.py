@@ -1,17 +1,23 @@
 """sandgate.lifecycle: the control plane (settings, CLI, HTTP API, SQLite state, networks, runtimes).
 
 Public face: `Settings`/`load_settings`, the CLI entry `main`, and the FastAPI app factory
-`create_app` (imported lazily, so CLI commands that need no web stack start fast).
+`create_app`, all imported lazily: `sandgate policy check` must not pay for pydantic, the web
+stack or mitmproxy (see lifecycle/cli).
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sandgate.lifecycle.settings import Settings, load_settings
+if TYPE_CHECKING:
+    from sandgate.lifecycle.settings import Settings, load_settings
 
 __all__ = ["Settings", "create_app", "load_settings", "main"]
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("Settings", "load_settings"):
+        from sandgate.lifecycle import settings
+
+        return getattr(settings, name)
     if name == "create_app":
         from sandgate.lifecycle.api import create_app
 

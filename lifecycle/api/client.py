@@ -60,13 +60,27 @@ class Client:
     def egress(self, sandbox_id: str, method: str, path: str, **kwargs: Any) -> Any:
         return self.call(method, f"/sandboxes/{sandbox_id}/egress{path}", **kwargs)
 
-    def run(self, sandbox_id: str, command: str) -> Iterator[dict[str, Any]]:
-        """Run a command through the server proxy to execd; yields its events."""
-        path = f"/sandboxes/{sandbox_id}/proxy/44772/command"
-        with self.http.stream("POST", path, json={"command": command}, timeout=None) as response:
+    def execd(self, sandbox_id: str) -> str:
+        """The path prefix of the sandbox's execd, through the server's reverse proxy."""
+        return f"/sandboxes/{sandbox_id}/proxy/44772"
+
+    def run(self, sandbox_id: str, argv: list[str]) -> Iterator[dict[str, Any]]:
+        """Run argv (exactly these words, no shell) through the server proxy to execd; yields its events."""
+        path = f"{self.execd(sandbox_id)}/command"
+        with self.http.stream("POST", path, json={"argv": argv}, timeout=None) as response:
             if response.status_code >= 400:
                 raise ClientError(f"exec: {response.status_code} {response.read().decode(errors='replace')}")
             for line in response.iter_lines():
                 line = line.removeprefix("data:").strip()
                 if line:
                     yield json.loads(line)
+
+    def download(self, sandbox_id: str, path: str) -> bytes:
+        """The bytes of a file inside the sandbox."""
+        response = self.http.get(f"{self.execd(sandbox_id)}/files/download", params={"path": path})
+        if response.status_code >= 400:
+            raise ClientError(f"download {path}: {response.status_code} {response.text}")
+        return response.content
+
+    def remove(self, sandbox_id: str, path: str) -> None:
+        self.http.delete(f"{self.execd(sandbox_id)}/files", params={"path": path})

@@ -13,10 +13,10 @@ from tests.support.server import SandgateServer
 pytestmark = pytest.mark.root
 
 
-def sandgate(server: SandgateServer, *args: str) -> subprocess.CompletedProcess[str]:
+def sandgate(server: SandgateServer, *args: str, text: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "sandgate.lifecycle.cli", *args],
-        env=server.env(), capture_output=True, text=True, timeout=60,
+        env=server.env(), capture_output=True, text=text, timeout=60,
     )  # fmt: skip
 
 
@@ -28,7 +28,7 @@ def test_sandbox_and_egress_commands(server: SandgateServer) -> None:
         assert sandbox_id in sandgate(server, "sandbox", "list").stdout
         ran = sandgate(server, "sandbox", "exec", sandbox_id, "echo", "cli-exec")
         assert ran.stdout.strip() == "cli-exec" and ran.returncode == 0
-        assert sandgate(server, "sandbox", "exec", sandbox_id, "exit", "4").returncode == 4
+        assert sandgate(server, "sandbox", "exec", sandbox_id, "sh", "-c", "exit 4").returncode == 4
 
         assert sandgate(server, "egress", "set", sandbox_id, "--rule", "allow=a.example.com").returncode == 0
         patched = sandgate(
@@ -47,3 +47,32 @@ def test_sandbox_and_egress_commands(server: SandgateServer) -> None:
         assert bad.returncode != 0 and "action=target" in bad.stderr
     finally:
         assert sandgate(server, "sandbox", "rm", sandbox_id).returncode == 0
+
+
+def test_sandbox_exec_passes_argv_and_output_exactly(server: SandgateServer) -> None:
+    """argv reaches the sandbox word for word (no shell), lines keep their breaks, bytes stay bytes."""
+    created = sandgate(server, "sandbox", "create", "-o", "json")
+    sandbox_id = json.loads(created.stdout)["id"]
+    try:
+
+        def run(*argv: str, mode: str = "--exact") -> subprocess.CompletedProcess[bytes]:
+            return sandgate(server, "sandbox", "exec", sandbox_id, mode, "--", *argv, text=False)
+
+        for mode in ("--exact", "--stream"):
+            quoted = run("echo", "a  b;id -u", mode=mode)
+            assert (quoted.returncode, quoted.stdout) == (0, b"a  b;id -u\n"), (mode, quoted)
+            assert run("seq", "1", "5", mode=mode).stdout == b"1\n2\n3\n4\n5\n", mode
+            blank = run("printf", "x\\n\\ny\\n", mode=mode)
+            assert blank.stdout == b"x\n\ny\n", (mode, blank)
+            failed = run("sh", "-c", "echo out; echo err >&2; exit 3", mode=mode)
+            assert (failed.returncode, failed.stdout, failed.stderr) == (3, b"out\n", b"err\n"), mode
+        every_byte = run("python3", "-c", "import sys; sys.stdout.buffer.write(bytes(range(256)) * 3)")
+        assert every_byte.returncode == 0 and every_byte.stdout == bytes(range(256)) * 3
+        no_newline = run("printf", "%s", "tail")
+        assert no_newline.stdout == b"tail"
+        missing = run("no-such-command-here")
+        assert missing.returncode == 127 and b"no-such-command-here" in missing.stderr
+        leftovers = run("sh", "-c", "ls -a /tmp | grep -F .sandgate-exec-; true", mode="--stream")
+        assert leftovers.stdout == b"", leftovers  # the exact mode's output files are removed
+    finally:
+        sandgate(server, "sandbox", "rm", sandbox_id)

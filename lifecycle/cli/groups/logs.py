@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from sandgate.lifecycle.audit import AuditFilter, AuditIndex, QueryError, Summary, to_ocsf
-from sandgate.lifecycle.audit.service import INDEX_FILE, LOG_FILE
+if TYPE_CHECKING:  # the audit package imports the proxy's record types (mitmproxy): at run time only
+    from sandgate.lifecycle.audit import Summary
 
 DECISION_COLOURS = {"allow": "green", "deny": "red", "report": "yellow"}
 COLUMNS = ("TIME (UTC)", "SANDBOX", "KIND", "DECISION", "REQUEST", "STATUS", "BINDING", "REASON", "RULE")
@@ -76,6 +76,8 @@ def emit(records: list[dict[str, Any]], output: str, printer: TablePrinter) -> N
     if output == "table":
         printer.print(records)
         return
+    from sandgate.lifecycle.audit import to_ocsf
+
     for record in records:
         click.echo(json.dumps(to_ocsf(record) if output == "ocsf" else record, separators=(",", ":")))
 
@@ -140,6 +142,9 @@ def command(
     **filters: Any,
 ) -> None:
     """Query and follow the audit log (what each sandbox reached, what was denied and why)."""
+    from sandgate.lifecycle.audit import AuditFilter, AuditIndex, QueryError
+    from sandgate.lifecycle.audit.service import INDEX_FILE, LOG_FILE
+
     settings = obj.settings()
     try:
         query = AuditFilter.model_validate(filters)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import secrets
+import shlex
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 import yaml
 
-from sandgate.lifecycle.api.client import Client, ClientError, connection
+if TYPE_CHECKING:
+    from sandgate.lifecycle.api.client import Client
 
 COLUMNS = ("id", "state", "image", "created", "expires")
 
@@ -27,6 +31,8 @@ def connection_options(fn: Any) -> Any:
 
 
 def client_from(options: dict[str, Any]) -> Client:
+    from sandgate.lifecycle.api.client import Client, connection  # httpx: only when connecting
+
     base, key = connection(options.pop("domain"), options.pop("api_key"), options.pop("protocol"))
     return Client(base, key)
 
@@ -57,6 +63,8 @@ def row(sandbox: dict[str, Any]) -> dict[str, Any]:
 
 def guarded(fn: Any) -> Any:
     def wrapper(**kwargs: Any) -> None:
+        from sandgate.lifecycle.api.client import ClientError
+
         try:
             fn(**kwargs)
         except ClientError as exc:
@@ -128,20 +136,55 @@ def rm(**o: Any) -> None:
         click.echo(f"deleted {sandbox_id}")
 
 
+# Exact mode: the command's stdout goes to a file inside the sandbox, fetched as bytes afterwards
+# (execd's event stream carries text lines, which cannot hold arbitrary bytes).
+EXACT_WRAPPER = '"$@" >"$SANDGATE_EXEC_OUT"'
+
+
 @group.command("exec", context_settings={"ignore_unknown_options": True})
 @click.argument("sandbox_id")
 @click.argument("command", nargs=-1, required=True)
+@click.option(
+    "--exact/--stream",
+    default=None,
+    help="Exact stdout bytes (binary safe, printed when the command ends) or lines as they come; "
+    "default: exact when stdout is not a terminal.",
+)
 @connection_options
 @guarded
 def exec_(**o: Any) -> None:
-    """Run COMMAND in the sandbox (through the server); exits with its exit code."""
-    exit_code = 0
-    for event in client_from(o).run(o["sandbox_id"], " ".join(o["command"])):
-        if event.get("type") == "stdout":
-            sys.stdout.write(event.get("text", ""))
-        elif event.get("type") == "stderr":
-            sys.stderr.write(event.get("text", ""))
-        elif event.get("type") == "error":
-            value = (event.get("error") or {}).get("evalue", "1")
-            exit_code = int(value) if str(value).isdigit() else 1
+    """Run COMMAND (its words exactly, no shell) in the sandbox; exits with its exit code.
+
+    Use `sh -c '...'` for shell syntax: `sandgate sandbox exec ID -- sh -c 'ls | wc -l'`.
+    """
+    client, sandbox_id, argv = client_from(o), o["sandbox_id"], list(o["command"])
+    exact = o["exact"] if o["exact"] is not None else not sys.stdout.isatty()
+    if not exact:
+        sys.exit(stream_events(client.run(sandbox_id, argv), sys.stdout))
+    out = f"/tmp/.sandgate-exec-{secrets.token_hex(8)}"
+    wrapped = ["/bin/sh", "-c", f"SANDGATE_EXEC_OUT={shlex.quote(out)}; {EXACT_WRAPPER}", "sh", *argv]
+    try:
+        exit_code = stream_events(client.run(sandbox_id, wrapped), None)
+        sys.stdout.buffer.write(client.download(sandbox_id, out))
+        sys.stdout.flush()
+    finally:
+        client.remove(sandbox_id, out)
     sys.exit(exit_code)
+
+
+def stream_events(events: Iterator[dict[str, Any]], stdout: TextIO | None) -> int:
+    """Print execd's line events (stdout's only when `stdout` is given); returns the exit code.
+
+    execd sends one event per line without its line break, and "\n" for an empty line.
+    """
+    exit_code = 0
+    for event in events:
+        kind, text = event.get("type"), event.get("text", "")
+        stream = stdout if kind == "stdout" else sys.stderr if kind == "stderr" else None
+        if stream is not None:
+            stream.write(text if text == "\n" else text + "\n")
+            stream.flush()
+        elif kind == "error":
+            value = str((event.get("error") or {}).get("evalue", "1"))
+            exit_code = int(value) if value.isdigit() else 1
+    return exit_code

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import uvicorn
 
 from sandgate.lifecycle.settings import Settings
 
@@ -58,6 +57,8 @@ def command(
     if print_settings:
         click.echo(settings.model_dump_json(indent=2))
         return
+    import uvicorn
+
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with running_control_plane(settings) as app:
         server = uvicorn.Server(
