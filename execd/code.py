@@ -1,10 +1,13 @@
-"""`/code/context`, `/code/contexts`, `/code`: stateful Python code contexts for the code-interpreter SDK.
+"""`/code/context`, `/code/contexts`, `/code`: stateful code contexts for the code-interpreter SDK.
 
 Rules:
-1. A context is one persistent interpreter, `repl_driver.py`, run under the sandbox's `python3`
-   (the first one on the child's PATH, else execd's own Python). It runs in its own process
-   group with stdin at /dev/null. Its stdout and stderr are pipes that execd reads. A socketpair
-   carries the framed control protocol (see the driver's docstring). No Jupyter is needed.
+1. A context is one persistent driver process per language, all speaking one protocol (see
+   repl_driver.py's docstring): `python` runs `repl_driver.py` under the sandbox's `python3`
+   (the first on the child's PATH, else execd's own Python); `javascript` runs `repl_driver.js`
+   under the sandbox's `node`; `bash` runs `bash_driver.py` (execd's own Python) around the
+   sandbox's `bash`. Each runs in its own process group with stdin at /dev/null. Its stdout and
+   stderr are pipes that execd reads; a socketpair carries the framed control protocol. No
+   Jupyter is needed.
 2. A run streams `init` (text = the context id, which is also the id to interrupt), then
    `execution_count`, then stdout/stderr text as it is written (each event carries its own line
    endings, as Jupyter's streams do), then one `result` per value shown, then
@@ -12,16 +15,18 @@ Rules:
    `execution_complete`. Result bundles name `text/plain` `text`, as the Go execd does, because
    that is the field the SDK reads.
 3. Runs in one context are serial: a second concurrent run gets a 409. An interrupt
-   (`DELETE /code?id=`) sends SIGINT to the context's process group. The cell fails with
-   KeyboardInterrupt and the context keeps its state. A client that goes away interrupts its
+   (`DELETE /code?id=`) sends SIGINT to the context's process group. The cell fails (Python:
+   KeyboardInterrupt; JavaScript: "Script execution was interrupted"; bash: status 130) and the
+   context keeps its state. A client that goes away interrupts its
    cell in the same way.
 4. A run's optional `timeout` (ms, an execd extension) interrupts the cell. If the cell is still
    running `INTERRUPT_GRACE_S` after the SIGINT, the context is killed. A killed context, or one
    whose process died, has ended: later runs get a 410. Deleting a context kills its process
    group.
-5. Only `python` is supported. Creating or running any other language is a 400 that lists the
-   supported ones. Listing or deleting by another language matches nothing. A run without a
-   context id uses the language's default context, which is created on first use.
+5. `python`, `bash` and `javascript` are supported. Creating or running any other language is
+   a 400 that lists the supported ones. Listing or deleting by another language matches
+   nothing. A run without a context id uses the language's default context, which is created
+   on first use.
 """
 
 from __future__ import annotations
@@ -50,8 +55,9 @@ from .process import READ_CHUNK, child_env, drain_after_exit, exit_code, expand_
 from .requests import Field, check, parse_body
 from .web import Request, Response, json_response
 
-SUPPORTED_LANGUAGES = ("python",)
 DRIVER = Path(__file__).with_name("repl_driver.py")
+BASH_DRIVER = Path(__file__).with_name("bash_driver.py")
+JS_DRIVER = Path(__file__).with_name("repl_driver.js")
 HEADER_BYTES = 4
 MAX_FRAME = 64 * 1024 * 1024  # the driver's limit too
 HELD_RESULTS_BYTES = 16 * 1024 * 1024
@@ -226,6 +232,34 @@ def sandbox_python(env: dict[str, str]) -> str:
     return shutil.which("python3", path=env.get("PATH", os.defpath)) or sys.executable
 
 
+def python_driver(env: dict[str, str]) -> list[str]:
+    return [sandbox_python(env), str(DRIVER)]
+
+
+def bash_driver(env: dict[str, str]) -> list[str]:
+    return [sys.executable, "-I", str(BASH_DRIVER)]  # execd's own Python drives the sandbox's bash
+
+
+def javascript_driver(env: dict[str, str]) -> list[str]:
+    node = shutil.which("node", path=env.get("PATH", os.defpath))
+    if node is None:
+        raise ApiError(
+            500,
+            "RUNTIME_ERROR",
+            "javascript contexts need Node.js: no `node` on the sandbox's PATH; install it in the image",
+        )
+    return [node, str(JS_DRIVER)]
+
+
+# each language's driver command (the socket fd and the marker are appended)
+DRIVERS: dict[str, Callable[[dict[str, str]], list[str]]] = {
+    "python": python_driver,
+    "bash": bash_driver,
+    "javascript": javascript_driver,
+}
+SUPPORTED_LANGUAGES = tuple(DRIVERS)
+
+
 class CodeContexts:
     """Every code context of this execd: created, run, interrupted and ended on request."""
 
@@ -293,11 +327,11 @@ class CodeContexts:
         env = child_env(None, None)
         directory = expand_cwd(cwd, env, self.default_cwd)
         marker = f"\x1e__SANDGATE_CELL_END_{secrets.token_hex(16)}__\x1e"
+        driver = DRIVERS[language](env)
         ours, theirs = socket.socketpair()
         try:
             process = await asyncio.create_subprocess_exec(
-                sandbox_python(env),
-                str(DRIVER),
+                *driver,
                 str(theirs.fileno()),
                 marker,
                 cwd=directory,
@@ -310,7 +344,7 @@ class CodeContexts:
             )
         except OSError as exc:
             ours.close()
-            raise ApiError(500, "RUNTIME_ERROR", f"cannot start python for a code context: {exc}") from None
+            raise ApiError(500, "RUNTIME_ERROR", f"cannot start a {language} code context: {exc}") from None
         finally:
             theirs.close()
         reader, writer = await asyncio.open_unix_connection(sock=ours)
@@ -335,7 +369,7 @@ class CodeContexts:
         raise ApiError(
             500,
             "RUNTIME_ERROR",
-            f"the code context's python did not start: {why.decode(errors='replace').strip()}",
+            f"the {context.language} code context did not start: {why.decode(errors='replace').strip()}",
         )
 
     async def default(self, language: str) -> Context:

@@ -126,7 +126,7 @@ def site_packages_entries(dists: list[importlib.metadata.Distribution]) -> Itera
             source = Path(str(file.locate()))
             if source.is_file():
                 yield Entry(f"{site}/{rel}", source, mode=0o755 if rel.endswith(".so") else 0o644)
-    for path in sorted(EXECD_SOURCE.rglob("*.py")):
+    for path in sorted([*EXECD_SOURCE.rglob("*.py"), *EXECD_SOURCE.rglob("*.js")]):
         yield Entry(f"{site}/sandgate/execd/{path.relative_to(EXECD_SOURCE).as_posix()}", path)
 
 

@@ -281,13 +281,14 @@ def test_list_get_and_delete_contexts(client: httpx.Client) -> None:
 
 
 def test_bad_requests_are_refused(client: httpx.Client) -> None:
-    for language in ("go", "javascript", ""):
+    for language in ("go", "typescript", ""):
         refused = client.post("/code/context", json={"language": language})
         assert refused.status_code == 400
     unsupported = client.post("/code/context", json={"language": "go"}).json()
-    assert unsupported["code"] == "UNSUPPORTED_LANGUAGE" and "supported: python" in unsupported["message"]
+    supported = "supported: python, bash, javascript"
+    assert unsupported["code"] == "UNSUPPORTED_LANGUAGE" and supported in unsupported["message"]
     run_go = client.post("/code", json={"context": {"language": "go"}, "code": "1"})
-    assert run_go.status_code == 400 and "supported: python" in run_go.json()["message"]
+    assert run_go.status_code == 400 and supported in run_go.json()["message"]
     assert client.post("/code", json={"context": {"language": "python"}}).status_code == 400
     assert client.post("/code", json={"context": "python", "code": "1"}).status_code == 400
     assert client.post("/code", json={"context": {"id": "nope"}, "code": "1"}).status_code == 404
@@ -368,7 +369,7 @@ def test_sdk_interrupt_and_default_context(codes: CodesAdapterSync) -> None:
 def test_sdk_unsupported_language_is_a_clear_400(codes: CodesAdapterSync) -> None:
     with pytest.raises(SandboxApiException) as refused:
         codes.create_context(SupportedLanguageSync.GO)
-    assert refused.value.status_code == 400 and "supported: python" in str(refused.value)
+    assert refused.value.status_code == 400 and "supported: python, bash, javascript" in str(refused.value)
     with pytest.raises(SandboxApiException) as run_refused:
         codes.run("1", context=CodeContextSync(language=SupportedLanguageSync.JAVA))
     assert run_refused.value.status_code == 400

@@ -1,0 +1,145 @@
+"""bash and JavaScript code contexts against a real execd, through the real code-interpreter SDK
+(`CodesAdapterSync`) and on the wire, framed as the Go execd frames its Jupyter kernels."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from code_interpreter.models.code_sync import SupportedLanguageSync
+from code_interpreter.sync.adapters.code_adapter import CodesAdapterSync
+from opensandbox.models.execd_sync import ExecutionHandlersSync
+
+from .conftest import Execd
+from .test_code import kinds, run_cell, stdout_text
+from .test_files import snapshot
+
+
+@pytest.fixture
+def codes(execd: Execd) -> Iterator[CodesAdapterSync]:
+    adapter = CodesAdapterSync(execd.sdk_endpoint(), execd.sdk_config())
+    try:
+        yield adapter
+    finally:
+        adapter.close()
+
+
+def interrupt_mid_cell(codes: CodesAdapterSync, context: Any, code: str) -> Any:
+    """Run `code` (which prints, then blocks), interrupt it once it printed; its execution."""
+    started = threading.Event()
+    handlers = ExecutionHandlersSync(on_stdout=lambda message: started.set())
+    outcome: list[Any] = []
+    runner = threading.Thread(
+        target=lambda: outcome.append(codes.run(code, context=context, handlers=handlers))
+    )
+    runner.start()
+    try:
+        assert started.wait(15), "the cell never printed"
+        time.sleep(0.2)
+        codes.interrupt(context.id)
+    finally:
+        runner.join(15)
+    assert outcome, "the interrupted cell did not end"
+    return outcome[0]
+
+
+def test_sdk_bash_context_keeps_shell_state(codes: CodesAdapterSync, execd_root: Path) -> None:
+    context = codes.create_context(SupportedLanguageSync.BASH)
+    assert context.id and context.language == "bash"
+    first = codes.run(
+        f'GREETING=hi; cd {execd_root}; say() {{ echo "$GREETING $1"; }}; say one', context=context
+    )
+    assert first.error is None and first.complete is not None and first.execution_count == 1
+    assert [m.text for m in first.logs.stdout] == ["hi one\n"]
+    second = codes.run("say two; pwd; echo oops >&2; false", context=context)
+    assert "".join(m.text for m in second.logs.stdout) == f"hi two\n{execd_root}\n"
+    assert [m.text for m in second.logs.stderr] == ["oops\n"]
+    assert second.error is not None and second.complete is None  # the Jupyter bash kernel's error
+    assert (second.error.name, second.error.value) == ("", "1")
+    broken = codes.run("if then", context=context)  # a syntax error fails that cell only
+    assert broken.error is not None and broken.error.value == "2"
+    slept = interrupt_mid_cell(codes, context, "echo going; sleep 30; echo never")
+    assert slept.error is not None and slept.error.value == "130"
+    assert "never" not in "".join(m.text for m in slept.logs.stdout)
+    assert [m.text for m in codes.run("say three", context=context).logs.stdout] == ["hi three\n"]
+    exited = codes.run("exit 7", context=context)  # bash is restarted, its state is gone
+    assert exited.error is not None and exited.error.value == "7"
+    assert [m.text for m in codes.run('echo "[$GREETING]"', context=context).logs.stdout] == ["[]\n"]
+    codes.delete_context(context.id)
+
+
+def test_sdk_javascript_context_shows_values_and_errors(codes: CodesAdapterSync, execd_root: Path) -> None:
+    (execd_root / "helper.js").write_text("module.exports = { twice: (n) => 2 * n };\n")
+    context = codes.create_context(SupportedLanguageSync.JAVASCRIPT)
+    assert context.id and context.language == "javascript"
+    first = codes.run(
+        "const users = ['Alice', 'Bob'];\nconsole.log(users.length);\nusers.length * 21", context=context
+    )
+    assert first.error is None and first.complete is not None
+    assert [m.text for m in first.logs.stdout] == ["2\n"] and [r.text for r in first.result] == ["42"]
+    second = codes.run(
+        f"users.push('Carol'); const {{ twice }} = require({str(execd_root / 'helper.js')!r});"
+        " console.error('warn'); ({ n: twice(users.length) })",
+        context=context,
+    )
+    assert [r.text for r in second.result] == ["{ n: 6 }"] and [m.text for m in second.logs.stderr] == [
+        "warn\n"
+    ]
+    assert [r.text for r in codes.run("Promise.resolve(users.at(-1))", context=context).result] == ["'Carol'"]
+    failed = codes.run("users.nope.length", context=context)
+    assert failed.error is not None and failed.complete is None and failed.error.name == "TypeError"
+    assert failed.error.traceback[0].startswith("TypeError:") and "<cell 4>:1" in failed.error.traceback[1]
+    assert not any("repl_driver" in line for line in failed.error.traceback)
+    awaited = codes.run(
+        "const v = await new Promise((r) => setTimeout(() => r(5), 10));\nconsole.log(v * 2)", context=context
+    )
+    assert awaited.error is None and [m.text for m in awaited.logs.stdout] == ["10\n"]
+    looping = interrupt_mid_cell(codes, context, "console.log('spin'); while (true) {}")
+    assert looping.error is not None and "interrupted" in looping.error.value
+    assert [r.text for r in codes.run("users.length", context=context).result] == ["3"]
+    codes.delete_context(context.id)
+
+
+def test_wire_events_and_default_contexts(execd: Execd) -> None:
+    with execd.client() as client:
+        for language, code, expected in (
+            ("bash", "echo $((6*7))", "42\n"),
+            ("javascript", "console.log(6*7)", "42\n"),
+        ):
+            body = {"context": {"language": language}, "code": code}
+            with client.stream("POST", "/code", json=body) as response:
+                assert response.status_code == 200 and response.reason_phrase == "OK"
+                text = response.read()
+            events = [e for e in (httpx.Response(200, content=text).text.split("\n\n")) if e.strip()]
+            assert '"type":"init"' in events[0] and '"type":"execution_count"' in events[1]
+            context_id = [c["id"] for c in client.get("/code/contexts", params={"language": language}).json()]
+            assert len(context_id) == 1
+            events = run_cell(
+                client, context_id[0], code, context={"id": context_id[0], "language": language}
+            )
+            assert kinds(events) == ["init", "execution_count", "stdout", "execution_complete"]
+            assert stdout_text(events) == expected
+            assert client.delete("/code/contexts", params={"language": language}).status_code == 200
+            assert client.get("/code/contexts", params={"language": language}).json() == []
+
+
+def test_bad_language_requests_change_nothing(execd: Execd, execd_root: Path) -> None:
+    before = snapshot(execd_root)
+    with execd.client() as client:
+        listed = client.get("/code/contexts").json()
+        for body in (
+            {"language": "bash", "cwd": "/no/such/dir"},
+            {"language": "javascript", "cwd": 7},
+            {"language": "ruby"},
+        ):
+            refused = client.post("/code/context", json=body)
+            assert refused.status_code == 400 and set(refused.json()) == {"code", "message"}
+        no_code = client.post("/code", json={"context": {"language": "bash"}})
+        assert no_code.status_code == 400
+        assert client.get("/code/contexts").json() == listed
+    assert snapshot(execd_root) == before
