@@ -12,6 +12,7 @@ from sandgate.policy.addresses import (
     denied_range,
     embedded_ipv4,
 )
+from sandgate.policy.canonical import AMBIGUOUS_TARGET, AmbiguousTarget, RequestIdentity, request_identity
 from sandgate.policy.compiled import (
     ALWAYS_ENFORCED,
     DEFAULT_CACHE_SIZE,
@@ -39,17 +40,19 @@ from sandgate.policy.models import (
     Policy,
     Substitution,
 )
-from sandgate.policy.names import normalize_path, path_matches
+from sandgate.policy.names import path_matches
 from sandgate.policy.updates import delete_targets, patch_rules, replace_policy, to_document, to_opensandbox
 
 __all__ = [
     "ALWAYS_DENIED",
     "ALWAYS_ENFORCED",
+    "AMBIGUOUS_TARGET",
     "DEFAULT_BINDING_METHODS",
     "DEFAULT_CACHE_SIZE",
     "DEFAULT_MAX_RULES",
     "EMBEDDING_PREFIXES",
     "RESERVED_HEADERS",
+    "AmbiguousTarget",
     "ApiKeyAuth",
     "Auth",
     "BasicAuth",
@@ -67,18 +70,19 @@ __all__ = [
     "PolicyError",
     "PolicyIssue",
     "Request",
+    "RequestIdentity",
     "Substitution",
     "compile_policy",
     "delete_targets",
     "denied_range",
     "embedded_ipv4",
     "load_policy",
-    "normalize_path",
     "parse_policy",
     "patch_rules",
     "path_matches",
     "policy_from_dict",
     "replace_policy",
+    "request_identity",
     "to_document",
     "to_opensandbox",
 ]

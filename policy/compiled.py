@@ -39,18 +39,26 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from sandgate.policy.addresses import DeniedRange, PrefixTable, address_to_check, denied_range
+from sandgate.policy.canonical import (
+    AMBIGUOUS_TARGET,
+    AmbiguousTarget,
+    RequestIdentity,
+    canonical_pattern,
+    request_identity,
+)
 from sandgate.policy.errors import PolicyError, PolicyIssue
 from sandgate.policy.models import Binding, EgressRule, Policy
-from sandgate.policy.names import IPAddress, normalize_path, path_matches, request_host
+from sandgate.policy.names import IPAddress, path_matches, request_host
 
 DEFAULT_MAX_RULES = 4096
 DEFAULT_CACHE_SIZE = 4096
-ALWAYS_ENFORCED = frozenset({"invalid_host", "invalid_address", "always_denied_range"})
+ALWAYS_ENFORCED = frozenset({"invalid_host", "invalid_address", "always_denied_range", AMBIGUOUS_TARGET})
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """What is known about a connection or request; method/path None = connection level."""
+    """What is known about a connection or request; method/path None = connection level. The path
+    is as received: `decide` puts it in canonical form (`sandgate.policy.canonical`)."""
 
     host: str
     port: int
@@ -105,6 +113,11 @@ class _Conditions:
             return "scheme_not_allowed"
         return None
 
+    @property
+    def checks_path(self) -> bool:
+        """Whether some path fails these conditions (`/*` lets every path through)."""
+        return self.paths is not None and "/*" not in self.paths
+
     def request_miss(self, method: str, path: str) -> str | None:
         if self.methods is not None and method not in self.methods:
             return "method_not_allowed"
@@ -128,7 +141,7 @@ def _conditions(
         frozenset(ports) if ports is not None else None,
         frozenset(schemes) if schemes is not None else None,
         frozenset(methods) if methods is not None else None,
-        tuple(paths) if paths is not None else None,
+        tuple(canonical_pattern(path) for path in paths) if paths is not None else None,
     )
 
 
@@ -285,11 +298,20 @@ class CompiledPolicy:
 
     # -- public ---------------------------------------------------------------------------------
 
-    def decide(self, request: Request) -> Decision:
-        """Allow or deny this connection (method/path None) or request, with the reason."""
+    def decide(self, request: Request | RequestIdentity) -> Decision:
+        """Allow or deny this connection (method/path None) or request, with the reason. A
+        `RequestIdentity` is already canonical; a `Request`'s target is made canonical here."""
+        if isinstance(request, RequestIdentity):
+            return self._decide(request.host, request.port, request.scheme, request)
         if request.method is None or request.path is None:
             return self._connection_cache(request.host, request.port, request.scheme)
-        return self._decide(request.host, request.port, request.scheme, request.method, request.path)
+        try:
+            identity = request_identity(
+                request.scheme, request.host, request.port, request.method, request.path
+            )
+        except AmbiguousTarget as exc:
+            return Decision("deny", AMBIGUOUS_TARGET, detail=str(exc))
+        return self._decide(identity.host, identity.port, identity.scheme, identity)
 
     def check_address(self, ip: str | IPAddress, request: Request | None = None) -> Decision:
         """May the proxy dial this resolved address for this request? Always-denied ranges need an
@@ -303,16 +325,9 @@ class CompiledPolicy:
     # -- deciding -------------------------------------------------------------------------------
 
     def _decide_connection(self, host: str, port: int, scheme: str) -> Decision:
-        return self._decide(host, port, scheme, None, None)
+        return self._decide(host, port, scheme.lower(), None)
 
-    def _decide(
-        self, raw_host: str, port: int, scheme: str, method: str | None, path: str | None
-    ) -> Decision:
-        scheme = scheme.lower()
-        if method is not None and path is not None:
-            method, path = method.upper(), normalize_path(path)
-        else:
-            method = path = None
+    def _decide(self, raw_host: str, port: int, scheme: str, request: RequestIdentity | None) -> Decision:
         # A rule's or binding's name is already canonical: request_host would return it unchanged.
         slot = self._names.named(raw_host)
         if slot is None:
@@ -320,18 +335,22 @@ class CompiledPolicy:
             if host is None:
                 return Decision("deny", "invalid_host", detail=f"{raw_host!r} is not a host name or address")
             if not isinstance(host, str):
-                return self._decide_address(host, port, scheme, method, path)
+                return self._decide_address(host, port, scheme, request)
             slot = self._names.lookup(host)
-        return self._apply_mode(self._scan(slot, True, port, scheme, method, path))
+        if request is not None and request.ambiguity is not None and _checks_path(slot, port, scheme):
+            return _ambiguous(request)
+        return self._apply_mode(self._scan(slot, True, port, scheme, request))
 
     def _decide_address(
-        self, host: IPAddress, port: int, scheme: str, method: str | None, path: str | None
+        self, host: IPAddress, port: int, scheme: str, request: RequestIdentity | None
     ) -> Decision:
         """IP literals match only IP/CIDR rules; always-denied ranges need a rule inside them."""
         address = address_to_check(host)
         denied = denied_range(address)
         slot = _HostSlot(self._address_rules(address, denied))
-        decision = self._scan(slot, False, port, scheme, method, path)
+        if request is not None and request.ambiguity is not None and _checks_path(slot, port, scheme):
+            return _ambiguous(request)
+        decision = self._scan(slot, False, port, scheme, request)
         if denied is not None and decision.allowed and decision.rule is None:
             decision = _always_denied(denied, decision.inspect)
         return self._apply_mode(decision)
@@ -352,8 +371,9 @@ class CompiledPolicy:
         return Decision("allow", "address_ok", detail=f"address {address}")
 
     def _scan(
-        self, slot: _HostSlot, named: bool, port: int, scheme: str, method: str | None, path: str | None
+        self, slot: _HostSlot, named: bool, port: int, scheme: str, request: RequestIdentity | None
     ) -> Decision:
+        method, path = (request.method, request.path) if request is not None else (None, None)
         decided: _Rule | None = None
         fallback: _Rule | None = None
         first_conditional: _Rule | None = None
@@ -479,6 +499,24 @@ def _cyclic_gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _checks_path(slot: _HostSlot, port: int, scheme: str) -> bool:
+    """Whether a rule or binding that could apply to this connection looks at the path."""
+    return any(
+        candidate.when.checks_path and candidate.when.connection_miss(port, scheme) is None
+        for candidates in (slot.rules, slot.exact_bindings, slot.wildcard_bindings)
+        for candidate in candidates
+    )
+
+
+def _ambiguous(request: RequestIdentity) -> Decision:
+    return Decision(
+        "deny",
+        AMBIGUOUS_TARGET,
+        detail=f"the path {request.path!r} has {request.ambiguity}, and a rule or binding checks this path; "
+        "origins disagree on what such a path names",
+    )
 
 
 def _binding_could_apply(slot: _HostSlot, port: int, scheme: str) -> bool:

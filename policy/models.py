@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from sandgate.policy.canonical import AmbiguousTarget, canonical_pattern
 from sandgate.policy.errors import HintedValueError
 from sandgate.policy.names import WILDCARD_HINT, Target, canonical_target, parse_target, to_ascii_name
 
@@ -125,6 +126,13 @@ def _check_paths(paths: list[str] | None) -> list[str] | None:
                 f"path pattern {path!r} is not supported",
                 "only a trailing '*' (prefix match) is allowed and patterns never include a query",
             )
+        try:
+            canonical_pattern(path)
+        except AmbiguousTarget as exc:
+            raise HintedValueError(
+                f"path pattern {path!r} can never match: {exc}",
+                "write the path as it is served: no '.', '..' or empty segments, ';', '\\' or %2F",
+            ) from None
     return list(dict.fromkeys(paths))
 
 

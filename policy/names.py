@@ -7,7 +7,8 @@ Rules of this module:
    apex), an IP address, or a CIDR. Anything else is an error that says how to write it.
 3. A request host that is an IP literal in any spelling (dotted quad, `[v6]`, v4-mapped v6, the
    `inet_aton` short forms such as `127.1`) becomes an address: it can only match IP/CIDR rules.
-4. Path patterns: `x*` is a prefix match, anything else exact (as OpenSandbox's credential proxy).
+4. Path patterns: `x*` is a prefix match, anything else exact (as OpenSandbox's credential proxy);
+   both sides are canonical paths (sandgate.policy.canonical).
 """
 
 from __future__ import annotations
@@ -188,29 +189,6 @@ def _inet_aton_or_none(text: str) -> IPAddress | None:
         return ipaddress.IPv4Address(socket.inet_aton(text))
     except OSError:
         return None
-
-
-def normalize_path(raw: str) -> str:
-    """The path rules match: query and fragment dropped, dot segments (also %2e-encoded) resolved."""
-    path = raw.split("?", 1)[0].split("#", 1)[0]
-    if "%2e" in path or "%2E" in path:
-        path = path.replace("%2e", ".").replace("%2E", ".")
-    if "/." not in path:
-        return path
-    return _remove_dot_segments(path)
-
-
-def _remove_dot_segments(path: str) -> str:
-    segments = path.split("/")
-    output: list[str] = []
-    for segment in segments[1:]:
-        if segment == "..":
-            if output:
-                output.pop()
-        elif segment != ".":
-            output.append(segment)
-    trailing = segments[-1] in (".", "..")
-    return "/" + "/".join(output) + ("/" if trailing and output else "")
 
 
 def path_matches(pattern: str, path: str) -> bool:

@@ -2,8 +2,10 @@
 
 Rules: connection-level decisions are recorded when they are made (`record_decision`); a
 request is recorded once, when it ends (`AuditAddon.response` / `.error`), from the
-`RequestState` the enforcement addon attached, so bytes, status and duration are known. Paths
-lose their query (`redact_path`); nothing else from the request body or headers is logged.
+`RequestState` the enforcement addon attached, so bytes, status and duration are known. Method and
+path are the request's canonical identity, taken before injection (a placeholder substituted into
+the path never shows); paths lose their query (`redact_path`); nothing else from the request body
+or headers is logged.
 A passed-through TLS connection has no requests to record, so when it closes it gets a second
 `connection` record (`event: "closed"`, id `<decision id>-closed`) with its bytes (from the
 kernel, `tcpinfo`) and duration; the decision record written at the decision stays the one
@@ -109,6 +111,7 @@ class AuditAddon:
             self.state.metrics.latency(duration)
         self.state.metrics.decision("request", verdict.action, verdict.reason)
         request = flow.request
+        identity = request_state.identity  # None only if refused before it was computed: untouched
         server = flow.server_conn
         detail = request_state.detail
         if flow.error and detail is None:
@@ -121,10 +124,10 @@ class AuditAddon:
                 upstream=addr(server.peername) if server and server.peername else None,
                 sni=flow.client_conn.sni,
                 scheme="https" if request.scheme == "https" else "http",
-                method=request.method,
+                method=identity.method if identity else request.method,
                 host=request_state.name,
                 port=request.port,
-                path=redact_path(request.path),
+                path=redact_path(identity.target if identity else request.path),
                 decision=verdict.action,
                 reason=verdict.reason,
                 rule=verdict.rule,

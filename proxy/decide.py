@@ -9,7 +9,9 @@ Rules:
    must be the same normalised name, else the request is refused with 421 before the policy is
    asked. The agreed name is what the policy judges and what the proxy dials. A port in Host or
    :authority (else the scheme's default) must be the port the connection was made to, the one
-   the proxy dials and the policy judges (`claimed_port`), else it is a 421 too.
+   the proxy dials and the policy judges (`claimed_port`), else it is a 421 too. Then the
+   request's canonical identity (`sandgate.policy.request_identity`) is computed once; a target
+   origins could read two ways is refused with 400 (`AMBIGUOUS`) before any decision.
 3. The policy (sandgate.policy) is the matcher; this module only turns its `Decision` into a
    `Verdict` the proxy acts on: report-only denials pass but are recorded as "report".
 4. No I/O here: resolution happens in the addons, which hand the address back to `check_upstream`.
@@ -20,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sandgate.policy import Request
+from sandgate.policy import AMBIGUOUS_TARGET, Request, RequestIdentity
 
 AuditAction = Literal["allow", "deny", "report"]
 
@@ -84,6 +86,7 @@ def agreed_name(*claims: str | None) -> tuple[str | None, bool]:
 
 
 MISMATCH = Verdict("deny", IDENTITY_MISMATCH, status=421)
+AMBIGUOUS = Verdict("deny", AMBIGUOUS_TARGET, status=400)
 
 
 def describe_claims(claims: dict[str, str | None]) -> str:
@@ -91,16 +94,14 @@ def describe_claims(claims: dict[str, str | None]) -> str:
     return ", ".join(f"{key}={value}" for key, value in claims.items() if value)
 
 
-def decide(
-    policy: Any,
-    host: str,
-    port: int,
-    scheme: Literal["http", "https"],
-    method: str | None = None,
-    path: str | None = None,
-) -> Verdict:
-    """The policy's decision for a connection (method/path None) or a request."""
-    return _verdict(policy.decide(Request(host=host, port=port, scheme=scheme, method=method, path=path)))
+def decide(policy: Any, host: str, port: int, scheme: Literal["http", "https"]) -> Verdict:
+    """The policy's decision for a connection (a request's: `decide_request`)."""
+    return _verdict(policy.decide(Request(host=host, port=port, scheme=scheme)))
+
+
+def decide_request(policy: Any, identity: RequestIdentity) -> Verdict:
+    """The policy's decision for a request, by its canonical identity."""
+    return _verdict(policy.decide(identity))
 
 
 def decide_name(sandbox: Any, name: str) -> Verdict:
@@ -132,4 +133,5 @@ def _verdict(decision: Any) -> Verdict:
         rule=decision.rule,
         inspect=bool(decision.inspect),
         bindings=tuple(decision.bindings or ()),
+        status=400 if decision.reason == AMBIGUOUS_TARGET else 403,
     )

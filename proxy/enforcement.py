@@ -12,6 +12,10 @@ Rules:
    every HTTP/2 stream, WebSocket upgrades), re-evaluated against the current table entry.
    A refused request gets a 403 (421 for disagreeing names, or a Host/:authority port that is not
    the connection's) JSON answer and never reaches upstream; the port judged is the one dialled.
+   Once the names agree, the request's canonical identity is computed once
+   (`sandgate.policy.request_identity`) from the target as received; the policy judges it, the
+   injection and the audit record use it. An ambiguous target (an HTTP/1 absolute-form target
+   naming another authority than the connection's, dot segments, double encoding, ...) is a 400.
 3. The proxy dials only what it resolved itself for the agreed name, after `check_upstream`:
    the request's `host` is set to that name (so upstream connections are keyed by it, and TLS
    upstream uses it as SNI) and `server_connect` pins the socket to the checked address.
@@ -27,8 +31,10 @@ from typing import Literal
 from mitmproxy import connection, http, tls
 from mitmproxy.proxy import mode_specs, server_hooks
 
+from sandgate.policy import AmbiguousTarget, RequestIdentity, request_identity
 from sandgate.proxy.auditing import addr, record_decision
 from sandgate.proxy.decide import (
+    AMBIGUOUS,
     IDENTITY_MISMATCH,
     MISMATCH,
     UNKNOWN_SANDBOX,
@@ -37,6 +43,7 @@ from sandgate.proxy.decide import (
     check_upstream,
     claimed_port,
     decide,
+    decide_request,
     describe_claims,
 )
 from sandgate.proxy.resolver import ResolveError, is_ip_literal
@@ -160,14 +167,21 @@ class EnforcementAddon:
             detail = f"host={request.host_header}, connection port={request.port}"
             self._refuse(flow, sandbox, MISMATCH, name, detail)
             return
-        verdict = decide(sandbox.policy, name, request.port, scheme, request.method, request.path)
+        try:
+            identity = request_identity(
+                scheme, name, request.port, request.method, request.path, _absolute_authority(request)
+            )
+        except AmbiguousTarget as exc:
+            self._refuse(flow, sandbox, AMBIGUOUS, name, str(exc))
+            return
+        verdict = decide_request(sandbox.policy, identity)
         if verdict.allowed:
             verdict, _upstream = await self._pin(conn, sandbox, name, request.port, scheme, verdict)
         if not verdict.allowed:
-            self._refuse(flow, sandbox, verdict, name, None)
+            self._refuse(flow, sandbox, verdict, name, None, identity)
             return
         request.data.host = name  # dial by the verified name, never by a client-chosen address
-        flow.metadata[FLOW_KEY] = RequestState(sandbox, verdict, name)
+        flow.metadata[FLOW_KEY] = RequestState(sandbox, verdict, name, identity)
 
     def _claims(self, flow: http.HTTPFlow, conn: ConnState) -> dict[str, str | None]:
         """Every name this request claims to be for; they must all agree."""
@@ -181,9 +195,15 @@ class EnforcementAddon:
         }
 
     def _refuse(
-        self, flow: http.HTTPFlow, sandbox: Sandbox, verdict: Verdict, name: str, detail: str | None
+        self,
+        flow: http.HTTPFlow,
+        sandbox: Sandbox,
+        verdict: Verdict,
+        name: str,
+        detail: str | None,
+        identity: RequestIdentity | None = None,
     ) -> None:
-        flow.metadata[FLOW_KEY] = RequestState(sandbox, verdict, name, detail=detail)
+        flow.metadata[FLOW_KEY] = RequestState(sandbox, verdict, name, identity, detail=detail)
         flow.response = deny_response(verdict, name)
 
     async def _pin(
@@ -244,6 +264,16 @@ class EnforcementAddon:
         if conn is None:
             return None, None
         return conn, self.state.table.get(conn.sandbox_address)
+
+
+def _absolute_authority(request: http.Request) -> str | None:
+    """The authority of an HTTP/1 absolute-form target (`GET https://AUTHORITY/x`), which the origin
+    would route by. mitmproxy keeps it in transparent mode (and inside CONNECT tunnels) and clears
+    it for the explicit proxy's own absolute-form requests, whose URL is the connection's target
+    (and a claim checked against Host). For HTTP/2 `authority` is `:authority`, the Host claim."""
+    if request.is_http2 or request.is_http3:
+        return None
+    return request.authority or None
 
 
 __all__ = ["IDENTITY_MISMATCH", "EnforcementAddon", "deny_response"]

@@ -48,7 +48,7 @@ class InjectionAddon:
         selected = [name for name in request_state.verdict.bindings if name in sandbox.bindings]
         if self._placeholder_misused(flow, request_state, selected):
             return
-        if flow.request.method.upper() in NEVER_INJECT:
+        if request_state.identity is None or request_state.identity.method in NEVER_INJECT:
             return
         for binding_name in selected:
             if sandbox.credentials.missing(binding_name):

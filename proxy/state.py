@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from sandgate.policy import Binding, CompiledPolicy, PassthroughAuth, compile_policy, parse_policy
+from sandgate.policy import (
+    Binding,
+    CompiledPolicy,
+    PassthroughAuth,
+    RequestIdentity,
+    compile_policy,
+    parse_policy,
+)
 from sandgate.proxy.audit import AuditLog, AuditRecord
 from sandgate.proxy.config import SandboxEntry
 from sandgate.proxy.credentials import SandboxCredentials, SecretValues
@@ -113,11 +120,14 @@ class ConnState:
 
 @dataclass
 class RequestState:
-    """One request's decision and counters; the audit addon turns it into the request record."""
+    """One request's decision and counters; the audit addon turns it into the request record.
+    `identity` is what the request was judged as, taken before injection changed anything (None
+    when it was refused before: names that disagree, an ambiguous target)."""
 
     sandbox: Sandbox
     verdict: Verdict
     name: str
+    identity: RequestIdentity | None = None
     started: float = field(default_factory=time.monotonic)
     bindings: list[str] = field(default_factory=list)  # names of bindings injected
     bytes_out: int = 0

@@ -1,8 +1,9 @@
 """A naive, linear reading of the policy semantics, written straight from docs/policy.md.
 
-It shares only the input normalisation with sandgate.policy (names.request_host,
-names.normalize_path), never the indexes: the property tests check that the compiled matcher's
-dicts, trie and prefix table give exactly what a plain first-match scan over every rule gives.
+It shares only the input normalisation with sandgate.policy (names.request_host, the canonical
+request target and path patterns of sandgate.policy.canonical), never the indexes: the property
+tests check that the compiled matcher's dicts, trie and prefix table give exactly what a plain
+first-match scan over every rule gives.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import ipaddress
 
 from sandgate.policy import Binding, Decision, EgressRule, Policy, Request, denied_range
 from sandgate.policy.addresses import address_to_check
-from sandgate.policy.names import IPAddress, normalize_path, request_host
+from sandgate.policy.canonical import AMBIGUOUS_TARGET, AmbiguousTarget, canonical_pattern, canonical_target
+from sandgate.policy.names import IPAddress, request_host
 
 
 def target_matches(rule: EgressRule, host: str | IPAddress) -> bool:
@@ -42,11 +44,30 @@ def _method_path_miss(
 ) -> str | None:
     if methods is not None and method not in methods:
         return "method_not_allowed"
+    patterns = [canonical_pattern(p) for p in paths or ()]
     if paths is not None and not any(
-        path.startswith(p[:-1]) if p.endswith("*") else path == p for p in paths
+        path.startswith(p[:-1]) if p.endswith("*") else path == p for p in patterns
     ):
         return "path_not_allowed"
     return None
+
+
+def _path_checked(policy: Policy, host: str | IPAddress, port: int, scheme: str) -> bool:
+    """A rule (up to the first one without any condition) or binding for this host and connection
+    whose paths are not just `/*`."""
+    for rule in policy.egress:
+        if not target_matches(rule, host):
+            continue
+        if rule.paths is not None and "/*" not in rule.paths and port_scheme_miss(rule, port, scheme) is None:
+            return True
+        if not rule.conditional and rule.ports is None and rule.schemes is None:
+            break
+    return isinstance(host, str) and any(
+        any(_binding_hosts_match(b, host))
+        and "/*" not in b.match.paths
+        and port_scheme_miss(b, port, scheme) is None
+        for b in policy.bindings
+    )
 
 
 def _binding_hosts_match(binding: Binding, host: str) -> tuple[bool, bool]:
@@ -56,6 +77,14 @@ def _binding_hosts_match(binding: Binding, host: str) -> tuple[bool, bool]:
 
 
 def naive_decide(policy: Policy, request: Request) -> Decision:
+    level = request.method is not None and request.path is not None
+    method = (request.method or "").upper()
+    path, ambiguity = "", None
+    if level:  # an ambiguous target is refused before anything else is looked at
+        try:
+            path, _query, ambiguity = canonical_target(request.path or "", method)
+        except AmbiguousTarget:
+            return Decision("deny", AMBIGUOUS_TARGET)
     host = request_host(request.host)
     if host is None:
         return Decision("deny", "invalid_host")
@@ -64,9 +93,8 @@ def naive_decide(policy: Policy, request: Request) -> Decision:
         host = address_to_check(host)
         denied = denied_range(host)
     scheme = request.scheme.lower()
-    level = request.method is not None and request.path is not None
-    method = (request.method or "").upper()
-    path = normalize_path(request.path or "")
+    if ambiguity is not None and _path_checked(policy, host, request.port, scheme):
+        return Decision("deny", AMBIGUOUS_TARGET)
     applicable: list[EgressRule] = []
     misses: list[tuple[str, EgressRule]] = []  # (reason, rule) in rule order, for the deny reason
     for rule in policy.egress:

@@ -26,6 +26,8 @@ NETWORKS = [
     "::/0",
 ]
 
+# Plain paths, spellings of them, and targets refused always or where a rule checks the path.
+PATHS = ["/", "/a", "/a/x", "/b", "/b/", "/%61/x", "/a/../b", "/a/%2e", "/a%2Fx", "/a;x", "/a//x", "/b%252F"]
 names = st.lists(st.sampled_from(LABELS), min_size=1, max_size=4).map(".".join)
 name_targets = st.one_of(names, names.map(lambda n: "*." + n))
 maybe = lambda strategy: st.one_of(st.none(), strategy)  # noqa: E731
@@ -104,7 +106,7 @@ def requests(document: dict[str, Any]) -> st.SearchStrategy[Request]:
         port=st.sampled_from([80, 443, 8080]),
         scheme=st.sampled_from(["http", "https"]),
         method=maybe(st.sampled_from(["GET", "POST", "get"])),
-        path=maybe(st.sampled_from(["/", "/a", "/a/x", "/b", "/b/", "/a/../b"])),
+        path=maybe(st.sampled_from(PATHS)),
     )
 
 
