@@ -30,6 +30,7 @@ sandgate proxy with 0 and IDLE_SANDBOXES registered sandboxes.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -47,6 +48,7 @@ from bench.topology import (
     DIRECT,
     DNS_ADDR,
     GATEWAY,
+    NOISY,
     PROXY_CPU,
     REDIRECTED,
     REPO,
@@ -56,6 +58,12 @@ from bench.topology import (
 
 SECONDS = max(1, round(float(os.environ.get("SANDGATE_BENCH_SECONDS", "2"))))
 ROUNDS = max(1, int(os.environ.get("SANDGATE_BENCH_ROUNDS", "3")))
+# Parts to run: "load" (the back-to-back rows, downloads, idle sandboxes), "noisy" (fairness)
+ONLY = set(os.environ.get("SANDGATE_BENCH_ONLY", "load,noisy").split(","))
+NOISY_CONNECTIONS = int(os.environ.get("SANDGATE_BENCH_NOISY_CONNECTIONS", "1500"))
+QUIET_RATE = 20  # the quiet sandbox's requests per second in the noisy-neighbour rows
+NOISY_SECONDS = max(4, 2 * SECONDS)
+UNLIMITED_PORTS = {"transparent_port": 18001, "explicit_port": 18002, "dns_port": 18053}
 CHILD_FLAG = "SANDGATE_BENCH_PROXY_CHILD"
 SANDGATE_PORTS = {"transparent_port": 15001, "explicit_port": 15002, "dns_port": 15053}
 IDLE_PORTS = {"transparent_port": 17001, "explicit_port": 17002, "dns_port": 17053}
@@ -118,6 +126,7 @@ class Load:
     p50_ms: float | None  # None: the generator reports no percentiles (h2load)
     p99_ms: float | None
     errors: int
+    p95_ms: float | None = None  # only where the rows show it (noisy neighbour)
     cpu_seconds: float | None = None  # the proxy's, during the run
     rss_mib: float | None = None  # the proxy's, at the end of the run
 
@@ -217,10 +226,18 @@ def h2load(topo: Topology, url: str, streams: int) -> Load:
 
 
 def curl_load(
-    topo: Topology, url: str, c: int, proxy_port: int | None, cafile: Path, fresh: bool = False
+    topo: Topology,
+    url: str,
+    c: int,
+    proxy_port: int | None,
+    cafile: Path,
+    fresh: bool = False,
+    rate: int | None = None,
+    seconds: float = SECONDS,
 ) -> Load:
     """Keep-alive HTTP/1.1, through an explicit proxy (CONNECT for https) if given, certificates
-    verified; `fresh`: a new connection (and tunnel) per request.
+    verified; `fresh`: a new connection (and tunnel) per request; `rate`: at most that many
+    requests per second (then c must be 1), for `seconds`.
 
     curl is given far more URLs than it can fetch and stopped after SECONDS; each finished
     transfer prints one line (line-buffered), so the count and latencies are exact."""
@@ -232,13 +249,15 @@ def curl_load(
         argv += ["-Z", "--parallel-max", str(c), "--parallel-immediate"]
     if fresh:
         argv += ["-H", "Connection: close"]
+    if rate:
+        argv += ["--rate", f"{rate}/s"]
     out = topo.workdir / "curl.out"
     with out.open("w") as fh:
         argv = topo.client_cmd([*argv, f"{url}?[1-10000000]"])
         process = subprocess.Popen(argv, stdout=fh, stderr=subprocess.DEVNULL)  # stderr: progress meter
         started = time.monotonic()
         try:
-            process.wait(SECONDS)
+            process.wait(seconds)
             raise RuntimeError(f"curl {url} ended early ({process.returncode}): {out.read_text()[-500:]}")
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGTERM)
@@ -249,17 +268,27 @@ def curl_load(
     if not good:
         raise RuntimeError(f"curl {url} via :{proxy_port} got no 200: {out.read_text()[-500:]}")
     latencies = sorted(total * 1000 for _, total in good)
-    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+
+    def percentile(share: float) -> float:
+        return latencies[min(len(latencies) - 1, int(len(latencies) * share))]
+
     return Load(
-        len(good), sum(s for s, _ in good), elapsed, statistics.median(latencies), p99, len(lines) - len(good)
+        len(good),
+        sum(s for s, _ in good),
+        elapsed,
+        statistics.median(latencies),
+        percentile(0.99),
+        len(lines) - len(good),
+        p95_ms=percentile(0.95),
     )
 
 
 # ---------------------------------------------------------------- the proxies
 
 
-def start_sandgate(topo: Topology, name: str, ports: dict[str, int]) -> tuple[Proxy, object]:
-    """`python -m sandgate.proxy --config`, as lifecycle starts it; returns it and its ProxyControl."""
+def start_sandgate(topo: Topology, name: str, ports: dict[str, int], **extra: object) -> tuple[Proxy, object]:
+    """`python -m sandgate.proxy --config`, as lifecycle starts it (`extra`: more ProxyConfig
+    fields); returns it and its ProxyControl."""
     from sandgate.proxy import ProxyConfig, ProxyControl
     from sandgate.vault import generate_master_key, open_store
 
@@ -272,6 +301,7 @@ def start_sandgate(topo: Topology, name: str, ports: dict[str, int]) -> tuple[Pr
         upstream_ca=topo.ca_cert,
         vault={"backend": "local", "state_dir": str(vault_dir), "vault_key": key},
         **ports,
+        **extra,  # type: ignore[arg-type]
     )
     config.state_dir.mkdir(parents=True)
     config_file = config.state_dir / "proxy.json"
@@ -551,6 +581,92 @@ def idle_sandboxes(topo: Topology) -> dict[str, float]:
     }
 
 
+# ---------------------------------------------------------------- noisy neighbour
+
+# Sandbox A: NOISY_CONNECTIONS connections to the plain-HTTP host at once, one request each, then
+# held open; no retries. Plain HTTP keeps A cheap on the load generators' core, which B's curl and
+# nginx share. Prints "started" at once and its tally when stdin says so.
+NOISY_SCRIPT = """
+import asyncio, json, resource, sys
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+tally = {"ok": 0, "failed": 0}
+held = []
+
+async def one():
+    try:
+        reader, writer = await asyncio.open_connection("plain.example.com", 80)
+        writer.write(b"GET /1k.json HTTP/1.1\\r\\nHost: plain.example.com\\r\\n\\r\\n")
+        head = await reader.readuntil(b"\\r\\n\\r\\n")
+        tally["ok" if head.startswith(b"HTTP/1.1 200") else "failed"] += 1
+        held.append(writer)
+    except Exception:
+        tally["failed"] += 1
+
+async def main():
+    tasks = [asyncio.create_task(one()) for _ in range(COUNT)]
+    print("started", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    print(json.dumps({**tally, "pending": sum(not t.done() for t in tasks)}), flush=True)
+
+asyncio.run(main())
+"""
+NOISY_SECTION = "noisy neighbour: quiet sandbox B, one verified HTTPS request per new connection"
+
+
+def noisy_neighbour(topo: Topology, proxy: Proxy, port: int, label: str) -> list[Row]:
+    """B's latency alone, then while A opens NOISY_CONNECTIONS connections (B: QUIET_RATE
+    requests/s, a new intercepted TLS connection each, for NOISY_SECONDS)."""
+    topo.redirect_to(port)
+    cafile = proxy.ca_cert or topo.ca_cert
+
+    def quiet_sandbox() -> Load:
+        return curl_load(
+            topo, f"{API}/{K}", 1, None, cafile, fresh=True, rate=QUIET_RATE, seconds=NOISY_SECONDS
+        )
+
+    alone = Row(NOISY_SECTION, f"{label}: B alone", 1, [measured(proxy, quiet_sandbox)])
+    code = f"COUNT = {NOISY_CONNECTIONS}\n" + NOISY_SCRIPT
+    argv = topo.client_cmd([sys.executable, "-c", code], noisy=True)
+    noisy = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert noisy.stdout and noisy.stdin
+        if noisy.stdout.readline().strip() != "started":
+            raise RuntimeError("the noisy neighbour did not start")
+        crowded = Row(NOISY_SECTION, f"{label}: B while A opens {NOISY_CONNECTIONS}", 1)
+        crowded.rounds.append(measured(proxy, quiet_sandbox))
+        noisy.stdin.write("\n")
+        noisy.stdin.flush()
+        crowded.extra = {f"A {key}": float(n) for key, n in json.loads(noisy.stdout.readline()).items()}
+    finally:
+        noisy.kill()
+        noisy.wait(10)
+    for row in (alone, crowded):
+        print(f"  {row.scenario:52} p95 {row.load.p95_ms or 0:7.1f} ms, {row.load.errors} failed", flush=True)
+    return [alone, crowded]
+
+
+def noisy_rows(topo: Topology, sandgate: Proxy) -> list[Row]:
+    """With sandgate's limits (defaults), then a sandgate without them (backlog 100, no
+    per-sandbox limits: how it was before), each measured alone and crowded."""
+    from sandgate.proxy import SandboxEntry
+    from sandgate.proxy.config import ConnectionLimits
+
+    rows = noisy_neighbour(topo, sandgate, SANDGATE_PORTS["transparent_port"], "limits (defaults)")
+    unlimited = ConnectionLimits(max_connections=10**6, accept_rate=1e9, accept_burst=10**6)
+    proxy, control = start_sandgate(
+        topo, "sandgate-unlimited", UNLIMITED_PORTS, limits=unlimited, listen_backlog=100
+    )
+    try:
+        for sandbox_id, address in (("bench", CLIENT), ("noisy", NOISY)):
+            control.put_sandbox(SandboxEntry(sandbox_id=sandbox_id, address=address, policy=POLICY))  # type: ignore[attr-defined]
+        rows += noisy_neighbour(topo, proxy, UNLIMITED_PORTS["transparent_port"], "no limits, backlog 100")
+    finally:
+        control.close()  # type: ignore[attr-defined]
+        topo.stop(proxy.process)
+    return rows
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -558,7 +674,26 @@ def run_all(topo: Topology) -> None:
     from sandgate.proxy import SandboxEntry
 
     sandgate, control = start_sandgate(topo, "sandgate", SANDGATE_PORTS)
-    control.put_sandbox(SandboxEntry(sandbox_id="bench", address=CLIENT, policy=POLICY))  # type: ignore[attr-defined]
+    for sandbox_id, address in (("bench", CLIENT), ("noisy", NOISY)):
+        control.put_sandbox(SandboxEntry(sandbox_id=sandbox_id, address=address, policy=POLICY))  # type: ignore[attr-defined]
+    rows: list[Row] = []
+    idle: dict[str, float] | None = None
+    if "noisy" in ONLY:
+        rows += noisy_rows(topo, sandgate)
+    if "load" in ONLY:
+        rows += load_rows(topo, sandgate)
+    audit_lines = sum(
+        len(p.read_bytes().splitlines()) for p in (sandgate.state_dir or topo.workdir).glob("audit.jsonl*")
+    )
+    control.close()  # type: ignore[attr-defined]
+    topo.stop(sandgate.process)
+    if "load" in ONLY:
+        idle = idle_sandboxes(topo)
+    report(rows, idle, audit_lines)
+
+
+def load_rows(topo: Topology, sandgate: Proxy) -> list[Row]:
+    """The back-to-back rows against mitmdump and squid, then the 100 MiB downloads."""
     proxies = {"sandgate": sandgate, "mitmdump": start_mitmdump(topo), "squid": start_squid(topo)}
     for note in check_paths(topo, sandgate, proxies["mitmdump"]):
         print(f"  {note}")
@@ -582,27 +717,52 @@ def run_all(topo: Topology) -> None:
             topo, "sandgate TLS pass-through", "https://pass.example.com/100m.bin", topo.ca_cert, sandgate
         ),
     ]
-    audit_lines = sum(
-        len(p.read_bytes().splitlines()) for p in (sandgate.state_dir or topo.workdir).glob("audit.jsonl*")
-    )
-    control.close()  # type: ignore[attr-defined]
-    for proxy in proxies.values():
-        topo.stop(proxy.process)
-    idle = idle_sandboxes(topo)
-    report(rows + downloads, idle, audit_lines)
+    for name in ("mitmdump", "squid"):
+        topo.stop(proxies[name].process)
+    return rows + downloads
 
 
-def report(rows: list[Row], idle: dict[str, float], audit_lines: int) -> None:
+def report(rows: list[Row], idle: dict[str, float] | None, audit_lines: int) -> None:
     columns = [("c", 3), ("req/s", 8), ("p50 ms", 8), ("p99 ms", 8), ("MB/s", 8), ("CPU%", 5)]
     columns += [("CPU ms/req", 10), ("RSS MiB", 8), ("err", 4)]
     header = f"{'scenario':46} " + " ".join(f"{name:>{width}}" for name, width in columns)
-    for section in dict.fromkeys(row.section for row in rows):
+    for section in dict.fromkeys(row.section for row in rows if row.section != NOISY_SECTION):
         print(f"\n{section}\n{header}")
         for row in (r for r in rows if r.section == section):
             print(_line(row))
             if row.extra:
                 before, peak = row.extra["rss_before_mib"], row.extra["peak_mib"]
                 print(f"{'':50} proxy RSS before {before:.1f} MiB, peak during (VmHWM) {peak:.1f} MiB")
+    noisy = [row for row in rows if row.section == NOISY_SECTION]
+    if noisy:
+        report_noisy(noisy)
+    if idle is not None:
+        report_ratios(rows, idle)
+    print(f"  sandgate wrote {audit_lines} audit records during the run")
+
+
+def report_noisy(rows: list[Row]) -> None:
+    print(f"\n{NOISY_SECTION} ({QUIET_RATE}/s for {NOISY_SECONDS} s)")
+    print(
+        f"{'scenario':52} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'B ok':>5} {'B err':>5}  A's connections"
+    )
+    for row in rows:
+        load = row.load
+        tally = ", ".join(f"{key.split()[1]} {n:.0f}" for key, n in row.extra.items())
+        print(
+            f"{row.scenario:52} {load.p50_ms or 0:8.1f} {load.p95_ms or 0:8.1f} {load.p99_ms or 0:8.1f}"
+            f" {load.requests:5} {load.errors:5}  {tally}"
+        )
+    for alone, crowded in zip(rows[::2], rows[1::2], strict=True):
+        ratio = (crowded.load.p95_ms or 0) / (alone.load.p95_ms or float("inf"))
+        met = ratio <= 2.0 and crowded.load.errors == 0
+        print(
+            f"  {crowded.scenario.split(':')[0]}: B's p95 crowded / alone {ratio:.2f}x, "
+            f"{crowded.load.errors} failed [goal <= 2x and none failed: {'met' if met else 'MISSED'}]"
+        )
+
+
+def report_ratios(rows: list[Row], idle: dict[str, float]) -> None:
     print(
         "\nratios, median over the rounds (each round compares runs made back to back; min-max):"
         "\nthroughput = req/s (MB/s for 1 MiB); per core = inverse of the proxies' CPU time per request"
@@ -632,7 +792,6 @@ def report(rows: list[Row], idle: dict[str, float], audit_lines: int) -> None:
         f" -> {per:.0f} KiB per sandbox [< 1024 KiB: {'met' if per < 1024 else 'MISSED'}];"
         f" {idle['push_ms']:.1f} ms per PUT"
     )
-    print(f"  sandgate wrote {audit_lines} audit records during the run")
 
 
 def _line(row: Row) -> str:

@@ -1,11 +1,12 @@
-"""The proxy benchmark's own small world: an origin namespace and a client namespace.
+"""The proxy benchmark's own small world: an origin namespace and two client namespaces.
 
 Rules:
 1. Only the process's own network namespace is touched. `enter_private_netns()` moves the
    calling process into a fresh one (lo up) first; it plays "the host", where the proxies under
-   test run. Two named namespaces (random suffixes) hang off it by veths: the origin
-   (198.51.100.0/24: nginx and a DNS server) and the client (203.0.113.0/30: the load
-   generators). No route leads anywhere else.
+   test run. Three named namespaces (random suffixes) hang off it by veths: the origin
+   (198.51.100.0/24: nginx and a DNS server), the client (203.0.113.0/30: the load
+   generators) and a second client, "noisy" (203.0.113.4/30: the noisy neighbour of the
+   fairness rows). No route leads anywhere else.
 2. Every process started here is recorded and stopped by PID, every namespace, veth and nft
    table deleted by name, in `close()`, also when the benchmark fails half way.
 3. The client reaches the origin two ways: `DIRECT` (routed by the host, no proxy) and
@@ -39,6 +40,7 @@ DIRECT = "198.51.100.10"  # nginx, reached without a proxy
 REDIRECTED = "198.51.100.11"  # the same nginx; client TCP to it goes to the proxy under test
 DNS_ADDR = "198.51.100.53"
 GATEWAY, CLIENT = "203.0.113.1", "203.0.113.2"  # host and client ends of the client veth
+NOISY_GATEWAY, NOISY = "203.0.113.5", "203.0.113.6"  # a second client: the noisy neighbour
 LOADGEN_CPU, PROXY_CPU = "0", "1"  # origin and load generators share one core, the proxy gets the other
 BODIES = {"1k.json": 1024, "1m.bin": 1024 * 1024, "100m.bin": 100 * 1024 * 1024}
 STOP_TIMEOUT = 10.0
@@ -88,6 +90,7 @@ class Topology:
         self.workdir = workdir
         self.origin: Netns | None = None
         self.client: Netns | None = None
+        self.noisy: Netns | None = None  # a second sandbox-like client, redirected the same way
         self.links: list[str] = []
         self.nft_table = unique("sgbench")
         self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
@@ -117,28 +120,35 @@ class Topology:
         return self
 
     def _build_links(self) -> None:
-        self.origin, self.client = Netns("sgbo"), Netns("sgbc")
-        origin_if, client_if = unique("sgbvo"), unique("sgbvc")
-        for host_if, ns in ((origin_if, self.origin), (client_if, self.client)):
+        self.origin, self.client, self.noisy = Netns("sgbo"), Netns("sgbc"), Netns("sgbn")
+        origin_if, client_if, noisy_if = unique("sgbvo"), unique("sgbvc"), unique("sgbvn")
+        links = ((origin_if, self.origin), (client_if, self.client), (noisy_if, self.noisy))
+        for host_if, ns in links:
             ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns.name)
             self.links.append(host_if)
         ip("addr", "add", f"{HOST_V4}/24", "dev", origin_if)
         for addr in (DIRECT, REDIRECTED, DNS_ADDR):
             ip("addr", "add", f"{addr}/24", "dev", "eth0", netns=self.origin.name)
-        ip("addr", "add", f"{GATEWAY}/30", "dev", client_if)
-        ip("addr", "add", f"{CLIENT}/30", "dev", "eth0", netns=self.client.name)
-        for host_if, ns in ((origin_if, self.origin), (client_if, self.client)):
+        for host_if, ns, gateway, address in (
+            (client_if, self.client, GATEWAY, CLIENT),
+            (noisy_if, self.noisy, NOISY_GATEWAY, NOISY),
+        ):
+            ip("addr", "add", f"{gateway}/30", "dev", host_if)
+            ip("addr", "add", f"{address}/30", "dev", "eth0", netns=ns.name)
+        for host_if, ns in links:
             ip("link", "set", host_if, "up")
             ip("link", "set", "eth0", "up", netns=ns.name)
-        ip("route", "add", "203.0.113.0/30", "via", HOST_V4, netns=self.origin.name)
-        ip("route", "add", "198.51.100.0/24", "via", GATEWAY, netns=self.client.name)
-        self.client_if = client_if
+        for ns, gateway in ((self.client, GATEWAY), (self.noisy, NOISY_GATEWAY)):
+            ip("route", "add", "198.51.100.0/24", "via", gateway, netns=ns.name)
+        ip("route", "add", "203.0.113.0/29", "via", HOST_V4, netns=self.origin.name)
+        self.client_ifs = (client_if, noisy_if)
         self.redirect_to(None)
 
     def redirect_to(self, port: int | None) -> None:
         """Send the client's TCP for REDIRECTED to this host port (a transparent proxy under test);
         None: refuse it (so no run reaches the origin unproxied by mistake)."""
-        match = f'iifname "{self.client_if}" ip daddr {REDIRECTED} tcp dport {{ 80, 443 }}'
+        clients = ", ".join(f'"{name}"' for name in self.client_ifs)
+        match = f"iifname {{ {clients} }} ip daddr {REDIRECTED} tcp dport {{ 80, 443 }}"
         nat = f"{match} redirect to :{port}" if port else ""
         refuse = "" if port else f"{match} reject with tcp reset"
         rules = f"""
@@ -206,10 +216,12 @@ table inet {self.nft_table} {{
         path = self.workdir / f"{name}.log"
         return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
-    def client_cmd(self, argv: Sequence[str], cpu: str = LOADGEN_CPU) -> list[str]:
-        """Run `argv` in the client namespace, on `cpu`, with the client's /etc/hosts."""
-        assert self.client is not None
-        return self.client.cmd(self.with_hosts_file(["taskset", "-c", cpu, *argv], self.hosts_file))
+    def client_cmd(self, argv: Sequence[str], cpu: str = LOADGEN_CPU, noisy: bool = False) -> list[str]:
+        """Run `argv` in the client namespace (the noisy one if `noisy`), on `cpu`, with the
+        client's /etc/hosts."""
+        ns = self.noisy if noisy else self.client
+        assert ns is not None
+        return ns.cmd(self.with_hosts_file(["taskset", "-c", cpu, *argv], self.hosts_file))
 
     def with_hosts_file(self, argv: Sequence[str], hosts_file: Path) -> list[str]:
         """Run `argv` here (the host namespace) with `hosts_file` as its /etc/hosts."""
@@ -243,7 +255,7 @@ table inet {self.nft_table} {{
         subprocess.run(["nft", "delete", "table", "inet", self.nft_table], capture_output=True)
         for link in self.links:
             subprocess.run(["ip", "link", "del", link], capture_output=True)
-        for ns in (self.client, self.origin):
+        for ns in (self.noisy, self.client, self.origin):
             if ns is not None:
                 ns.delete()
 

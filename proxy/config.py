@@ -14,6 +14,20 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+class ConnectionLimits(BaseModel):
+    """How much of the proxy one sandbox may take: open TCP connections and new connections per
+    second (a token bucket: `accept_burst` at once, refilled at `accept_rate` per second). A
+    connection over either limit is reset at accept, before any byte is read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_connections: int = Field(default=256, ge=1, description="TCP connections one sandbox may hold open")
+    accept_rate: float = Field(default=50.0, gt=0, description="new connections per second, sustained")
+    accept_burst: int = Field(
+        default=200, ge=1, description="new connections accepted at once after a quiet spell"
+    )
+
+
 class SandboxEntry(BaseModel):
     """One sandbox as the proxy knows it: its source address names it, its policy decides."""
 
@@ -25,6 +39,9 @@ class SandboxEntry(BaseModel):
     credentials: dict[str, str] = Field(
         default_factory=dict,
         description="binding credential name -> vault entry name; names missing here are used as-is",
+    )
+    limits: ConnectionLimits | None = Field(
+        default=None, description="this sandbox's connection limits (default: ProxyConfig.limits)"
     )
 
     @field_validator("address")
@@ -59,6 +76,13 @@ class ProxyConfig(BaseModel):
     )
     header_timeout: float = Field(
         default=30.0, gt=0, description="seconds a connection has to finish its first request's headers"
+    )
+    limits: ConnectionLimits = Field(
+        default_factory=lambda: ConnectionLimits(),
+        description="per-sandbox limits unless an entry carries its own",
+    )
+    listen_backlog: int = Field(
+        default=4096, ge=16, description="accept queue of each TCP listener (capped by net.core.somaxconn)"
     )
     audit_max_bytes: int = Field(100 * 1024 * 1024, ge=1024, description="rotate audit.jsonl past this size")
     audit_backups: int = Field(10, ge=0, description="rotated audit files kept (audit.jsonl.1 ...)")

@@ -4,13 +4,16 @@ Rules: only the addons the proxy needs are loaded (mitmproxy's default list cost
 of the throughput in hook dispatch); connections to upstream are made lazily, after the policy
 has passed; bodies are streamed by our StreamingAddon. Three listeners share one process and one
 decision path: transparent (nft-redirected sandbox TCP; original destination by SO_ORIGINAL_DST),
-regular (explicit HTTP proxy: CONNECT and absolute-form) and dns (the sandboxes' resolver).
+regular (explicit HTTP proxy: CONNECT and absolute-form) and dns (the sandboxes' resolver). The two
+TCP listeners belong to the front door (proxy/frontdoor.py: per-sandbox limits at accept), which
+hands admitted connections to mitmproxy's server instances; mitmproxy binds only the DNS one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 
 from mitmproxy import options
@@ -26,6 +29,7 @@ from sandgate.proxy.control import ControlServer
 from sandgate.proxy.deadline import HeaderDeadlineAddon
 from sandgate.proxy.dnsguard import DnsAddon
 from sandgate.proxy.enforcement import EnforcementAddon
+from sandgate.proxy.frontdoor import FrontDoor
 from sandgate.proxy.identity import IdentityAddon
 from sandgate.proxy.injection import InjectionAddon
 from sandgate.proxy.metrics import Metrics
@@ -39,7 +43,16 @@ log = logging.getLogger(__name__)
 
 def run_proxy(config: ProxyConfig) -> None:
     """Run until SIGTERM/SIGINT; the child-process entry point (`python -m sandgate.proxy`)."""
+    _raise_file_limit()
     asyncio.run(serve(config))
+
+
+def _raise_file_limit() -> None:
+    """Every connection costs one descriptor, two with its upstream: the soft limit (often
+    1024) would refuse sandboxes long before the per-sandbox limits do, so take the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def build_state(config: ProxyConfig) -> ProxyState:
@@ -61,11 +74,7 @@ def build_state(config: ProxyConfig) -> ProxyState:
 def mitmproxy_options(config: ProxyConfig) -> dict[str, object]:
     host = config.listen_host
     return {
-        "mode": [
-            f"transparent@{host}:{config.transparent_port}",
-            f"regular@{host}:{config.explicit_port}",
-            f"dns@{host}:{config.dns_port}",
-        ],
+        "mode": [f"dns@{host}:{config.dns_port}"],  # the TCP listeners are the front door's
         "confdir": str(config.state_dir),
         "connection_strategy": "lazy",
         "ssl_verify_upstream_trusted_ca": str(upstream_trust_bundle(config.state_dir, config.upstream_ca)),
@@ -115,15 +124,18 @@ async def serve(config: ProxyConfig) -> None:
     master.addons.add(*addons(state, config))
     master.options.update(**mitmproxy_options(config))
     control = ControlServer(state, config.socket_path)
+    front_door = FrontDoor(state, config, master.addons.get("proxyserver"))
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, master.shutdown)
     await control.start()
     log.info("sandgate proxy: control socket %s", config.socket_path)
     refresher = asyncio.create_task(refresh_vault_values(state, config.vault.get("cache_ttl", 30.0)))
+    front_door.start()
     try:
         await master.run()
     finally:
         refresher.cancel()
+        await front_door.stop()
         await control.stop()
         state.audit.close()

@@ -4,6 +4,7 @@ miniature: one veth, a /30, TCP -> transparent port, UDP/53 -> DNS port, explici
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -118,31 +119,38 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[Client]:
+@contextlib.contextmanager
+def client_netns(gateway: str = GATEWAY, address: str = CLIENT_ADDR) -> Iterator[Client]:
+    """A client namespace on its own /30 whose TCP nftables redirects to the proxy (a sandbox)."""
     ns = Netns("sgc")
     host_if = unique("tvc")
     table = unique("sgtest")
     try:
         ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns.name)
-        ip("addr", "add", f"{GATEWAY}/30", "dev", host_if)
+        ip("addr", "add", f"{gateway}/30", "dev", host_if)
         ip("link", "set", host_if, "up")
-        ip("addr", "add", f"{CLIENT_ADDR}/30", "dev", "eth0", netns=ns.name)
+        ip("addr", "add", f"{address}/30", "dev", "eth0", netns=ns.name)
         ip("link", "set", "eth0", "up", netns=ns.name)
-        ip("route", "add", "default", "via", GATEWAY, netns=ns.name)
+        ip("route", "add", "default", "via", gateway, netns=ns.name)
         rules = f"""
 table inet {table} {{
   chain prerouting {{
     type nat hook prerouting priority dstnat; policy accept;
-    iifname "{host_if}" ip daddr {GATEWAY} tcp dport {EXPLICIT_PORT} accept
+    iifname "{host_if}" ip daddr {gateway} tcp dport {EXPLICIT_PORT} accept
     iifname "{host_if}" meta l4proto tcp redirect to :{TRANSPARENT_PORT}
     iifname "{host_if}" udp dport 53 redirect to :{DNS_PORT}
   }}
 }}
 """
         subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True, capture_output=True)
-        yield Client(ns, host_if)
+        yield Client(ns, host_if, address)
     finally:
         subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
         subprocess.run(["ip", "link", "del", host_if], capture_output=True)
         ns.delete()
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Client]:
+    with client_netns() as running:
+        yield running

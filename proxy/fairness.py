@@ -1,0 +1,89 @@
+"""Fairness between sandboxes: who may open another connection, and how refusals are recorded.
+
+Rules:
+1. Pure bookkeeping, no I/O: the front door asks `Admission.admit` at accept and calls
+   `release` when the connection ends. Limits are per source address (a sandbox's identity),
+   so one sandbox's flood spends only its own allowance.
+2. Two limits (`ConnectionLimits`): open connections, and new connections per second as a token
+   bucket (`accept_burst` tokens, refilled at `accept_rate` per second). A refused connection
+   takes no token and holds no slot.
+3. A refusal is audited, but a flood must not flood the log: per sandbox and limit, the first
+   refusal is recorded at once and opens a window of `REFUSAL_WINDOW` seconds; the refusals
+   inside it are only counted and written as one summary record when the window closes. So a
+   sandbox costs at most two records per limit per window, whatever it sends; the metrics
+   count every refusal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sandgate.proxy.config import ConnectionLimits
+
+TOO_MANY_CONNECTIONS = "connection-limit"
+TOO_FAST = "accept-rate"
+REFUSAL_WINDOW = 10.0  # seconds
+
+
+@dataclass
+class _Source:
+    open: int
+    tokens: float
+    stamp: float  # when `tokens` was last brought up to date
+
+
+class Admission:
+    def __init__(self) -> None:
+        self._sources: dict[str, _Source] = {}
+
+    def admit(self, source: str, limits: ConnectionLimits, now: float) -> str | None:
+        """None: admitted (one slot and one token taken); else the limit it is over."""
+        state = self._sources.get(source)
+        if state is None:
+            state = self._sources[source] = _Source(0, float(limits.accept_burst), now)
+        self._refill(state, limits, now)
+        if state.open >= limits.max_connections:
+            return TOO_MANY_CONNECTIONS
+        if state.tokens < 1.0:
+            return TOO_FAST
+        state.tokens -= 1.0
+        state.open += 1
+        return None
+
+    def release(self, source: str, limits: ConnectionLimits, now: float) -> None:
+        state = self._sources.get(source)
+        if state is None:
+            return
+        state.open -= 1
+        self._refill(state, limits, now)
+        if state.open <= 0 and state.tokens >= limits.accept_burst:  # nothing left to remember
+            del self._sources[source]
+
+    def open_connections(self, source: str) -> int:
+        state = self._sources.get(source)
+        return state.open if state else 0
+
+    @staticmethod
+    def _refill(state: _Source, limits: ConnectionLimits, now: float) -> None:
+        elapsed = max(0.0, now - state.stamp)
+        state.tokens = min(float(limits.accept_burst), state.tokens + elapsed * limits.accept_rate)
+        state.stamp = now
+
+
+class RefusalWindows:
+    """Which refusals get an audit record of their own (see rule 3)."""
+
+    def __init__(self) -> None:
+        self._suppressed: dict[tuple[str, str], int] = {}
+
+    def refused(self, key: tuple[str, str]) -> bool:
+        """True: record this refusal now (and close the window later with `close`)."""
+        if key in self._suppressed:
+            self._suppressed[key] += 1
+            return False
+        self._suppressed[key] = 0
+        return True
+
+    def close(self, key: tuple[str, str]) -> int:
+        """End the window; returns how many refusals it counted without recording them."""
+        return self._suppressed.pop(key, 0)
