@@ -146,4 +146,9 @@ def switch(identity: FsIdentity) -> None:
     syscall(setfsuid, identity.uid)
     # setfsuid/setfsgid return the previous id and never fail; passing -1 reads the current one
     if syscall(setfsuid, -1) != identity.uid or syscall(setfsgid, -1) != identity.gid:
-        raise OSError(f"the kernel refused file identity {identity.uid}:{identity.gid}")
+        raise ApiError(
+            403,
+            "PERMISSION_DENIED",
+            f"the kernel refused file identity {identity.uid}:{identity.gid} "
+            "(in a user namespace only mapped ids can be used)",
+        )
