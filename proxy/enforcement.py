@@ -167,13 +167,15 @@ class EnforcementAddon:
             detail = f"host={request.host_header}, connection port={request.port}"
             self._refuse(flow, sandbox, MISMATCH, name, detail)
             return
+        absolute = _absolute_authority(request)
         try:
-            identity = request_identity(
-                scheme, name, request.port, request.method, request.path, _absolute_authority(request)
-            )
+            identity = request_identity(scheme, name, request.port, request.method, request.path, absolute)
         except AmbiguousTarget as exc:
             self._refuse(flow, sandbox, AMBIGUOUS, name, str(exc))
             return
+        if absolute is not None:  # it names this connection: send it in origin-form, as origins expect
+            request.headers.setdefault("Host", absolute)
+            request.authority = ""
         verdict = decide_request(sandbox.policy, identity)
         if verdict.allowed:
             verdict, _upstream = await self._pin(conn, sandbox, name, request.port, scheme, verdict)

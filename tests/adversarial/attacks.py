@@ -162,8 +162,11 @@ def via_proxy(target: str, then_sni: str | None = None, payload: str = "", port:
         return result
 
 
-def h2_streams(host: str, authorities: list[str], path: str = "/echo") -> dict[str, Any]:
-    """One HTTP/2 connection (SNI `host`); one GET per :authority on it; status and body per stream."""
+def h2_streams(
+    host: str, authorities: list[str], path: str = "/echo", paths: list[str] | None = None
+) -> dict[str, Any]:
+    """One HTTP/2 connection (SNI `host`); one GET per :authority on it (or, with `paths`, one per
+    :path on the first :authority); status and body per stream."""
     import h2.config
     import h2.connection
     import h2.events
@@ -179,11 +182,23 @@ def h2_streams(host: str, authorities: list[str], path: str = "/echo") -> dict[s
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
     streams: dict[int, dict[str, Any]] = {}
-    for index, authority in enumerate(authorities):
+    wanted = [(authorities[0], p) for p in paths] if paths else [(a, path) for a in authorities]
+    for index, (authority, stream_path) in enumerate(wanted):
         stream_id = 1 + 2 * index
-        headers = [(":method", "GET"), (":path", path), (":scheme", "https"), (":authority", authority)]
+        headers = [
+            (":method", "GET"),
+            (":path", stream_path),
+            (":scheme", "https"),
+            (":authority", authority),
+        ]
         conn.send_headers(stream_id, headers, end_stream=True)
-        streams[stream_id] = {"authority": authority, "status": None, "body": "", "reset": None}
+        streams[stream_id] = {
+            "authority": authority,
+            "path": stream_path,
+            "status": None,
+            "body": "",
+            "reset": None,
+        }
     sock.sendall(conn.data_to_send())
     deadline = time.monotonic() + TIMEOUT
     open_streams = set(streams)
@@ -366,7 +381,13 @@ def connect_loop(host: str, port: int, seconds: float, gap: float, sni: str, pat
     return {"attempts": attempts}
 
 
+def batch(calls: list[list[Any]]) -> dict[str, Any]:
+    """Several attacks in one process ([[name, {args}], ...]), in order: one result each."""
+    return {"results": [ATTACKS[name](**arguments) for name, arguments in calls]}
+
+
 ATTACKS: dict[str, Callable[..., dict[str, Any]]] = {
+    "batch": batch,
     "raw": raw,
     "via_proxy": via_proxy,
     "h2_streams": h2_streams,

@@ -1,14 +1,25 @@
 """Who a request claims to be for: IP literals, forged destinations, SNI/Host/:authority
 mismatches, domain fronting, HTTP/2 coalescing, the explicit proxy's CONNECT and absolute-form,
-WebSocket upgrades. One decision function must see through every one of them."""
+WebSocket upgrades, and what it is for: the canonical path (encoded dot segments, `..;`) and
+absolute-form targets naming another authority. One decision function must see through every one
+of them; each refusal is proved from the origin's raw log and the sandbox's own output."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from urllib.parse import unquote
 
 import pytest
 
-from tests.adversarial.conftest import BOUND_HOST, DENIED_HOST, IN_SANDBOX_TEST_CA, OPEN_HOST, Attacker
+from tests.adversarial.conftest import (
+    BOUND_HOST,
+    DENIED_HOST,
+    IN_SANDBOX_TEST_CA,
+    OPEN_HOST,
+    ZONE,
+    Attacker,
+)
 from tests.support.internet import ORIGIN_V4, ORIGIN_V4_ALT, ORIGIN_V6
 
 pytestmark = pytest.mark.root
@@ -277,3 +288,138 @@ def test_websocket_to_a_denied_host_is_refused_on_every_path(attacker: Attacker)
     assert status(allowed["reply"]) == 101  # positive control: the same upgrade to the allowed host works
     websockets = [r for r in attacker.origin_requests_since(mark) if r["type"] == "websocket"]
     assert [r["headers"]["host"] for r in websockets] == [BOUND_HOST]
+
+
+# ------------------------------------------------------------------------------ canonical identity
+
+V1_HOST = "v1.example.com"  # allowed only for GET /v1/*; no credential
+# Each is /admin to an nginx-style (decode, then resolve dot segments) or a Tomcat-style (strip
+# `;params`, then resolve) origin; the policy must never judge them as /v1/... and let them through.
+PATH_BYPASSES = ["/v1/%2E%2E%2Fadmin", "/v1/x/..%2f..%2fadmin", "/v1/..%2Fadmin", "/v1/..;/admin"]
+V1_OK = "/v1/ok"  # the positive control: reaches the origin (which answers 404: no such route)
+
+
+@pytest.fixture(scope="module")
+def v1_only(attacker: Attacker) -> Iterator[str]:
+    """The attacker's policy plus `allow GET /v1/*` for V1_HOST (first), restored afterwards."""
+    attacker.internet.set_names({**ZONE, V1_HOST: [ORIGIN_V4]})
+    url = f"/v1/sandboxes/{attacker.sandbox.id}/egress/sandgate-policy"
+    rule = {"action": "allow", "target": V1_HOST, "methods": ["GET"], "paths": ["/v1/*"]}
+    with attacker.server.client() as client:
+        before = client.get(url).json()["policy"]
+        answer = client.put(url, json={"policy": {**before, "egress": [rule, *before.get("egress", [])]}})
+        assert answer.status_code == 200, answer.text
+    try:
+        yield V1_HOST
+    finally:
+        with attacker.server.client() as client:
+            client.put(url, json={"policy": before}).raise_for_status()
+        attacker.internet.set_names(ZONE)
+
+
+def served_by_normalizing_origins(target: str) -> set[str]:
+    """The paths an nginx-style origin (decode, then resolve dot segments) and a Tomcat-style one
+    (strip `;params` from each segment, decode, resolve) serve for this target."""
+
+    def resolved(segments: list[str]) -> str:
+        out: list[str] = []
+        for segment in segments:
+            if segment == "..":
+                out = out[:-1]
+            elif segment not in (".", ""):
+                out.append(segment)
+        return "/" + "/".join(out)
+
+    nginx = unquote(target).split("/")
+    tomcat = [unquote(segment.split(";", 1)[0]) for segment in target.split("/")]
+    return {resolved(nginx), resolved(tomcat)}
+
+
+def test_encoded_dot_segments_never_reach_the_origin(attacker: Attacker, v1_only: str) -> None:
+    """`GET /v1/*` only: the four spellings of /admin are 400 on HTTP/1.1 over TLS, in cleartext,
+    through the explicit proxy and as HTTP/2 :path; the origin's raw log never sees them."""
+    assert all("/admin" in served_by_normalizing_origins(path) for path in PATH_BYPASSES)  # the threat
+    mark = len(attacker.internet.origin_requests())
+    calls: list[list[object]] = []
+    for path in [*PATH_BYPASSES, V1_OK]:
+        request = http_get(v1_only, path)
+        calls += [
+            ["raw", {"host": v1_only, "port": 443, "sni": v1_only, "payload": request}],
+            ["raw", {"host": v1_only, "port": 80, "payload": request}],
+            [
+                "raw",
+                {
+                    "host": "GATEWAY",
+                    "port": attacker.ports.explicit,
+                    "payload": request.replace(f"GET {path} ", f"GET http://{v1_only}{path} ", 1),
+                },
+            ],
+        ]
+    calls.append(
+        ["h2_streams", {"host": v1_only, "authorities": [v1_only], "paths": [*PATH_BYPASSES, V1_OK]}]
+    )
+    *http1, h2 = attacker.attack("batch", calls=calls)["results"]
+    statuses = [status(result.get("reply", "")) for result in http1]
+    assert statuses == [400] * 3 * len(PATH_BYPASSES) + [404] * 3, http1
+    assert {deny_reason(result["reply"]) for result in http1[: 3 * len(PATH_BYPASSES)]} == {
+        "ambiguous_target"
+    }
+    assert h2["alpn"] == "h2", h2
+    assert [stream["status"] for stream in h2["streams"]] == [400] * len(PATH_BYPASSES) + [404], h2
+    seen = attacker.origin_requests_since(mark)
+    assert [r["target"] for r in seen] == [V1_OK] * 4, seen  # only the controls, on all four paths in
+    records = attacker.wait_audit(lambda r: r["reason"] == "ambiguous_target" and r["host"] == v1_only)
+    assert len({r["path"] for r in records} & set(PATH_BYPASSES)) == len(PATH_BYPASSES), records
+    assert all(r["status"] == 400 and r["kind"] == "request" for r in records)
+
+
+ABSOLUTE_DENIED = "/echo/absolute-elsewhere"
+
+
+def absolute_get(url: str, host_header: str = BOUND_HOST) -> str:
+    return f"GET {url} HTTP/1.1\r\nHost: {host_header}\r\nConnection: close\r\n\r\n"
+
+
+def test_an_absolute_form_target_for_another_authority_is_400_and_never_sent(attacker: Attacker) -> None:
+    """On the credentialed host's intercepted connection (transparent TLS, cleartext, and inside
+    an explicit CONNECT tunnel), `GET https://denied.example.com/...` with the allowed Host would be
+    routed by the origin to the absolute target: refused, nothing leaves, least of all the credential."""
+    mark = len(attacker.internet.origin_requests())
+    elsewhere = f"https://{DENIED_HOST}{ABSOLUTE_DENIED}"
+    other_port = f"https://{BOUND_HOST}:8443{ABSOLUTE_DENIED}"
+    same = f"https://{BOUND_HOST}/echo?absolute-same"  # /echo: the bearer binding applies
+    tls = {"host": BOUND_HOST, "port": 443, "sni": BOUND_HOST}
+    calls = [
+        ["raw", {**tls, "payload": absolute_get(elsewhere)}],
+        ["raw", {**tls, "payload": absolute_get(other_port)}],
+        [
+            "raw",
+            {
+                "host": BOUND_HOST,
+                "port": 80,
+                "payload": absolute_get(f"http://{DENIED_HOST}{ABSOLUTE_DENIED}"),
+            },
+        ],
+        [
+            "via_proxy",
+            {
+                "target": f"{BOUND_HOST}:443",
+                "then_sni": BOUND_HOST,
+                "payload": absolute_get(elsewhere),
+                "port": attacker.ports.explicit,
+            },
+        ],
+        ["raw", {**tls, "payload": absolute_get(same)}],  # the positive control: the same authority
+    ]
+    *refused, control = attacker.attack("batch", calls=calls)["results"]
+    assert [status(result.get("reply", "")) for result in refused] == [400] * 4, refused
+    assert {deny_reason(result["reply"]) for result in refused} == {"ambiguous_target"}
+    assert status(control["reply"]) == 200, control
+    seen = attacker.origin_requests_since(mark)
+    assert [r["target"] for r in seen] == ["/echo?absolute-same"], seen  # origin-form, as origins expect
+    assert seen[0]["headers"]["authorization"].startswith("Bearer ")  # it would have been injected
+    records = attacker.wait_audit(
+        lambda r: r["reason"] == "ambiguous_target" and (r["path"] or "").startswith(ABSOLUTE_DENIED)
+    )
+    assert len(records) >= 4 and all(r["status"] == 400 and "absolute-form" in r["detail"] for r in records)
+    assert all(r["binding"] is None for r in records)

@@ -23,7 +23,8 @@ and the origin addresses):
 
 DNS (UDP, `DNS_ADDR`:53) answers only the names the test sets with `net.set_names({...})` and
 records every query; `net.dns_queries()` returns them in order. The origins record every HTTP
-request and WebSocket handshake they see; `net.origin_requests()` returns them in order.
+request and WebSocket handshake they see (`path` decoded, `target` as received);
+`net.origin_requests()` returns them in order.
 
 Running this file as a script (`python internet.py WORKDIR`) is the server side; the fixture
 does that inside the namespace.
@@ -284,6 +285,8 @@ def _serve(workdir: Path) -> None:
                     "server": "{}:{}".format(*scope["server"]) if scope.get("server") else None,
                     "method": scope.get("method", "GET"),
                     "path": scope["path"] + (f"?{query}" if query else ""),
+                    # the target as received, before any decoding: what a normalizing origin routes by
+                    "target": scope.get("raw_path", b"").decode("latin-1") + (f"?{query}" if query else ""),
                     "headers": {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]},
                 }
                 with (workdir / "requests.jsonl").open("a") as fh:
