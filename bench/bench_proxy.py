@@ -64,6 +64,7 @@ NOISY_CONNECTIONS = int(os.environ.get("SANDGATE_BENCH_NOISY_CONNECTIONS", "1500
 QUIET_RATE = 20  # the quiet sandbox's requests per second in the noisy-neighbour rows
 NOISY_SECONDS = max(4, 2 * SECONDS)
 UNLIMITED_PORTS = {"transparent_port": 18001, "explicit_port": 18002, "dns_port": 18053}
+RELAY_PORTS = {"transparent_port": 19001, "explicit_port": 19002, "dns_port": 19053}
 CHILD_FLAG = "SANDGATE_BENCH_PROXY_CHILD"
 SANDGATE_PORTS = {"transparent_port": 15001, "explicit_port": 15002, "dns_port": 15053}
 IDLE_PORTS = {"transparent_port": 17001, "explicit_port": 17002, "dns_port": 17053}
@@ -428,6 +429,12 @@ KEEP_ROWS = [  # (name, proxy, tool, origin); each at c=1 and c=32, 1 KiB
     ("sandgate CONNECT intercepted (curl)", "sandgate", "curl", API),
     ("sandgate TLS pass-through (transparent)", "sandgate", "wrk", PASS),
     ("sandgate CONNECT pass-through (curl)", "sandgate", "curl", PASS),
+    *(
+        PASS_ROWS := [
+            ("sandgate pass-through, splice (curl)", "sandgate", "curl-transparent", PASS),
+            ("sandgate pass-through, mitmproxy relay (curl)", "sandgate-relay", "curl-transparent", PASS),
+        ]
+    ),
 ]
 H2_ROWS = [
     ("direct HTTPS h2", None, "h2load", DIRECT_HTTPS),
@@ -436,11 +443,13 @@ H2_ROWS = [
 ]
 HEAVY_ROWS = [  # at c=8: new connection per request (1 KiB), and 1 MiB bodies
     ("direct HTTPS", None, "wrk", DIRECT_HTTPS),
+    ("direct HTTPS (curl, verified)", None, "curl", DIRECT_HTTPS),
     ("mitmdump HTTPS intercepted", "mitmdump", "wrk", API),
     ("squid CONNECT tunnel (curl)", "squid", "curl", PASS),
     ("sandgate HTTPS intercepted+inject+audit", "sandgate", "wrk", API),
     ("sandgate TLS pass-through (transparent)", "sandgate", "wrk", PASS),
     ("sandgate CONNECT pass-through (curl)", "sandgate", "curl", PASS),
+    *PASS_ROWS,
 ]
 
 
@@ -474,7 +483,8 @@ class Ratio:
 
 
 OURS_INTERCEPTED, STOCK_INTERCEPTED = "sandgate HTTPS intercepted+inject+audit", "mitmdump HTTPS intercepted"
-OURS_PASS, SQUID_TUNNEL = "sandgate CONNECT pass-through (curl)", "squid CONNECT tunnel (curl)"
+SQUID_TUNNEL, DIRECT_CURL = "squid CONNECT tunnel (curl)", "direct HTTPS (curl, verified)"
+OURS_PASS, RELAY_PASS = PASS_ROWS[0][0], PASS_ROWS[1][0]  # transparent, as sandboxes connect
 VERIFIED = ("sandgate CONNECT intercepted (curl)", "mitmdump CONNECT intercepted (curl)")
 H2_INTERCEPTED = ("sandgate HTTPS h2 intercepted+inject+audit", "mitmdump HTTPS h2 intercepted")
 RATIOS = [
@@ -494,13 +504,26 @@ RATIOS = [
     Ratio("pass-through, sandgate / squid CONNECT", OURS_PASS, SQUID_TUNNEL, KEEP, 32, 1.0, False),
     Ratio("pass-through new conns, sandgate / squid", OURS_PASS, SQUID_TUNNEL, FRESH, 8, 1.0, False),
     Ratio("pass-through 1 MiB (MB/s), sandgate / squid", OURS_PASS, SQUID_TUNNEL, BIG, 8, 1.0, False),
+    Ratio("pass-through per core, sandgate / squid", OURS_PASS, SQUID_TUNNEL, KEEP, 1, 1.0, True),
+    Ratio("pass-through per core, sandgate / squid", OURS_PASS, SQUID_TUNNEL, KEEP, 32, 1.0, True),
+    Ratio("pass-through new conns per core, sandgate / squid", OURS_PASS, SQUID_TUNNEL, FRESH, 8, 1.0, True),
+    Ratio("pass-through 1 MiB per core, sandgate / squid", OURS_PASS, SQUID_TUNNEL, BIG, 8, 1.0, True),
+    Ratio("pass-through, sandgate / direct (curl)", OURS_PASS, DIRECT_CURL, KEEP, 32, 0.5, False),
+    Ratio("pass-through 1 MiB (MB/s), sandgate / direct", OURS_PASS, DIRECT_CURL, BIG, 8, 0.8, False),
+    Ratio("pass-through, splice / mitmproxy relay per core", OURS_PASS, RELAY_PASS, KEEP, 32, 1.0, True),
+    Ratio("pass-through new conns, splice / relay per core", OURS_PASS, RELAY_PASS, FRESH, 8, 1.0, True),
+    Ratio("pass-through 1 MiB, splice / relay per core", OURS_PASS, RELAY_PASS, BIG, 8, 1.0, True),
     Ratio("intercepted HTTP/2 streams, sandgate / mitmdump", *H2_INTERCEPTED, H2, 32, 1.5, True),
 ]
 
 
 def run_scenario(topo: Topology, scenario: Scenario, c: int, proxies: dict[str, Proxy]) -> Load:
     proxy = proxies.get(scenario.proxy or "")
-    transparent = {"sandgate": SANDGATE_PORTS["transparent_port"], "mitmdump": MITMDUMP_PORT}
+    transparent = {
+        "sandgate": SANDGATE_PORTS["transparent_port"],
+        "sandgate-relay": RELAY_PORTS["transparent_port"],
+        "mitmdump": MITMDUMP_PORT,
+    }
     if scenario.tool == "h2load":
         topo.redirect_to(transparent.get(scenario.proxy or ""))
 
@@ -525,6 +548,9 @@ def run_scenario(topo: Topology, scenario: Scenario, c: int, proxies: dict[str, 
         intercepted = "api." in scenario.url
         cafile = proxy.ca_cert if proxy and intercepted and proxy.ca_cert else topo.ca_cert
         port = explicit.get(scenario.proxy or "")
+        if scenario.tool == "curl-transparent":  # the client dials the origin, nft redirects it
+            topo.redirect_to(transparent[scenario.proxy or ""])
+            port = None
 
         def run() -> Load:
             return curl_load(topo, scenario.url, c, port, cafile, scenario.fresh)
@@ -694,7 +720,17 @@ def run_all(topo: Topology) -> None:
 
 def load_rows(topo: Topology, sandgate: Proxy) -> list[Row]:
     """The back-to-back rows against mitmdump and squid, then the 100 MiB downloads."""
-    proxies = {"sandgate": sandgate, "mitmdump": start_mitmdump(topo), "squid": start_squid(topo)}
+    from sandgate.proxy import SandboxEntry
+
+    relay, relay_control = start_sandgate(topo, "sandgate-relay", RELAY_PORTS, splice_passthrough=False)
+    relay_control.put_sandbox(SandboxEntry(sandbox_id="bench", address=CLIENT, policy=POLICY))  # type: ignore[attr-defined]
+    relay_control.close()  # type: ignore[attr-defined]
+    proxies = {
+        "sandgate": sandgate,
+        "sandgate-relay": relay,
+        "mitmdump": start_mitmdump(topo),
+        "squid": start_squid(topo),
+    }
     for note in check_paths(topo, sandgate, proxies["mitmdump"]):
         print(f"  {note}")
     plan = [(s, c) for s in SCENARIOS for c in s.concurrency]
@@ -717,7 +753,7 @@ def load_rows(topo: Topology, sandgate: Proxy) -> list[Row]:
             topo, "sandgate TLS pass-through", "https://pass.example.com/100m.bin", topo.ca_cert, sandgate
         ),
     ]
-    for name in ("mitmdump", "squid"):
+    for name in ("sandgate-relay", "mitmdump", "squid"):
         topo.stop(proxies[name].process)
     return rows + downloads
 

@@ -147,6 +147,11 @@ def closing_record(conn: ConnState, decision: AuditRecord, client: connection.Cl
     bytes_in, bytes_out = counted or (0, 0)
     started, ended = client.timestamp_start, client.timestamp_end
     duration = round((ended - started) * 1000, 3) if started and ended else None
+    return closed(decision, bytes_in, bytes_out, duration)
+
+
+def closed(decision: AuditRecord, bytes_in: int, bytes_out: int, duration_ms: float | None) -> AuditRecord:
+    """The record that closes a pass-through connection (mitmproxy's relay or the front door's splice)."""
     return decision.model_copy(
         update={
             "id": f"{decision.id}-{CLOSED}",
@@ -154,7 +159,7 @@ def closing_record(conn: ConnState, decision: AuditRecord, client: connection.Cl
             "event": CLOSED,
             "bytes_in": bytes_in,
             "bytes_out": bytes_out,
-            "duration_ms": duration,
+            "duration_ms": duration_ms,
         }
     )
 

@@ -81,6 +81,11 @@ class ProxyConfig(BaseModel):
         default_factory=lambda: ConnectionLimits(),
         description="per-sandbox limits unless an entry carries its own",
     )
+    splice_passthrough: bool = Field(
+        default=True,
+        description="decide TLS at the front door (ClientHello by MSG_PEEK) and relay pass-through "
+        "connections in the kernel (splice), not through mitmproxy",
+    )
     listen_backlog: int = Field(
         default=4096, ge=16, description="accept queue of each TCP listener (capped by net.core.somaxconn)"
     )

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from mitmproxy import connection, http, tls
@@ -64,6 +64,14 @@ def deny_response(verdict: Verdict, host: str | None) -> http.Response:
     )
 
 
+@dataclass(frozen=True)
+class ClientHelloVerdict:
+    verdict: Verdict
+    name: str | None  # the connection-level name: SNI, else DNS-attributed, else the address
+    detail: str | None
+    upstream: str | None  # pass-through: the checked address to dial
+
+
 class EnforcementAddon:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
@@ -94,9 +102,22 @@ class EnforcementAddon:
             if conn:
                 conn.denied = True
             return
-        sni = data.client_hello.sni
         server_address = data.context.server.address
         assert server_address is not None
+        sni = data.client_hello.sni
+        judged = await self.judge_clienthello(conn, sandbox, sni, server_address)
+        self.settle_clienthello(conn, sandbox, client.peername, sni, server_address[1], judged)
+        if not judged.verdict.allowed:
+            data.ignore_connection = True  # then killed in server_connect: no certificate is ever shown
+        elif not judged.verdict.inspect:
+            conn.counters = KernelCounters.of(client)
+            data.ignore_connection = True
+
+    async def judge_clienthello(
+        self, conn: ConnState, sandbox: Sandbox, sni: str | None, server_address: tuple[str, int]
+    ) -> ClientHelloVerdict:
+        """The connection-level decision on a ClientHello (for mitmproxy's hook and the front door
+        alike); a pass-through verdict comes with the checked upstream address, pinned in `conn`."""
         port = server_address[1]
         name, agreed = agreed_name(sni, conn.connect_host)
         if not agreed:
@@ -113,7 +134,21 @@ class EnforcementAddon:
         upstream = None
         if verdict.allowed and not verdict.inspect:
             verdict, upstream = await self._pin(conn, sandbox, name or "", port, "https", verdict)
-        dialled = addr((upstream, port)) if upstream else None
+        return ClientHelloVerdict(verdict, name, detail, upstream)
+
+    def settle_clienthello(
+        self,
+        conn: ConnState,
+        sandbox: Sandbox,
+        client: tuple[str, int],
+        sni: str | None,
+        port: int,
+        judged: ClientHelloVerdict,
+    ) -> None:
+        """Record the decision (a CONNECT record already written stands) and mark `conn` denied
+        or pass-through (then `conn.decision_record` is what its closing record repeats)."""
+        verdict, name = judged.verdict, judged.name
+        dialled = addr((judged.upstream, port)) if judged.upstream else None
         record = conn.connect_record if name == conn.connect_host and verdict.allowed else None
         if record is None:
             record = record_decision(
@@ -121,25 +156,22 @@ class EnforcementAddon:
                 "connection",
                 sandbox,
                 verdict,
-                client.peername,
+                client,
                 sni=sni,
                 host=name,
                 port=port,
                 scheme="https",
                 upstream=dialled,
-                detail=detail,
+                detail=judged.detail,
             )
         else:  # the CONNECT record stands; the closing record also says what TLS then showed
             record = record.model_copy(update={"sni": sni, "upstream": dialled, "scheme": "https"})
         conn.name = name
         if not verdict.allowed:
             conn.denied = True
-            data.ignore_connection = True  # then killed in server_connect: no certificate is ever shown
         elif not verdict.inspect:
             conn.passthrough = True
             conn.decision_record = record
-            conn.counters = KernelCounters.of(client)
-            data.ignore_connection = True
 
     def _attributed(self, conn: ConnState, destination: str) -> str:
         """A connection without a name: the name this sandbox resolved to that address, else the address."""

@@ -14,7 +14,19 @@ Rules:
    Nothing waits: a refused connection is never queued behind anyone.
 3. An admitted connection is handed to mitmproxy's own server instance for its mode (the same
    `handle_stream` its listener would call, in this process, on this socket), and its slot is
-   released when mitmproxy is done with it.
+   released when mitmproxy (or the splice) is done with it.
+4. With `ProxyConfig.splice_passthrough`, a transparent connection from a registered sandbox is
+   looked at first: its ClientHello is read with MSG_PEEK (nothing consumed; SO_RCVLOWAT makes
+   the kernel wake us only when more of a split ClientHello has arrived) and judged by the
+   enforcement addon's own `judge_clienthello`, the function mitmproxy's hook calls. A
+   pass-through verdict is recorded (`settle_clienthello`, the same record), the proxy dials the
+   checked address and `splice.splice` relays the two sockets in the kernel, ClientHello
+   included; at the end a closing record with bytes and duration. A denial is recorded and the
+   connection closed (unread bytes: the kernel sends an RST; no certificate is ever shown).
+   Anything else (plain HTTP, a verdict to intercept, an unknown source, bytes that are no
+   complete ClientHello within 64 KiB) goes to mitmproxy untouched, which decides again. A
+   ClientHello that does not arrive within `header_timeout` is the header deadline's
+   `security_event`.
 """
 
 from __future__ import annotations
@@ -27,19 +39,29 @@ import struct
 import time
 from dataclasses import dataclass
 
+from mitmproxy import platform
 from mitmproxy.addons.proxyserver import Proxyserver
+from mitmproxy.proxy import mode_specs
+from mitmproxy.proxy.layers.tls import parse_client_hello
 from mitmproxy.proxy.mode_servers import ServerInstance
+from mitmproxy.tls import ClientHello
 
-from sandgate.proxy.auditing import security_event
+from sandgate.proxy.auditing import closed, security_event
 from sandgate.proxy.config import ConnectionLimits, ProxyConfig
+from sandgate.proxy.deadline import HEADER_TIMEOUT
+from sandgate.proxy.enforcement import EnforcementAddon
 from sandgate.proxy.fairness import REFUSAL_WINDOW, TOO_FAST, Admission, RefusalWindows
 from sandgate.proxy.resolver import normalise_ip
-from sandgate.proxy.state import ProxyState
+from sandgate.proxy.splice import splice
+from sandgate.proxy.state import ConnState, ProxyState
 
 log = logging.getLogger(__name__)
 
 ACCEPTS_PER_WAKEUP = 64  # then the loop runs other work before draining the queue further
 RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST
+CLIENTHELLO_MAX = 64 * 1024  # a ClientHello longer than this is mitmproxy's to judge
+TLS_HANDSHAKE = 0x16  # first byte of a TLS handshake record
+UPSTREAM_CONNECT_TIMEOUT = 30.0
 
 
 @dataclass
@@ -49,10 +71,13 @@ class Listener:
 
 
 class FrontDoor:
-    def __init__(self, state: ProxyState, config: ProxyConfig, proxyserver: Proxyserver) -> None:
+    def __init__(
+        self, state: ProxyState, config: ProxyConfig, proxyserver: Proxyserver, enforcement: EnforcementAddon
+    ) -> None:
         self.state = state
         self.config = config
         self.proxyserver = proxyserver
+        self.enforcement = enforcement
         self.admission = Admission()
         self.refusals = RefusalWindows()
         self._listeners: list[Listener] = []
@@ -103,18 +128,107 @@ class FrontDoor:
             if refused is not None:
                 self._refuse(sock, peer, sandbox.id if sandbox else "-", refused, limits)
                 continue
-            task = asyncio.create_task(self._serve(listener, sock, source, limits))
+            task = asyncio.create_task(self._serve(listener, sock, peer, source, limits))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     async def _serve(
-        self, listener: Listener, sock: socket.socket, source: str, limits: ConnectionLimits
+        self,
+        listener: Listener,
+        sock: socket.socket,
+        peer: tuple[str, int],
+        source: str,
+        limits: ConnectionLimits,
     ) -> None:
         try:
+            transparent = isinstance(listener.instance.mode, mode_specs.TransparentMode)
+            if (
+                transparent
+                and self.config.splice_passthrough
+                and await self._decided_here(sock, peer, source)
+            ):
+                return
             reader, writer = await asyncio.open_connection(sock=sock)
             await listener.instance.handle_stream(reader, writer)
         finally:
             self.admission.release(source, limits, time.monotonic())
+
+    # ------------------------------------------------------------------ pass-through (rule 4)
+
+    async def _decided_here(self, sock: socket.socket, peer: tuple[str, int], source: str) -> bool:
+        """True if the connection was denied or passed through here; False: mitmproxy's."""
+        accepted = time.monotonic()
+        sandbox = self.state.table.get(source)
+        if sandbox is None:
+            return False
+        try:
+            hello = await self._peek_clienthello(sock)
+        except TimeoutError:
+            detail = f"no ClientHello within {self.config.header_timeout:g} s; connection closed"
+            security_event(self.state, sandbox.id, peer, HEADER_TIMEOUT, detail)
+            sock.close()
+            return True
+        if hello is None:
+            return False
+        destination = platform.original_addr(sock)  # type: ignore[misc]
+        conn = ConnState(sandbox_address=source)
+        judged = await self.enforcement.judge_clienthello(conn, sandbox, hello.sni, destination)
+        if judged.verdict.allowed and judged.verdict.inspect:
+            return False
+        self.enforcement.settle_clienthello(conn, sandbox, peer, hello.sni, destination[1], judged)
+        if not judged.verdict.allowed or judged.upstream is None:
+            sock.close()
+            return True
+        bytes_in, bytes_out = await self._pass_through(sock, judged.upstream, destination[1])
+        if conn.decision_record is not None:
+            duration = round((time.monotonic() - accepted) * 1000, 3)
+            self.state.audit.write(closed(conn.decision_record, bytes_in, bytes_out, duration))
+        return True
+
+    async def _peek_clienthello(self, sock: socket.socket) -> ClientHello | None:
+        """The complete ClientHello at the head of the socket, not consumed; None if the bytes
+        are anything else. Raises TimeoutError past the header deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.header_timeout
+        try:
+            while True:
+                await _readable(sock, deadline - loop.time())
+                data = sock.recv(CLIENTHELLO_MAX, socket.MSG_PEEK)
+                if not data or data[0] != TLS_HANDSHAKE:
+                    return None
+                try:
+                    hello = parse_client_hello(data)
+                except ValueError:
+                    return None
+                if hello is not None:
+                    return hello
+                if len(data) >= CLIENTHELLO_MAX:
+                    return None
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, len(data) + 1)
+        finally:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+
+    async def _pass_through(self, sock: socket.socket, address: str, port: int) -> tuple[int, int]:
+        """Dial the checked address and splice; (bytes upstream -> client, client -> upstream)."""
+        upstream = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+        upstream.setblocking(False)
+        for end in (sock, upstream):
+            end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            connecting = asyncio.get_running_loop().sock_connect(upstream, (address, port))
+            await asyncio.wait_for(connecting, UPSTREAM_CONNECT_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            log.info("pass-through to %s:%s failed: %r", address, port, exc)
+            upstream.close()
+            sock.close()
+            return 0, 0
+        metrics = self.state.metrics
+        metrics.spliced_total += 1
+        metrics.spliced_open += 1
+        try:
+            return await splice(sock, upstream)
+        finally:
+            metrics.spliced_open -= 1
 
     # ------------------------------------------------------------------ refusals
 
@@ -145,6 +259,22 @@ class FrontDoor:
             detail = f"{more} more connections reset in {REFUSAL_WINDOW:g} s; {_limit_detail(limit, limits)}"
             self.state.metrics.security_events[limit] -= 1  # each was counted as it happened
             security_event(self.state, sandbox_id, peer, limit, detail)
+
+
+async def _readable(sock: socket.socket, timeout: float) -> None:
+    """Until `sock` has data (at least SO_RCVLOWAT bytes) or EOF; TimeoutError after `timeout`."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(sock.fileno(), wake)
+    try:
+        await asyncio.wait_for(ready, max(0.0, timeout))
+    finally:
+        loop.remove_reader(sock.fileno())
 
 
 def _limit_detail(limit: str, limits: ConnectionLimits) -> str:

@@ -18,6 +18,8 @@ class Metrics:
         self.injections: Counter[str] = Counter()  # binding name
         self.upstream_errors: Counter[str] = Counter()  # error class
         self.security_events: Counter[str] = Counter()
+        self.spliced_total = 0  # pass-through connections relayed in the kernel (front door)
+        self.spliced_open = 0
         self._latency_counts = [0] * len(LATENCY_BUCKETS)
         self._latency_sum = 0.0
         self._latency_total = 0
@@ -58,6 +60,14 @@ class Metrics:
             "event",
             self.security_events,
         )
+        lines += [
+            "# HELP sandgate_proxy_spliced_connections_total Pass-through connections relayed by splice.",
+            "# TYPE sandgate_proxy_spliced_connections_total counter",
+            f"sandgate_proxy_spliced_connections_total {self.spliced_total}",
+            "# HELP sandgate_proxy_spliced_connections_open Pass-through connections being spliced now.",
+            "# TYPE sandgate_proxy_spliced_connections_open gauge",
+            f"sandgate_proxy_spliced_connections_open {self.spliced_open}",
+        ]
         lines += [
             "# HELP sandgate_proxy_request_duration_seconds Time from request headers to response end.",
             "# TYPE sandgate_proxy_request_duration_seconds histogram",

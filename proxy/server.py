@@ -124,7 +124,9 @@ async def serve(config: ProxyConfig) -> None:
     master.addons.add(*addons(state, config))
     master.options.update(**mitmproxy_options(config))
     control = ControlServer(state, config.socket_path)
-    front_door = FrontDoor(state, config, master.addons.get("proxyserver"))
+    front_door = FrontDoor(
+        state, config, master.addons.get("proxyserver"), master.addons.get("enforcementaddon")
+    )
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, master.shutdown)
