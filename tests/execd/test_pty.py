@@ -161,3 +161,19 @@ def test_bad_requests_are_4xx_and_change_nothing(execd: Execd, execd_root: Path)
     assert status == {"session_id": session_id, "running": False, "output_offset": 0}
     assert snapshot(execd_root) == before
     assert httpx.get(f"{execd.url}/ping").status_code == 200
+
+
+def test_oversize_message_closes_the_socket_and_the_session_stays(execd: Execd) -> None:
+    session_id = new_session(execd)
+    with connect(ws_url(execd, session_id)) as ws:
+        next_json(ws)
+        ws.send(STDIN + b"x" * (2 * 1024 * 1024))
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    with connect(ws_url(execd, session_id)) as again:  # the shell is still there to attach to
+        assert next_json(again)["type"] == "connected"
+        again.send(STDIN + b"echo back-$((5*5))\n")
+        read_until(again, b"back-25")
+    execd.client().delete(f"/pty/{session_id}")
