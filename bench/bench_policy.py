@@ -1,5 +1,6 @@
 """Policy decision time at 10, 1,000 and 100,000 rules (goal: < 10 us at 100,000, flat), and
-the time to validate and compile each policy.
+the time to validate and compile each policy, and the per-request cost of the canonical request
+identity (the target put in canonical form, ambiguous ones refused) with and without the decision.
 
 Each size gets a policy of mixed exact names, wildcards and CIDRs (a few L7 rules and a binding
 too); decisions are timed for a hit on the last name rule (worst case for a linear scan), a
@@ -22,7 +23,16 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from sandgate.policy import DEFAULT_CACHE_SIZE, CompiledPolicy, Request, compile_policy, policy_from_dict
+from sandgate.policy import (
+    DEFAULT_CACHE_SIZE,
+    AmbiguousTarget,
+    CompiledPolicy,
+    Decision,
+    Request,
+    compile_policy,
+    policy_from_dict,
+    request_identity,
+)
 
 SIZES = (10, 1_000, 100_000)
 ROUNDS = 5_000
@@ -61,6 +71,15 @@ REQUESTS = {
     "request+binding": Request("api.github.com", 443, "https", "GET", "/repos/acme/app"),
 }
 
+
+# Request targets for api.github.com (a GET /repos/acme/* rule and a binding): the usual path, one
+# with escapes (the decoding path), a long one, and one refused before any decision.
+TARGETS = {
+    "plain": "/repos/acme/app/pulls?state=open&page=2",
+    "escaped": "/repos/acme/%61pp/issues%3Fx",
+    "long (400 B)": "/repos/acme/" + "segment/" * 48,
+    "refused": "/repos/acme/..%2Fother",
+}
 
 _spent = {"wall": 0.0, "cpu": 0.0}
 
@@ -103,6 +122,29 @@ def _compile_table() -> dict[int, tuple[CompiledPolicy, CompiledPolicy]]:
     return compiled
 
 
+def _identify(target: str) -> object:
+    try:
+        return request_identity("https", "api.github.com", 443, "GET", target)
+    except AmbiguousTarget as exc:
+        return exc
+
+
+def _identify_and_decide(policy: CompiledPolicy, target: str) -> Decision | None:
+    try:
+        return policy.decide(request_identity("https", "api.github.com", 443, "GET", target))
+    except AmbiguousTarget:
+        return None
+
+
+def _identity_table(policy: CompiledPolicy) -> None:
+    print(f"\nrequest identity at {policy.rule_count:,} rules: CPU microseconds per request")
+    print(f"{'':>22}  " + "  ".join(f"{name:>13}" for name in TARGETS))
+    rows = {"identity": _identify, "identity + decision": partial(_identify_and_decide, policy)}
+    for label, call in rows.items():
+        cells = [_median_us(partial(call, target)) for target in TARGETS.values()]
+        print(f"{label:>22}  " + "  ".join(f"{cell:>13.2f}" for cell in cells))
+
+
 def main() -> None:
     compiled = _compile_table()
     for title, which in (("uncached (cache_size=0)", 0), (f"cached (cache_size={DEFAULT_CACHE_SIZE})", 1)):
@@ -121,6 +163,7 @@ def main() -> None:
     print(
         f"\ncheck_address at {SIZES[-1]:,} rules: {address_us[0]:.2f} us uncached, {address_us[1]:.2f} cached"
     )
+    _identity_table(compiled[1_000][0])
     print(f"decision loops: wall/CPU time {_spent['wall'] / _spent['cpu']:.2f} (1.00 = an idle machine)")
 
 

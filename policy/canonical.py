@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import codecs
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import unquote_to_bytes
 
 from sandgate.policy.names import IPAddress, request_host
@@ -34,10 +34,10 @@ from sandgate.policy.names import IPAddress, request_host
 AMBIGUOUS_TARGET = "ambiguous_target"  # the decision reason; answered 400 by the proxy
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
-# Anything that sends a path off the fast path: escapes, separators origins may add, parameters,
+# Characters that send a path off the fast path: escapes, separators origins may add, parameters,
 # fragments, control and non-ASCII characters (mitmproxy hands undecodable bytes over as
-# surrogates), empty and dot segments.
-_SUSPECT = re.compile(r"[%\\;#\x00-\x1f\x7f-\U0010ffff]|//|/\.")
+# surrogates); so do empty and dot segments (`//`, `/.`, found by `in`, faster than the regex).
+_SUSPECT = re.compile(r"[%\\;#\x00-\x1f\x7f-\U0010ffff]")
 _LEFT_ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}")
 _CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
 _ORIGIN_SEPARATORS = re.compile(rb"[/\\]")
@@ -58,9 +58,9 @@ class AmbiguousTarget(ValueError):
     to send it instead."""
 
 
-@dataclass(frozen=True, slots=True)
-class RequestIdentity:
-    """What a request is for, in canonical form; see the module rules.
+class RequestIdentity(NamedTuple):
+    """What a request is for, in canonical form; see the module rules. (A NamedTuple: it is built
+    on every request, and builds three times faster than a frozen dataclass.)
 
     `ambiguity` names a form (e.g. "encoded '/' (%2F)") that is refused only where a rule or a
     binding checks the path; None for the ordinary path."""
@@ -115,7 +115,7 @@ def canonical_target(target: str, method: str = "GET") -> tuple[str, str | None,
         if path == "*" and method == "OPTIONS" and not has_query:
             return "*", None, None
         raise AmbiguousTarget(f"request target {_shown(target)} is not a path; it must start with '/'")
-    if _SUSPECT.search(path) is None:
+    if _SUSPECT.search(path) is None and "//" not in path and "/." not in path:
         return path, (query if has_query else None), None
     canonical, ambiguity = canonical_path(path)
     return canonical, (query if has_query else None), ambiguity
@@ -129,7 +129,7 @@ def canonical_path(path: str, partial_last: bool = False) -> tuple[str, str | No
     rendered: list[str] = []
     last = len(segments) - 1
     for index, raw in enumerate(segments):
-        decoded = unquote_to_bytes(raw)
+        decoded = unquote_to_bytes(raw) if b"%" in raw else raw
         found = _segment_ambiguity(path, raw, decoded, index == last, partial_last and index == last)
         ambiguity = ambiguity or found
         for plain, escaped in _KEPT_ESCAPED:
@@ -144,29 +144,30 @@ def _segment_ambiguity(path: str, raw: bytes, decoded: bytes, last: bool, partia
         return "an empty segment ('//')"
     if b"#" in raw:
         raise _fragment(path)
-    if _LEFT_ESCAPE.search(decoded):
+    if b"%" in raw and _LEFT_ESCAPE.search(decoded):
         raise AmbiguousTarget(
             f"path {_shown(path)} is double-encoded (an escape is left after decoding once, as in %252F); "
             "encode each character once"
         )
     if _CONTROL.search(decoded):
         raise AmbiguousTarget(f"path {_shown(path)} contains a control character (%00-%1F, %7F)")
-    pieces = _ORIGIN_SEPARATORS.split(decoded)
-    for number, piece in enumerate(pieces):
-        if partial and number == len(pieces) - 1:
-            break
-        if piece.split(b";", 1)[0] in (b".", b".."):
-            raise AmbiguousTarget(
-                f"path {_shown(path)} has a '.' or '..' segment (after decoding, or before ';'); "
-                "send the resolved path"
-            )
+    if b"." in decoded:
+        pieces = _ORIGIN_SEPARATORS.split(decoded)
+        for number, piece in enumerate(pieces):
+            if partial and number == len(pieces) - 1:
+                break
+            if piece.split(b";", 1)[0] in (b".", b".."):
+                raise AmbiguousTarget(
+                    f"path {_shown(path)} has a '.' or '..' segment (after decoding, or before ';'); "
+                    "send the resolved path"
+                )
     if b"/" in decoded:
         return "an encoded '/' (%2F)"
     if b"\\" in decoded:
         return "a '\\' (raw or %5C)"
     if b";" in decoded:
         return "a ';' path parameter"
-    if not _is_utf8(decoded):
+    if not decoded.isascii() and not _is_utf8(decoded):
         return "an escape that is not UTF-8"
     return None
 

@@ -332,6 +332,40 @@ def test_placeholder_to_unbound_host_is_blocked(proxy: RunningProxy, client: Cli
         proxy.control.put_sandbox(SandboxEntry(sandbox_id="sbx-1", address=CLIENT_ADDR, policy=POLICY))
 
 
+def test_the_audit_path_is_the_judged_one_never_the_substituted_placeholder(
+    proxy: RunningProxy, client: Client
+) -> None:
+    """The record's method and path are the request's canonical identity, taken before injection:
+    a placeholder substituted into the path (`in: [path]`) stays a placeholder in the audit log."""
+    policy = {
+        **POLICY,
+        "bindings": [
+            {**POLICY["bindings"][0], "match": {"hosts": ["api.example.com"], "paths": ["/echo"]}},
+            {
+                "name": "in-path",
+                "match": {"hosts": ["api.example.com"], "paths": ["/echo/in-path/*"]},
+                "auth": {
+                    "type": "passthrough",
+                    "substitutions": [
+                        {"credential": "api-token", "placeholder": "SG_PH_PATH", "in": ["path"]}
+                    ],
+                },
+            },
+        ],
+    }
+    proxy.control.put_sandbox(SandboxEntry(sandbox_id="sbx-1", address=CLIENT_ADDR, policy=policy))
+    try:
+        echoed = client.curl(
+            "--cacert", str(proxy.ca_cert), "https://api.example.com/echo/in-path/SG_PH_PATH/%61"
+        )
+        assert json.loads(echoed.stdout)["path"] == "/echo/in-path/[REDACTED]/a"  # the origin got the value
+        [record] = proxy.wait_audit(1, kind="request", binding="in-path")
+        assert (record["method"], record["path"]) == ("GET", "/echo/in-path/SG_PH_PATH/a")
+        assert TOKEN not in proxy.config.audit_path.read_text()
+    finally:
+        proxy.control.put_sandbox(SandboxEntry(sandbox_id="sbx-1", address=CLIENT_ADDR, policy=POLICY))
+
+
 def test_hot_update_applies_to_open_connections(proxy: RunningProxy, client: Client) -> None:
     code = """
 import http.client, json, sys, time, urllib.request
