@@ -75,13 +75,14 @@ class StreamingAddon:
         if scrubber is None:
             response.stream = _counting(request_state, None)
             return
-        refusal = _unreadable(response)
+        has_body = _has_body(flow)
+        refusal = _unreadable(response, has_body)
         if refusal:
             _refuse(flow, request_state, refusal)
             return
         response.reason = scrubber.redactor.redact_text(response.reason)
         scrubber.headers(response.headers)
-        if not _has_body(flow):
+        if not has_body:
             response.stream = _counting(request_state, None)
             return
         decoder = BodyDecoder(codings(response.headers.get("content-encoding", "")))
@@ -106,10 +107,12 @@ class StreamingAddon:
         del messages[:-1]
 
 
-def _unreadable(response: http.Response) -> str | None:
+def _unreadable(response: http.Response, has_body: bool) -> str | None:
     """Why the scrubber cannot judge this response, or None if it can."""
     if response.status_code == 206 or "content-range" in response.headers:
         return "partial response (206/Content-Range): a piece may hold part of a secret"
+    if not has_body:
+        return None
     try:
         BodyDecoder(codings(response.headers.get("content-encoding", "")))
     except UnknownCoding as exc:
