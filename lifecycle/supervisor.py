@@ -121,7 +121,7 @@ class ProxySupervisor:
             if self._process.poll() is not None:
                 status = self._process.returncode
                 raise ProxyStartError(
-                    f"the proxy exited with status {status} while starting (a port in use?); "
+                    f"the proxy exited with status {status} while starting; "
                     f"last lines of {self.log_path}:\n{self._log_tail()}"
                 )
             if self.is_healthy() and self._listens(self._process.pid):

@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from sandgate.proxy.config import ProxyConfig
+from sandgate.proxy.frontdoor import ListenError
 from sandgate.proxy.server import run_proxy
 
 
@@ -24,7 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValidationError) as exc:
         print(f"sandgate proxy: cannot use config {args.config}: {exc}", file=sys.stderr)
         return 2
-    run_proxy(config)
+    try:
+        run_proxy(config)
+    except ListenError as exc:
+        print(f"sandgate proxy: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

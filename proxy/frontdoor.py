@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import struct
 import time
@@ -70,6 +71,10 @@ class Listener:
     instance: ServerInstance  # mitmproxy's server for this mode; never started, only handed streams
 
 
+class ListenError(RuntimeError):
+    """A listener could not be bound; the message names the address and the reason."""
+
+
 class FrontDoor:
     def __init__(
         self, state: ProxyState, config: ProxyConfig, proxyserver: Proxyserver, enforcement: EnforcementAddon
@@ -84,6 +89,7 @@ class FrontDoor:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
+        """Bind both listeners; raises ListenError, saying which port and why, if one cannot."""
         host = self.config.listen_host
         for spec in (
             f"transparent@{host}:{self.config.transparent_port}",
@@ -92,7 +98,14 @@ class FrontDoor:
             instance: ServerInstance = ServerInstance.make(spec, self.proxyserver)
             port = instance.mode.listen_port()
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.create_server((host, port), family=family, backlog=self.config.listen_backlog)
+            try:
+                sock = socket.create_server((host, port), family=family, backlog=self.config.listen_backlog)
+            except OSError as exc:
+                raise ListenError(
+                    f"cannot listen on {host}:{port} ({instance.mode.description}): "
+                    f"{os.strerror(exc.errno).lower() if exc.errno else exc}; is another sandgate "
+                    "serve using it? (settings proxy_transparent_port / proxy_explicit_port)"
+                ) from None
             sock.setblocking(False)
             listener = Listener(sock, instance)
             asyncio.get_running_loop().add_reader(sock.fileno(), self._accept, listener)

@@ -74,7 +74,7 @@ SANDBOX_CAPS = (
     "CAP_AUDIT_WRITE",
 )
 CA_BUNDLES = ("etc/ssl/certs/ca-certificates.crt", "etc/pki/tls/certs/ca-bundle.crt", "etc/ssl/cert.pem")
-PROXY_CA_FILE = "usr/local/share/ca-certificates/sandgate-proxy.crt"
+PROXY_CA_FILE = "etc/ssl/certs/sandgate-proxy.crt"
 CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE")
 # The file execd reads KEY=VALUE lines from for every command (EXECD_ENVS; the SDK's set_env
 # appends to it). A warm-pool sandbox gets its request's env here when it is claimed.

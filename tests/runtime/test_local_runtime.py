@@ -106,7 +106,7 @@ def test_the_host_image_is_an_allowlist_on_an_overlay(harness: Harness, tmp_path
     assert seen["env"]["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt"
     for name in ("REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE"):
         assert seen["env"][name] == seen["env"]["SSL_CERT_FILE"]
-    assert seen["env"]["NODE_EXTRA_CA_CERTS"] == "/usr/local/share/ca-certificates/sandgate-proxy.crt"
+    assert seen["env"]["NODE_EXTRA_CA_CERTS"] == "/etc/ssl/certs/sandgate-proxy.crt"
     assert seen["env"]["SANDGATE_SANDBOX_ID"] == sandbox_id and seen["env"]["FROM_SPEC"] == "yes"
     assert CA_MARK in seen["bundle"] and "BEGIN CERTIFICATE" in seen["bundle"].split(CA_MARK)[0]
     assert CA_MARK not in Path("/etc/ssl/certs/ca-certificates.crt").read_text()  # host bundle untouched

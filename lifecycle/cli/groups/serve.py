@@ -100,13 +100,17 @@ def api_key_for(settings: Settings) -> str:
 def running_control_plane(settings: Settings) -> Iterator[Any]:
     """Everything but the HTTP listener, started in order; stopped in reverse on exit."""
     from sandgate.lifecycle.api import create_app
+    from sandgate.lifecycle.supervisor import ProxyStartError
     from sandgate.lifecycle.wiring import build_components
 
     prepare_state_dir(settings.state_dir)
     api_key = api_key_for(settings)
     parts = build_components(settings, api_key)
     try:
-        parts.supervisor.start()
+        try:
+            parts.supervisor.start()
+        except ProxyStartError as exc:
+            raise click.ClickException(str(exc)) from None
         click.echo(f"sandgate: proxy pid {parts.supervisor.pid} (supervised, restarted if it dies)")
         parts.service.start()
         stop_reaper = start_reaper(parts.service.reap_expired)
