@@ -89,7 +89,8 @@ def test_cells_keep_state_and_stream_events_like_the_go_execd(client: httpx.Clie
     assert first[0]["text"] == context_id
     assert first[1]["execution_count"] == 1
     assert stdout_text(first) == "hello\n\n"
-    assert only(first, "result")["results"] == {"text": "42"} and only(first, "result")["execution_count"] == 1
+    result = only(first, "result")
+    assert result["results"] == {"text": "42"} and result["execution_count"] == 1
     assert isinstance(only(first, "execution_complete")["execution_time"], int)
 
     second = run_cell(client, context_id, "import sys\nprint('to stderr', file=sys.stderr)\nx")
