@@ -1,9 +1,10 @@
 # The two commands a newcomer needs: `make serve` and `make test`. Both bootstrap first
-# (`serve` only its run-time part, see scripts/bootstrap.sh).
+# (`serve` only its run-time part, see scripts/bootstrap.sh). `make test-fast` is the tier
+# that needs no root (no namespaces, nftables or mounts): a minute or less, for every edit.
 VENV := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap bootstrap-run serve test bench lint images clean
+.PHONY: bootstrap bootstrap-run serve test test-fast bench lint images clean
 
 # Everything: run time, test and benchmark tools, dev extras (scripts/bootstrap.sh test).
 bootstrap:
@@ -18,6 +19,10 @@ serve: bootstrap-run
 
 test: bootstrap
 	$(VENV)/pytest $(PYTEST_ARGS)
+
+# Every test not marked `root` (tests/conftest.py skips those for non-root users anyway).
+test-fast: bootstrap
+	$(VENV)/pytest -m "not root" $(PYTEST_ARGS)
 
 bench: bootstrap
 	$(VENV)/python -m bench

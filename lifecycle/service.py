@@ -19,10 +19,7 @@ Rules:
 6. Warm pool (optional, `warm_pool_size`): a create that fits claims a pre-built sandbox
    (env and limits applied, policy pushed, entrypoint started through execd) or starts cold;
    unclaimed members are never persisted and are removed at restart and stop.
-7. Every sandbox's execd requires an access token of its own: random, made with the sandbox
-   (a pooled one's when it is built), persisted in its record like the egress token, so it
-   holds across restarts. The control plane sends it (`execd_headers`) on its own calls to
-   execd; the API hands it to clients only in the 44772 endpoint's headers.
+7. Every sandbox's execd requires an access token of its own (see execd_client.py).
 """
 
 from __future__ import annotations
@@ -34,16 +31,15 @@ import secrets
 import threading
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol, runtime_checkable
-
-import httpx
+from typing import Any, Protocol, runtime_checkable
 
 from sandgate.lifecycle.cgroups import Limits
+from sandgate.lifecycle.errors import LifecycleError, quietly
+from sandgate.lifecycle.execd_client import new_token, start_entrypoint
+from sandgate.lifecycle.quantities import runtime_limits
 from sandgate.lifecycle.runtime.base import (
-    EXECD_PORT,
-    EXECD_TOKEN_HEADER,
     Runtime,
     RuntimeError_,
     SandboxNet,
@@ -64,17 +60,9 @@ from sandgate.vault import SecretStore
 
 log = logging.getLogger(__name__)
 
-ErrorKind = Literal["not_found", "invalid", "conflict", "unsupported", "unavailable", "precondition"]
 READY_TIMEOUT = 15.0
 POOL_IMAGE = "sandgate/host"
 PAUSABLE = {"Running"}
-
-
-class LifecycleError(Exception):
-    def __init__(self, kind: ErrorKind, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
 
 
 # --- what the service needs from its collaborators --------------------------------------------
@@ -138,35 +126,8 @@ SandboxEntryFactory = Callable[[str, str, dict[str, Any], dict[str, str]], Any]
 AuditWriter = Callable[[str, str, dict[str, Any]], None]
 
 
-def new_token() -> str:
-    return secrets.token_urlsafe(24)
-
-
-def execd_headers(record: SandboxRecord) -> dict[str, str]:
-    """What a request to this sandbox's execd must carry (nothing for a pre-token sandbox)."""
-    return {EXECD_TOKEN_HEADER: record.execd_token} if record.execd_token else {}
-
-
 def digest(document: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def parse_quantity(value: str, what: str) -> float:
-    """Kubernetes-style quantities: '500m' CPUs, '512Mi'/'2Gi'/'1G' bytes."""
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "K": 1e3, "M": 1e6,
-             "G": 1e9, "T": 1e12, "m": 1e-3}  # fmt: skip
-    for suffix in sorted(units, key=len, reverse=True):
-        if value.endswith(suffix):
-            number, scale = value[: -len(suffix)], units[suffix]
-            break
-    else:
-        number, scale = value, 1
-    try:
-        return float(number) * scale
-    except ValueError:
-        raise LifecycleError(
-            "invalid", f"resourceLimits.{what}={value!r} is not a quantity (use e.g. '500m', '1', '512Mi')"
-        ) from None
 
 
 class Service:
@@ -223,7 +184,7 @@ class Service:
             self.check_image(request.image)
         except Exception as exc:
             raise LifecycleError("invalid", str(exc)) from exc
-        limits = self._limits(request.resource_limits)
+        limits = runtime_limits(request.resource_limits)
         if self._fits_pool(request) and (claimed := self._claim(request, document, limits, actor)):
             return claimed
         record = self._new_record(request, str(uuid.uuid4()), execd_token=new_token())
@@ -234,7 +195,7 @@ class Service:
             env=request.env,
             execd_token=record.execd_token,
             ca_cert=self.ca_cert,
-            **limits,
+            **asdict(limits),
         )
         undo: list[Callable[[], object]] = []
         try:
@@ -250,7 +211,7 @@ class Service:
             self.store.create_sandbox(record, document)
         except Exception as exc:
             for step in reversed(undo):
-                _quietly(step)
+                quietly(step)
             if isinstance(exc, LifecycleError):
                 raise
             raise LifecycleError("unavailable", f"sandbox could not be started: {exc}") from exc
@@ -349,7 +310,7 @@ class Service:
             self._teardown(record)
             self.store.delete_sandbox(record.id)
         for stray in alive - keep:  # e.g. unclaimed warm-pool members: never persisted, never kept
-            _quietly(lambda s=stray: self.runtime.delete(s))  # type: ignore[misc]
+            quietly(lambda s=stray: self.runtime.delete(s))  # type: ignore[misc]
         self.repush()
         if self.pool is not None:
             self.pool.start()
@@ -382,13 +343,13 @@ class Service:
             self.store.put_sandbox(record.with_state(target, verb.upper() + "D", None))
 
     def _teardown(self, record: SandboxRecord) -> None:
-        _quietly(lambda: self.runtime.delete(record.id))
+        quietly(lambda: self.runtime.delete(record.id))
         if record.address:
-            _quietly(lambda: self.proxy.drop_sandbox(record.address or ""))
-        _quietly(lambda: self.networks.destroy(record.id))
+            quietly(lambda: self.proxy.drop_sandbox(record.address or ""))
+        quietly(lambda: self.networks.destroy(record.id))
         vault = self.store.get_vault(record.id)
         for name in _entry_names(vault.document if vault else {}):
-            _quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
+            quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
 
     def _push_new(self, entry: Any) -> None:
         try:
@@ -419,7 +380,7 @@ class Service:
         )
 
     def _claim(
-        self, request: CreateRequest, document: dict[str, Any], limits: dict[str, Any], actor: str
+        self, request: CreateRequest, document: dict[str, Any], limits: Limits, actor: str
     ) -> SandboxRecord | None:
         """Create from a pooled sandbox: limits and env, policy, entrypoint, persist. None (and
         the member removed) when the pool is empty or a step fails: the caller starts cold."""
@@ -435,30 +396,19 @@ class Service:
             netns=net.netns,
         )
         try:
-            self.runtime.configure(sandbox_id, request.env, Limits(**limits))
+            self.runtime.configure(sandbox_id, request.env, limits)
             self._push_new(self.entry_factory(sandbox_id, net.address, document, {}))
             if request.entrypoint:
-                self._start_entrypoint(record, request.entrypoint)
+                start_entrypoint(record, request.entrypoint)
             record = record.with_state("Running", "SANDBOX_READY", "claimed from the warm pool")
             self.store.create_sandbox(record, document)
         except Exception:
             log.exception("warm pool: claiming sandbox %s failed; starting a cold one instead", sandbox_id)
-            _quietly(lambda: self.proxy.drop_sandbox(net.address))
+            quietly(lambda: self.proxy.drop_sandbox(net.address))
             self._discard_pool_member(sandbox_id)
             return None
         self._audit_change(sandbox_id, actor, 0, 1, {}, document, "create")
         return record
-
-    def _start_entrypoint(self, record: SandboxRecord, entrypoint: list[str]) -> None:
-        """Start the entrypoint through the sandbox's execd, in the background (cwd /workspace,
-        execd's env plus the env file the claim wrote)."""
-        url = f"http://{record.address}:{EXECD_PORT}/command"
-        with httpx.Client(timeout=10.0, headers=execd_headers(record)) as client:
-            answer = client.post(url, json={"argv": entrypoint, "background": True})
-        if answer.status_code != 200 or b'"execution_complete"' not in answer.content:
-            raise LifecycleError(
-                "invalid", f"execd refused to start the entrypoint {entrypoint!r}: {answer.text[:300]}"
-            )
 
     def _build_pool_member(self, sandbox_id: str) -> Member:
         net = self.networks.create(sandbox_id)
@@ -469,18 +419,8 @@ class Service:
         return Member(sandbox_id, net, token)
 
     def _discard_pool_member(self, sandbox_id: str) -> None:
-        _quietly(lambda: self.runtime.delete(sandbox_id))
-        _quietly(lambda: self.networks.destroy(sandbox_id))
-
-    def _limits(self, limits: dict[str, str]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if "cpu" in limits:
-            out["cpu_quota"] = parse_quantity(limits["cpu"], "cpu")
-        if "memory" in limits:
-            out["memory_bytes"] = int(parse_quantity(limits["memory"], "memory"))
-        if "pids" in limits:
-            out["pids_max"] = int(parse_quantity(limits["pids"], "pids"))
-        return out
+        quietly(lambda: self.runtime.delete(sandbox_id))
+        quietly(lambda: self.networks.destroy(sandbox_id))
 
     # --- egress policy ---------------------------------------------------------------------------
 
@@ -624,14 +564,14 @@ class Service:
                 revision = self.store.put_vault(sandbox_id, state, current)
             except Exception as exc:
                 for name in written:
-                    _quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
-                _quietly(lambda: self._push(record))
+                    quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
+                quietly(lambda: self._push(record))
                 if isinstance(exc, RevisionConflict):
                     raise LifecycleError("conflict", str(exc)) from exc
                 raise
             old_names = set(_entry_names(stored.document if stored else {}))
             for name in old_names - set(_entry_names(state)):
-                _quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
+                quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
             self._audit_change(
                 sandbox_id, actor, current, revision, stored.document if stored else {}, state, what
             )
@@ -646,7 +586,7 @@ class Service:
             self._push(record, vault={})
             self.store.delete_vault(sandbox_id)
             for name in _entry_names(stored.document):
-                _quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
+                quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
             self._audit_change(
                 sandbox_id, actor, stored.revision, 0, stored.document, {}, "credential-vault delete"
             )
@@ -693,10 +633,3 @@ def _credential_entries(state: dict[str, Any]) -> dict[str, str]:
 
 def _entry_names(state: dict[str, Any]) -> Iterable[str]:
     return _credential_entries(state).values()
-
-
-def _quietly(step: Callable[[], object]) -> None:
-    try:
-        step()
-    except Exception:
-        log.exception("clean-up step failed (continuing)")

@@ -3,8 +3,8 @@
 Rules:
 1. Every path needs `OPEN-SANDBOX-API-KEY` except the open ones (health, version, docs,
    OpenAPI document), prefixes of routers with a login of their own (the console), and the
-   egress API, which a per-sandbox `OPENSANDBOX-EGRESS-AUTH` token guards instead (the clients
-   send no API key there in direct mode).
+   egress API, which a per-sandbox `OPENSANDBOX-EGRESS-AUTH` token (`EGRESS_AUTH_HEADER`)
+   guards instead (the clients send no API key there in direct mode).
 2. Keys are compared in constant time.
 3. `X-Request-ID` is echoed when the client sent one, generated otherwise.
 """
@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
+EGRESS_AUTH_HEADER = "OPENSANDBOX-EGRESS-AUTH"  # a sandbox's own egress-API token (rule 1)
 REQUEST_ID_HEADER = "X-Request-ID"
 OPEN_PATHS = frozenset({"/health", "/version", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 EGRESS_PATH = re.compile(r"^(/v1)?/sandboxes/[^/]+/egress(/|$)")

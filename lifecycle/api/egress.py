@@ -20,7 +20,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Request, Response
 
-from sandgate.lifecycle.api.auth import API_KEY_HEADER, keys_match
+from sandgate.lifecycle.api.auth import API_KEY_HEADER, EGRESS_AUTH_HEADER, keys_match
+from sandgate.lifecycle.api.calls import ERRORS, KIND_STATUS, call, service_of
 from sandgate.lifecycle.api.egress_models import (
     CredentialBindingListResponse,
     CredentialBindingMetadata,
@@ -33,7 +34,6 @@ from sandgate.lifecycle.api.egress_models import (
 )
 from sandgate.lifecycle.api.errors import EgressError
 from sandgate.lifecycle.api.models import NetworkPolicy, NetworkRule
-from sandgate.lifecycle.api.sandboxes import EGRESS_AUTH_HEADER, ERRORS, KIND_STATUS, call, service_of
 from sandgate.lifecycle.api.vault_state import (
     binding_metadata,
     build_create,
@@ -41,7 +41,8 @@ from sandgate.lifecycle.api.vault_state import (
     credential_metadata,
     public_state,
 )
-from sandgate.lifecycle.service import EgressState, LifecycleError, Service
+from sandgate.lifecycle.errors import LifecycleError
+from sandgate.lifecycle.service import EgressState, Service
 
 TEXT_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"content": {"text/plain": {"schema": {"type": "string"}}}} for code in (400, 401, 404, 409, 412)

@@ -21,10 +21,10 @@ from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
 from sandgate.lifecycle.api.auth import API_KEY_HEADER
+from sandgate.lifecycle.api.calls import call
 from sandgate.lifecycle.api.errors import ApiError
-from sandgate.lifecycle.api.sandboxes import call
+from sandgate.lifecycle.execd_client import execd_headers
 from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
-from sandgate.lifecycle.service import execd_headers
 from sandgate.lifecycle.store import SandboxRecord
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",

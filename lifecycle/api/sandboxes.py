@@ -16,6 +16,8 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 
+from sandgate.lifecycle.api.auth import EGRESS_AUTH_HEADER
+from sandgate.lifecycle.api.calls import ERRORS, call, service_of
 from sandgate.lifecycle.api.errors import ApiError
 from sandgate.lifecycle.api.models import (
     SANDBOX_STATES,
@@ -23,7 +25,6 @@ from sandgate.lifecycle.api.models import (
     CreateSandboxResponse,
     DiagnosticContent,
     Endpoint,
-    ErrorResponse,
     ImageSpec,
     ListSandboxesResponse,
     MetricsEvent,
@@ -34,36 +35,14 @@ from sandgate.lifecycle.api.models import (
     Sandbox,
     SandboxStatus,
 )
+from sandgate.lifecycle.execd_client import execd_headers
 from sandgate.lifecycle.runtime.base import EXECD_PORT
-from sandgate.lifecycle.service import CreateRequest, LifecycleError, Service, execd_headers
+from sandgate.lifecycle.service import CreateRequest
 from sandgate.lifecycle.store import SandboxRecord
 
 EGRESS_PORT = 18080
-EGRESS_AUTH_HEADER = "OPENSANDBOX-EGRESS-AUTH"
 DEFAULT_ENTRYPOINT = ["tail", "-f", "/dev/null"]
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 422, 500, 503)
-}
-KIND_STATUS = {"not_found": 404, "invalid": 400, "conflict": 409, "unsupported": 400,
-               "unavailable": 503, "precondition": 412}  # fmt: skip
-
 router = APIRouter(tags=["Sandboxes"], responses=ERRORS)
-
-
-def service_of(request: Request) -> Service:
-    return request.app.state.service
-
-
-def api_error(exc: LifecycleError) -> ApiError:
-    return ApiError(KIND_STATUS[exc.kind], exc.kind.upper(), exc.message)
-
-
-def call(fn: Any, *args: Any) -> Any:
-    """Run a service call, turning its errors into API errors."""
-    try:
-        return fn(*args)
-    except LifecycleError as exc:
-        raise api_error(exc) from exc
 
 
 def to_status(record: SandboxRecord) -> SandboxStatus:

@@ -26,7 +26,7 @@ from sandgate.lifecycle.api.egress_models import (
     CredentialVaultMutationRequest,
     CredentialVaultState,
 )
-from sandgate.lifecycle.service import LifecycleError
+from sandgate.lifecycle.errors import LifecycleError
 
 VaultState = dict[str, Any]
 Values = dict[str, str]

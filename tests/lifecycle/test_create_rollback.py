@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
+from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.runtime.base import EXECD_PORT, SandboxNet, SandboxSpec, ping_execd
-from sandgate.lifecycle.service import CreateRequest, LifecycleError, SandgatePolicies, Service
+from sandgate.lifecycle.service import CreateRequest, SandgatePolicies, Service
 from sandgate.lifecycle.store import Store
 
 ALLOW_ONE = {"defaultAction": "deny", "egress": [{"action": "allow", "target": "api.example.test"}]}

@@ -8,7 +8,7 @@ import pytest
 
 from sandgate.lifecycle.api.egress_models import CredentialVaultCreateRequest, CredentialVaultMutationRequest
 from sandgate.lifecycle.api.vault_state import build_create, build_patch, public_state
-from sandgate.lifecycle.service import LifecycleError
+from sandgate.lifecycle.errors import LifecycleError
 
 BINDING = {
     "name": "gh",

@@ -1,0 +1,40 @@
+"""A create request's `resourceLimits` as the runtime's limits.
+
+Rules: Kubernetes-style quantities only ('500m' CPUs, '512Mi'/'2Gi'/'1G' bytes, plain numbers);
+a value that is not one is a `LifecycleError("invalid")` naming the field, before anything is
+built. Unknown keys are ignored, as OpenSandbox's runtimes do.
+"""
+
+from __future__ import annotations
+
+from sandgate.lifecycle.cgroups import Limits
+from sandgate.lifecycle.errors import LifecycleError
+
+UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "K": 1e3, "M": 1e6,
+         "G": 1e9, "T": 1e12, "m": 1e-3}  # fmt: skip
+
+
+def parse_quantity(value: str, what: str) -> float:
+    """'500m' -> 0.5, '512Mi' -> 536870912.0; `what` names the field in the error."""
+    for suffix in sorted(UNITS, key=len, reverse=True):
+        if value.endswith(suffix):
+            number, scale = value[: -len(suffix)], UNITS[suffix]
+            break
+    else:
+        number, scale = value, 1
+    try:
+        return float(number) * scale
+    except ValueError:
+        raise LifecycleError(
+            "invalid", f"resourceLimits.{what}={value!r} is not a quantity (use e.g. '500m', '1', '512Mi')"
+        ) from None
+
+
+def runtime_limits(resource_limits: dict[str, str]) -> Limits:
+    """cpu -> CPUs, memory -> bytes, pids -> a count; absent keys stay unlimited."""
+    cpu, memory, pids = (resource_limits.get(key) for key in ("cpu", "memory", "pids"))
+    return Limits(
+        memory_bytes=int(parse_quantity(memory, "memory")) if memory is not None else None,
+        pids_max=int(parse_quantity(pids, "pids")) if pids is not None else None,
+        cpu_quota=parse_quantity(cpu, "cpu") if cpu is not None else None,
+    )
