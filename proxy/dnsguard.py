@@ -2,12 +2,16 @@
 
 Rules:
 1. A name the sandbox's policy denies gets NXDOMAIN without any upstream query: a denied name
-   never leaves the proxy, so DNS cannot carry data out.
+   never leaves the proxy, so DNS cannot carry data out. A query with EDNS also gets an Extended
+   DNS Error (RFC 8914, 15 "Blocked") whose text is sandgate's reason, so tools inside can tell a
+   block from a typo (`dnswire` rule 4).
 2. A/AAAA for allowed names come from the proxy's resolver; answers in ranges the policy refuses
    (private, loopback, metadata...: DNS rebinding) are dropped. Answers are remembered per
    sandbox so a later connection to that address without SNI/Host is attributed to the name.
-3. Other query types (TXT, NULL, ANY, MX, HTTPS...) are forwarded upstream only for allowed
-   names; anything that is not a single-question QUERY is refused.
+3. Every other type (TXT, SRV, HTTPS, MX, CNAME, NULL, ANY...) of an allowed name is asked
+   upstream by the proxy itself with a freshly built question-only query (`dnswire.forward`),
+   never the client's message; mitmproxy never forwards anything. Only single-question QUERYs in
+   class IN from registered sandboxes are served; anything else is REFUSED.
 4. One `dns` audit record per query.
 """
 
@@ -20,56 +24,92 @@ from mitmproxy import dns
 
 from sandgate.proxy.auditing import record_decision
 from sandgate.proxy.decide import Verdict, check_upstream, decide_name
+from sandgate.proxy.dnswire import (
+    EDE_BLOCKED,
+    EDE_NOT_SUPPORTED,
+    EDE_PROHIBITED,
+    ForwardError,
+    forward,
+    relay_answer,
+    with_edns,
+)
 from sandgate.proxy.resolver import ResolveError, normalise_ip
 from sandgate.proxy.state import ProxyState, Sandbox
 
 ANSWER_TTL = 30
 FAMILIES = {dns.types.A: socket.AF_INET, dns.types.AAAA: socket.AF_INET6}
+NOT_A_SANDBOX = "sandgate: this source is not a registered sandbox"
+NOT_SERVED = "sandgate: only single-question QUERY in class IN is served"
+
+
+def blocked_text(verdict: Verdict) -> str:
+    """The Extended DNS Error text of a refused name: what the 403 body would say."""
+    rule = f", rule {verdict.rule}" if verdict.rule else ""
+    return f"sandgate: egress denied ({verdict.reason}{rule})"
 
 
 class DnsAddon:
-    def __init__(self, state: ProxyState, upstream_dns: list[str]) -> None:
+    def __init__(self, state: ProxyState) -> None:
         self.state = state
-        self.upstream = upstream_dns
 
     async def dns_request(self, flow: dns.DNSFlow) -> None:
+        request = flow.request
         sandbox = self.state.table.get(normalise_ip(flow.client_conn.peername[0]))
-        question = flow.request.question
-        if sandbox is None or question is None or flow.request.op_code != dns.op_codes.QUERY:
-            flow.response = flow.request.fail(dns.response_codes.REFUSED)
+        question = request.question
+        if sandbox is None:
+            flow.response = with_edns(
+                request, request.fail(dns.response_codes.REFUSED), (EDE_PROHIBITED, NOT_A_SANDBOX)
+            )
+            return
+        if question is None or request.op_code != dns.op_codes.QUERY or question.class_ != dns.classes.IN:
+            flow.response = with_edns(
+                request, request.fail(dns.response_codes.REFUSED), (EDE_NOT_SUPPORTED, NOT_SERVED)
+            )
             return
         name = question.name.lower().rstrip(".")
-        qtype = dns.types.to_str(question.type)
         verdict = decide_name(sandbox, name)
-        detail = f"qtype={qtype}"
+        detail = f"qtype={dns.types.to_str(question.type)}"
         if not verdict.allowed:
-            flow.response = flow.request.fail(dns.response_codes.NXDOMAIN)
-        elif question.type in FAMILIES and question.class_ == dns.classes.IN:
-            verdict, flow.response, answered = await self._answer(flow, sandbox, name, question.type, verdict)
+            flow.response = self._blocked(request, verdict)
+        elif question.type in FAMILIES:
+            verdict, flow.response, answered = await self._answer(
+                request, sandbox, name, question.type, verdict
+            )
             self.state.names.remember(sandbox.address, name, answered)
             detail += f" answers={','.join(answered)}" if answered else ""
-        elif self.upstream:
-            flow.server_conn.address = (self.upstream[0], 53)  # allowed name: let mitmproxy forward it
         else:
-            flow.response = flow.request.fail(dns.response_codes.REFUSED)
+            flow.response, outcome = await self._forward(request, name, question.type)
+            detail += f" {outcome}"
         record_decision(
             self.state, "dns", sandbox, verdict, flow.client_conn.peername, host=name, detail=detail
         )
 
+    def _blocked(self, request: dns.DNSMessage, verdict: Verdict) -> dns.DNSMessage:
+        nxdomain = request.fail(dns.response_codes.NXDOMAIN)
+        return with_edns(request, nxdomain, (EDE_BLOCKED, blocked_text(verdict)))
+
+    async def _forward(self, request: dns.DNSMessage, name: str, qtype: int) -> tuple[dns.DNSMessage, str]:
+        """Upstream's answer to a question-only query (rule 3), and what happened, for the record."""
+        try:
+            reply = await forward(self.state.resolver.servers, name, qtype)
+        except ForwardError as exc:
+            return with_edns(request, request.fail(dns.response_codes.SERVFAIL)), f"forwarded: {exc}"
+        rcode = dns.response_codes.to_str(reply.response_code)
+        return relay_answer(request, reply), f"forwarded rcode={rcode} answers={len(reply.answers)}"
+
     async def _answer(
-        self, flow: dns.DNSFlow, sandbox: Sandbox, name: str, qtype: int, verdict: Verdict
+        self, request: dns.DNSMessage, sandbox: Sandbox, name: str, qtype: int, verdict: Verdict
     ) -> tuple[Verdict, dns.DNSMessage, list[str]]:
         try:
             found = await self.state.resolver.lookup(name, FAMILIES[qtype])
         except ResolveError as exc:
             code = dns.response_codes.NXDOMAIN if exc.nxdomain else dns.response_codes.SERVFAIL
-            return verdict, flow.request.fail(code), []
+            return verdict, with_edns(request, request.fail(code)), []
         usable = [a for a in found if check_upstream(sandbox.policy, a).allowed]
         if found and not usable:
             refusal = check_upstream(sandbox.policy, found[0])
-            return refusal, flow.request.fail(dns.response_codes.NXDOMAIN), []
-        question = flow.request.question
-        assert question is not None  # dns_request refused question-less messages
+            return refusal, self._blocked(request, refusal), []
+        question = request.questions[0]
         records = [
             dns.ResourceRecord(
                 name=question.name,  # as asked: resolvers may randomise case (0x20)
@@ -80,4 +120,4 @@ class DnsAddon:
             )
             for a in usable
         ]
-        return verdict, flow.request.succeed(records), usable
+        return verdict, with_edns(request, request.succeed(records)), usable

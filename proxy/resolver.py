@@ -23,6 +23,7 @@ import mitmproxy_rs
 MEMORY_PER_SANDBOX = 4096
 ANSWER_REUSE_SECONDS = 1.0
 ANSWERS_KEPT = 4096  # names; the table starts over when full
+DNS_PORT = 53
 
 
 class ResolveError(Exception):
@@ -37,6 +38,7 @@ class Resolver:
     def __init__(self, name_servers: list[str]) -> None:
         servers = name_servers or _system_servers()
         self._resolver = mitmproxy_rs.dns.DnsResolver(name_servers=servers, use_hosts_file=False)
+        self.servers = [server_address(server) for server in servers]  # for questions sent as they are
         self._recent: dict[str, tuple[float, list[str]]] = {}  # name -> (when, addresses)
         self._resolving: dict[str, asyncio.Future[list[str]]] = {}  # name -> the resolution under way
 
@@ -82,6 +84,18 @@ class Resolver:
         if isinstance(error, ResolveError):
             raise error
         raise ResolveError(name, "no A or AAAA records", nxdomain=False)
+
+
+def server_address(entry: str) -> tuple[str, int]:
+    """(address, port) of a resolver written `ip`, `ip:port`, `[v6]` or `[v6]:port` (port 53 if none)."""
+    host, port = entry, DNS_PORT
+    if entry.startswith("["):
+        host, _, rest = entry[1:].partition("]")
+        port = int(rest[1:]) if rest.startswith(":") else DNS_PORT
+    elif entry.count(":") == 1:
+        host, _, number = entry.partition(":")
+        port = int(number)
+    return normalise_ip(host), port
 
 
 def _system_servers() -> list[str]:

@@ -99,7 +99,7 @@ def addons(state: ProxyState, config: ProxyConfig) -> list[object]:
         EnforcementAddon(state),
         InjectionAddon(state),
         StreamingAddon(),
-        DnsAddon(state, config.upstream_dns),
+        DnsAddon(state),
         AuditAddon(state),
     ]
 

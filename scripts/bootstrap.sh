@@ -20,8 +20,9 @@ esac
 RUN_PACKAGES=(nftables iproute2 bubblewrap ca-certificates)
 # Tests and benchmarks: docker.io for the Docker runtime (the tests start a private dockerd),
 # busybox for tiny test images (`make images`), chromium drives the console tests, the test
-# internet's and the benchmarks' servers and load generators.
-TEST_PACKAGES=(iptables busybox-static docker.io curl chromium nginx-light wrk squid nghttp2-client)
+# internet's and the benchmarks' servers and load generators, dig for DNS answers seen from inside.
+TEST_PACKAGES=(iptables busybox-static docker.io curl chromium nginx-light wrk squid nghttp2-client
+  bind9-dnsutils)
 # The services the test packages would start; disabled again when this run installed them.
 TEST_SERVICES=(squid nginx docker.socket docker containerd)
 

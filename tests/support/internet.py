@@ -21,10 +21,11 @@ and the origin addresses):
     GET  /bytes?n=N      N bytes of b"x" (?type=T: content-type T, default application/octet-stream)
     WS   /ws             echoes every message
 
-DNS (UDP, `DNS_ADDR`:53) answers only the names the test sets with `net.set_names({...})` and
-records every query; `net.dns_queries()` returns them in order. The origins record every HTTP
-request and WebSocket handshake they see (`path` decoded, `target` as received);
-`net.origin_requests()` returns them in order.
+DNS (UDP and TCP, `DNS_ADDR`:53) answers only the names the test sets with `net.set_names({...})`
+(A/AAAA) and the records it sets with `net.set_records([...])` (zone-file lines, any type), and
+records every query with its raw bytes; `net.dns_queries()` returns them in order. The origins
+record every HTTP request and WebSocket handshake they see (`path` decoded, `target` as
+received); `net.origin_requests()` returns them in order.
 
 Running this file as a script (`python internet.py WORKDIR`) is the server side; the fixture
 does that inside the namespace.
@@ -73,8 +74,15 @@ class Internet:
         tmp.write_text(json.dumps(zone))
         os.replace(tmp, self.workdir / "names.json")
 
+    def set_records(self, lines: list[str]) -> None:
+        """Replace the other records: zone-file lines (`name. TTL IN TYPE rdata`), any type."""
+        tmp = self.workdir / "records.json.tmp"
+        tmp.write_text(json.dumps(lines))
+        os.replace(tmp, self.workdir / "records.json")
+
     def dns_queries(self) -> list[dict[str, str]]:
-        """Every query the DNS server got so far: [{"name": ..., "type": "A"|"AAAA"|...}]."""
+        """Every query the DNS server got so far: [{"name", "type": "A"|"AAAA"|..., "transport":
+        "udp"|"tcp", "raw": the message as received, hex}]."""
         path = self.workdir / "queries.jsonl"
         if not path.exists():
             return []
@@ -143,6 +151,7 @@ def start_internet(workdir: Path) -> Iterator[Internet]:
     workdir.mkdir(parents=True, exist_ok=True)
     ca_cert, ca_key, _leaf, _leaf_key = make_test_ca(workdir)
     (workdir / "names.json").write_text("{}")
+    (workdir / "records.json").write_text("[]")
     ns = Netns("sgi")
     host_if = unique("tvi")
     process: subprocess.Popen[bytes] | None = None
@@ -207,7 +216,7 @@ def _serve(workdir: Path) -> None:
 
     import uvicorn
     from dnslib import AAAA, QTYPE, RR, A, DNSRecord
-    from dnslib.server import DNSServer
+    from dnslib.server import DNSHandler, DNSServer
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import (
@@ -308,23 +317,48 @@ def _serve(workdir: Path) -> None:
         ]
     )
 
+    class RecordingHandler(DNSHandler):
+        """Writes every query as received (raw bytes included) before it is answered; a UDP
+        answer over 512 bytes is truncated (TC), so the client asks again over TCP."""
+
+        def get_reply(self, data: bytes) -> bytes:
+            try:
+                question = DNSRecord.parse(data).q
+                name, qtype = str(question.qname).lower().rstrip("."), QTYPE[question.qtype]
+            except Exception:
+                name, qtype = "", "?"
+            entry = {"name": name, "type": qtype, "transport": self.protocol, "raw": bytes(data).hex()}
+            with (workdir / "queries.jsonl").open("a") as fh:
+                fh.write(json.dumps(entry) + "\n")
+            reply: bytes = super().get_reply(data)
+            if self.protocol == "udp" and len(reply) > 512:  # as real servers do without EDNS
+                reply = DNSRecord.parse(reply).truncate().pack()
+            return reply
+
     class Zone:
         def resolve(self, request: DNSRecord, handler: object) -> DNSRecord:
             name = str(request.q.qname).lower().rstrip(".")
             qtype = QTYPE[request.q.qtype]
-            with (workdir / "queries.jsonl").open("a") as fh:
-                fh.write(json.dumps({"name": name, "type": qtype}) + "\n")
             zone = json.loads((workdir / "names.json").read_text())
+            records = [
+                rr
+                for line in json.loads((workdir / "records.json").read_text())
+                for rr in RR.fromZone(line)
+                if str(rr.rname).lower().rstrip(".") == name
+            ]
             reply = request.reply()
-            if name not in zone:
+            if name not in zone and not records:
                 reply.header.rcode = 3  # NXDOMAIN
                 return reply
-            for addr in zone[name]:
+            for addr in zone.get(name, []):
                 v6 = ":" in addr
                 if qtype == "A" and not v6:
                     reply.add_answer(RR(request.q.qname, QTYPE.A, rdata=A(addr), ttl=5))
                 elif qtype == "AAAA" and v6:
                     reply.add_answer(RR(request.q.qname, QTYPE.AAAA, rdata=AAAA(addr), ttl=5))
+            for rr in records:
+                if qtype in (QTYPE[rr.rtype], "ANY"):
+                    reply.add_answer(rr)
             return reply
 
     def listener(host: str, port: int) -> socket.socket:
@@ -351,8 +385,12 @@ def _serve(workdir: Path) -> None:
         )
         for server in (plain, tls):
             server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
-        dns = DNSServer(Zone(), address=DNS_ADDR, port=53)  # type: ignore[arg-type]
-        dns.start_thread()
+        dns = [
+            DNSServer(Zone(), address=DNS_ADDR, port=53, tcp=tcp, handler=RecordingHandler)  # type: ignore[arg-type]
+            for tcp in (False, True)
+        ]
+        for server in dns:
+            server.start_thread()
         tasks = [
             asyncio.create_task(plain.serve(sockets=[listener("0.0.0.0", 80), listener("::", 80)])),
             asyncio.create_task(tls.serve(sockets=[listener("0.0.0.0", 443), listener("::", 443)])),
@@ -366,7 +404,8 @@ def _serve(workdir: Path) -> None:
         await stop.wait()
         plain.should_exit = tls.should_exit = True
         await asyncio.gather(*tasks)
-        dns.stop()
+        for server in dns:
+            server.stop()
 
     del ssl
     asyncio.run(main())
