@@ -20,7 +20,7 @@ from mitmproxy import options
 from mitmproxy.addons import core, disable_h2c, errorcheck, next_layer, proxyserver, tlsconfig
 from mitmproxy.master import Master
 
-from sandgate.proxy import errorpages, websocket
+from sandgate.proxy import errorpages, lean, websocket
 from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.auditing import AuditAddon
 from sandgate.proxy.ca import ensure_ca, upstream_trust_bundle
@@ -122,6 +122,7 @@ async def serve(config: ProxyConfig) -> None:
     state = build_state(config)
     master = Master(options.Options())
     master.addons.add(*addons(state, config))
+    lean.install(master.addons)  # mitmproxy's per-event work that buys nothing here
     master.options.update(**mitmproxy_options(config))
     control = ControlServer(state, config.socket_path)
     front_door = FrontDoor(
