@@ -54,6 +54,13 @@ class CliContext:
             raise click.UsageError(f"bad settings: {exc}") from exc
 
 
+class Refused(click.ClickException):
+    """A refusal printed as one line, `sandgate: <what>`, exit status 1."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"sandgate: {self.message}", err=True)
+
+
 class LazyGroup(click.Group):
     """Imports a subcommand's module only when that subcommand is looked up to run."""
 

@@ -2,8 +2,10 @@
 
 Rules:
 1. Every page but login and the static files needs the console cookie: an HttpOnly, SameSite=Strict
-   cookie holding the API key, set by the login form (or by `?key=` once, then redirected
-   away so the key leaves the address bar). The key is checked by the app's `verify_key`.
+   cookie holding a random session token (never the API key), set when the login form POSTs
+   the key. The key is never taken from a URL: a query string ends up in access logs and
+   browser history. The key is checked by the app's `verify_key`; sessions live in memory
+   (a restart logs everyone out; logout ends one).
 2. Audit content is written by sandboxes, i.e. untrusted: templates autoescape, the live feed
    builds rows with textContent, and a strict Content-Security-Policy (scripts and styles from
    'self' only) backs both up. Nothing is loaded from anywhere else (no CDN).
@@ -13,6 +15,8 @@ Rules:
 
 from __future__ import annotations
 
+import secrets
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any
@@ -60,9 +64,10 @@ def console_router(
         html = _templates.get_template(template).render(root=prefix, nav=nav, authed=nav != "login", **values)
         return HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
 
+    sessions = Sessions()
+
     def logged_in(request: Request) -> None:
-        key = request.cookies.get(COOKIE)
-        if not key or not verify_key(key):
+        if not sessions.valid(request.cookies.get(COOKIE)):
             target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
             raise HTTPException(
                 303, "log in first", headers={"Location": f"{prefix}/login?{urlencode({'next': target})}"}
@@ -74,8 +79,11 @@ def console_router(
     def safe_next(target: str | None) -> str:
         return target if target and target.startswith(prefix) and not target.startswith("//") else prefix
 
-    def with_cookie(response: Response, key: str) -> Response:
-        response.set_cookie(COOKIE, key, httponly=True, samesite="strict", secure=secure_cookie, path=prefix)
+    def with_session(response: Response) -> Response:
+        token = sessions.new()
+        response.set_cookie(
+            COOKIE, token, httponly=True, samesite="strict", secure=secure_cookie, path=prefix
+        )
         return response
 
     Authed = Depends(logged_in)
@@ -87,13 +95,8 @@ def console_router(
         return FileResponse(HERE / "static" / name, media_type=STATIC_FILES[name], headers=SECURITY_HEADERS)
 
     @router.get("/login")
-    def login_form(key: str | None = None, next: str | None = None) -> Response:
-        if key is not None and verify_key(key):
-            return with_cookie(RedirectResponse(safe_next(next), 303), key)
-        error = "That key is not this server's API key." if key is not None else None
-        return page(
-            "login.html", nav="login", status_code=401 if error else 200, error=error, next=safe_next(next)
-        )
+    def login_form(next: str | None = None) -> Response:
+        return page("login.html", nav="login", error=None, next=safe_next(next))
 
     @router.post("/login")
     def login(key: Annotated[str, Form()], next: Annotated[str, Form()] = "") -> Response:
@@ -105,10 +108,11 @@ def console_router(
                 error="That key is not this server's API key.",
                 next=safe_next(next),
             )
-        return with_cookie(RedirectResponse(safe_next(next), 303), key)
+        return with_session(RedirectResponse(safe_next(next), 303))
 
     @router.post("/logout")
-    def logout() -> Response:
+    def logout(request: Request) -> Response:
+        sessions.end(request.cookies.get(COOKIE))
         response = RedirectResponse(f"{prefix}/login", 303)
         response.delete_cookie(COOKIE, path=prefix)
         return response
@@ -211,6 +215,30 @@ def console_router(
         return page("diff.html", nav="changes", record=record, change=detail, diff=policy_diff(detail))
 
     return router
+
+
+class Sessions:
+    """Console sessions: random tokens held in memory, the oldest dropped past `limit`."""
+
+    def __init__(self, limit: int = 1000) -> None:
+        self.limit = limit
+        self._tokens: dict[str, None] = {}  # insertion-ordered: the first is the oldest
+        self._guard = threading.Lock()
+
+    def new(self) -> str:
+        token = secrets.token_urlsafe(32)
+        with self._guard:
+            self._tokens[token] = None
+            while len(self._tokens) > self.limit:
+                del self._tokens[next(iter(self._tokens))]
+        return token
+
+    def valid(self, token: str | None) -> bool:
+        return token is not None and token in self._tokens
+
+    def end(self, token: str | None) -> None:
+        with self._guard:
+            self._tokens.pop(token or "", None)
 
 
 def _filter_or_400(**values: Any) -> AuditFilter:

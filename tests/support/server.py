@@ -107,10 +107,20 @@ def parse_execd_events(body: str) -> CommandResult:
 
 
 class SandgateServer:
-    def __init__(self, state_dir: Path, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        extra_env: dict[str, str] | None = None,
+        generated_key: bool = False,
+        log_level: str = "warning",
+    ) -> None:
+        """`generated_key`: start without SANDGATE_API_KEY, as on a first start; `api_key` is then
+        read from the state dir once the server answers. `log_level` info logs every request."""
         self.state_dir = state_dir
         self.port = free_port()
-        self.api_key = secrets.token_urlsafe(16)
+        self.generated_key = generated_key
+        self.log_level = log_level
+        self.api_key = "" if generated_key else secrets.token_urlsafe(16)
         self.nft_table = f"sgt{secrets.token_hex(3)}"
         self.iface_prefix = f"t{secrets.token_hex(2)}"
         self.proxy_ports = dict(zip(("TRANSPARENT", "EXPLICIT", "DNS"), free_ports(3), strict=True))
@@ -144,7 +154,7 @@ class SandgateServer:
             "SANDGATE_STATE_DIR": str(self.state_dir),
             "SANDGATE_HOST": "127.0.0.1",
             "SANDGATE_PORT": str(self.port),
-            "SANDGATE_API_KEY": self.api_key,
+            **({} if self.generated_key else {"SANDGATE_API_KEY": self.api_key}),
             "SANDGATE_NFT_TABLE": self.nft_table,
             "SANDGATE_IFACE_PREFIX": self.iface_prefix,
             "SANDGATE_ADDRESS_POOL": str(self.address_pool),
@@ -155,7 +165,7 @@ class SandgateServer:
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [*SANDGATE, "serve", "--log-level", "warning"],
+                [*SANDGATE, "serve", "--log-level", self.log_level],
                 env=self.server_env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -167,6 +177,8 @@ class SandgateServer:
                 raise RuntimeError(f"sandgate serve exited ({self.process.returncode}):\n{self.log()}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
+                    if self.generated_key:
+                        self.api_key = (self.state_dir / "api_key").read_text().strip()
                     return
             time.sleep(0.05)
         raise RuntimeError(f"sandgate serve did not answer /health in {START_TIMEOUT}s:\n{self.log()}")
@@ -245,9 +257,12 @@ class SandgateServer:
 
 
 @contextlib.contextmanager
-def sandgate_server(tmp_path: Path, extra_env: dict[str, str] | None = None) -> Iterator[SandgateServer]:
+def sandgate_server(
+    tmp_path: Path, extra_env: dict[str, str] | None = None, **options: Any
+) -> Iterator[SandgateServer]:
+    """A started server (`options`: SandgateServer's generated_key, log_level)."""
     state_dir = tmp_path / "state"
-    server = SandgateServer(state_dir, extra_env)
+    server = SandgateServer(state_dir, extra_env, **options)
     try:
         server.start()
         yield server

@@ -19,7 +19,10 @@ from typing import Any
 
 import click
 
+from sandgate.lifecycle import statelock
+from sandgate.lifecycle.cli import Refused
 from sandgate.lifecycle.settings import Settings
+from sandgate.lifecycle.statelock import StateLock
 
 log = logging.getLogger("sandgate.serve")
 REAP_INTERVAL = 1.0
@@ -89,9 +92,11 @@ def api_key_for(settings: Settings) -> str:
     if settings.api_key is not None:
         return settings.api_key.get_secret_value()
     key, created = load_or_create_api_key(settings.state_dir)
-    if created:
+    if created:  # never printed: serve's output is a log (journal, terminal scroll-back)
+        path = settings.state_dir / "api_key"
         click.echo(
-            f"sandgate: generated API key (shown once; also in {settings.state_dir / 'api_key'}):\n{key}"
+            f"sandgate: generated an API key into {path} (mode 0600); clients send it as "
+            f"OPEN-SANDBOX-API-KEY, e.g. export OPEN_SANDBOX_API_KEY=$(cat {path})"
         )
     return key
 
@@ -104,8 +109,13 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
     from sandgate.lifecycle.wiring import build_components
 
     prepare_state_dir(settings.state_dir)
-    api_key = api_key_for(settings)
-    parts = build_components(settings, api_key)
+    lock = hold_state_dir(settings.state_dir)
+    try:
+        api_key = api_key_for(settings)
+        parts = build_components(settings, api_key)
+    except BaseException:
+        lock.release()
+        raise
     try:
         try:
             parts.supervisor.start()
@@ -126,6 +136,15 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
             stop_reaper()
     finally:
         parts.close()
+        lock.release()
+
+
+def hold_state_dir(state_dir: Path) -> StateLock:
+    """The state dir's lock, or a one-line refusal that has touched nothing of the holder's."""
+    try:
+        return statelock.acquire(state_dir)
+    except statelock.AlreadyRunning as exc:
+        raise Refused(str(exc)) from None
 
 
 def start_reaper(reap: Any) -> Any:
