@@ -124,9 +124,8 @@ def _through_the_service() -> None:
         cold = _creates(parts.service, request, None)
         warm = Service(
             parts.service.store, networks=parts.service.networks, runtime=parts.service.runtime,
-            proxy=parts.service.proxy, vault=parts.service.vault, policies=parts.service.policies,
-            entry_factory=parts.service.entry_factory, audit=parts.service.audit,
-            check_image=parts.service.check_image, ca_cert=parts.service.ca_cert, warm_pool_size=WARM_POOL,
+            egress=parts.service.egress, check_image=parts.service.check_image,
+            ca_cert=parts.service.ca_cert, warm_pool_size=WARM_POOL,
         )  # fmt: skip
         warm.start()
         pooled = _creates(warm, request, warm)

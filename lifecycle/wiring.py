@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +20,18 @@ from fastapi import APIRouter
 from sandgate.lifecycle.api.auth import keys_match
 from sandgate.lifecycle.audit import AuditStore, Retention, audit_router
 from sandgate.lifecycle.console import console_router
+from sandgate.lifecycle.egress_control import EgressControl, PolicyChange
 from sandgate.lifecycle.images import ImageStore
 from sandgate.lifecycle.kernel import instance_tag
 from sandgate.lifecycle.network import ProxyPorts, SandboxNetworks
+from sandgate.lifecycle.policy_book import SandgatePolicies
 from sandgate.lifecycle.runtime.docker import DockerRuntime
 from sandgate.lifecycle.runtime.local import LocalRuntime
-from sandgate.lifecycle.service import SandgatePolicies, Service
+from sandgate.lifecycle.service import Service
 from sandgate.lifecycle.settings import Settings
 from sandgate.lifecycle.store import Store
 from sandgate.lifecycle.supervisor import Listeners, ProxySupervisor
-from sandgate.proxy import AuditRecord, ProxyConfig, ProxyControl, ProxyControlError, SandboxEntry, ensure_ca
+from sandgate.proxy import AuditRecord, ProxyConfig, ProxyControl, ProxyControlError, ensure_ca
 from sandgate.vault import open_store
 
 
@@ -84,10 +86,10 @@ def write_proxy_config(settings: Settings) -> Path:
     return path
 
 
-def policy_change_writer(audit_path: Path) -> Callable[[str, str, dict[str, Any]], None]:
+def policy_change_writer(audit_path: Path) -> Callable[[str, str, PolicyChange], None]:
     """Appends policy_change records to the proxy's audit log (O_APPEND: safe beside the proxy)."""
 
-    def write(sandbox_id: str, what: str, summary: dict[str, Any]) -> None:
+    def write(sandbox_id: str, what: str, change: PolicyChange) -> None:
         record = AuditRecord(
             kind="policy_change",
             sandbox=sandbox_id,
@@ -95,7 +97,7 @@ def policy_change_writer(audit_path: Path) -> Callable[[str, str, dict[str, Any]
             decision="allow",
             reason=what,
             event=what,
-            detail=json.dumps(summary, sort_keys=True),
+            detail=json.dumps(asdict(change), sort_keys=True),
         )
         fd = os.open(audit_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "a", encoding="utf-8") as handle:
@@ -112,10 +114,6 @@ def answers(control: ProxyControl) -> bool:
     return True
 
 
-def make_entry(sandbox_id: str, address: str, policy: dict[str, Any], credentials: dict[str, str]) -> Any:
-    return SandboxEntry(sandbox_id=sandbox_id, address=address, policy=policy, credentials=credentials)
-
-
 def audit_and_console(
     service: Service, settings: Settings, api_key: str
 ) -> tuple[AuditStore, list[APIRouter]]:
@@ -126,7 +124,12 @@ def audit_and_console(
 
     def sandboxes() -> list[dict[str, Any]]:
         return [
-            {"id": r.id, "status": r.state, "address": r.address, "policy": service.effective_policy(r.id)}
+            {
+                "id": r.id,
+                "status": r.state,
+                "address": r.address,
+                "policy": service.egress.effective_policy(r.id),
+            }
             for r in service.list_sandboxes()
         ]
 
@@ -164,15 +167,18 @@ def build_components(settings: Settings, api_key: str) -> Components:
             settings.state_dir, ImageStore(settings.state_dir / "images"), instance=instance
         )
     store = Store(settings.database)
+    egress = EgressControl(
+        store,
+        proxy=control,
+        vault=vault,
+        policies=SandgatePolicies(settings.policy_max_rules),
+        audit=policy_change_writer(settings.audit_log),
+    )
     service = Service(
         store,
         networks=networks,
         runtime=runtime,
-        proxy=control,
-        vault=vault,
-        policies=SandgatePolicies(settings.policy_max_rules),
-        entry_factory=make_entry,
-        audit=policy_change_writer(settings.audit_log),
+        egress=egress,
         check_image=runtime.images.get,
         ca_cert=ca.cert,
         warm_pool_size=settings.warm_pool_size,
@@ -180,7 +186,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
     supervisor = ProxySupervisor(
         write_proxy_config(settings),
         is_healthy=lambda: answers(control),
-        on_ready=service.repush,
+        on_ready=egress.repush,
         log_path=settings.state_dir / "proxy.log",
         listeners=Listeners(
             tcp=frozenset({settings.proxy_transparent_port, settings.proxy_explicit_port}),

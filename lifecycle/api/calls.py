@@ -1,6 +1,7 @@
 """How a route reaches the service and turns its errors into answers; shared by every router.
 
-Rules: routes find the service on `app.state` (`service_of`) and call it through `call`, which
+Rules: routes find the service on `app.state` (`service_of`, `egress_of` for its egress part)
+and call it through `call`, which
 turns a `LifecycleError` into an `ApiError` with the status of its kind (`KIND_STATUS`); no
 router imports another router's internals for this.
 """
@@ -14,6 +15,7 @@ from fastapi import Request
 
 from sandgate.lifecycle.api.errors import ApiError
 from sandgate.lifecycle.api.models import ErrorResponse
+from sandgate.lifecycle.egress_control import EgressControl
 from sandgate.lifecycle.errors import ErrorKind, LifecycleError
 from sandgate.lifecycle.service import Service
 
@@ -27,6 +29,10 @@ KIND_STATUS: dict[ErrorKind, int] = {"not_found": 404, "invalid": 400, "conflict
 
 def service_of(request: Request) -> Service:
     return request.app.state.service
+
+
+def egress_of(request: Request) -> EgressControl:
+    return service_of(request).egress
 
 
 def api_error(exc: LifecycleError) -> ApiError:

@@ -7,8 +7,8 @@ sandbox's trust domain, at `/v1/sandboxes/{id}/egress/...`. Rules:
    sandgate CLI). Errors are text/plain, as the sidecar's.
 2. `/policy` speaks the OpenSandbox shapes; `/sandgate-policy` reads and replaces the full
    sandgate policy document (L7 rules, bindings to named vault entries).
-3. Every change goes through `Service.change_policy`/`change_vault`: validated whole, pushed to
-   the proxy, persisted, audited.
+3. Every change goes through `EgressControl.change_policy`/`change_vault` (`Service.egress`):
+   validated whole, pushed to the proxy, persisted, audited.
 4. The lifecycle API's `/sandboxes/{id}/networkpolicy` (what the SDK uses for template sandboxes)
    is the same policy API behind the server's API key, answering errors as `{code, message}`.
 """
@@ -21,7 +21,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Header, Request, Response
 
 from sandgate.lifecycle.api.auth import API_KEY_HEADER, EGRESS_AUTH_HEADER, keys_match
-from sandgate.lifecycle.api.calls import ERRORS, KIND_STATUS, call, service_of
+from sandgate.lifecycle.api.calls import ERRORS, KIND_STATUS, call, egress_of, service_of
 from sandgate.lifecycle.api.egress_models import (
     CredentialBindingListResponse,
     CredentialBindingMetadata,
@@ -41,8 +41,9 @@ from sandgate.lifecycle.api.vault_state import (
     credential_metadata,
     public_state,
 )
+from sandgate.lifecycle.credential_state import VaultState
+from sandgate.lifecycle.egress_control import EgressControl, EgressState
 from sandgate.lifecycle.errors import LifecycleError
-from sandgate.lifecycle.service import EgressState, Service
 
 TEXT_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"content": {"text/plain": {"schema": {"type": "string"}}}} for code in (400, 401, 404, 409, 412)
@@ -67,12 +68,11 @@ def caller(
     api_key: Annotated[str | None, Header(alias=API_KEY_HEADER)] = None,
 ) -> str:
     """Who is calling (for the audit record); refuses anyone without token or API key."""
-    service = service_of(request)
     if api_key and keys_match(api_key, request.app.state.api_key):
-        run(service.get, sandbox_id)
+        run(service_of(request).get, sandbox_id)
         return "api-key"
     try:
-        service.check_egress_token(sandbox_id, egress_auth)
+        egress_of(request).check_egress_token(sandbox_id, egress_auth)
     except LifecycleError as exc:
         status = 404 if exc.kind == "not_found" else 401
         raise EgressError(status, "UNAUTHORIZED", exc.message) from exc
@@ -83,8 +83,8 @@ Actor = Annotated[str, Depends(caller)]
 router = APIRouter(prefix="/sandboxes/{sandbox_id}/egress", tags=["Egress"], responses=TEXT_ERRORS)
 
 
-def policy_status(service: Service, state: EgressState) -> PolicyStatusResponse:
-    view = NetworkPolicy.model_validate(service.policies.to_opensandbox(state.document))
+def policy_status(egress: EgressControl, state: EgressState) -> PolicyStatusResponse:
+    view = NetworkPolicy.model_validate(egress.policies.to_opensandbox(state.document))
     mode = "enforcing" if view.egress else ("allow_all" if view.default_action == "allow" else "deny_all")
     return PolicyStatusResponse(mode=mode, policy=view, enforcementMode="proxy")  # type: ignore[arg-type]
 
@@ -94,35 +94,35 @@ Change = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def read_policy(request: Request, sandbox_id: str, runner: Runner) -> PolicyStatusResponse:
-    service = service_of(request)
-    return policy_status(service, runner(service.policy, sandbox_id))
+    egress = egress_of(request)
+    return policy_status(egress, runner(egress.policy, sandbox_id))
 
 
 def change_policy(
     request: Request, sandbox_id: str, actor: str, what: str, change: Change, runner: Runner
 ) -> PolicyStatusResponse:
-    service = service_of(request)
-    state = runner(service.change_policy, sandbox_id, change, actor, what)
-    return policy_status(service, state)
+    egress = egress_of(request)
+    state = runner(egress.change_policy, sandbox_id, change, actor, what)
+    return policy_status(egress, state)
 
 
 def replacing(request: Request, body: NetworkPolicy | None) -> Change:
     """Replace the whole policy; None (empty body, `null`, `{}`) means deny everything."""
-    policies = service_of(request).policies
+    policies = egress_of(request).policies
     wanted = body.model_dump(by_alias=True, exclude_none=True) if body else None
     return lambda current: policies.replace_opensandbox(current, wanted)
 
 
 def patching(request: Request, rules: list[NetworkRule]) -> Change:
     """Merge rules: same target overrides, new rules come first, first duplicate in the body wins."""
-    policies = service_of(request).policies
+    policies = egress_of(request).policies
     wire = [rule.model_dump() for rule in rules]
     return lambda current: policies.patch_rules(current, wire)
 
 
 def deleting(request: Request, targets: list[str]) -> Change:
     """Remove the rules for these targets; unknown targets are ignored."""
-    policies = service_of(request).policies
+    policies = egress_of(request).policies
     return lambda current: policies.delete_targets(current, targets)
 
 
@@ -198,12 +198,12 @@ def delete_network_policy_rules(
 @router.get("/sandgate-policy")
 def get_sandgate_policy(request: Request, sandbox_id: str, actor: Actor) -> dict[str, Any]:
     """The sandgate policy document, its revision, and the effective policy (vault bindings added)."""
-    service = service_of(request)
-    state = run(service.policy, sandbox_id)
+    egress = egress_of(request)
+    state = run(egress.policy, sandbox_id)
     return {
         "revision": state.revision,
         "policy": state.document,
-        "effective": service.effective_policy(sandbox_id),
+        "effective": egress.effective_policy(sandbox_id),
     }
 
 
@@ -216,10 +216,8 @@ def put_sandgate_policy(
     expected_revision: Annotated[int | None, Body(embed=True, alias="expectedRevision")] = None,
 ) -> dict[str, Any]:
     """Replace the sandgate policy document (the credential vault's bindings stay on top of it)."""
-    service = service_of(request)
-
     state = run(
-        service.change_policy,
+        egress_of(request).change_policy,
         sandbox_id,
         lambda _current: policy,
         actor,
@@ -241,9 +239,8 @@ def put_sandgate_policy(
 def create_vault(
     request: Request, sandbox_id: str, actor: Actor, body: CredentialVaultCreateRequest
 ) -> CredentialVaultState:
-    service = service_of(request)
     state = run(
-        service.change_vault,
+        egress_of(request).change_vault,
         sandbox_id,
         lambda _old, revision: build_create(sandbox_id, body, revision),
         actor,
@@ -251,48 +248,47 @@ def create_vault(
         None,
         must_exist=False,
     )
-    return public_state(state.revision, state.document)
+    return public_state(state.revision, state.state)
 
 
 @router.get("/credential-vault", response_model=CredentialVaultState, response_model_exclude_none=True)
 def get_vault(request: Request, sandbox_id: str, actor: Actor) -> CredentialVaultState:
-    state = run(service_of(request).vault_state, sandbox_id)
-    return public_state(state.revision, state.document)
+    state = run(egress_of(request).vault_state, sandbox_id)
+    return public_state(state.revision, state.state)
 
 
 @router.patch("/credential-vault", response_model=CredentialVaultState, response_model_exclude_none=True)
 def patch_vault(
     request: Request, sandbox_id: str, actor: Actor, body: CredentialVaultMutationRequest
 ) -> CredentialVaultState:
-    service = service_of(request)
     state = run(
-        service.change_vault,
+        egress_of(request).change_vault,
         sandbox_id,
-        lambda old, revision: build_patch(sandbox_id, old or {}, body, revision),
+        lambda old, revision: build_patch(sandbox_id, old or VaultState(), body, revision),
         actor,
         "credential-vault patch",
         body.expected_revision,
         must_exist=True,
     )
-    return public_state(state.revision, state.document)
+    return public_state(state.revision, state.state)
 
 
 @router.delete("/credential-vault", status_code=204, response_class=Response)
 def delete_vault(request: Request, sandbox_id: str, actor: Actor) -> Response:
-    run(service_of(request).delete_vault, sandbox_id, actor)
+    run(egress_of(request).delete_vault, sandbox_id, actor)
     return Response(status_code=204)
 
 
 @router.get("/credential-vault/credentials", response_model=CredentialListResponse)
 def list_credentials(request: Request, sandbox_id: str, actor: Actor) -> CredentialListResponse:
-    state = run(service_of(request).vault_state, sandbox_id)
-    return CredentialListResponse(revision=state.revision, credentials=credential_metadata(state.document))
+    state = run(egress_of(request).vault_state, sandbox_id)
+    return CredentialListResponse(revision=state.revision, credentials=credential_metadata(state.state))
 
 
 @router.get("/credential-vault/credentials/{name}", response_model=CredentialMetadata)
 def get_credential(request: Request, sandbox_id: str, name: str, actor: Actor) -> CredentialMetadata:
-    state = run(service_of(request).vault_state, sandbox_id)
-    return _one(credential_metadata(state.document), name, "credential")
+    state = run(egress_of(request).vault_state, sandbox_id)
+    return _one(credential_metadata(state.state), name, "credential")
 
 
 @router.get(
@@ -301,8 +297,8 @@ def get_credential(request: Request, sandbox_id: str, name: str, actor: Actor) -
     response_model_exclude_none=True,
 )
 def list_bindings(request: Request, sandbox_id: str, actor: Actor) -> CredentialBindingListResponse:
-    state = run(service_of(request).vault_state, sandbox_id)
-    return CredentialBindingListResponse(revision=state.revision, bindings=binding_metadata(state.document))
+    state = run(egress_of(request).vault_state, sandbox_id)
+    return CredentialBindingListResponse(revision=state.revision, bindings=binding_metadata(state.state))
 
 
 @router.get(
@@ -311,8 +307,8 @@ def list_bindings(request: Request, sandbox_id: str, actor: Actor) -> Credential
     response_model_exclude_none=True,
 )
 def get_binding(request: Request, sandbox_id: str, name: str, actor: Actor) -> CredentialBindingMetadata:
-    state = run(service_of(request).vault_state, sandbox_id)
-    return _one(binding_metadata(state.document), name, "binding")
+    state = run(egress_of(request).vault_state, sandbox_id)
+    return _one(binding_metadata(state.state), name, "binding")
 
 
 def _one(items: list[Any], name: str, what: str) -> Any:

@@ -26,7 +26,7 @@ router = APIRouter(tags=["Server"])
 @router.get("/metrics", response_class=PlainTextResponse)
 def proxy_metrics(request: Request) -> PlainTextResponse:
     try:
-        text = request.app.state.service.proxy.metrics()
+        text = request.app.state.service.egress.proxy.metrics()
     except (ProxyControlError, OSError, httpx.HTTPError) as exc:
         raise ApiError(
             503,

@@ -1,4 +1,5 @@
-"""The credential-vault state of one sandbox, and how OpenSandbox create/patch requests change it.
+"""How OpenSandbox credential-vault create/patch requests change a sandbox's `VaultState`
+(lifecycle/credential_state.py), and the state's public views.
 
 Rules:
 1. Pure: no I/O. A builder returns the next state and the values to write to the vault; the
@@ -13,8 +14,6 @@ Rules:
 
 from __future__ import annotations
 
-from typing import Any
-
 from sandgate.lifecycle.api.egress_models import (
     Credential,
     CredentialAuthMetadata,
@@ -26,10 +25,10 @@ from sandgate.lifecycle.api.egress_models import (
     CredentialVaultMutationRequest,
     CredentialVaultState,
 )
+from sandgate.lifecycle.credential_state import BindingEntry, CredentialEntry, VaultState
 from sandgate.lifecycle.errors import LifecycleError
 
-VaultState = dict[str, Any]
-Values = dict[str, str]
+Values = dict[str, str]  # vault entry name -> the value to write
 
 
 def entry_name(sandbox_id: str, credential: str, revision: int) -> str:
@@ -46,8 +45,8 @@ def build_create(
 def build_patch(
     sandbox_id: str, old: VaultState, request: CredentialVaultMutationRequest, revision: int
 ) -> tuple[VaultState, Values]:
-    credentials = {item["name"]: item for item in old.get("credentials", [])}
-    bindings = {item["name"]: item for item in old.get("bindings", [])}
+    credentials = {item.name: item for item in old.credentials}
+    bindings = {item.name: item for item in old.bindings}
     _apply_names(credentials, request.credentials.delete, "credentials", "delete")
     _apply_names(bindings, request.bindings.delete, "bindings", "delete")
     _apply_names(credentials, [c.name for c in request.credentials.replace], "credentials", "replace")
@@ -66,7 +65,9 @@ def build_patch(
     )
 
 
-def _apply_names(items: dict[str, Any], names: list[str], where: str, verb: str) -> None:
+def _apply_names(
+    items: dict[str, CredentialEntry] | dict[str, BindingEntry], names: list[str], where: str, verb: str
+) -> None:
     """Remove `names` (for delete they are gone; for replace the new version comes back in)."""
     missing = [name for name in names if name not in items]
     if missing:
@@ -77,8 +78,8 @@ def _apply_names(items: dict[str, Any], names: list[str], where: str, verb: str)
 
 def _build(
     sandbox_id: str,
-    credentials: dict[str, Any],
-    bindings: dict[str, Any],
+    credentials: dict[str, CredentialEntry],
+    bindings: dict[str, BindingEntry],
     new_credentials: list[Credential],
     new_bindings: list[CredentialBinding],
     revision: int,
@@ -89,23 +90,22 @@ def _build(
     for credential in new_credentials:
         entry = entry_name(sandbox_id, credential.name, revision)
         values[entry] = credential.source.value
-        credentials[credential.name] = {"name": credential.name, "sourceType": credential.source.type,
-                                        "revision": revision, "entry": entry}  # fmt: skip
+        credentials[credential.name] = CredentialEntry(
+            name=credential.name, sourceType=credential.source.type, revision=revision, entry=entry
+        )
     for binding in new_bindings:
-        bindings[binding.name] = {
-            "name": binding.name,
-            "revision": revision,
-            "binding": binding.model_dump(by_alias=True, exclude_none=True),
-        }
+        bindings[binding.name] = BindingEntry(
+            name=binding.name, revision=revision, binding=binding.model_dump(by_alias=True, exclude_none=True)
+        )
     for item in bindings.values():
-        auth = CredentialBinding.model_validate(item["binding"]).auth
+        auth = CredentialBinding.model_validate(item.binding).auth
         unresolved = [name for name in auth.credential_names() if name not in credentials]
         if unresolved:
             raise LifecycleError(
                 "invalid",
-                f"binding {item['name']!r} refers to unknown credential(s): {', '.join(unresolved)}",
+                f"binding {item.name!r} refers to unknown credential(s): {', '.join(unresolved)}",
             )
-    return {"credentials": list(credentials.values()), "bindings": list(bindings.values())}, values
+    return VaultState(credentials=list(credentials.values()), bindings=list(bindings.values())), values
 
 
 def _unique(names: list[str], where: str) -> None:
@@ -119,19 +119,19 @@ def _unique(names: list[str], where: str) -> None:
 
 def credential_metadata(state: VaultState) -> list[CredentialMetadata]:
     return [
-        CredentialMetadata(name=c["name"], sourceType=c["sourceType"], revision=c["revision"])
-        for c in state.get("credentials", [])
+        CredentialMetadata(name=c.name, sourceType=c.source_type, revision=c.revision)
+        for c in state.credentials
     ]
 
 
 def binding_metadata(state: VaultState) -> list[CredentialBindingMetadata]:
     out = []
-    for item in state.get("bindings", []):
-        binding = CredentialBinding.model_validate(item["binding"])
+    for item in state.bindings:
+        binding = CredentialBinding.model_validate(item.binding)
         out.append(
             CredentialBindingMetadata(
-                name=item["name"],
-                revision=item["revision"],
+                name=item.name,
+                revision=item.revision,
                 match=CredentialMatch.model_validate(binding.match.model_dump()),
                 auth=CredentialAuthMetadata(type=binding.auth.type, name=binding.auth.name),
             )

@@ -20,10 +20,14 @@ from typing import Any
 
 import pytest
 
+from sandgate.lifecycle.credential_state import CredentialEntry, VaultState
+from sandgate.lifecycle.egress_control import EgressControl, PolicyChange
 from sandgate.lifecycle.errors import LifecycleError
+from sandgate.lifecycle.policy_book import SandgatePolicies
 from sandgate.lifecycle.runtime.base import EXECD_PORT, SandboxNet, SandboxSpec, ping_execd
-from sandgate.lifecycle.service import CreateRequest, SandgatePolicies, Service
+from sandgate.lifecycle.service import CreateRequest, Service
 from sandgate.lifecycle.store import Store
+from sandgate.proxy import SandboxEntry
 
 ALLOW_ONE = {"defaultAction": "deny", "egress": [{"action": "allow", "target": "api.example.test"}]}
 
@@ -109,13 +113,13 @@ class RecordingProxy:
     """The proxy's control socket: the entries it holds, by address."""
 
     def __init__(self) -> None:
-        self.entries: dict[str, Any] = {}
+        self.entries: dict[str, SandboxEntry] = {}
         self.fail = False
 
-    def put_sandbox(self, entry: Any) -> None:
+    def put_sandbox(self, entry: SandboxEntry) -> None:
         if self.fail:
             raise Broken("proxy")
-        self.entries[entry["address"]] = entry
+        self.entries[entry.address] = entry
 
     def drop_sandbox(self, address: str) -> None:
         self.entries.pop(address, None)
@@ -154,20 +158,24 @@ class Rig:
         self.vault = DictVault()
         self.audit: list[tuple[str, str]] = []
         self.bad_image = False
+        self.egress = EgressControl(
+            self.store,
+            proxy=self.proxy,
+            vault=self.vault,  # type: ignore[arg-type]
+            policies=SandgatePolicies(max_rules=100),
+            audit=self._audit,
+        )
         self.service = Service(
             self.store,
             networks=self.networks,
             runtime=self.runtime,
-            proxy=self.proxy,
-            vault=self.vault,
-            policies=SandgatePolicies(max_rules=100),
-            entry_factory=lambda sid, address, policy, creds: {
-                "id": sid, "address": address, "policy": policy, "credentials": creds,
-            },
-            audit=lambda sid, what, summary: self.audit.append((sid, what)),
+            egress=self.egress,
             check_image=self._check_image,
             ready_timeout=10.0,
-        )  # fmt: skip
+        )
+
+    def _audit(self, sandbox_id: str, what: str, change: PolicyChange) -> None:
+        self.audit.append((sandbox_id, what))
 
     def _check_image(self, image: str) -> None:
         if self.bad_image:
@@ -205,7 +213,7 @@ def test_create_runs_a_real_execd_and_delete_removes_every_part(rig: Rig) -> Non
     assert record.state == "Running"
     assert ping_execd(record.address or "")
     assert rig.store.get_sandbox(record.id).state == "Running"
-    assert rig.proxy.entries[record.address]["policy"]["egress"][0]["target"] == "api.example.test"
+    assert rig.proxy.entries[record.address or ""].policy["egress"][0]["target"] == "api.example.test"
     assert rig.audit == [(record.id, "create")]
 
     rig.service.delete(record.id)
@@ -249,26 +257,27 @@ def test_an_invalid_policy_is_refused_before_anything_is_built(rig: Rig) -> None
 
 def test_a_policy_change_the_proxy_refuses_leaves_the_old_policy(rig: Rig) -> None:
     record = rig.service.create(request())
-    before = rig.service.policy(record.id)
+    before = rig.egress.policy(record.id)
     rig.proxy.fail = True
     with pytest.raises(Broken):
-        rig.service.change_policy(
+        rig.egress.change_policy(
             record.id, lambda doc: {**doc, "egress": []}, actor="test", what="egress replace"
         )
-    after = rig.service.policy(record.id)
+    after = rig.egress.policy(record.id)
     assert (after.revision, after.document) == (before.revision, before.document)
-    assert rig.proxy.entries[record.address]["policy"] == before.document
+    assert rig.proxy.entries[record.address or ""].policy == before.document
 
 
 def test_a_vault_change_the_proxy_refuses_removes_the_new_values(rig: Rig) -> None:
     record = rig.service.create(request())
     rig.proxy.fail = True
 
-    def build(old: dict[str, Any] | None, revision: int) -> tuple[dict[str, Any], dict[str, str]]:
+    def build(old: VaultState | None, revision: int) -> tuple[VaultState, dict[str, str]]:
         entry = f"{record.id}/r{revision}/token"
-        return {"credentials": [{"name": "token", "entry": entry}], "bindings": []}, {entry: "s3cr3t"}
+        credential = CredentialEntry(name="token", sourceType="inline", revision=revision, entry=entry)
+        return VaultState(credentials=[credential]), {entry: "s3cr3t"}
 
     with pytest.raises(Broken):
-        rig.service.change_vault(record.id, build, "test", "credential-vault create", None, must_exist=False)
+        rig.egress.change_vault(record.id, build, "test", "credential-vault create", None, must_exist=False)
     assert rig.vault.values == {}
     assert rig.store.get_vault(record.id) is None

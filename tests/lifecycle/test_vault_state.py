@@ -8,6 +8,7 @@ import pytest
 
 from sandgate.lifecycle.api.egress_models import CredentialVaultCreateRequest, CredentialVaultMutationRequest
 from sandgate.lifecycle.api.vault_state import build_create, build_patch, public_state
+from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.errors import LifecycleError
 
 BINDING = {
@@ -17,7 +18,7 @@ BINDING = {
 }
 
 
-def created() -> dict:
+def created() -> VaultState:
     request = CredentialVaultCreateRequest.model_validate(
         {
             "credentials": [{"name": "tok", "source": {"type": "inline", "value": "s3cret-v1"}}],
@@ -26,7 +27,7 @@ def created() -> dict:
     )
     state, values = build_create("sb1", request, 1)
     assert list(values.values()) == ["s3cret-v1"]
-    assert "s3cret" not in json.dumps(state)
+    assert "s3cret" not in json.dumps(state.to_document())
     return state
 
 
@@ -44,8 +45,17 @@ def test_replace_writes_a_new_entry_name_for_the_new_value() -> None:
     )
     state, values = build_patch("sb1", old, patch, 2)
     (entry,) = values
-    assert values[entry] == "v2" and entry != old["credentials"][0]["entry"]
-    assert state["credentials"][0]["revision"] == 2 and state["bindings"][0]["revision"] == 1
+    assert values[entry] == "v2" and entry != old.credentials[0].entry
+    assert state.credentials[0].revision == 2 and state.bindings[0].revision == 1
+
+
+def test_the_stored_shape_is_the_one_older_databases_hold() -> None:
+    document = created().to_document()
+    assert document["credentials"] == [
+        {"name": "tok", "sourceType": "inline", "revision": 1, "entry": "sb.sb1.tok.r1"}
+    ]
+    assert document["bindings"][0]["binding"]["auth"] == {"type": "bearer", "credential": "tok"}
+    assert VaultState.model_validate(document) == created()
 
 
 @pytest.mark.parametrize(

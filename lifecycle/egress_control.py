@@ -1,0 +1,347 @@
+"""The egress part of the control plane: each sandbox's policy and credential vault, and what the
+egress proxy holds for it. `Service.egress` is the one instance.
+
+Rules:
+1. Every egress change (policy or credential vault) is computed whole, validated whole, pushed
+   to the proxy, then persisted with a new revision and written to the audit log as one
+   `policy_change` record. If validation or the push fails, the old state stays in force; if the
+   persist fails, the stored state is pushed again.
+2. Credential values go to the vault under names private to the sandbox; the database and every
+   response hold only names. A new revision writes new entries, so the switch is atomic, and
+   deletes the old ones afterwards.
+3. The proxy holds a sandbox's effective policy: its policy plus its vault's bindings, validated
+   together (a binding's host must be allowed by the rules), with credential -> vault entry names.
+4. One lock per sandbox (`locks`), shared with the lifecycle actions: an egress change and a
+   delete of the same sandbox never interleave.
+5. No HTTP here: failures are `LifecycleError(kind, message)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sandgate.lifecycle.credential_state import VaultState
+from sandgate.lifecycle.errors import LifecycleError, quietly
+from sandgate.lifecycle.policy_book import PolicyBook, PolicyDocument
+from sandgate.lifecycle.store import NotFound, RevisionConflict, SandboxRecord, Store
+from sandgate.proxy import SandboxEntry
+from sandgate.vault import SecretStore
+
+log = logging.getLogger(__name__)
+LIVE_STATES = ("Running", "Paused", "Pausing", "Resuming")  # states whose sandbox the proxy serves
+
+
+@dataclass(frozen=True)
+class EgressState:
+    """A sandbox's policy and the revision it was stored as."""
+
+    revision: int
+    document: PolicyDocument
+
+
+@dataclass(frozen=True)
+class VaultRevision:
+    """A sandbox's credential-vault state and the revision it was stored as."""
+
+    revision: int
+    state: VaultState
+
+
+@dataclass(frozen=True)
+class PolicyChange:
+    """The detail of one `policy_change` audit record: whole documents (policy or vault state:
+    rule, binding and vault entry names, never a value), so the console can diff them."""
+
+    actor: str
+    change: str
+    old_revision: int
+    revision: int
+    old_digest: str | None
+    new_digest: str
+    old: dict[str, Any] | None
+    new: dict[str, Any]
+
+
+class ProxyControlClient(Protocol):
+    """The proxy's control socket as lifecycle uses it (`sandgate.proxy.ProxyControl`)."""
+
+    def put_sandbox(self, entry: SandboxEntry) -> object: ...
+    def drop_sandbox(self, address: str) -> object: ...
+    def metrics(self) -> str: ...
+
+
+AuditWriter = Callable[[str, str, PolicyChange], None]  # (sandbox id, what, change)
+PolicyEdit = Callable[[PolicyDocument], PolicyDocument]
+# (stored state or None, the new revision) -> (the new state, vault entry name -> value to write)
+VaultBuild = Callable[[VaultState | None, int], tuple[VaultState, dict[str, str]]]
+
+
+class SandboxLocks:
+    """One lock per sandbox id (rule 4)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def __call__(self, sandbox_id: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(sandbox_id, threading.Lock())
+
+
+def existing(store: Store, sandbox_id: str) -> SandboxRecord:
+    """The sandbox's record, or a not_found error that says how to list them."""
+    try:
+        return store.get_sandbox(sandbox_id)
+    except NotFound:
+        raise LifecycleError(
+            "not_found", f"sandbox {sandbox_id!r} does not exist (list them with GET /v1/sandboxes)"
+        ) from None
+
+
+def digest(document: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class EgressControl:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        proxy: ProxyControlClient,
+        vault: SecretStore,
+        policies: PolicyBook,
+        audit: AuditWriter,
+    ) -> None:
+        self.store = store
+        self.proxy = proxy
+        self.vault = vault
+        self.policies = policies
+        self.audit = audit
+        self.locks = SandboxLocks()
+
+    # --- the proxy ------------------------------------------------------------------------------
+
+    def push_new(self, sandbox_id: str, address: str, document: PolicyDocument) -> None:
+        """A new sandbox's first entry (no vault yet); a refusal is `unavailable`."""
+        try:
+            self.proxy.put_sandbox(SandboxEntry(sandbox_id=sandbox_id, address=address, policy=document))
+        except Exception as exc:
+            raise LifecycleError(
+                "unavailable",
+                f"the egress proxy did not take the new sandbox's policy ({exc or type(exc).__name__}); "
+                "it may be restarting: retry, or see proxy.log in the state dir",
+            ) from exc
+
+    def push(
+        self, record: SandboxRecord, base: PolicyDocument | None = None, vault: VaultState | None = None
+    ) -> None:
+        """Push the effective policy (rule 3); `base`/`vault` default to the stored ones."""
+        if base is None:
+            base = self.policy(record.id).document
+        if vault is None:
+            vault = self._stored_vault(record.id).state
+        entry = SandboxEntry(
+            sandbox_id=record.id,
+            address=record.address or "",
+            policy=self.effective(base, vault),
+            credentials=vault.entries(),
+        )
+        self.proxy.put_sandbox(entry)
+
+    def drop(self, address: str) -> None:
+        self.proxy.drop_sandbox(address)
+
+    def repush(self) -> int:
+        """Push every live sandbox's entry to the proxy (after the proxy (re)started)."""
+        count = 0
+        for record in self.store.list_sandboxes():
+            if record.address and record.state in LIVE_STATES:
+                self.push(record)
+                count += 1
+        return count
+
+    def forget_sandbox(self, record: SandboxRecord) -> None:
+        """A deleted sandbox: its proxy entry and its vault values go (each step quietly)."""
+        if record.address:
+            quietly(lambda: self.drop(record.address or ""))
+        for name in self._stored_vault(record.id).state.entries().values():
+            quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
+
+    # --- the policy -----------------------------------------------------------------------------
+
+    def check_egress_token(self, sandbox_id: str, token: str | None) -> SandboxRecord:
+        record = existing(self.store, sandbox_id)
+        if not token or not secrets.compare_digest(token.encode(), record.egress_token.encode()):
+            raise LifecycleError("precondition", "missing or wrong OPENSANDBOX-EGRESS-AUTH token")
+        return record
+
+    def policy(self, sandbox_id: str) -> EgressState:
+        existing(self.store, sandbox_id)
+        stored = self.store.get_policy(sandbox_id)
+        if stored is None:
+            raise LifecycleError("not_found", f"sandbox {sandbox_id!r} has no policy")
+        return EgressState(stored.revision, stored.document)
+
+    def change_policy(
+        self, sandbox_id: str, edit: PolicyEdit, actor: str, what: str, expected_revision: int | None = None
+    ) -> EgressState:
+        """Apply `edit` to the current document; validate, push, persist, audit (rule 1)."""
+        with self.locks(sandbox_id):
+            record = existing(self.store, sandbox_id)
+            current = self.policy(sandbox_id)
+            if expected_revision is not None and expected_revision != current.revision:
+                raise LifecycleError(
+                    "conflict", f"policy revision is {current.revision}, not {expected_revision}; re-read it"
+                )
+            try:
+                edited = edit(current.document)
+            except ValueError as exc:  # PolicyError: the change itself is invalid
+                raise LifecycleError("invalid", f"policy change rejected: {exc}") from exc
+            new = self._validated(edited)
+            self.push(record, new)
+            try:
+                revision = self.store.put_policy(sandbox_id, new, current.revision)
+            except RevisionConflict as exc:
+                self.push(record)
+                raise LifecycleError("conflict", str(exc)) from exc
+            self.audit_change(sandbox_id, actor, current.revision, revision, current.document, new, what)
+            return EgressState(revision, new)
+
+    def effective(self, base: PolicyDocument, vault: VaultState) -> PolicyDocument:
+        if not vault.bindings:
+            return base
+        return self._validated({**base, "bindings": [*base.get("bindings", []), *vault.policy_bindings()]})
+
+    def effective_policy(self, sandbox_id: str) -> PolicyDocument:
+        return self.effective(self.policy(sandbox_id).document, self._stored_vault(sandbox_id).state)
+
+    def _validated(self, document: PolicyDocument) -> PolicyDocument:
+        try:
+            return self.policies.validate(document)
+        except ValueError as exc:
+            raise LifecycleError("invalid", f"policy rejected: {exc}") from exc
+
+    def audit_change(
+        self,
+        sandbox_id: str,
+        actor: str,
+        old_revision: int,
+        new_revision: int,
+        old: dict[str, Any],
+        new: dict[str, Any],
+        what: str,
+    ) -> None:
+        """One policy_change record; a failure to write it is logged, never undoes the change."""
+        change = PolicyChange(
+            actor=actor,
+            change=what,
+            old_revision=old_revision,
+            revision=new_revision,
+            old_digest=digest(old) if old else None,
+            new_digest=digest(new),
+            old=old if old_revision else None,
+            new=new,
+        )
+        try:
+            self.audit(sandbox_id, what, change)
+        except Exception:
+            log.exception("could not write the policy_change audit record for %s", sandbox_id)
+
+    # --- the credential vault -------------------------------------------------------------------
+
+    def vault_state(self, sandbox_id: str) -> VaultRevision:
+        existing(self.store, sandbox_id)
+        stored = self._stored_vault(sandbox_id)
+        if not stored.revision:
+            raise LifecycleError(
+                "not_found", f"sandbox {sandbox_id} has no credential vault (POST one first)"
+            )
+        return stored
+
+    def change_vault(
+        self,
+        sandbox_id: str,
+        build: VaultBuild,
+        actor: str,
+        what: str,
+        expected_revision: int | None,
+        must_exist: bool,
+    ) -> VaultRevision:
+        """Values are written first under fresh names; the policy with the new bindings is
+        validated and pushed; then the state is persisted (rules 1 and 2)."""
+        with self.locks(sandbox_id):
+            record = existing(self.store, sandbox_id)
+            stored = self._stored_vault(sandbox_id)
+            current = stored.revision
+            if must_exist and not current:
+                raise LifecycleError(
+                    "not_found", f"sandbox {sandbox_id} has no credential vault (POST one first)"
+                )
+            if not must_exist and current:
+                raise LifecycleError(
+                    "conflict", f"sandbox {sandbox_id} already has a credential vault (PATCH it)"
+                )
+            if expected_revision is not None and expected_revision != current:
+                raise LifecycleError("conflict", f"vault revision is {current}, not {expected_revision}")
+            state, values = build(stored.state if current else None, current + 1)
+            self.effective(self.policy(sandbox_id).document, state)
+            revision = self._write_vault(record, state, values, current)
+            for name in set(stored.state.entries().values()) - set(state.entries().values()):
+                quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
+            old = stored.state.to_document() if current else {}
+            self.audit_change(sandbox_id, actor, current, revision, old, state.to_document(), what)
+            return VaultRevision(revision, state)
+
+    def _write_vault(
+        self, record: SandboxRecord, state: VaultState, values: dict[str, str], current: int
+    ) -> int:
+        """Write the values, push, persist; on any failure the new values go and the stored
+        state is pushed again."""
+        written: list[str] = []
+        try:
+            for name, value in values.items():
+                self.vault.put(name, value)
+                written.append(name)
+            self.push(record, vault=state)
+            return self.store.put_vault(record.id, state.to_document(), current)
+        except Exception as exc:
+            for name in written:
+                quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
+            quietly(lambda: self.push(record))
+            if isinstance(exc, RevisionConflict):
+                raise LifecycleError("conflict", str(exc)) from exc
+            raise
+
+    def delete_vault(self, sandbox_id: str, actor: str) -> None:
+        with self.locks(sandbox_id):
+            record = existing(self.store, sandbox_id)
+            stored = self._stored_vault(sandbox_id)
+            if not stored.revision:
+                raise LifecycleError("not_found", f"sandbox {sandbox_id} has no credential vault")
+            self.push(record, vault=VaultState())
+            self.store.delete_vault(sandbox_id)
+            for name in stored.state.entries().values():
+                quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
+            self.audit_change(
+                sandbox_id,
+                actor,
+                stored.revision,
+                0,
+                stored.state.to_document(),
+                {},
+                "credential-vault delete",
+            )
+
+    def _stored_vault(self, sandbox_id: str) -> VaultRevision:
+        """The stored state; revision 0 and an empty state when the sandbox has none."""
+        stored = self.store.get_vault(sandbox_id)
+        if stored is None:
+            return VaultRevision(0, VaultState())
+        return VaultRevision(stored.revision, VaultState.model_validate(stored.document))
