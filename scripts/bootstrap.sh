@@ -130,7 +130,19 @@ test_stage() {
   [[ -n $installed ]] && quiet_test_services
   check_no_test_listeners
   pip_install '.[dev]' .venv/.sandgate-installed
-  # Test-only tools from other registries (e.g. the npm JS SDK) are installed here.
+  js_test_clients
+}
+
+# The OpenSandbox JS SDK the conformance tests drive (tests/js: its package.json and lockfile),
+# into tests/js/node_modules only; again when the lockfile changed.
+js_test_clients() {
+  command -v node >/dev/null || apt_install nodejs >/dev/null
+  command -v npm >/dev/null || apt_install npm >/dev/null
+  local stamp=tests/js/node_modules/.sandgate-installed
+  [[ -f $stamp && $stamp -nt tests/js/package-lock.json ]] && return 0
+  echo "bootstrap: installing the test-only JS SDK into tests/js/node_modules"
+  (cd tests/js && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  touch "$stamp"
 }
 
 "${stage}_stage"

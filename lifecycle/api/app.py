@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 from fastapi import APIRouter, FastAPI
 
-from sandgate.lifecycle.api import egress, metrics, proxy, sandboxes
+from sandgate.lifecycle.api import egress, metrics, proxy, sandboxes, unsupported
 from sandgate.lifecycle.api.auth import OPEN_PATHS, AuthMiddleware
 from sandgate.lifecycle.api.errors import install_error_handlers
 from sandgate.lifecycle.service import Service
@@ -75,6 +75,7 @@ def create_app(
             egress.network_policy_router,
             proxy.router,
             metrics.router,
+            unsupported.router,
         )
         for router in routers:
             app.include_router(router, prefix=prefix)

@@ -98,7 +98,9 @@ def test_openapi_passes_schemathesis_without_server_errors(server: SandgateServe
         @given(case=op.as_strategy())
         def check(case: schemathesis.Case) -> None:
             response = case.call(base_url=server.base_url, headers={"OPEN-SANDBOX-API-KEY": server.api_key})
-            if response.status_code >= 500:
+            # a documented 501 is the answer of a feature sandgate does not offer (api/unsupported.py)
+            not_offered = response.status_code == 501 and "501" in case.operation.definition.raw["responses"]
+            if response.status_code >= 500 and not not_offered:
                 failures.append(
                     f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:200]}"
                 )

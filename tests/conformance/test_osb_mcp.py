@@ -83,6 +83,12 @@ def test_osb_sandbox_command_file_egress_vault(
     assert "tok" in credentials and "osb-secret-value" not in credentials
 
 
+def test_osb_snapshot_list_names_what_sandgate_does_instead(server: SandgateServer) -> None:
+    listed = osb(server, "snapshot", "list", check=False)
+    assert listed.returncode != 0
+    assert "does not snapshot sandboxes" in listed.stdout + listed.stderr
+
+
 def test_osb_kill_removes_the_sandbox(server: SandgateServer, sandbox_id: str) -> None:
     osb(server, "sandbox", "kill", sandbox_id)
     with server.client() as client:
