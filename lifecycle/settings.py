@@ -40,6 +40,12 @@ class Settings(BaseSettings):
     runtime: Literal["local", "docker"] = Field("local", description="sandbox runtime")
     docker_host: str | None = Field(None, description="Docker engine URL (default: DOCKER_HOST)")
     docker_oci_runtime: str | None = Field(None, description="OCI runtime for sandbox containers, e.g. runsc")
+    execd_endpoint: Literal["host", "direct"] = Field(
+        "host",
+        description="execd endpoint handed to clients: 'host' (sandgate's reverse proxy, which strips "
+        "control-plane headers) or 'direct' (the sandbox's address; only for clients you trust "
+        "to send nothing secret)",
+    )
 
     # vault
     vault_backend: Literal["local", "openbao"] = "local"

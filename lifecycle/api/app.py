@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
+from email.utils import formatdate
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import httpx
 from fastapi import APIRouter, FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandgate.lifecycle.api import egress, metrics, proxy, sandboxes, unsupported
 from sandgate.lifecycle.api.auth import OPEN_PATHS, AuthMiddleware
@@ -33,10 +35,12 @@ def create_app(
     audit_path: Path,
     extra_routers: Iterable[APIRouter] = (),
     open_prefixes: Iterable[str] = (),
+    execd_endpoint: str = "host",
 ) -> FastAPI:
     """The lifecycle + egress API. `extra_routers` (e.g. audit, console) are mounted as given,
     behind the same API-key check unless their paths start with one of `open_prefixes` (routers
-    that check a login of their own)."""
+    that check a login of their own). `execd_endpoint` is the setting of that name: "host" hands
+    out the reverse proxy as execd's endpoint, "direct" the sandbox's address."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -53,6 +57,7 @@ def create_app(
     app.state.service = service
     app.state.api_key = api_key
     app.state.audit_path = audit_path
+    app.state.execd_endpoint = execd_endpoint
     app.state.create_metrics = deque(maxlen=1000)
     install_error_handlers(app)
 
@@ -84,4 +89,28 @@ def create_app(
     app.add_middleware(
         AuthMiddleware, api_key=api_key, open_paths=OPEN_PATHS, open_prefixes=tuple(open_prefixes)
     )
+    app.add_middleware(DateHeader)
     return app
+
+
+class DateHeader:
+    """RFC 9110 6.6.1: an answer without Date gets one; a proxied answer that has its own keeps
+    it alone (`sandgate serve` turns uvicorn's Date and Server off: they were added to every
+    answer, doubling a sandbox's)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_dated(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                if not any(name.lower() == b"date" for name, _ in headers):
+                    message["headers"] = [*headers, (b"date", formatdate(usegmt=True).encode())]
+            await send(message)
+
+        await self.app(scope, receive, send_dated)

@@ -4,7 +4,9 @@ Rules:
 1. Every path needs `OPEN-SANDBOX-API-KEY` except the open ones (health, version, docs,
    OpenAPI document), prefixes of routers with a login of their own (the console), and the
    egress API, which a per-sandbox `OPENSANDBOX-EGRESS-AUTH` token (`EGRESS_AUTH_HEADER`)
-   guards instead (the clients send no API key there in direct mode).
+   guards instead (the clients send no API key there in direct mode), and the reverse proxy to
+   a sandbox's execd, which takes that sandbox's execd token instead (the header of the execd
+   endpoint; api/proxy.py checks it against the sandbox).
 2. Keys are compared in constant time.
 3. `X-Request-ID` is echoed when the client sent one, generated otherwise.
 """
@@ -22,11 +24,14 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
+
 API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
 EGRESS_AUTH_HEADER = "OPENSANDBOX-EGRESS-AUTH"  # a sandbox's own egress-API token (rule 1)
 REQUEST_ID_HEADER = "X-Request-ID"
 OPEN_PATHS = frozenset({"/health", "/version", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 EGRESS_PATH = re.compile(r"^(/v1)?/sandboxes/[^/]+/egress(/|$)")
+EXECD_PROXY_PATH = re.compile(rf"^(/v1)?/sandboxes/[^/]+/proxy/{EXECD_PORT}(/|$)")
 
 
 def load_or_create_api_key(state_dir: Path) -> tuple[str, bool]:
@@ -74,7 +79,7 @@ class AuthMiddleware:
             await send(message)
 
         scope.setdefault("state", {})["request_id"] = request_id
-        refusal = self._refusal(scope["path"], headers.get(API_KEY_HEADER))
+        refusal = self._refusal(scope["path"], headers.get(API_KEY_HEADER), EXECD_TOKEN_HEADER in headers)
         if refusal is None:
             await self.app(scope, receive, send_with_id)
         elif scope["type"] == "websocket":
@@ -83,9 +88,11 @@ class AuthMiddleware:
             response = JSONResponse({"code": refusal[0], "message": refusal[1]}, status_code=401)
             await response(scope, receive, send_with_id)
 
-    def _refusal(self, path: str, given: str | None) -> tuple[str, str] | None:
+    def _refusal(self, path: str, given: str | None, execd_token: bool) -> tuple[str, str] | None:
         if path in self.open_paths or path.startswith(self.open_prefixes) or EGRESS_PATH.match(path):
             return None
+        if given is None and execd_token and EXECD_PROXY_PATH.match(path):
+            return None  # the reverse proxy checks the token against the sandbox's
         if not given:
             return ("MISSING_API_KEY", f"send the API key in the {API_KEY_HEADER} header")
         if not keys_match(given, self.api_key):

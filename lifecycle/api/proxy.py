@@ -1,61 +1,104 @@
 """`/sandboxes/{id}/proxy/{port}/...`: reach a port inside a sandbox through the control plane.
 
-Rules: the caller needs the API key (the clients send it in server-proxy mode); the request
-goes to `<sandbox address>:<port>` over the host's veth, never anywhere else. Bodies stream
-both ways (SSE from execd arrives as it is written); hop-by-hop headers and the API key are
-not forwarded; WebSocket upgrades are relayed message by message. Requests to execd (44772)
-carry the sandbox's execd token, added here: a client of the proxy never needs it, and a token
-header the client sent is replaced, never passed on.
+This is the one way in from clients: the `useServerProxy` endpoints and, by default, the execd
+endpoint every SDK is handed (`GET .../endpoints/44772`) point here.
+
+Rules:
+1. Who may pass: the API key, or for execd (44772) the sandbox's own execd token instead (the
+   header the execd endpoint carries; it opens that sandbox's execd and nothing else). The
+   request goes to `<sandbox address>:<port>` over the host's veth, never anywhere else.
+2. A faithful intermediary (RFC 9110 7.6): only hop-by-hop fields are removed (Connection and
+   every field it names, Keep-Alive, Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade);
+   Content-Length, repeated fields (Set-Cookie) and their order are kept both ways; bodies
+   stream unbuffered (SSE arrives as execd writes it); a request without a body gets none.
+   Host names the sandbox's address, and `Via` says a gateway forwarded the request.
+3. No control-plane credential enters a sandbox: the API key header, the egress token header,
+   a client's execd token, any field whose value holds the API key or the sandbox's egress or
+   execd token, and for execd any `Authorization` (execd reads none, so it was meant for
+   someone else) are dropped; execd requests then get the sandbox's token, added here.
+4. WebSocket upgrades are relayed message by message, with the client's end-to-end fields (the
+   same filter) and each side's close code and reason passed to the other.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
 import websockets
 from fastapi import APIRouter, Request, WebSocket
 from starlette.background import BackgroundTask
+from starlette.datastructures import Headers
 from starlette.responses import StreamingResponse
 
-from sandgate.lifecycle.api.auth import API_KEY_HEADER
+from sandgate.lifecycle.api.auth import API_KEY_HEADER, EGRESS_AUTH_HEADER, keys_match
 from sandgate.lifecycle.api.calls import call
 from sandgate.lifecycle.api.errors import ApiError
 from sandgate.lifecycle.execd_client import execd_headers
 from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
 from sandgate.lifecycle.store import SandboxRecord
 
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-                        "trailer", "transfer-encoding", "upgrade", "host", "content-length",
-                        API_KEY_HEADER.lower()})  # fmt: skip
+# RFC 9110 7.6.1 (plus the obsolete Proxy-Connection, and Proxy-* below as a prefix).
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
+                        "upgrade"})  # fmt: skip
+CONTROL_PLANE = frozenset(h.lower() for h in (API_KEY_HEADER, EGRESS_AUTH_HEADER, EXECD_TOKEN_HEADER))
+VIA = ("via", "1.1 sandgate")
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
+UNSENDABLE_CLOSE_CODES = frozenset({1005, 1006, 1015})  # "no status", "abnormal", "TLS": never on the wire
 
 router = APIRouter(tags=["Proxy"])
 
 
-def target(app_state: Any, sandbox_id: str, port: int) -> SandboxRecord:
+def target(app_state: Any, headers: Headers, sandbox_id: str, port: int) -> SandboxRecord:
+    """The running sandbox behind the route, once the caller has shown a key for it."""
     if not 1 <= port <= 65535:
         raise ApiError(400, "INVALID_REQUEST", f"port {port} is outside 1-65535")
     record: SandboxRecord = call(app_state.service.get, sandbox_id)
+    if API_KEY_HEADER not in headers and (
+        port != EXECD_PORT or not keys_match(headers.get(EXECD_TOKEN_HEADER, ""), record.execd_token or "\0")
+    ):
+        raise ApiError(
+            401, "INVALID_EXECD_TOKEN", f"{EXECD_TOKEN_HEADER} does not hold sandbox {sandbox_id}'s token"
+        )
     if record.address is None or record.state != "Running":
         raise ApiError(409, "NOT_RUNNING", f"sandbox {sandbox_id} is {record.state}; nothing to proxy to")
     return record
 
 
-def forwarded_headers(headers: Any) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP]
+def end_to_end(fields: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The fields without the hop-by-hop ones (and those Connection names), order and repeats kept."""
+    fields = list(fields)
+    listed = (value for name, value in fields if name.lower() == "connection")
+    named = {token.strip().lower() for value in listed for token in value.split(",")}
+    return [
+        (name, value)
+        for name, value in fields
+        if (low := name.lower()) not in HOP_BY_HOP and low not in named and not low.startswith("proxy-")
+    ]
 
 
-def upstream_headers(headers: Any, record: SandboxRecord, port: int) -> list[tuple[str, str]]:
-    """The client's headers for the sandbox; for execd, with the sandbox's token instead of any
-    the client sent."""
-    forwarded = forwarded_headers(headers)
-    if port != EXECD_PORT:
-        return forwarded
-    kept = [(k, v) for k, v in forwarded if k.lower() != EXECD_TOKEN_HEADER.lower()]
-    return kept + list(execd_headers(record).items())
+def upstream_headers(
+    fields: Iterable[tuple[str, str]], record: SandboxRecord, port: int, api_key: str
+) -> list[tuple[str, str]]:
+    """The client's end-to-end fields for the sandbox, with nothing of the control plane."""
+    secrets = [s for s in (api_key, record.egress_token, record.execd_token) if s]
+    kept = [
+        (name, value)
+        for name, value in end_to_end(fields)
+        if (low := name.lower()) not in CONTROL_PLANE
+        and low != "host"
+        and not (low == "authorization" and port == EXECD_PORT)
+        and not any(secret in value for secret in secrets)
+    ]
+    return [*kept, VIA, *(execd_headers(record).items() if port == EXECD_PORT else ())]
+
+
+def has_body(headers: Headers) -> bool:
+    """RFC 9112 6.3: a request has a body only when it says so by Content-Length or chunking."""
+    return "transfer-encoding" in headers or headers.get("content-length", "0") != "0"
 
 
 @router.api_route("/sandboxes/{sandbox_id}/proxy/{port}", methods=METHODS, include_in_schema=False)
@@ -64,42 +107,55 @@ def upstream_headers(headers: Any, record: SandboxRecord, port: int) -> list[tup
 )
 async def proxy_http(request: Request, sandbox_id: str, port: int, path: str = "") -> StreamingResponse:
     """Forward one HTTP request into the sandbox and stream the answer back."""
-    record = target(request.app.state, sandbox_id, port)
-    client: httpx.AsyncClient = request.app.state.proxy_client
-    upstream = client.build_request(
+    state = request.app.state
+    record = target(state, request.headers, sandbox_id, port)
+    client: httpx.AsyncClient = state.proxy_client
+    # httpx.Request, not client.build_request: the client's default fields (User-Agent,
+    # Accept-Encoding...) would be added to what the caller sent.
+    upstream = httpx.Request(
         request.method,
-        f"http://{record.address}:{port}/{path}",
-        params=request.url.query,
-        headers=upstream_headers(request.headers, record, port),
-        content=request.stream(),
+        httpx.URL(f"http://{record.address}:{port}/{path}", query=request.url.query.encode()),
+        headers=upstream_headers(request.headers.items(), record, port, state.api_key),
+        content=request.stream() if has_body(request.headers) else None,
     )
     try:
         response = await client.send(upstream, stream=True)
     except httpx.HTTPError as exc:
         raise ApiError(502, "BAD_GATEWAY", f"sandbox {sandbox_id} port {port} did not answer: {exc}") from exc
-    return StreamingResponse(
-        response.aiter_raw(),
-        status_code=response.status_code,
-        headers=dict(forwarded_headers(response.headers)),
-        background=BackgroundTask(response.aclose),
+    answer = StreamingResponse(
+        response.aiter_raw(), status_code=response.status_code, background=BackgroundTask(response.aclose)
     )
+    answer.raw_headers = [
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in end_to_end(
+            (name.decode("latin-1"), value.decode("latin-1")) for name, value in response.headers.raw
+        )
+    ]
+    return answer
 
 
 @router.websocket("/sandboxes/{sandbox_id}/proxy/{port}/{path:path}")
 async def proxy_websocket(websocket: WebSocket, sandbox_id: str, port: int, path: str = "") -> None:
     """Relay a WebSocket session into the sandbox, message by message, until either side closes."""
+    state = websocket.app.state
     try:
-        record = target(websocket.app.state, sandbox_id, port)
+        record = target(state, websocket.headers, sandbox_id, port)
     except ApiError as exc:
-        await websocket.close(code=4404, reason=exc.message[:120])
+        await websocket.close(code=4000 + exc.status, reason=exc.message[:120])
         return
     query = f"?{websocket.url.query}" if websocket.url.query else ""
-    subprotocols = websocket.scope.get("subprotocols") or None
+    fields = [
+        (name, value)
+        for name, value in upstream_headers(websocket.headers.items(), record, port, state.api_key)
+        if not name.lower().startswith("sec-websocket-")  # the upstream handshake makes its own
+    ]
     try:
         upstream = await websockets.connect(
             f"ws://{record.address}:{port}/{path}{query}",
-            subprotocols=subprotocols,
-            additional_headers=execd_headers(record) if port == EXECD_PORT else None,
+            subprotocols=websocket.scope.get("subprotocols") or None,
+            additional_headers=fields,
+            user_agent_header=None,
+            max_size=None,
         )
     except (OSError, websockets.WebSocketException) as exc:
         await websocket.close(code=1011, reason=f"sandbox did not accept: {exc}"[:120])
@@ -109,20 +165,30 @@ async def proxy_websocket(websocket: WebSocket, sandbox_id: str, port: int, path
         await _relay(websocket, upstream)
 
 
+def sendable(code: int) -> int:
+    return 1000 if code in UNSENDABLE_CLOSE_CODES else code
+
+
 async def _relay(client: WebSocket, upstream: Any) -> None:
     async def inbound() -> None:
         while True:
             message = await client.receive()
             if message["type"] == "websocket.disconnect":
+                await upstream.close(sendable(message.get("code", 1000)), message.get("reason") or "")
                 return
-            await upstream.send(message.get("bytes") or message.get("text") or "")
+            if message.get("bytes") is not None:
+                await upstream.send(message["bytes"])
+            else:
+                await upstream.send(message.get("text") or "")
 
     async def outbound() -> None:
-        async for message in upstream:
-            if isinstance(message, bytes):
-                await client.send_bytes(message)
-            else:
-                await client.send_text(message)
+        with contextlib.suppress(websockets.ConnectionClosed):  # a code other than 1000/1001
+            async for message in upstream:
+                if isinstance(message, bytes):
+                    await client.send_bytes(message)
+                else:
+                    await client.send_text(message)
+        await client.close(sendable(upstream.close_code or 1000), upstream.close_reason or None)
 
     tasks = [asyncio.create_task(inbound()), asyncio.create_task(outbound())]
     with contextlib.suppress(Exception):

@@ -200,10 +200,13 @@ def get_endpoint(
     use_server_proxy: bool = False,
     expires: Annotated[int | None, Query(ge=0)] = None,
 ) -> Endpoint:
-    """44772 (execd) is the sandbox's own address, with the header execd requires (the SDK sends
-    an endpoint's headers on every request to it); 18080 (egress API) is served here, by the
-    control plane, with the sandbox's token; `use_server_proxy` routes through this server,
-    which adds execd's token itself, so that endpoint carries none."""
+    """44772 (execd) is served here by default: the reverse proxy, with the sandbox's execd token
+    as the header (the SDK sends an endpoint's headers on every request to it), so no
+    control-plane header a client adds ever reaches the sandbox (api/proxy.py strips them).
+    With `execd_endpoint = "direct"` it is the sandbox's own address, for trusted clients.
+    18080 (egress API) is served here, with the sandbox's token; `use_server_proxy` routes
+    through this server with the API key, which adds execd's token itself, so that endpoint
+    carries none."""
     if not 1 <= port <= 65535:
         raise ApiError(400, "INVALID_REQUEST", f"port {port} is outside 1-65535")
     record = call(service_of(request).get, sandbox_id)
@@ -214,11 +217,14 @@ def get_endpoint(
             endpoint=f"{here}{prefix}/sandboxes/{sandbox_id}/egress",
             headers={EGRESS_AUTH_HEADER: record.egress_token},
         )
+    proxied = f"{here}{prefix}/sandboxes/{sandbox_id}/proxy/{port}"
     if use_server_proxy:
-        return Endpoint(endpoint=f"{here}{prefix}/sandboxes/{sandbox_id}/proxy/{port}")
+        return Endpoint(endpoint=proxied)
     if record.address is None or record.state != "Running":
         raise ApiError(409, "NOT_RUNNING", f"sandbox {sandbox_id} is {record.state}; it has no endpoint now")
     headers = execd_headers(record) if port == EXECD_PORT else {}
+    if port == EXECD_PORT and request.app.state.execd_endpoint == "host":
+        return Endpoint(endpoint=proxied, headers=headers or None)
     return Endpoint(endpoint=f"{record.address}:{port}", headers=headers or None)
 
 

@@ -1,6 +1,7 @@
-"""Each sandbox's execd requires the token the control plane made for it: direct clients get it
-in the 44772 endpoint's headers, the reverse proxy adds it itself, it survives a restart, and it
-never shows in the host's process list (with the local runtime, in no environment either)."""
+"""Each sandbox's execd requires the token the control plane made for it: clients get it in the
+44772 endpoint's headers (an endpoint on the host by default, the sandbox's address when the
+operator opts in), the reverse proxy adds it itself, it survives a restart, and it never shows
+in the host's process list (with the local runtime, in no environment either)."""
 
 from __future__ import annotations
 
@@ -55,15 +56,22 @@ def check_execd_needs_the_sandboxs_token(server: SandgateServer, sandbox_id: str
     endpoint, headers = str(found["endpoint"]), dict(found["headers"])  # type: ignore[call-overload]
     token = headers[TOKEN_HEADER]
     assert len(token) >= 24
+    # By default the endpoint is the host's reverse proxy, opened by the token alone (what the
+    # SDKs send in direct mode); the sandbox's own address wants the same token.
+    assert endpoint == f"{server.domain}/v1/sandboxes/{sandbox_id}/proxy/44772"
+    direct = f"{server.sandbox_address(sandbox_id)}:44772"
 
-    assert httpx.get(f"http://{endpoint}/ping", timeout=10, trust_env=False).status_code == 200
-    assert direct_command(endpoint, "echo hi", {}).status_code == 401
-    assert direct_command(endpoint, "echo hi", {TOKEN_HEADER: "guess"}).status_code == 401
-    allowed = direct_command(endpoint, "echo hi; printenv EXECD_ACCESS_TOKEN SANDGATE_EXECD_TOKEN", headers)
-    assert allowed.status_code == 200
-    assert parse_execd_events(allowed.text).stdout == "hi"  # and neither variable is set
+    assert httpx.get(f"http://{direct}/ping", timeout=10, trust_env=False).status_code == 200
+    for address in (direct, endpoint):
+        assert direct_command(address, "echo hi", {}).status_code == 401
+        assert direct_command(address, "echo hi", {TOKEN_HEADER: "guess"}).status_code == 401
+        allowed = direct_command(
+            address, "echo hi; printenv EXECD_ACCESS_TOKEN SANDGATE_EXECD_TOKEN", headers
+        )
+        assert allowed.status_code == 200
+        assert parse_execd_events(allowed.text).stdout == "hi"  # and neither variable is set
 
-    # Through the server: the client knows no token, and a wrong one it sends is replaced.
+    # With the API key: the client knows no token, and a wrong one it sends is replaced.
     assert server.run(sandbox_id, "echo proxied").stdout == "proxied"
     with server.client() as client:
         answer = client.post(
@@ -86,8 +94,20 @@ def test_execd_needs_the_token_the_endpoint_gives_and_the_proxy_adds(server: San
 
     other = execd_endpoint(server, second)
     assert other["headers"] != {TOKEN_HEADER: token}  # one token per sandbox
-    refused = direct_command(str(other["endpoint"]), "true", {TOKEN_HEADER: token})
-    assert refused.status_code == 401
+    for address in (str(other["endpoint"]), f"{server.sandbox_address(second)}:44772"):
+        assert direct_command(address, "true", {TOKEN_HEADER: token}).status_code == 401
+    # the token opens its sandbox's execd through the host, no other port of it
+    port_8000 = f"http://{server.domain}/v1/sandboxes/{first}/proxy/8000/"
+    assert httpx.get(port_8000, headers={TOKEN_HEADER: token}, trust_env=False).status_code == 401
+
+
+def test_direct_execd_endpoints_are_an_opt_in(tmp_path: Path) -> None:
+    with sandgate_server(tmp_path, {"SANDGATE_EXECD_ENDPOINT": "direct"}) as direct_server:
+        sandbox_id = direct_server.create_sandbox()["id"]
+        found = execd_endpoint(direct_server, sandbox_id)
+        assert found["endpoint"] == f"{direct_server.sandbox_address(sandbox_id)}:44772"
+        answer = direct_command(str(found["endpoint"]), "echo direct", dict(found["headers"]))  # type: ignore[call-overload]
+        assert parse_execd_events(answer.text).stdout == "direct"
 
 
 def test_the_token_survives_a_restart(server: SandgateServer) -> None:

@@ -64,14 +64,9 @@ def test_restart_readopts_sandboxes_policy_and_vault(server: SandgateServer) -> 
     policy = httpx.get(f"{base}/policy", headers=headers).json()["policy"]
     assert [rule["target"] for rule in policy["egress"]] == ["b.example.com", "api.example.com"]
     assert httpx.get(f"{base}/credential-vault", headers=headers).json()["revision"] == 1
-    execd = f"http://{created_address(server, sandbox_id)}:44772/ping"
+    execd = f"http://{server.sandbox_address(sandbox_id)}:44772/ping"
     assert httpx.get(execd, trust_env=False).status_code == 200
     assert "restart-secret" not in (server.state_dir / "sandgate.db").read_bytes().decode(errors="replace")
-
-
-def created_address(server: SandgateServer, sandbox_id: str) -> str:
-    with server.client() as client:
-        return str(client.get(f"/v1/sandboxes/{sandbox_id}/endpoints/44772").json()["endpoint"]).split(":")[0]
 
 
 def test_crashed_proxy_is_restarted_and_refed(server: SandgateServer) -> None:

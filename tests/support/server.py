@@ -232,6 +232,12 @@ class SandgateServer:
             raise AssertionError(f"execd answered {response.status_code}: {response.text}")
         return parse_execd_events(response.text)
 
+    def sandbox_address(self, sandbox_id: str) -> str:
+        """The sandbox's own address (from its diagnostics summary: endpoints name the host's)."""
+        with self.client() as client:
+            summary = client.get(f"/v1/sandboxes/{sandbox_id}/diagnostics/summary").text
+        return next(line.split()[1] for line in summary.splitlines() if line.startswith("address "))
+
     def proxy_pid(self) -> int:
         """PID of the proxy child this server supervises now (it changes when it is restarted)."""
         assert self.process is not None, "the server is not running"

@@ -66,7 +66,15 @@ def command(
     with running_control_plane(settings) as app:
         server = uvicorn.Server(
             uvicorn.Config(
-                app, host=settings.host, port=settings.port, log_level=log_level, ws="websockets-sansio"
+                app,
+                host=settings.host,
+                port=settings.port,
+                log_level=log_level,
+                ws="websockets-sansio",
+                # the app adds Date where a response has none (api.app.DateHeader); uvicorn's
+                # own would double a proxied answer's Date, and Server would be added to it
+                server_header=False,
+                date_header=False,
             )
         )
         click.echo(f"sandgate: API on http://{settings.host}:{settings.port} (state in {settings.state_dir})")
@@ -131,6 +139,7 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
                 audit_path=settings.audit_log,
                 extra_routers=parts.extra_routers,
                 open_prefixes=parts.open_prefixes,
+                execd_endpoint=settings.execd_endpoint,
             )
         finally:
             stop_reaper()
