@@ -140,12 +140,8 @@ def audit_and_console(
     return audit, routers
 
 
-def build_components(settings: Settings, api_key: str) -> Components:
-    ca = ensure_ca(settings.state_dir)
-    vault = open_store(**vault_values(settings))
-    control = ProxyControl(settings.state_dir / "proxy.sock")
-    instance = instance_tag(settings.state_dir)
-    networks = SandboxNetworks(
+def make_networks(settings: Settings, instance: str) -> SandboxNetworks:
+    return SandboxNetworks(
         table=settings.nft_table,
         iface_prefix=settings.iface_prefix,
         address_pool=settings.address_pool,
@@ -156,16 +152,22 @@ def build_components(settings: Settings, api_key: str) -> Components:
             explicit=settings.proxy_explicit_port,
         ),
     )
-    networks.ensure_table()
-    runtime: LocalRuntime | DockerRuntime
+
+
+def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRuntime:
     if settings.runtime == "docker":
-        runtime = DockerRuntime(
-            settings.docker_host, instance=instance, oci_runtime=settings.docker_oci_runtime
-        )
-    else:
-        runtime = LocalRuntime(
-            settings.state_dir, ImageStore(settings.state_dir / "images"), instance=instance
-        )
+        return DockerRuntime(settings.docker_host, instance=instance, oci_runtime=settings.docker_oci_runtime)
+    return LocalRuntime(settings.state_dir, ImageStore(settings.state_dir / "images"), instance=instance)
+
+
+def build_components(settings: Settings, api_key: str) -> Components:
+    ca = ensure_ca(settings.state_dir)
+    vault = open_store(**vault_values(settings))
+    control = ProxyControl(settings.state_dir / "proxy.sock")
+    instance = instance_tag(settings.state_dir)
+    networks = make_networks(settings, instance)
+    networks.ensure_table()
+    runtime = make_runtime(settings, instance)
     store = Store(settings.database)
     egress = EgressControl(
         store,

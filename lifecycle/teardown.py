@@ -1,0 +1,199 @@
+"""`sandgate down`: remove what a server of this state dir left in the kernel, and say what.
+
+Rules:
+1. Never beside a running server: down holds the state dir's lock (`statelock`) for its whole
+   run, so it refuses while a server runs and no server starts meanwhile.
+2. Only what this state dir's instance owns, found by its names: the nft table `nft_table`,
+   netns `sg-<instance>-*`, host veths `<iface_prefix><n>`, mounts under the state dir and the
+   netns pins, cgroups `sandgate-<instance>-*`, and a proxy child a killed server left behind
+   (its argv names this state dir's proxy.json).
+3. Fail closed: a sandbox that still runs keeps its network and the nft table (without the
+   table its veth would be an open route). Running sandboxes are stopped only with
+   `stop_sandboxes`; their records and vault entries then go too. Unclaimed warm-pool sandboxes
+   (never persisted) are always removed.
+4. The report is what the kernel shows before and after (`Footprint`), not what was attempted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandgate.lifecycle import statelock
+from sandgate.lifecycle.cgroups import SandboxCgroup
+from sandgate.lifecycle.kernel import instance_tag, mount_points
+from sandgate.lifecycle.network import RUN_NETNS
+from sandgate.lifecycle.settings import Settings
+from sandgate.lifecycle.store import Store
+from sandgate.vault import SecretStore, open_store
+
+log = logging.getLogger(__name__)
+PROXY_STOP_TIMEOUT = 5.0
+VERBS = {"proxy process": "stopped", "mount": "unmounted"}  # the rest: "removed"
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """This instance's kernel objects, by kind ("nft table", "netns", ...) -> names."""
+
+    items: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def minus(self, other: Footprint) -> dict[str, list[str]]:
+        return {
+            kind: sorted(names - other.items.get(kind, frozenset())) for kind, names in self.items.items()
+        }
+
+
+@dataclass
+class Report:
+    removed: dict[str, list[str]]
+    kept: dict[str, list[str]]
+    stopped_sandboxes: list[str]
+    forgotten_records: list[str]
+    running: list[str]
+
+    def lines(self, state_dir: Path) -> list[str]:
+        out = [f"stopped sandbox {s}" for s in self.stopped_sandboxes]
+        out += [
+            f"{VERBS.get(kind, 'removed')} {kind} {name}"
+            for kind, names in self.removed.items()
+            for name in names
+        ]
+        out += [f"removed the record of sandbox {s} (and its vault entries)" for s in self.forgotten_records]
+        if self.running:
+            out.append(
+                f"kept {len(self.running)} running sandbox(es) ({', '.join(self.running)}) with their "
+                "networks and the nft table (their egress fails closed until `sandgate serve` re-adopts "
+                "them); `sandgate down --sandboxes` stops them"
+            )
+        return out or [f"nothing to remove: no trace of a server of {state_dir} in the kernel"]
+
+
+def footprint(settings: Settings, instance: str) -> Footprint:
+    netns_prefix = f"sg-{instance}-"
+    state_dir = str(settings.state_dir.resolve())
+    pins = str(RUN_NETNS / netns_prefix)
+    mounts = {m for m in mount_points() if m.startswith(pins) or m.startswith(state_dir + "/")}
+    return Footprint(
+        {
+            "nft table": frozenset(
+                [f"inet {settings.nft_table}"] if _nft_table_exists(settings.nft_table) else []
+            ),
+            "proxy process": frozenset(str(pid) for pid in proxy_processes(settings.state_dir)),
+            "netns": frozenset(n for n in _listdir(RUN_NETNS) if n.startswith(netns_prefix)),
+            "veth": frozenset(_host_links(settings.iface_prefix)),
+            "mount": frozenset(mounts),
+            "cgroup": frozenset(SandboxCgroup.names(f"sandgate-{instance}-")),
+        }
+    )
+
+
+def tear_down(settings: Settings, *, stop_sandboxes: bool) -> Report:
+    """Everything in rule 2 that rule 3 lets go; raises statelock.AlreadyRunning beside a server."""
+    from sandgate.lifecycle.wiring import make_networks, make_runtime, vault_values
+
+    lock = statelock.acquire(settings.state_dir)
+    try:
+        instance = instance_tag(settings.state_dir)
+        before = footprint(settings, instance)
+        stop_proxies(settings.state_dir)
+        (settings.state_dir / "proxy.sock").unlink(missing_ok=True)
+        runtime = make_runtime(settings, instance)
+        alive = set(runtime.adopt())  # removes what is left of dead sandboxes (dirs, mounts, cgroups)
+        store = Store(settings.database)
+        try:
+            records = {record.id for record in store.list_sandboxes()}
+            stopped = sorted(alive if stop_sandboxes else alive - records)  # strays: unclaimed pool members
+            for sandbox_id in stopped:
+                runtime.delete(sandbox_id)
+            running = sorted(alive - set(stopped))
+            make_networks(settings, instance).cleanup_leftovers(keep=set(running))
+            if not running:
+                make_networks(settings, instance).remove_table()
+            forgotten = sorted(records - set(running))
+            vault = open_store(**vault_values(settings))
+            for sandbox_id in forgotten:
+                forget(store, vault, sandbox_id)
+        finally:
+            store.close()
+        after = footprint(settings, instance)
+        return Report(before.minus(after), after.minus(Footprint()), stopped, forgotten, running)
+    finally:
+        lock.release()
+
+
+def forget(store: Store, vault: SecretStore, sandbox_id: str) -> None:
+    """Delete a sandbox's record and the vault entries its credential vault wrote."""
+    stored = store.get_vault(sandbox_id)
+    for item in (stored.document if stored else {}).get("credentials", []):
+        try:
+            vault.delete(item["entry"])
+        except Exception:
+            log.exception("could not delete vault entry %s of sandbox %s", item["entry"], sandbox_id)
+    store.delete_sandbox(sandbox_id)
+
+
+def proxy_processes(state_dir: Path) -> list[int]:
+    """PIDs of proxy processes started for this state dir (argv `-m sandgate.proxy --config
+    <state_dir>/proxy.json`), e.g. the child of a server that was killed."""
+    config = str(state_dir / "proxy.json").encode()
+    found = []
+    for entry in _listdir(Path("/proc")):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+                if b"sandgate.proxy" in argv and config in argv:
+                    found.append(int(entry))
+    return found
+
+
+def stop_proxies(state_dir: Path) -> None:
+    """SIGTERM each proxy of this state dir, SIGKILL what is left after a grace period."""
+    pids = proxy_processes(state_dir)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + PROXY_STOP_TIMEOUT
+    while (left := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie lingers until init reaps it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _nft_table_exists(table: str) -> bool:
+    done = subprocess.run(["nft", "list", "table", "inet", table], capture_output=True)
+    return done.returncode == 0
+
+
+def _host_links(prefix: str) -> list[str]:
+    """This network namespace's links named <prefix><n> (sysfs may show another namespace's)."""
+    from pyroute2 import IPRoute
+
+    pattern = re.compile(re.escape(prefix) + r"\d+")
+    with IPRoute() as host:
+        names = [link.get("ifname") or "" for link in host.get_links()]
+    return [name for name in names if pattern.fullmatch(name)]
+
+
+def _listdir(path: Path) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
