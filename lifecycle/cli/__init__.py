@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "sandbox": ("sandbox", "group", "Create, list, inspect, run commands in and remove sandboxes."),
     "image": ("image", "group", "Manage the local runtime's image store."),
-    "down": ("down", "command", "Remove the nft table, namespaces, veths, mounts, cgroups and proxy a server..."),
+    "down": ("down", "command", "Remove what a stopped or killed server left in the kernel."),
 }
 
 

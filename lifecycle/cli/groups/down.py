@@ -13,7 +13,9 @@ from sandgate.lifecycle.cli import Refused
 @click.option("--sandboxes", is_flag=True, help="Also stop the sandboxes that still run (and forget them).")
 @click.pass_obj
 def command(obj: Any, sandboxes: bool) -> None:
-    """Remove the nft table, namespaces, veths, mounts, cgroups and proxy a server left behind.
+    """Remove what a stopped or killed server left in the kernel.
+
+    The nft table, namespaces, veths, mounts, cgroups and proxy child of this state dir.
 
     Refused while a server of this state dir runs (stop it first). Sandboxes that still run keep
     their networks and the nft table unless --sandboxes stops them.
