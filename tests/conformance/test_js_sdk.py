@@ -1,0 +1,69 @@
+"""The OpenSandbox JS/TS SDK from npm (tests/js, installed by bootstrap), unchanged, against a
+real `sandgate serve`: the shared scenario list (scenarios.py) in direct mode and with
+`useServerProxy: true`. One node process per mode runs every scenario on one sandbox
+(tests/js/scenarios.mjs) and reports each; each scenario is one test here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conformance.conftest import API_HOST
+from tests.conformance.scenarios import SCENARIOS
+from tests.support.server import SandgateServer
+
+pytestmark = pytest.mark.root
+SCRIPT = Path(__file__).resolve().parents[1] / "js" / "scenarios.mjs"
+MODES = ("direct", "server_proxy")
+RUN_TIMEOUT_S = 240
+Results = dict[str, dict[str, Any]]
+
+
+def node(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> str:
+    executable = shutil.which("node")
+    assert executable, "node is not installed (scripts/bootstrap.sh test installs it)"
+    done = subprocess.run(
+        [executable, str(SCRIPT), *args],
+        cwd=SCRIPT.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, (
+        f"scenarios.mjs {' '.join(args)}: {done.returncode}\n{done.stdout}\n{done.stderr}"
+    )
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def js_results(server: SandgateServer) -> Callable[[str], Results]:
+    """The scenarios' results of one mode, run once on first use."""
+    runs: dict[str, Results] = {}
+
+    def results(mode: str) -> Results:
+        if mode not in runs:
+            env = {**server.env(), "SANDGATE_TEST_API_HOST": API_HOST}
+            lines = node(mode, env=env, timeout=RUN_TIMEOUT_S).splitlines()
+            runs[mode] = {item["scenario"]: item for item in map(json.loads, lines)}
+        return runs[mode]
+
+    return results
+
+
+def test_the_js_client_implements_the_scenario_list() -> None:
+    assert json.loads(node("--list")) == list(SCENARIOS)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("mode", MODES)
+def test_js_sdk(js_results: Callable[[str], Results], mode: str, scenario: str) -> None:
+    result = js_results(mode)[scenario]
+    assert result["ok"], f"{scenario} ({mode}): {SCENARIOS[scenario]}\n{result['error']}"
