@@ -9,6 +9,9 @@ Rules:
    then sandboxes have no egress: the nft redirect points at a port nobody listens on, so
    connections are refused.
 3. Restarts back off (0.5 s doubling to 10 s) so a proxy that cannot start does not spin.
+4. The control socket is part of the proxy: when its path no longer names the socket the proxy
+   bound (deleted, or replaced by another file or process), lifecycle could no longer push a
+   policy, so the proxy is restarted (it binds a fresh socket) and re-fed like after a crash.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -72,8 +76,11 @@ class ProxySupervisor:
         python: str = sys.executable,
         start_timeout: float = 20.0,
         listeners: Listeners = Listeners(),
+        control_socket: Path | None = None,
     ) -> None:
         self.config_path = config_path
+        self.control_socket = control_socket
+        self._socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket it bound
         self.listeners = listeners
         self.is_healthy = is_healthy
         self.on_ready = on_ready
@@ -97,14 +104,8 @@ class ProxySupervisor:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()
-        process = self._process
-        if process and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        if self._process:
+            _end(self._process, timeout)
         if self._watcher:
             self._watcher.join(timeout)
 
@@ -125,6 +126,7 @@ class ProxySupervisor:
                     f"last lines of {self.log_path}:\n{self._log_tail()}"
                 )
             if self.is_healthy() and self._listens(self._process.pid):
+                self._socket_id = self._current_socket_id()
                 self.on_ready()
                 return
             time.sleep(0.05)
@@ -132,6 +134,19 @@ class ProxySupervisor:
             f"the proxy did not answer on its control socket and listen on TCP {sorted(self.listeners.tcp)} "
             f"and UDP {sorted(self.listeners.udp)} within {self.start_timeout}s; see {self.log_path}"
         )
+
+    def _current_socket_id(self) -> tuple[int, int] | None:
+        if self.control_socket is None:
+            return None
+        try:
+            found = self.control_socket.lstat()
+        except FileNotFoundError:
+            return None
+        return (found.st_dev, found.st_ino) if stat.S_ISSOCK(found.st_mode) else None
+
+    def _socket_lost(self) -> bool:
+        """True when the socket path no longer names the socket the running proxy bound."""
+        return self._socket_id is not None and self._current_socket_id() != self._socket_id
 
     def _listens(self, pid: int) -> bool:
         bound = listening(pid)
@@ -147,6 +162,13 @@ class ProxySupervisor:
         backoff = 0.5
         while not self._stopping.is_set():
             process = self._process
+            if process is not None and process.poll() is None and self._socket_lost():
+                log.error(
+                    "the proxy's control socket %s is gone or replaced; restarting the proxy (pid %s)",
+                    self.control_socket,
+                    process.pid,
+                )
+                _end(process, 5.0)
             if process is None or process.poll() is None:
                 self._stopping.wait(0.2)
                 continue
@@ -162,3 +184,14 @@ class ProxySupervisor:
             except Exception:
                 log.exception("proxy restart failed; retrying in %.1fs", backoff)
                 backoff = min(backoff * 2, 10.0)
+
+
+def _end(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM, then SIGKILL after `timeout`; returns once the process is gone."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from sandgate.lifecycle import statelock
 from sandgate.lifecycle.cgroups import SandboxCgroup
+from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.kernel import instance_tag, mount_points
 from sandgate.lifecycle.network import RUN_NETNS
 from sandgate.lifecycle.settings import Settings
@@ -132,11 +133,12 @@ def tear_down(settings: Settings, *, stop_sandboxes: bool) -> Report:
 def forget(store: Store, vault: SecretStore, sandbox_id: str) -> None:
     """Delete a sandbox's record and the vault entries its credential vault wrote."""
     stored = store.get_vault(sandbox_id)
-    for item in (stored.document if stored else {}).get("credentials", []):
+    state = VaultState.model_validate(stored.document) if stored else VaultState()
+    for entry in state.entries().values():
         try:
-            vault.delete(item["entry"])
+            vault.delete(entry)
         except Exception:
-            log.exception("could not delete vault entry %s of sandbox %s", item["entry"], sandbox_id)
+            log.exception("could not delete vault entry %s of sandbox %s", entry, sandbox_id)
     store.delete_sandbox(sandbox_id)
 
 

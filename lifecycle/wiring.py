@@ -194,6 +194,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
             tcp=frozenset({settings.proxy_transparent_port, settings.proxy_explicit_port}),
             udp=frozenset({settings.proxy_dns_port}),
         ),
+        control_socket=settings.state_dir / "proxy.sock",
     )
     audit, routers = audit_and_console(service, settings, api_key)
     audit.start()

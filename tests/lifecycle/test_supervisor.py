@@ -4,14 +4,19 @@ whose proxy restarts forever (sandbox creates then failed with a bare ENOENT on 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sandgate.lifecycle.supervisor import listening
-from tests.support.server import SandgateServer
+from sandgate.lifecycle.wiring import answers
+from sandgate.proxy import ProxyControl
+from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
 
@@ -57,3 +62,45 @@ def test_sigterm_stops_serve_and_its_proxy_child(tmp_path: Path) -> None:
     finally:
         server.stop()
         server.remove_leftovers()
+
+
+def allow(server: SandgateServer, sandbox_id: str, target: str) -> httpx.Response:
+    with server.client() as client:
+        return client.patch(
+            f"/v1/sandboxes/{sandbox_id}/networkpolicy", json=[{"action": "allow", "target": target}]
+        )
+
+
+def wait_for_new_proxy(server: SandgateServer, old_pid: int, budget: float = 60.0) -> int:
+    """The pid of the proxy that replaced `old_pid` once its socket answers (bounded wait)."""
+    deadline = time.monotonic() + budget
+    while time.monotonic() < deadline:
+        with contextlib.suppress(LookupError):
+            pid = server.proxy_pid()
+            if pid != old_pid and answers(ProxyControl(server.state_dir / "proxy.sock")):
+                return pid
+        time.sleep(0.1)
+    raise AssertionError(f"no new proxy with an answering socket within {budget}s:\n{server.log()}")
+
+
+def test_a_lost_control_socket_restarts_the_proxy_and_policy_changes_work_again(tmp_path: Path) -> None:
+    with sandgate_server(tmp_path) as server:
+        sandbox_id = server.create_sandbox()["id"]
+        sock = server.state_dir / "proxy.sock"
+        first = server.proxy_pid()
+
+        sock.unlink()  # deleted (e.g. a second server's start did this before the state dir lock)
+        second = wait_for_new_proxy(server, first)
+        assert allow(server, sandbox_id, "a.example.com").status_code == 200
+
+        sock.unlink()  # replaced by a socket of another process
+        with socket.socket(socket.AF_UNIX) as squatter:
+            squatter.bind(str(sock))
+            squatter.listen()
+            third = wait_for_new_proxy(server, second)
+        assert allow(server, sandbox_id, "b.example.com").status_code == 200
+        with ProxyControl(sock) as control:
+            (entry,) = control.list()
+        assert entry.sandbox_id == sandbox_id  # re-pushed to the new proxy with its latest policy
+        assert [rule["target"] for rule in entry.policy["egress"]][:2] == ["b.example.com", "a.example.com"]
+        assert third != second and "control socket" in server.log()
