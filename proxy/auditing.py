@@ -24,6 +24,7 @@ from sandgate.proxy.decide import Verdict
 from sandgate.proxy.state import FLOW_KEY, ConnState, ProxyState, RequestState, Sandbox
 
 CLOSED = "closed"  # `event` of the record that closes a pass-through connection
+REVOKED = "revoked"  # `event` of the record of a connection a policy change closed
 
 
 def addr(address: tuple[str, int] | None) -> str | None:

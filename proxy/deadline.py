@@ -15,14 +15,12 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import logging
 
-from mitmproxy import connection, ctx, http
+from mitmproxy import connection, http
 
 from sandgate.proxy.auditing import security_event
+from sandgate.proxy.revocation import cancel_connection
 from sandgate.proxy.state import ProxyState
-
-log = logging.getLogger(__name__)
 
 HEADER_TIMEOUT = "header_timeout"
 
@@ -58,11 +56,4 @@ class HeaderDeadlineAddon:
         sandbox = self.state.table.get(conn.sandbox_address)
         detail = f"no complete request headers within {self.timeout:g} s; connection closed"
         security_event(self.state, sandbox.id if sandbox else "-", client.peername, HEADER_TIMEOUT, detail)
-        try:
-            handler = ctx.master.addons.get("proxyserver").connections[client.id]
-            task = handler.transports[client].handler
-        except (AttributeError, KeyError) as exc:
-            log.debug("header deadline: %s already gone: %r", client.peername, exc)
-            return
-        if task is not None:
-            task.cancel(HEADER_TIMEOUT)
+        cancel_connection(client, HEADER_TIMEOUT)

@@ -47,6 +47,7 @@ from sandgate.proxy.decide import (
     describe_claims,
 )
 from sandgate.proxy.resolver import ResolveError, is_ip_literal
+from sandgate.proxy.revocation import allowed_over
 from sandgate.proxy.state import FLOW_KEY, ConnState, ProxyState, RequestState, Sandbox
 from sandgate.proxy.tcpinfo import KernelCounters
 
@@ -93,6 +94,7 @@ class EnforcementAddon:
             return
         conn.connect_host = host
         conn.connect_record = record
+        allowed_over(self.state, conn, sandbox, (host, flow.request.port, "https"))  # type: ignore[arg-type]
 
     async def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         client = data.context.client
@@ -169,9 +171,12 @@ class EnforcementAddon:
         conn.name = name
         if not verdict.allowed:
             conn.denied = True
-        elif not verdict.inspect:
+            return
+        if not verdict.inspect:
             conn.passthrough = True
             conn.decision_record = record
+        if name:
+            allowed_over(self.state, conn, sandbox, (name, port, "https"))
 
     def _attributed(self, conn: ConnState, destination: str) -> str:
         """A connection without a name: the name this sandbox resolved to that address, else the address."""
@@ -213,6 +218,9 @@ class EnforcementAddon:
             verdict, _upstream = await self._pin(conn, sandbox, name, request.port, scheme, verdict)
         if not verdict.allowed:
             self._refuse(flow, sandbox, verdict, name, None, identity)
+            return
+        if refusal := allowed_over(self.state, conn, sandbox, (name, request.port, scheme)):
+            self._refuse(flow, sandbox, refusal, name, "the policy changed while deciding", identity)
             return
         request.data.host = name  # dial by the verified name, never by a client-chosen address
         flow.metadata[FLOW_KEY] = RequestState(sandbox, verdict, name, identity)

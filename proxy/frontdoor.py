@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import socket
-import struct
 import time
 from dataclasses import dataclass
 
@@ -53,13 +53,13 @@ from sandgate.proxy.deadline import HEADER_TIMEOUT
 from sandgate.proxy.enforcement import EnforcementAddon
 from sandgate.proxy.fairness import REFUSAL_WINDOW, TOO_FAST, Admission, RefusalWindows
 from sandgate.proxy.resolver import normalise_ip
-from sandgate.proxy.splice import splice
-from sandgate.proxy.state import ConnState, ProxyState
+from sandgate.proxy.revocation import revoke_if_stale
+from sandgate.proxy.splice import RESET_ON_CLOSE, Splice
+from sandgate.proxy.state import ConnState, ProxyState, Sandbox
 
 log = logging.getLogger(__name__)
 
 ACCEPTS_PER_WAKEUP = 64  # then the loop runs other work before draining the queue further
-RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST
 CLIENTHELLO_MAX = 64 * 1024  # a ClientHello longer than this is mitmproxy's to judge
 TLS_HANDSHAKE = 0x16  # first byte of a TLS handshake record
 UPSTREAM_CONNECT_TIMEOUT = 30.0
@@ -87,6 +87,7 @@ class FrontDoor:
         self.refusals = RefusalWindows()
         self._listeners: list[Listener] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._spliced = itertools.count()
 
     def start(self) -> None:
         """Bind both listeners; raises ListenError, saying which port and why, if one cannot."""
@@ -184,15 +185,15 @@ class FrontDoor:
         if hello is None:
             return False
         destination = platform.original_addr(sock)  # type: ignore[misc]
-        conn = ConnState(sandbox_address=source)
+        conn = ConnState(sandbox_address=source, sandbox_id=sandbox.id, client=peer)
         judged = await self.enforcement.judge_clienthello(conn, sandbox, hello.sni, destination)
         if judged.verdict.allowed and judged.verdict.inspect:
             return False
         self.enforcement.settle_clienthello(conn, sandbox, peer, hello.sni, destination[1], judged)
-        if not judged.verdict.allowed or judged.upstream is None:
+        if not judged.verdict.allowed or judged.upstream is None or conn.revoked:
             sock.close()
             return True
-        bytes_in, bytes_out = await self._pass_through(sock, judged.upstream, destination[1])
+        bytes_in, bytes_out = await self._pass_through(sock, conn, sandbox, judged.upstream, destination[1])
         if conn.decision_record is not None:
             duration = round((time.monotonic() - accepted) * 1000, 3)
             self.state.audit.write(closed(conn.decision_record, bytes_in, bytes_out, duration))
@@ -221,8 +222,11 @@ class FrontDoor:
         finally:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
 
-    async def _pass_through(self, sock: socket.socket, address: str, port: int) -> tuple[int, int]:
-        """Dial the checked address and splice; (bytes upstream -> client, client -> upstream)."""
+    async def _pass_through(
+        self, sock: socket.socket, conn: ConnState, sandbox: Sandbox, address: str, port: int
+    ) -> tuple[int, int]:
+        """Dial the checked address and splice; (bytes upstream -> client, client -> upstream).
+        While it runs the connection is in `ProxyState.connections`, where revocation finds it."""
         upstream = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
         upstream.setblocking(False)
         for end in (sock, upstream):
@@ -235,13 +239,20 @@ class FrontDoor:
             upstream.close()
             sock.close()
             return 0, 0
+        relay = Splice(sock, upstream)
+        key = f"splice-{next(self._spliced)}"
+        conn.close = relay.abort
+        self.state.connections[key] = conn
+        if self.state.table.get(conn.sandbox_address) is not sandbox:  # changed while dialling
+            revoke_if_stale(self.state, conn)
         metrics = self.state.metrics
         metrics.spliced_total += 1
         metrics.spliced_open += 1
         try:
-            return await splice(sock, upstream)
+            return await relay.run()
         finally:
             metrics.spliced_open -= 1
+            self.state.connections.pop(key, None)
 
     # ------------------------------------------------------------------ refusals
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from mitmproxy import connection
 
-from sandgate.proxy.auditing import security_event
+from sandgate.proxy.auditing import REVOKED, security_event
 from sandgate.proxy.resolver import normalise_ip
+from sandgate.proxy.revocation import cancel_connection
 from sandgate.proxy.state import ConnState, ProxyState
 
 UNKNOWN_SOURCE = "unknown-source"
@@ -22,8 +23,14 @@ class IdentityAddon:
 
     def client_connected(self, client: connection.Client) -> None:
         source = normalise_ip(client.peername[0])
-        if self.state.table.get(source) is None:
+        sandbox = self.state.table.get(source)
+        if sandbox is None:
             client.error = f"source {source} is not a registered sandbox"
             security_event(self.state, "-", client.peername, UNKNOWN_SOURCE, client.error)
             return
-        self.state.connections[client.id] = ConnState(sandbox_address=source)  # dropped by AuditAddon
+        self.state.connections[client.id] = ConnState(  # dropped by AuditAddon
+            sandbox_address=source,
+            sandbox_id=sandbox.id,
+            client=client.peername,
+            close=lambda: cancel_connection(client, REVOKED),
+        )

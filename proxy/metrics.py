@@ -18,6 +18,7 @@ class Metrics:
         self.injections: Counter[str] = Counter()  # binding name
         self.upstream_errors: Counter[str] = Counter()  # error class
         self.security_events: Counter[str] = Counter()
+        self.revoked: Counter[str] = Counter()  # connections closed by a policy change, by reason
         self.spliced_total = 0  # pass-through connections relayed in the kernel (front door)
         self.spliced_open = 0
         self._latency_counts = [0] * len(LATENCY_BUCKETS)
@@ -59,6 +60,12 @@ class Metrics:
             "Security events, by event.",
             "event",
             self.security_events,
+        )
+        lines += _counter(
+            "sandgate_proxy_revoked_connections_total",
+            "Open connections closed because a policy change no longer allowed them, by reason.",
+            "reason",
+            self.revoked,
         )
         lines += [
             "# HELP sandgate_proxy_spliced_connections_total Pass-through connections relayed by splice.",

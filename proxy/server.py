@@ -34,6 +34,7 @@ from sandgate.proxy.identity import IdentityAddon
 from sandgate.proxy.injection import InjectionAddon
 from sandgate.proxy.metrics import Metrics
 from sandgate.proxy.resolver import NameMemory, Resolver
+from sandgate.proxy.revocation import Revoker
 from sandgate.proxy.state import ProxyState, SandboxTable
 from sandgate.proxy.streaming import StreamingAddon
 from sandgate.vault import open_store
@@ -120,6 +121,7 @@ async def serve(config: ProxyConfig) -> None:
     errorpages.install()  # proxy-made error pages never quote upstream bytes
     websocket.install()  # WebSocket control frames pass the scrubber too
     state = build_state(config)
+    state.table.on_change.append(Revoker(state, asyncio.get_running_loop()).table_changed)
     master = Master(options.Options())
     master.addons.add(*addons(state, config))
     lean.install(master.addons)  # mitmproxy's per-event work that buys nothing here

@@ -11,6 +11,8 @@ Rules:
 3. Half-close is relayed: EOF from one side becomes `shutdown(SHUT_WR)` on the other once the
    pipe is drained; the relay ends when both directions ended, or at the first error (then both
    sockets are closed, the peer that still waits sees the close).
+4. A relay can be aborted from outside (`Splice.abort`, revocation): both directions stop at
+   once and both sockets are reset (SO_LINGER 0), so neither peer can send another byte.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import contextlib
 import fcntl
 import os
 import socket
+import struct
 
 PIPE_SIZE = 1 << 20  # bytes a direction may hold in the kernel between reading and writing
 FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST
 
 
 class _Direction:
@@ -108,18 +112,34 @@ class _Relay:
             self.done.set_exception(exc)
 
 
-async def splice(client: socket.socket, upstream: socket.socket) -> tuple[int, int]:
-    """Relay until both sides are done (or one fails); returns (bytes upstream -> client,
-    bytes client -> upstream). Both sockets are closed on return, also when cancelled."""
-    relay = _Relay(client, upstream)
-    try:
-        relay.outbound.start()
-        relay.inbound.start()
-        with contextlib.suppress(OSError):  # a reset is how many connections end
-            await relay.done
-    finally:
-        relay.outbound.close()
-        relay.inbound.close()
-        client.close()
-        upstream.close()
-    return relay.inbound.moved, relay.outbound.moved
+class Splice:
+    """One relay between a client and its upstream: `await run()` relays until both sides are
+    done (or one fails) and returns (bytes upstream -> client, bytes client -> upstream); both
+    sockets are closed on return, also when cancelled. `abort()` ends it at once (rule 4)."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.client, self.upstream = client, upstream
+        self._relay = _Relay(client, upstream)
+
+    async def run(self) -> tuple[int, int]:
+        relay = self._relay
+        try:
+            relay.outbound.start()
+            relay.inbound.start()
+            with contextlib.suppress(OSError):  # a reset is how many connections end
+                await relay.done
+        finally:
+            relay.outbound.close()
+            relay.inbound.close()
+            self.client.close()
+            self.upstream.close()
+        return relay.inbound.moved, relay.outbound.moved
+
+    def abort(self) -> None:
+        for end in (self.client, self.upstream):
+            with contextlib.suppress(OSError):
+                end.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)
+        for direction in (self._relay.outbound, self._relay.inbound):
+            direction.close()
+        if not self._relay.done.done():
+            self._relay.done.set_result(None)

@@ -3,12 +3,16 @@
 Rules: `ProxyState` is built once by `run_proxy` and handed to every addon (no globals). The
 sandbox table is a read-only mapping replaced whole on every change, so a hook sees either the
 old or the new entry, never half of one; hooks look the sandbox up again on every request,
-which is what makes policy changes apply to open connections.
+which is what makes policy changes apply to new requests. Open connections are in
+`ProxyState.connections` with what was allowed over them and how to close them; the table calls
+its `on_change` listeners after every swap, so `proxy/revocation.py` closes those the new entry
+no longer allows.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -79,6 +83,7 @@ class SandboxTable:
     def __init__(self, store: Any = None) -> None:
         self.values = SecretValues(store)
         self._by_address: MappingProxyType[str, Sandbox] = MappingProxyType({})
+        self.on_change: list[Callable[[str], None]] = []  # called with the address after each swap
 
     def get(self, address: str) -> Sandbox | None:
         return self._by_address.get(address)
@@ -87,13 +92,19 @@ class SandboxTable:
         sandbox = Sandbox.compile(entry, self.values)
         self.values.load(sandbox.credentials.vault_names)
         self._by_address = MappingProxyType({**self._by_address, entry.address: sandbox})
+        self._changed(entry.address)
         return sandbox
 
     def drop(self, address: str) -> bool:
         if address not in self._by_address:
             return False
         self._by_address = MappingProxyType({k: v for k, v in self._by_address.items() if k != address})
+        self._changed(address)
         return True
+
+    def _changed(self, address: str) -> None:
+        for listener in self.on_change:
+            listener(address)
 
     def entries(self) -> list[SandboxEntry]:
         return [sandbox.entry for sandbox in self._by_address.values()]
@@ -102,11 +113,20 @@ class SandboxTable:
         return len(self._by_address)
 
 
+Target = tuple[str, int, str]  # (name, port, scheme) a connection was allowed to reach
+Closer = Callable[[], Awaitable[object] | None]  # closes a connection; what to await until it is
+
+
 @dataclass
 class ConnState:
     """What the proxy decided about one client connection."""
 
     sandbox_address: str
+    sandbox_id: str = "-"
+    client: tuple[str, int] | None = None  # the sandbox's end, for records written later
+    targets: set[Target] = field(default_factory=set)  # every destination allowed over it so far
+    close: Closer | None = None  # how revocation closes it (None: nothing open to close yet)
+    revoked: bool = False
     connect_host: str | None = None  # explicit proxy: the CONNECT target
     connect_record: AuditRecord | None = None  # the CONNECT decision, already in the audit log
     name: str | None = None  # the connection-level name (SNI, CONNECT target, DNS-attributed)

@@ -367,17 +367,29 @@ def test_the_audit_path_is_the_judged_one_never_the_substituted_placeholder(
 
 
 def test_hot_update_applies_to_open_connections(proxy: RunningProxy, client: Client) -> None:
+    """The held connection is closed at the push (tests/proxy/test_revocation.py has the rest);
+    a new one is refused."""
     code = """
 import http.client, json, sys, time, urllib.request
 conn = http.client.HTTPConnection("plain.example.com", 80, timeout=5)
 conn.request("GET", "/"); first = conn.getresponse(); first.read()
 print(first.status, flush=True)
 sys.stdin.readline()  # the test swaps the policy now
-conn.request("GET", "/"); second = conn.getresponse(); body = second.read()
-print(second.status, json.loads(body)["reason"])
+try:
+    conn.request("GET", "/"); conn.getresponse().read()
+    print("still open")
+except (OSError, http.client.HTTPException):
+    print("closed")
+conn = http.client.HTTPConnection(ADDRESS, 80, timeout=5)  # the name no longer resolves here
+conn.request("GET", "/", headers={"Host": "plain.example.com"})
+second = conn.getresponse(); body = second.read()
+print(second.status, json.loads(body)["reason"], flush=True)
 """
     process = client.ns.popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", f"ADDRESS = {ORIGIN_V4!r}\n" + code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert process.stdout.readline().strip() == "200"
@@ -385,6 +397,7 @@ print(second.status, json.loads(body)["reason"])
         proxy.control.put_sandbox(SandboxEntry(sandbox_id="sbx-1", address=CLIENT_ADDR, policy=denying))
         process.stdin.write("\n")
         process.stdin.flush()
+        assert process.stdout.readline().strip() == "closed"
         assert process.stdout.readline().split() == ["403", "default"]
     finally:
         process.kill()

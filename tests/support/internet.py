@@ -372,7 +372,13 @@ def _serve(workdir: Path) -> None:
         return sock
 
     async def main() -> None:
-        common = {"log_level": "warning", "access_log": False, "lifespan": "off", "ws": "websockets"}
+        common = {
+            "log_level": "warning",
+            "access_log": False,
+            "lifespan": "off",
+            "ws": "websockets",
+            "timeout_keep_alive": 120,  # a connection a test holds is not closed by the origin
+        }
         recorded = record_requests(app)
         plain = uvicorn.Server(uvicorn.Config(recorded, **common))  # type: ignore[arg-type]
         tls = uvicorn.Server(
