@@ -17,6 +17,7 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import socket
 
@@ -85,15 +86,14 @@ class DnsAddon:
         )
 
     def _blocked(self, request: dns.DNSMessage, verdict: Verdict) -> dns.DNSMessage:
-        nxdomain = request.fail(dns.response_codes.NXDOMAIN)
-        return with_edns(request, nxdomain, (EDE_BLOCKED, blocked_text(verdict)))
+        return _failed(request, dns.response_codes.NXDOMAIN, (EDE_BLOCKED, blocked_text(verdict)))
 
     async def _forward(self, request: dns.DNSMessage, name: str, qtype: int) -> tuple[dns.DNSMessage, str]:
         """Upstream's answer to a question-only query (rule 3), and what happened, for the record."""
         try:
             reply = await forward(self.state.resolver.servers, name, qtype)
         except ForwardError as exc:
-            return with_edns(request, request.fail(dns.response_codes.SERVFAIL)), f"forwarded: {exc}"
+            return _failed(request, dns.response_codes.SERVFAIL), f"forwarded: {exc}"
         rcode = dns.response_codes.to_str(reply.response_code)
         return relay_answer(request, reply), f"forwarded rcode={rcode} answers={len(reply.answers)}"
 
@@ -104,7 +104,7 @@ class DnsAddon:
             found = await self.state.resolver.lookup(name, FAMILIES[qtype])
         except ResolveError as exc:
             code = dns.response_codes.NXDOMAIN if exc.nxdomain else dns.response_codes.SERVFAIL
-            return verdict, with_edns(request, request.fail(code)), []
+            return verdict, _failed(request, code), []
         usable = [a for a in found if check_upstream(sandbox.policy, a).allowed]
         if found and not usable:
             refusal = check_upstream(sandbox.policy, found[0])
@@ -121,3 +121,8 @@ class DnsAddon:
             for a in usable
         ]
         return verdict, with_edns(request, request.succeed(records)), usable
+
+
+def _failed(request: dns.DNSMessage, code: int, ede: tuple[int, str] | None = None) -> dns.DNSMessage:
+    """An error answer from the sandbox's recursive resolver (RA set: clients warn without it)."""
+    return with_edns(request, dataclasses.replace(request.fail(code), recursion_available=True), ede)

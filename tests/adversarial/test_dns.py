@@ -11,6 +11,7 @@ from tests.adversarial.conftest import (
     BOUND_HOST,
     EXFIL_ZONE,
     METADATA_ADDR,
+    OPEN_HOST,
     PRIVATE_ADDR,
     REBIND_ZONE,
     Attacker,
@@ -114,3 +115,18 @@ def test_rebinding_keeps_only_the_public_answers(attacker: Attacker, canaries: C
     assert attacker.curl(f"http://{name}/").stdout.strip() == "hello from origin"
     assert [r["server"] for r in attacker.origin_requests_since(mark)] == [f"{ORIGIN_V4}:80"]
     assert canaries.hits() == []
+
+
+def test_dig_inside_the_sandbox_tells_a_block_from_a_typo(attacker: Attacker) -> None:
+    """A real resolver client with the sandbox's own resolver configuration: a denied name is
+    NXDOMAIN with Extended DNS Error 15 and sandgate's reason; without EDNS a plain NXDOMAIN."""
+    name = f"{secrets.token_hex(8)}.{EXFIL_ZONE}"
+    attacker.internet.clear_dns_queries()
+    blocked = attacker.sh(f"dig +tries=1 +time=5 TXT {name}")
+    assert "status: NXDOMAIN" in blocked.stdout, blocked
+    assert "; EDE: 15 (Blocked): (sandgate: egress denied (default))" in blocked.stdout, blocked.stdout
+    plain = attacker.sh(f"dig +noedns +tries=1 +time=5 A {name}")
+    assert "status: NXDOMAIN" in plain.stdout and "EDE" not in plain.stdout, plain
+    allowed = attacker.sh(f"dig +short +tries=1 +time=5 A {OPEN_HOST}")
+    assert allowed.stdout.split() == [ORIGIN_V4], allowed
+    assert not [q for q in attacker.internet.dns_queries() if EXFIL_ZONE in q["name"]]
