@@ -1,14 +1,17 @@
 """The one list of client scenarios every OpenSandbox client runs against sandgate.
 
-Each client implements every scenario under the same name: the JS SDK in tests/js/scenarios.mjs
-(direct and server-proxy mode, driven by test_js_sdk.py). A test checks that each
-implementation's names are exactly this list, so a scenario added here fails until every
-client runs it. The order is the order they run in, on one sandbox: `create`
-first, `pause_resume`, `connect` and `kill` last. A scenario a client cannot express (the MCP
-server has no egress tool) is listed in `NOT_OFFERED` with the reason.
+Each client implements every scenario under the same name, in direct and server-proxy mode:
+the JS SDK in tests/js/scenarios.mjs (driven by test_js_sdk.py), the Python SDK in
+test_sdk_scenarios.py. Each implementation's names are checked to be exactly this list, so a
+scenario added here fails until every client runs it. The order is the order they run in, on
+one sandbox: `create` first, `pause_resume`, `connect` and `kill` last.
 """
 
 from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
 
 SCENARIOS: dict[str, str] = {
     "create": "create with metadata, env and a networkPolicy; the info says Running",
@@ -33,5 +36,22 @@ SCENARIOS: dict[str, str] = {
     "kill": "kill; the sandbox is gone",
 }
 
-# client -> {scenario: why the client cannot express it}
-NOT_OFFERED: dict[str, dict[str, str]] = {}
+Result = dict[str, Any]  # {"scenario": name, "ok": bool, "error": text when not ok}
+
+
+def run_in_order(steps: Mapping[str, Callable[[], None]]) -> dict[str, Result]:
+    """Run a client's scenarios in list order; a failure is recorded and the next one runs."""
+    assert list(steps) == list(SCENARIOS), f"the client's scenarios {list(steps)} are not the list"
+    results: dict[str, Result] = {}
+    for name, step in steps.items():
+        try:
+            step()
+            results[name] = {"scenario": name, "ok": True}
+        except Exception:  # reported per scenario by `check`
+            results[name] = {"scenario": name, "ok": False, "error": traceback.format_exc()}
+    return results
+
+
+def check(results: Mapping[str, Result], scenario: str, client: str) -> None:
+    result = results[scenario]
+    assert result["ok"], f"{client}: {scenario}: {SCENARIOS[scenario]}\n{result['error']}"

@@ -11,19 +11,18 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conformance.conftest import API_HOST
-from tests.conformance.scenarios import SCENARIOS
+from tests.conformance.scenarios import SCENARIOS, Result, check
 from tests.support.server import SandgateServer
 
 pytestmark = pytest.mark.root
 SCRIPT = Path(__file__).resolve().parents[1] / "js" / "scenarios.mjs"
 MODES = ("direct", "server_proxy")
 RUN_TIMEOUT_S = 240
-Results = dict[str, dict[str, Any]]
+Results = dict[str, Result]
 
 
 def node(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> str:
@@ -65,5 +64,4 @@ def test_the_js_client_implements_the_scenario_list() -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("mode", MODES)
 def test_js_sdk(js_results: Callable[[str], Results], mode: str, scenario: str) -> None:
-    result = js_results(mode)[scenario]
-    assert result["ok"], f"{scenario} ({mode}): {SCENARIOS[scenario]}\n{result['error']}"
+    check(js_results(mode), scenario, f"JS SDK ({mode})")
