@@ -23,6 +23,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from sandgate.proxy.audit import audit_path
+
 DEFAULT_CONFIG_FILE = Path("/etc/sandgate/config.toml")
 _config_flag: ContextVar[Path | None] = ContextVar("config_flag", default=None)
 
@@ -106,7 +108,7 @@ class Settings(BaseSettings):
 
     @property
     def audit_log(self) -> Path:
-        return self.state_dir / "audit.jsonl"
+        return audit_path(self.state_dir)
 
     @property
     def database(self) -> Path:

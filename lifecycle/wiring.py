@@ -31,7 +31,8 @@ from sandgate.lifecycle.service import Service
 from sandgate.lifecycle.settings import Settings
 from sandgate.lifecycle.store import Store
 from sandgate.lifecycle.supervisor import Listeners, ProxySupervisor
-from sandgate.proxy import AuditRecord, ProxyConfig, ProxyControl, ProxyControlError, ensure_ca
+from sandgate.policy import Decision
+from sandgate.proxy import AuditRecord, ProxyConfig, ProxyControl, ProxyControlError, append_record, ensure_ca
 from sandgate.vault import open_store
 
 
@@ -90,18 +91,10 @@ def policy_change_writer(audit_path: Path) -> Callable[[str, str, PolicyChange],
     """Appends policy_change records to the proxy's audit log (O_APPEND: safe beside the proxy)."""
 
     def write(sandbox_id: str, what: str, change: PolicyChange) -> None:
-        record = AuditRecord(
-            kind="policy_change",
-            sandbox=sandbox_id,
-            client="control-plane",
-            decision="allow",
-            reason=what,
-            event=what,
-            detail=json.dumps(asdict(change), sort_keys=True),
+        decision = Decision("allow", what, detail=json.dumps(asdict(change), sort_keys=True))
+        append_record(
+            audit_path, AuditRecord.of("policy_change", sandbox_id, "control-plane", decision, event=what)
         )
-        fd = os.open(audit_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(fd, "a", encoding="utf-8") as handle:
-            handle.write(record.model_dump_json() + "\n")
 
     return write
 

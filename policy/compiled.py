@@ -21,7 +21,9 @@ Theory of operation:
 - `inspect` says whether the proxy needs an L7 view of this host: a method/path rule could apply,
   a credential binding could apply, or the deciding rule says `inspect: always`.
 - Report mode turns a would-deny into allow with `report_only=True`, except for the reasons in
-  `ALWAYS_ENFORCED` (malformed hosts and always-denied addresses are never let through).
+  `ALWAYS_ENFORCED` (malformed hosts and always-denied addresses are never let through). The
+  decision's `outcome` is then "report": the one word the audit log, the CLI and OCSF use
+  (`Outcome` is the only place the words are listed).
 - A compiled policy never changes, so answers can be reused: decisions without a per-request
   detail are interned (one `Decision` object per distinct outcome), and connection-level
   decisions and address checks are kept in bounded LRU caches (`cache_size` entries each;
@@ -36,7 +38,7 @@ import ipaddress
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 from sandgate.policy.addresses import DeniedRange, PrefixTable, address_to_check, denied_range
 from sandgate.policy.canonical import (
@@ -53,6 +55,9 @@ from sandgate.policy.names import IPAddress, path_matches, request_host
 DEFAULT_MAX_RULES = 4096
 DEFAULT_CACHE_SIZE = 4096
 ALWAYS_ENFORCED = frozenset({"invalid_host", "invalid_address", "always_denied_range", AMBIGUOUS_TARGET})
+# What a decision is called in audit records: "report" is an allow that enforcing would deny.
+Outcome = Literal["allow", "deny", "report"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +91,14 @@ class Decision:
     def allowed(self) -> bool:
         return self.action == "allow"
 
+    @property
+    def outcome(self) -> Outcome:
+        """allow, deny, or report (allowed only because the policy is in report mode)."""
+        return "report" if self.report_only else self.action
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "decision": "report" if self.report_only else self.action,
+            "decision": self.outcome,
             "reason": self.reason,
             "rule": self.rule,
             "inspect": self.inspect,

@@ -1,11 +1,22 @@
-"""Audit records: one JSON line per decision, plus security events.
+"""The audit record: its schema, its file name, and the one way a record becomes a line.
 
-Rules: a record is written for every connection-level and request-level decision the proxy
-makes and for every DNS answer; nothing else writes decisions. Query strings never reach the
-log (`redact_path`), and callers pass every free-text field through the sandbox's redactor
-before building a record. Lines are appended and flushed one at a time; the file rotates by
-size to `audit.jsonl.1` ... `audit.jsonl.N`. The same records go to in-process subscribers
-(live views); a failing subscriber is dropped, never allowed to stop the log.
+Rules:
+1. A record is a decision serialised: `AuditRecord.of` takes the policy's `Decision` (its
+   outcome allow/deny/report, reason, rule, inspect, detail) and adds the facts of what was asked,
+   captured before injection changed anything. A record is written for every connection-level
+   and request-level decision the proxy makes and for every DNS answer.
+2. One writer: every line goes through `written`, which, at write time, passes every free-text
+   field (`FREE_TEXT`: host, path, SNI, method, reason, detail...) through the redactor of every
+   secret value the proxy holds (a superset of each sandbox's own) and replaces query strings
+   (`redact_path`). Callers cannot forget either: they hand over records, not lines.
+3. The proxy owns `audit.jsonl` (`AuditLog`: appended and flushed one line at a time, rotated by
+   size to `audit.jsonl.1` ... `audit.jsonl.N`, and published to in-process subscribers; a
+   failing subscriber is dropped, never allowed to stop the log). Other processes (lifecycle's
+   policy changes) add lines with `append_record`, which opens the live file per line, so the
+   proxy's rotation never strands them in a backup.
+4. This module is the schema: `AUDIT_FILE` is the file's name and `AuditRecord` its fields; the
+   index, the API, the CLI, the console and the OCSF export read records by it. It imports only
+   pydantic and sandgate.policy, so the CLI can read records without loading mitmproxy.
 """
 
 from __future__ import annotations
@@ -15,15 +26,26 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
+from sandgate.policy import Decision, Outcome
+
 log = logging.getLogger(__name__)
 
+AUDIT_FILE = "audit.jsonl"
 RecordKind = Literal["connection", "request", "dns", "security_event", "policy_change"]
-AuditDecision = Literal["allow", "deny", "report"]
+RECORD_KINDS: tuple[RecordKind, ...] = get_args(RecordKind)
 Subscriber = Callable[["AuditRecord"], None]
+Redact = Callable[[str], str]
+# Fields that hold text a sandbox, an upstream or a policy chose: redacted at write time.
+FREE_TEXT = ("sni", "method", "host", "path", "reason", "rule", "binding", "event", "detail")
+
+
+def audit_path(state_dir: Path) -> Path:
+    """The live audit file of a state dir (backups: the same name with .1, .2, ...)."""
+    return state_dir / AUDIT_FILE
 
 
 def utc_timestamp() -> str:
@@ -58,7 +80,7 @@ class AuditRecord(BaseModel):
     host: str | None = None
     port: int | None = None
     path: str | None = None
-    decision: AuditDecision
+    decision: Outcome
     reason: str
     rule: str | None = None
     inspect: bool = False
@@ -70,14 +92,62 @@ class AuditRecord(BaseModel):
     event: str | None = None
     detail: str | None = None
 
+    @classmethod
+    def of(cls, kind: RecordKind, sandbox: str, client: str, decision: Decision, **facts: Any) -> AuditRecord:
+        """The record of `decision`; `facts` say what was asked (a `detail` or `inspect` among
+        them wins over the decision's own)."""
+        fields: dict[str, Any] = {"rule": decision.rule, "inspect": decision.inspect, **facts}
+        fields["detail"] = fields.get("detail") or decision.detail
+        return cls(
+            kind=kind,
+            sandbox=sandbox,
+            client=client,
+            decision=decision.outcome,
+            reason=decision.reason,
+            **fields,
+        )
+
+
+def written(record: AuditRecord, redact: Redact | None = None) -> AuditRecord:
+    """`record` as it may be written: free text through `redact`, the path without its query,
+    bytes that were not UTF-8 (kept by mitmproxy as lone surrogates) as `\\xNN` text."""
+    values = record.__dict__
+    changed: dict[str, str | None] = {}
+    if record.path is not None and "?" in record.path:
+        changed["path"] = redact_path(record.path)
+    for name in FREE_TEXT:
+        text = changed.get(name, values[name])
+        if not text:
+            continue
+        clean = redact(text) if redact is not None else text
+        if not clean.isascii():
+            clean = clean.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        if clean != text:
+            changed[name] = clean
+    return record.model_copy(update=changed) if changed else record
+
+
+def to_line(record: AuditRecord) -> str:
+    """One line of the file (for a record `written` has passed)."""
+    return record.model_dump_json() + "\n"
+
+
+def append_record(path: Path, record: AuditRecord) -> None:
+    """Add one line to the live file from outside the proxy (O_APPEND: safe beside it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as handle:
+        handle.write(to_line(written(record)))
+
 
 class AuditLog:
-    """Append-only JSON-lines file with size-based rotation and in-process subscribers."""
+    """Append-only JSON-lines file with size-based rotation and in-process subscribers (who get
+    each record as it was written, redacted)."""
 
-    def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
+    def __init__(self, path: Path, max_bytes: int, backups: int, redact: Redact | None = None) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self.backups = backups
+        self.redact = redact
         self._subscribers: list[Subscriber] = []
         self._file: IO[str] = self._open()
 
@@ -87,7 +157,8 @@ class AuditLog:
         return os.fdopen(fd, "a", encoding="utf-8")
 
     def write(self, record: AuditRecord) -> None:
-        self._file.write(record.model_dump_json() + "\n")
+        record = written(record, self.redact)
+        self._file.write(to_line(record))
         self._file.flush()
         if self._file.tell() >= self.max_bytes:
             self._rotate()

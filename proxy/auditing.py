@@ -1,11 +1,13 @@
 """Turning decisions into audit records and metrics.
 
-Rules: connection-level decisions are recorded when they are made (`record_decision`); a
-request is recorded once, when it ends (`AuditAddon.response` / `.error`), from the
-`RequestState` the enforcement addon attached, so bytes, status and duration are known. Method and
-path are the request's canonical identity, taken before injection (a placeholder substituted into
-the path never shows); paths lose their query (`redact_path`); nothing else from the request body
-or headers is logged.
+Rules: a record is the verdict's policy `Decision` serialised (`AuditRecord.of`: a report-mode
+decision is recorded as "report") plus the facts of the request. Connection-level decisions are
+recorded when they are made (`record_decision`); a request is recorded once, when it ends
+(`AuditAddon.response` / `.error`), from the `RequestState` the enforcement addon attached, so
+bytes, status and duration are known. Method and path are the request's canonical identity,
+taken before injection (a placeholder substituted into the path never shows); the writer
+(`AuditLog`) redacts secrets and queries from every free-text field; nothing else from the
+request body or headers is logged.
 A passed-through TLS connection has no requests to record, so when it closes it gets a second
 `connection` record (`event: "closed"`, id `<decision id>-closed`) with its bytes (from the
 kernel, `tcpinfo`) and duration; the decision record written at the decision stays the one
@@ -19,7 +21,8 @@ from typing import Literal
 
 from mitmproxy import connection, http
 
-from sandgate.proxy.audit import AuditRecord, redact_path, utc_timestamp
+from sandgate.policy import Decision
+from sandgate.proxy.audit import AuditRecord, utc_timestamp
 from sandgate.proxy.decide import Verdict
 from sandgate.proxy.state import FLOW_KEY, ConnState, ProxyState, RequestState, Sandbox
 
@@ -43,17 +46,8 @@ def record_decision(
     **facts: object,
 ) -> AuditRecord:
     """One record for a decision made now (connection and DNS level, and refused requests)."""
-    state.metrics.decision(kind, verdict.action, verdict.reason)
-    record = AuditRecord(
-        kind=kind,
-        sandbox=sandbox.id,
-        client=addr(client) or "-",
-        decision=verdict.action,
-        reason=verdict.reason,
-        rule=verdict.rule,
-        inspect=verdict.inspect,
-        **facts,  # type: ignore[arg-type]
-    )
+    state.metrics.decision(kind, verdict.outcome, verdict.reason)
+    record = AuditRecord.of(kind, sandbox.id, addr(client) or "-", verdict.decision, **facts)
     state.audit.write(record)
     return record
 
@@ -67,17 +61,9 @@ def security_event(
     **facts: object,
 ) -> None:
     state.metrics.security_events[event] += 1
+    refused = Decision("deny", event, detail=detail)
     state.audit.write(
-        AuditRecord(
-            kind="security_event",
-            sandbox=sandbox_id,
-            client=addr(client) or "-",
-            decision="deny",
-            reason=event,
-            event=event,
-            detail=detail,
-            **facts,  # type: ignore[arg-type]
-        )
+        AuditRecord.of("security_event", sandbox_id, addr(client) or "-", refused, event=event, **facts)
     )
 
 
@@ -110,28 +96,26 @@ class AuditAddon:
         duration = time.monotonic() - request_state.started
         if verdict.allowed:
             self.state.metrics.latency(duration)
-        self.state.metrics.decision("request", verdict.action, verdict.reason)
+        self.state.metrics.decision("request", verdict.outcome, verdict.reason)
         request = flow.request
         identity = request_state.identity  # None only if refused before it was computed: untouched
         server = flow.server_conn
         detail = request_state.detail
         if flow.error and detail is None:
-            detail = request_state.sandbox.credentials.redact_text(flow.error.msg)  # may quote upstream bytes
+            detail = flow.error.msg  # may quote upstream bytes: the writer redacts it
         self.state.audit.write(
-            AuditRecord(
-                kind="request",
-                sandbox=request_state.sandbox.id,
-                client=addr(flow.client_conn.peername) or "-",
+            AuditRecord.of(
+                "request",
+                request_state.sandbox.id,
+                addr(flow.client_conn.peername) or "-",
+                verdict.decision,
                 upstream=addr(server.peername) if server and server.peername else None,
                 sni=flow.client_conn.sni,
                 scheme="https" if request.scheme == "https" else "http",
                 method=identity.method if identity else request.method,
                 host=request_state.name,
                 port=request.port,
-                path=redact_path(identity.target if identity else request.path),
-                decision=verdict.action,
-                reason=verdict.reason,
-                rule=verdict.rule,
+                path=identity.target if identity else request.path,
                 inspect=True,
                 binding=",".join(request_state.bindings) or None,
                 status=status,

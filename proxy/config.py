@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sandgate.proxy.audit import audit_path
+
 
 class ConnectionLimits(BaseModel):
     """How much of the proxy one sandbox may take: open TCP connections and new connections per
@@ -89,8 +91,10 @@ class ProxyConfig(BaseModel):
     listen_backlog: int = Field(
         default=4096, ge=16, description="accept queue of each TCP listener (capped by net.core.somaxconn)"
     )
-    audit_max_bytes: int = Field(100 * 1024 * 1024, ge=1024, description="rotate audit.jsonl past this size")
-    audit_backups: int = Field(10, ge=0, description="rotated audit files kept (audit.jsonl.1 ...)")
+    audit_max_bytes: int = Field(
+        100 * 1024 * 1024, ge=1024, description="rotate the audit log past this size"
+    )
+    audit_backups: int = Field(10, ge=0, description="rotated audit files kept (.1, .2, ...)")
     vault: dict[str, Any] = Field(
         default_factory=dict,
         description="how to open the secret store (see sandgate.vault); empty = no vault",
@@ -105,4 +109,4 @@ class ProxyConfig(BaseModel):
 
     @property
     def audit_path(self) -> Path:
-        return self.state_dir / "audit.jsonl"
+        return audit_path(self.state_dir)

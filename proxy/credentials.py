@@ -10,7 +10,8 @@ Rules:
 2. Secrets enter the redactor when they are stored or rotated, not at first use: every value a
    name has had since the proxy started stays in that sandbox's scrubber (a rotated-out value is
    still a secret an origin may reflect), and the scrubber is rebuilt when a load saw a new one.
-3. Values are revealed only for the credentials the sandbox's own bindings name (mapped through
+3. The audit writer redacts with every value any name has had (`SecretValues.redact_text`).
+4. Values are revealed only for the credentials the sandbox's own bindings name (mapped through
    `SandboxEntry.credentials`); a sandbox without bindings holds none and pays nothing for
    scrubbing. Nothing here logs a value.
 """
@@ -23,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sandgate.proxy.scrubbing import Scrubber
-from sandgate.vault import Injection, SecretNotFound, VaultError, render, reveal_via
+from sandgate.vault import Injection, Redactor, SecretNotFound, VaultError, render, reveal_via
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class SecretValues:
         self._seen: dict[str, frozenset[str]] = {}
         self._tracked: set[str] = set()  # names some pushed sandbox binds
         self.version = 0  # bumped whenever a value the scrubbers do not know yet arrives
+        self._redactor: tuple[int, Redactor | None] = (-1, None)  # (version, every value seen)
 
     def load(self, names: Iterable[str]) -> None:
         """Read `names` from the vault now. Blocking: call it from a thread, never the event loop."""
@@ -67,6 +69,18 @@ class SecretValues:
         """Every value these names have had: what the scrubber removes."""
         seen = self._seen
         return frozenset(value for name in names for value in seen.get(name, ()))
+
+    def redact_text(self, text: str) -> str:
+        """`text` without any value any name ever had here (the audit writer's redactor: a
+        superset of every sandbox's own scrubber)."""
+        built_for, redactor = self._redactor
+        current = self.version  # read first: the values gathered next include at least these
+        if built_for != current:
+            with self._lock:
+                values = {value for seen in self._seen.values() for value in seen}
+            redactor = Redactor(values) if values else None
+            self._redactor = (current, redactor)
+        return redactor.redact_text(text) if redactor else text
 
     def _set(self, name: str, value: str | None) -> None:
         with self._lock:
@@ -108,10 +122,6 @@ class SandboxCredentials:
             self._scrubber = Scrubber(known) if known else None
             self._scrubber_version = version
         return self._scrubber
-
-    def redact_text(self, text: str) -> str:
-        scrubber = self.scrubber
-        return scrubber.redactor.redact_text(text) if scrubber else text
 
     def missing(self, binding_name: str) -> list[str]:
         """Vault names this binding needs that are not in memory (to load off the loop first)."""

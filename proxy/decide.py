@@ -12,36 +12,64 @@ Rules:
    the proxy dials and the policy judges (`claimed_port`), else it is a 421 too. Then the
    request's canonical identity (`sandgate.policy.request_identity`) is computed once; a target
    origins could read two ways is refused with 400 (`AMBIGUOUS`) before any decision.
-3. The policy (sandgate.policy) is the matcher; this module only turns its `Decision` into a
-   `Verdict` the proxy acts on: report-only denials pass but are recorded as "report".
+3. The policy (sandgate.policy) is the matcher; a `Verdict` is its `Decision` unchanged (a
+   report-mode would-deny is an allow whose outcome is "report") plus the HTTP status a refusal
+   is answered with. The audit record serialises that decision (`proxy/audit.py`).
 4. No I/O here: resolution happens in the addons, which hand the address back to `check_upstream`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from sandgate.policy import AMBIGUOUS_TARGET, Request, RequestIdentity
-
-AuditAction = Literal["allow", "deny", "report"]
+from sandgate.policy import AMBIGUOUS_TARGET, Decision, Outcome, Request, RequestIdentity
 
 IDENTITY_MISMATCH = "identity-mismatch"
 UNKNOWN_SANDBOX = "unknown-sandbox"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Verdict:
-    action: AuditAction
-    reason: str
-    rule: str | None = None
-    inspect: bool = False
-    bindings: tuple[Any, ...] = field(default=())
-    status: int = 403  # what a refused HTTP request is answered with
+    """The policy's `Decision` itself (what the audit record serialises), and what a refused HTTP
+    request is answered with. Refusals the proxy makes on its own (names that disagree, an
+    unresolvable name, a missing credential) are Decisions too: `refusal`."""
+
+    decision: Decision
+    status: int = 403
 
     @property
     def allowed(self) -> bool:
-        return self.action != "deny"
+        return self.decision.allowed  # a report-mode decision is allowed, recorded as "report"
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.decision.outcome
+
+    @property
+    def reason(self) -> str:
+        return self.decision.reason
+
+    @property
+    def rule(self) -> str | None:
+        return self.decision.rule
+
+    @property
+    def inspect(self) -> bool:
+        return self.decision.inspect
+
+    @property
+    def bindings(self) -> tuple[str, ...]:
+        return self.decision.bindings
+
+    def inspected(self) -> Verdict:
+        """The same decision, intercepted rather than passed through."""
+        return Verdict(replace(self.decision, inspect=True), self.status)
+
+
+def refusal(reason: str, rule: str | None = None, status: int = 403) -> Verdict:
+    """A refusal the proxy makes itself, after or instead of the policy's decision."""
+    return Verdict(Decision("deny", reason, rule), status)
 
 
 def normalise_host(raw: str | None) -> str | None:
@@ -85,8 +113,9 @@ def agreed_name(*claims: str | None) -> tuple[str | None, bool]:
     return (names.pop() if names else None), True
 
 
-MISMATCH = Verdict("deny", IDENTITY_MISMATCH, status=421)
-AMBIGUOUS = Verdict("deny", AMBIGUOUS_TARGET, status=400)
+MISMATCH = refusal(IDENTITY_MISMATCH, status=421)
+AMBIGUOUS = refusal(AMBIGUOUS_TARGET, status=400)
+GONE = refusal(UNKNOWN_SANDBOX)  # the sandbox's entry was dropped
 
 
 def describe_claims(claims: dict[str, str | None]) -> str:
@@ -123,15 +152,5 @@ def check_upstream(policy: Any, address: str, port: int | None = None, scheme: s
     return _verdict(policy.check_address(address, request))
 
 
-def _verdict(decision: Any) -> Verdict:
-    action: AuditAction = "allow" if decision.action == "allow" else "deny"
-    if action == "deny" and decision.report_only:
-        action = "report"
-    return Verdict(
-        action=action,
-        reason=decision.reason,
-        rule=decision.rule,
-        inspect=bool(decision.inspect),
-        bindings=tuple(decision.bindings or ()),
-        status=400 if decision.reason == AMBIGUOUS_TARGET else 403,
-    )
+def _verdict(decision: Decision) -> Verdict:
+    return Verdict(decision, 400 if decision.reason == AMBIGUOUS_TARGET else 403)

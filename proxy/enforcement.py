@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from mitmproxy import connection, http, tls
@@ -35,9 +35,9 @@ from sandgate.policy import AmbiguousTarget, RequestIdentity, request_identity
 from sandgate.proxy.auditing import addr, record_decision
 from sandgate.proxy.decide import (
     AMBIGUOUS,
+    GONE,
     IDENTITY_MISMATCH,
     MISMATCH,
-    UNKNOWN_SANDBOX,
     Verdict,
     agreed_name,
     check_upstream,
@@ -45,6 +45,7 @@ from sandgate.proxy.decide import (
     decide,
     decide_request,
     describe_claims,
+    refusal,
 )
 from sandgate.proxy.resolver import ResolveError, is_ip_literal
 from sandgate.proxy.revocation import allowed_over
@@ -53,7 +54,6 @@ from sandgate.proxy.tcpinfo import KernelCounters
 
 log = logging.getLogger(__name__)
 
-GONE = Verdict("deny", UNKNOWN_SANDBOX)
 UNRESOLVED = "upstream-unresolvable"
 CREDITED_INTERCEPTED = "no SNI: name credited from this sandbox's DNS answers; intercepted"
 
@@ -132,7 +132,7 @@ class EnforcementAddon:
             if credited and verdict.allowed and not verdict.inspect:
                 # The name is only DNS's guess, not the client's claim: pass-through would relay
                 # whatever is inside unchecked, so intercept and judge every request's Host.
-                verdict, detail = replace(verdict, inspect=True), CREDITED_INTERCEPTED
+                verdict, detail = verdict.inspected(), CREDITED_INTERCEPTED
         upstream = None
         if verdict.allowed and not verdict.inspect:
             verdict, upstream = await self._pin(conn, sandbox, name or "", port, "https", verdict)
@@ -259,16 +259,16 @@ class EnforcementAddon:
                 candidates = await self.state.resolver.addresses(name)
             except ResolveError as exc:
                 log.info("%s", exc)
-                return Verdict("deny", UNRESOLVED, verdict.rule, status=502), None
-        refusal: Verdict | None = None
+                return refusal(UNRESOLVED, verdict.rule, status=502), None
+        refused: Verdict | None = None
         for candidate in candidates:
             address_verdict = check_upstream(sandbox.policy, candidate, port, scheme)
             if address_verdict.allowed:
                 conn.pins[name] = candidate
                 return verdict, candidate
-            refusal = refusal or address_verdict
-        assert refusal is not None
-        return refusal, None
+            refused = refused or address_verdict
+        assert refused is not None
+        return refused, None
 
     # ------------------------------------------------------------------ upstream
 

@@ -23,7 +23,7 @@ import logging
 from mitmproxy import http
 
 from sandgate.proxy.auditing import security_event
-from sandgate.proxy.decide import Verdict
+from sandgate.proxy.decide import refusal
 from sandgate.proxy.enforcement import deny_response
 from sandgate.proxy.state import FLOW_KEY, ProxyState, RequestState, Sandbox
 from sandgate.vault import VaultError
@@ -76,7 +76,7 @@ class InjectionAddon:
         try:
             injection = sandbox.credentials.render(binding_name)
         except VaultError as exc:
-            verdict = Verdict("deny", CREDENTIAL_UNAVAILABLE, request_state.verdict.rule, status=502)
+            verdict = refusal(CREDENTIAL_UNAVAILABLE, request_state.verdict.rule, status=502)
             request_state.verdict, request_state.detail = verdict, str(exc)
             flow.response = deny_response(verdict, request_state.name)
             return
@@ -118,7 +118,7 @@ class InjectionAddon:
                 method=request.method,
                 port=request.port,
             )
-            verdict = Verdict("deny", PLACEHOLDER_MISUSE, request_state.verdict.rule)
+            verdict = refusal(PLACEHOLDER_MISUSE, request_state.verdict.rule)
             request_state.verdict, request_state.detail = verdict, detail
             flow.response = deny_response(verdict, request_state.name)
             return True

@@ -28,19 +28,17 @@ import contextlib
 import logging
 import threading
 from collections.abc import Awaitable
-from dataclasses import replace
 
 from mitmproxy import connection, ctx
 
 from sandgate.proxy.audit import AuditRecord
 from sandgate.proxy.auditing import REVOKED, addr
-from sandgate.proxy.decide import UNKNOWN_SANDBOX, Verdict, check_upstream, decide
+from sandgate.proxy.decide import GONE, Verdict, check_upstream, decide, refusal
 from sandgate.proxy.state import ConnState, ProxyState, Sandbox, Target
 
 log = logging.getLogger(__name__)
 
 CLOSE_WAIT = 1.0  # seconds a push waits for each revoked connection to finish closing
-GONE = Verdict("deny", UNKNOWN_SANDBOX)
 NEEDS_INSPECTION = "inspection-required"  # a pass-through host that now needs an L7 view
 
 
@@ -54,11 +52,11 @@ def stale(sandbox: Sandbox | None, conn: ConnState) -> tuple[Verdict, Target | N
         if not verdict.allowed:
             return verdict, target
         if conn.passthrough and verdict.inspect:
-            return replace(verdict, action="deny", reason=NEEDS_INSPECTION), target
+            return refusal(NEEDS_INSPECTION, verdict.rule), target
         pinned = conn.pins.get(name)
-        refusal = check_upstream(sandbox.policy, pinned, port, scheme) if pinned else None
-        if refusal is not None and not refusal.allowed:
-            return refusal, target
+        address = check_upstream(sandbox.policy, pinned, port, scheme) if pinned else None
+        if address is not None and not address.allowed:
+            return address, target
     return None
 
 
@@ -94,17 +92,15 @@ def revoke_if_stale(
 def revoked_record(conn: ConnState, verdict: Verdict, target: Target | None) -> AuditRecord:
     name, port, scheme = target or (conn.name, None, None)
     pinned = conn.pins.get(name or "") if port else None
-    record = AuditRecord(
-        kind="connection",
-        sandbox=conn.sandbox_id,
-        client=addr(conn.client) or "-",
+    record = AuditRecord.of(
+        "connection",
+        conn.sandbox_id,
+        addr(conn.client) or "-",
+        verdict.decision,
         upstream=addr((pinned, port)) if pinned and port else None,
-        scheme=scheme,  # type: ignore[arg-type]
+        scheme=scheme,
         host=name,
         port=port,
-        decision="deny",
-        reason=verdict.reason,
-        rule=verdict.rule,
         event=REVOKED,
         detail=f"policy change: {f'{name}:{port}' if target else 'sandbox'} no longer allowed; "
         "connection closed",

@@ -67,7 +67,9 @@ def build_state(config: ProxyConfig) -> ProxyState:
         table=table,
         resolver=Resolver(config.upstream_dns),
         names=NameMemory(),
-        audit=AuditLog(config.audit_path, config.audit_max_bytes, config.audit_backups),
+        audit=AuditLog(
+            config.audit_path, config.audit_max_bytes, config.audit_backups, table.values.redact_text
+        ),
         metrics=Metrics(),
     )
 

@@ -65,14 +65,19 @@ def audit_filter(
 Filter = Annotated[AuditFilter, Depends(audit_filter)]
 
 
-def render(record: dict[str, Any], fmt: Format) -> dict[str, Any]:
-    return to_ocsf(record) if fmt == "ocsf" else record
+def _native(record: dict[str, Any]) -> dict[str, Any]:
+    return record
 
 
 async def sse_events(
-    store: AuditStore, query: AuditFilter, after: int | None, fmt: Format, request: Request
+    store: AuditStore,
+    query: AuditFilter,
+    after: int | None,
+    shape: Callable[[dict[str, Any]], dict[str, Any]],
+    request: Request,
 ) -> AsyncIterator[bytes]:
-    """The follow feed as SSE frames, with a comment line as heartbeat so proxies keep it open."""
+    """The follow feed as SSE frames (each record through `shape`), with a comment line as
+    heartbeat so proxies keep it open."""
     yield b": following\n\n"
     feed = store.follow(query, after).__aiter__()
     pending: asyncio.Task[tuple[int, dict[str, Any]]] | None = None
@@ -88,7 +93,7 @@ async def sse_events(
             except StopAsyncIteration:
                 return
             pending = None
-            yield f"id: {seq}\nevent: record\ndata: {json.dumps(render(record, fmt))}\n\n".encode()
+            yield f"id: {seq}\nevent: record\ndata: {json.dumps(shape(record))}\n\n".encode()
     finally:
         if pending is not None:
             pending.cancel()
@@ -124,7 +129,7 @@ def audit_router(store: AuditStore, auth: Callable[..., Any]) -> APIRouter:
         if after is None and last_event_id and last_event_id.isdigit():
             after = int(last_event_id)
         return StreamingResponse(
-            sse_events(store, query, after, format, request),
+            sse_events(store, query, after, to_ocsf if format == "ocsf" else _native, request),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )

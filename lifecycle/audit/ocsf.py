@@ -14,6 +14,8 @@ from datetime import datetime
 from importlib import metadata
 from typing import Any
 
+from sandgate.proxy.audit import AUDIT_FILE
+
 OCSF_VERSION = "1.3.0"
 
 # HTTP Activity activity_id by request method (OCSF 1.3.0 enumerates no PATCH: Other + name).
@@ -116,7 +118,7 @@ def to_ocsf(record: dict[str, Any]) -> dict[str, Any]:
             "version": OCSF_VERSION,
             "uid": record["id"],
             "original_time": record["ts"],
-            "log_name": "audit.jsonl",
+            "log_name": AUDIT_FILE,
             "profiles": ["security_control"],
             "product": _PRODUCT,
         },

@@ -17,7 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sandgate.lifecycle.audit.record import Action, Kind, to_micros
+from sandgate.lifecycle.audit.record import to_micros
+from sandgate.policy import Outcome
+from sandgate.proxy.audit import RecordKind
 
 MAX_PAGE = 1000
 _RELATIVE = re.compile(r"^(\d+)\s*(s|m|h|d|w)$")
@@ -55,8 +57,8 @@ class AuditFilter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     sandbox: str | None = None
-    kind: Kind | None = None
-    decision: Action | None = None
+    kind: RecordKind | None = None
+    decision: Outcome | None = None
     host: str | None = None
     binding: str | None = None
     reason: str | None = None

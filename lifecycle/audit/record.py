@@ -10,13 +10,11 @@ comparisons.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
-from sandgate.proxy import AuditRecord
+from sandgate.proxy.audit import AuditRecord
 
 SCHEMA_VERSION = 1
-Kind = Literal["connection", "request", "dns", "security_event", "policy_change"]
-Action = Literal["allow", "deny", "report"]
 
 
 # Index columns in table order; `ts_us` replaces `ts`. Every schema field is a column.

@@ -18,11 +18,11 @@ from typing import Any
 
 from sandgate.lifecycle.audit.index import AuditIndex, Retention
 from sandgate.lifecycle.audit.query import AuditFilter
+from sandgate.proxy.audit import audit_path
 
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "audit-index.db"
-LOG_FILE = "audit.jsonl"
 RETENTION_EVERY_S = 60.0
 FOLLOW_BATCH = 500
 
@@ -33,7 +33,7 @@ class AuditStore:
     def __init__(
         self, state_dir: Path, retention: Retention | None = None, poll_interval: float = 0.25
     ) -> None:
-        self.index = AuditIndex(state_dir / INDEX_FILE, state_dir / LOG_FILE)
+        self.index = AuditIndex(state_dir / INDEX_FILE, audit_path(state_dir))
         self.retention = retention or Retention()
         self.poll_interval = poll_interval
         self._stop = threading.Event()

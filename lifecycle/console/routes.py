@@ -6,9 +6,10 @@ Rules:
    the key. The key is never taken from a URL: a query string ends up in access logs and
    browser history. The key is checked by the app's `verify_key`; sessions live in memory
    (a restart logs everyone out; logout ends one).
-2. Audit content is written by sandboxes, i.e. untrusted: templates autoescape, the live feed
-   builds rows with textContent, and a strict Content-Security-Policy (scripts and styles from
-   'self' only) backs both up. Nothing is loaded from anywhere else (no CDN).
+2. Audit content is written by sandboxes, i.e. untrusted: record fields are shown `visible`
+   (control and bidi characters escaped, in the pages and in the live feed's stream), templates
+   autoescape, the live feed builds rows with textContent, and a strict Content-Security-Policy
+   (scripts and styles from 'self' only) backs them up. Nothing is loaded from anywhere else (no CDN).
 3. The console only reads: the audit index, and sandboxes with their live policy through the
    `sandboxes` callable the app hands in (no import of lifecycle internals).
 """
@@ -29,6 +30,9 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from sandgate.lifecycle.audit import AuditFilter, AuditStore, QueryError
 from sandgate.lifecycle.audit.api import sse_events
 from sandgate.lifecycle.console.views import ConsoleSandbox, PolicyChange, policy_diff, policy_yaml
+from sandgate.lifecycle.visible import visible, visible_record
+from sandgate.policy import OUTCOMES
+from sandgate.proxy.audit import RECORD_KINDS
 
 HERE = Path(__file__).parent
 COOKIE = "sandgate_console"
@@ -46,6 +50,8 @@ SandboxLister = Callable[[], Iterable[Any]]
 _templates = jinja2.Environment(
     loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined
 )
+_templates.filters["visible"] = visible
+_templates.globals.update(outcomes=list(OUTCOMES), kinds=list(RECORD_KINDS))
 
 
 def console_router(
@@ -194,7 +200,7 @@ def console_router(
         raw = {k: v for k, v in request.query_params.items() if k in AuditFilter.model_fields and v.strip()}
         query = _filter_or_400(**raw)
         return StreamingResponse(
-            sse_events(store, query, None, "native", request),
+            sse_events(store, query, None, visible_record, request),
             media_type="text/event-stream",
             headers={**SECURITY_HEADERS},
         )

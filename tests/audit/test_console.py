@@ -39,6 +39,9 @@ NEW_POLICY = {
     ],
 }
 XSS_PATH = '/<script>window.__xss=1</script><img src=x onerror="window.__xss=2">'
+# A path with terminal and bidi controls: shown escaped, as `sandgate logs` shows it.
+CONTROL_PATH = "/a\nb\x1b]0;t\x07\u202eexe.txt"
+CONTROL_SHOWN = "/a\\nb\\x1b]0;t\\x07\\u202eexe.txt"
 
 
 def special_records() -> list[dict[str, Any]]:
@@ -77,7 +80,8 @@ def special_records() -> list[dict[str, Any]]:
         "status": 403,
         "sandbox": "sbx-0001",
     }
-    return [change, hostile]
+    controls = hostile | {"id": "controls-1", "path": CONTROL_PATH}
+    return [change, hostile, controls]
 
 
 @pytest.fixture(scope="module")
@@ -192,9 +196,12 @@ def test_feed_filters_denials_and_goes_live(
         "status": 403,
     }
     write_records(served.state_dir, [fresh])
+    write_records(served.state_dir, [fresh | {"id": "live-2", "path": CONTROL_PATH}])
     new_row = page.wait_for_selector("#feed tbody tr[data-id=live-1]")
     assert "exfil.example.com" in new_row.inner_text()
-    assert page.locator("#feed tbody tr").first.get_attribute("data-id") == "live-1"
+    controls = page.wait_for_selector("#feed tbody tr[data-id=live-2]").inner_text()
+    assert CONTROL_SHOWN in controls and "\u202e" not in controls
+    assert page.locator("#feed tbody tr").first.get_attribute("data-id") == "live-2"
     page.screenshot(path=shots / "feed.png", full_page=False)
 
 
@@ -221,3 +228,5 @@ def test_record_text_from_sandboxes_is_never_markup(page: Any, console: tuple[Se
     assert XSS_PATH in row.inner_text() and "<b>bold</b>" in row.inner_text()
     assert page.evaluate("window.__xss") is None
     assert page.locator("#feed img").count() == 0
+    shown = page.locator("#feed tbody tr[data-id=controls-1]").inner_text()
+    assert CONTROL_SHOWN in shown and "\u202e" not in shown and "\x1b" not in shown

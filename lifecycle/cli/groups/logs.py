@@ -3,7 +3,9 @@
 Rules: reads the state dir directly (the JSONL and its SQLite index; the index is brought up to
 date first), so it works whether or not the server runs. Filters are the API's and the
 console's (`AuditFilter`). Output is oldest-to-newest so `--follow` continues at the bottom;
-colour only when stdout is a terminal (or `--color`).
+colour only when stdout is a terminal (or `--color`). Record text is untrusted: every field
+shown in a table goes through `visible` (control characters escaped, one record one row); JSON
+output is escaped by the encoder.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-if TYPE_CHECKING:  # the audit package imports the proxy's record types (mitmproxy): at run time only
+from sandgate.lifecycle.visible import visible
+from sandgate.policy import OUTCOMES
+from sandgate.proxy.audit import RECORD_KINDS
+
+if TYPE_CHECKING:  # the audit package imports FastAPI: at run time only
     from sandgate.lifecycle.audit import Summary
 
 DECISION_COLOURS = {"allow": "green", "deny": "red", "report": "yellow"}
@@ -31,7 +37,7 @@ def request_text(record: dict[str, Any]) -> str:
 
 
 def table_cells(record: dict[str, Any]) -> list[str]:
-    return [
+    cells = [
         record["ts"][:23].replace("T", " "),
         record["sandbox"],
         record["kind"],
@@ -42,6 +48,7 @@ def table_cells(record: dict[str, Any]) -> list[str]:
         record["reason"],
         record.get("rule") or "",
     ]
+    return [visible(cell) for cell in cells]
 
 
 def clip(text: str, width: int) -> str:
@@ -95,25 +102,22 @@ def print_summary(summary: Summary, color: bool | None) -> None:
         ("Injections by binding", "BINDING -> HOST", summary.injections_by_binding),
     )
     for title, label, rows in sections:
+        keys = [visible(row.key) for row in rows]
         click.echo()
         click.echo(click.style(title, bold=True, underline=True), color=color)
-        width = max([len(label), *(len(r.key) for r in rows)])
+        width = max([len(label), *map(len, keys)])
         click.echo(f"{label.ljust(width)}  {'COUNT':>8}  {'DENIED':>8}")
-        for row in rows:
+        for key, row in zip(keys, rows, strict=True):
             denied = click.style(f"{row.denied:>8}", fg="red") if row.denied else f"{row.denied:>8}"
-            click.echo(f"{row.key.ljust(width)}  {row.count:>8}  {denied}", color=color)
+            click.echo(f"{key.ljust(width)}  {row.count:>8}  {denied}", color=color)
         if not rows:
             click.echo("(none)")
 
 
 @click.command("logs")
 @click.option("--sandbox", help="Only this sandbox id.")
-@click.option("--decision", type=click.Choice(["allow", "deny", "report"]), help="Only this decision.")
-@click.option(
-    "--kind",
-    type=click.Choice(["request", "connection", "dns", "security_event", "policy_change"]),
-    help="Only this record kind.",
-)
+@click.option("--decision", type=click.Choice(OUTCOMES), help="Only this decision.")
+@click.option("--kind", type=click.Choice(RECORD_KINDS), help="Only this record kind.")
 @click.option("--host", help="Only this host (`*` wildcards allowed, e.g. '*.example.com').")
 @click.option("--binding", help="Only requests that carried this credential binding.")
 @click.option("--reason", help="Only this decision reason (exact text).")
@@ -143,14 +147,14 @@ def command(
 ) -> None:
     """Query and follow the audit log (what each sandbox reached, what was denied and why)."""
     from sandgate.lifecycle.audit import AuditFilter, AuditIndex, QueryError
-    from sandgate.lifecycle.audit.service import INDEX_FILE, LOG_FILE
+    from sandgate.lifecycle.audit.service import INDEX_FILE
 
     settings = obj.settings()
     try:
         query = AuditFilter.model_validate(filters)
     except (QueryError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
-    index = AuditIndex(settings.state_dir / INDEX_FILE, settings.state_dir / LOG_FILE)
+    index = AuditIndex(settings.state_dir / INDEX_FILE, settings.audit_log)
     index.ingest()
     if summary:
         print_summary(index.summary(query), color)

@@ -1,0 +1,50 @@
+"""The one writer of audit lines: a record is the decision serialised, and what reaches the file
+has no secret in any free-text field, no query string, and only valid UTF-8."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sandgate.policy import Decision, Request, compile_policy, parse_policy
+from sandgate.proxy.audit import FREE_TEXT, AuditLog, AuditRecord, append_record
+from sandgate.vault import Redactor
+
+SECRET = "sk-writer-5d1c9e0b7a2f4e68"
+
+
+def test_a_record_is_the_decision_and_report_mode_is_report() -> None:
+    policy = compile_policy(parse_policy({"mode": "report", "defaultAction": "deny", "egress": []}, "<t>"))
+    decision = policy.decide(Request(host="denied.example.com", port=443, scheme="https"))
+    assert decision.allowed and decision.outcome == "report"
+    record = AuditRecord.of("connection", "sbx", "10.0.0.2:1", decision, host="denied.example.com")
+    assert (record.decision, record.reason, record.rule) == ("report", "default", None)
+    refused = Decision("deny", "always_denied_range", detail="10.0.0.0/8 (private)")
+    assert AuditRecord.of("request", "sbx", "-", refused).detail == "10.0.0.0/8 (private)"
+    assert AuditRecord.of("request", "sbx", "-", refused, detail="mine").detail == "mine"
+
+
+def test_every_free_text_field_is_redacted_when_written(tmp_path: Path) -> None:
+    texts = {name: f"{name} {SECRET} x" for name in FREE_TEXT}
+    texts["path"] = f"/bot/{SECRET}/send?token={SECRET}"
+    record = AuditRecord(kind="request", sandbox="sbx", client="c", decision="deny", **texts)
+    seen: list[AuditRecord] = []
+    log = AuditLog(tmp_path / "audit.jsonl", 1 << 20, 1, Redactor([SECRET]).redact_text)
+    log.subscribe(seen.append)
+    log.write(record)
+    log.close()
+    line = (tmp_path / "audit.jsonl").read_text()
+    assert SECRET not in line and SECRET not in seen[0].model_dump_json()  # subscribers get the written one
+    written = json.loads(line)
+    assert written["path"] == "/bot/[REDACTED]/send?<redacted>"
+    assert all(written[name] == f"{name} [REDACTED] x" for name in FREE_TEXT if name != "path")
+
+
+def test_bytes_that_are_not_utf8_and_controls_are_kept_as_valid_json(tmp_path: Path) -> None:
+    # mitmproxy keeps undecodable bytes of a request line as lone surrogates: the JSON encoder
+    # refused them, so the record was lost. They are written as `\xNN` text; controls stay.
+    path = "/a\udcff\udc9b\x1b[2J\u202e"
+    record = AuditRecord(kind="request", sandbox="sbx", client="c", decision="deny", reason="r", path=path)
+    append_record(tmp_path / "audit.jsonl", record)
+    [line] = (tmp_path / "audit.jsonl").read_text(encoding="utf-8").splitlines()
+    assert json.loads(line)["path"] == "/a\\xff\\x9b\x1b[2J\u202e"
