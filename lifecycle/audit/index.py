@@ -274,6 +274,21 @@ class AuditIndex:
         )
         return {sandbox: (total, denied) for sandbox, total, denied in rows}
 
+    def sandboxes_starting_with(self, prefix: str, limit: int = 10) -> list[str]:
+        """Up to `limit` sandbox ids in the index that start with `prefix`, in order (one index
+        seek each: a sandbox's record count does not matter)."""
+        db, bound, op = self._conn(), prefix, ">="
+        found: list[str] = []
+        while len(found) < limit:
+            (sandbox,) = db.execute(
+                f"SELECT min(sandbox) FROM records WHERE sandbox {op} ?", (bound,)
+            ).fetchone()
+            if sandbox is None or not sandbox.startswith(prefix):
+                break
+            found.append(sandbox)
+            bound, op = sandbox, ">"
+        return found
+
     def ingest_stats(self) -> dict[str, int]:
         row = self._conn().execute(
             "SELECT coalesce(sum(malformed), 0), coalesce(sum(gaps), 0) FROM ingest_state"

@@ -82,8 +82,35 @@ def test_summary_and_bad_input(state: tuple[Path, list[dict[str, Any]]]) -> None
     assert f"{len(mine)} records" in result.stdout
     for title in ("Top hosts", "Denials by reason", "Injections by binding"):
         assert title in result.stdout
-    bad = logs(path, "--since", "whenever")
-    assert bad.returncode == 2 and "not understood" in bad.stderr
+    for since in ("whenever", "1x"):
+        bad = logs(path, "--since", since)
+        assert bad.returncode == 2 and bad.stdout == ""
+        assert bad.stderr.startswith(f"Error: --since: time '{since}' is not understood; use ")
+        assert "90s, 15m, 1h, 2d, 1w" in bad.stderr and "RFC 3339" in bad.stderr
+        assert bad.stderr.count("\n") == 1 and "pydantic" not in bad.stderr  # one line, no dump or URL
+
+
+def test_sandbox_by_the_prefix_the_table_shows(tmp_path: Path) -> None:
+    ids = ["449f5803-faf9-4f0d-847d-8044b8d3f15c", "449f5803-faf9-4f0d-847d-99aa00000000", "4a2cf999-0"]
+    records = generated(60)
+    for n, record in enumerate(records):
+        record["sandbox"] = ids[n % 3]
+    write_records(tmp_path, records)
+    table = logs(tmp_path, "--limit", "1000").stdout.splitlines()[1:]
+    shown = {line.split()[2] for line in table}  # TIME is two words, then SANDBOX
+    assert shown == {"449f5803-faf9-4f0d-847d…", "4a2cf999-0"}  # two ids look alike, cut short
+
+    ambiguous = logs(tmp_path, "--sandbox", "449f5803-faf9-4f0d-847d…")
+    assert ambiguous.returncode == 1
+    assert ambiguous.stderr == (
+        "Error: --sandbox '449f5803-faf9-4f0d-847d…' is the start of several sandbox ids "
+        f"({ids[0]}, {ids[1]}); give more of it\n"
+    )
+    for given, wanted in (("449f5803-faf9-4f0d-847d-80", ids[0]), ("4a2c", ids[2]), (ids[1], ids[1])):
+        found = logs(tmp_path, "--sandbox", given, "-o", "json", "--limit", "1000")
+        assert found.returncode == 0, found.stderr
+        got = [json.loads(line)["sandbox"] for line in found.stdout.splitlines()]
+        assert got == [wanted] * 20
 
 
 def test_follow_prints_new_records(tmp_path: Path) -> None:

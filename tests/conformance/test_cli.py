@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +46,27 @@ def test_sandbox_and_egress_commands(server: SandgateServer) -> None:
         ] == 4
         bad = sandgate(server, "egress", "set", sandbox_id, "--rule", "allow=")
         assert bad.returncode != 0 and "action=target" in bad.stderr
+    finally:
+        assert sandgate(server, "sandbox", "rm", sandbox_id).returncode == 0
+
+
+def test_egress_set_file_reports_mistakes_at_their_line(server: SandgateServer, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "version: 1\negress:\n  - {action: allow, target: a.example.com}\n"
+        "  - {action: alow, target: b.example.com}\n"
+    )
+    good = tmp_path / "good.yaml"
+    good.write_text("version: 1\negress:\n  - {action: allow, target: a.example.com}\n")
+    sandbox_id = json.loads(sandgate(server, "sandbox", "create", "-o", "json").stdout)["id"]
+    try:
+        refused = sandgate(server, "egress", "set", sandbox_id, "--file", str(bad))
+        assert refused.returncode == 2
+        assert refused.stdout == f"{bad}:4:6: action: input should be 'allow' or 'deny'\n"
+        assert "<api>" not in refused.stdout + refused.stderr
+        shown = json.loads(sandgate(server, "egress", "get", sandbox_id, "-o", "json").stdout)
+        assert shown["revision"] == 1 and shown["policy"]["egress"] == []  # nothing was sent
+        assert sandgate(server, "egress", "set", sandbox_id, "--file", str(good)).returncode == 0
     finally:
         assert sandgate(server, "sandbox", "rm", sandbox_id).returncode == 0
 

@@ -7,11 +7,14 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import click
 import yaml
 
+from sandgate.lifecycle.cli.groups.policy import INVALID, load_reporting
 from sandgate.lifecycle.cli.groups.sandbox import client_from, connection_options, emit, guarded
 
 
@@ -25,6 +28,15 @@ def parse_rules(rules: tuple[str, ...]) -> list[dict[str, str]]:
             )
         parsed.append({"action": action, "target": target})
     return parsed
+
+
+def checked_file(path: Path) -> dict[str, Any]:
+    """The file's document once it passes `sandgate policy check` (problems printed as
+    file:line:column, exit 2), so a mistake is reported where it is in the file."""
+    if load_reporting(path) is None:
+        sys.exit(INVALID)
+    document: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return document
 
 
 @click.group("egress")
@@ -44,7 +56,9 @@ def get(**o: Any) -> None:
 
 @group.command("set")
 @click.argument("sandbox_id")
-@click.option("-f", "--file", "policy_file", type=click.File(), help="sandgate policy file (YAML/JSON).")
+@click.option(
+    "-f", "--file", "policy_file", type=click.Path(path_type=Path), help="sandgate policy file (YAML/JSON)."
+)
 @click.option("--rule", "rules", multiple=True, help="action=target (repeat), over defaultAction deny.")
 @connection_options
 @guarded
@@ -52,7 +66,7 @@ def set_(**o: Any) -> None:
     """Replace the whole policy."""
     if bool(o["policy_file"]) == bool(o["rules"]):
         raise click.UsageError("give either --file or --rule (one or more)")
-    policy = yaml.safe_load(o["policy_file"]) if o["policy_file"] else {"egress": parse_rules(o["rules"])}
+    policy = checked_file(o["policy_file"]) if o["policy_file"] else {"egress": parse_rules(o["rules"])}
     answer = client_from(o).egress(o["sandbox_id"], "PUT", "/sandgate-policy", json={"policy": policy})
     emit(answer, "yaml" if o["output"] == "table" else o["output"])
 

@@ -27,6 +27,7 @@ DECISION_COLOURS = {"allow": "green", "deny": "red", "report": "yellow"}
 COLUMNS = ("TIME (UTC)", "SANDBOX", "KIND", "DECISION", "REQUEST", "STATUS", "BINDING", "REASON", "RULE")
 WIDEST = {"REQUEST": 64, "REASON": 48, "SANDBOX": 24}
 FOLLOW_POLL_S = 0.5
+MAX_CANDIDATES = 10  # ids listed when a --sandbox prefix is ambiguous
 
 
 def request_text(record: dict[str, Any]) -> str:
@@ -114,8 +115,42 @@ def print_summary(summary: Summary, color: bool | None) -> None:
             click.echo("(none)")
 
 
+class BadFilter(click.ClickException):
+    """One line naming the option and what it accepts (a usage error: exit status 2)."""
+
+    exit_code = 2
+
+    def __init__(self, exc: Exception) -> None:
+        from pydantic import ValidationError
+
+        if isinstance(exc, ValidationError):
+            problems = [
+                f"--{'.'.join(map(str, error['loc']))}: {error['msg'].removeprefix('Value error, ')}"
+                for error in exc.errors()
+            ]
+            super().__init__("; ".join(problems))
+        else:
+            super().__init__(str(exc))
+
+
+def sandbox_by_prefix(index: Any, given: str) -> str:
+    """The sandbox id `given` names: itself, or the one id it starts (the table shows ids cut
+    short, with a "…"); a start several ids share is an error that lists them."""
+    wanted = given.removesuffix("…")
+    candidates: list[str] = index.sandboxes_starting_with(wanted, limit=MAX_CANDIDATES + 1)
+    if wanted in candidates or not candidates:
+        return wanted
+    if len(candidates) == 1:
+        return candidates[0]
+    more = ", ..." if len(candidates) > MAX_CANDIDATES else ""
+    raise click.ClickException(
+        f"--sandbox {given!r} is the start of several sandbox ids ({', '.join(candidates[:MAX_CANDIDATES])}"
+        f"{more}); give more of it"
+    )
+
+
 @click.command("logs")
-@click.option("--sandbox", help="Only this sandbox id.")
+@click.option("--sandbox", help="Only this sandbox (its id, or the start of it as the table shows).")
 @click.option("--decision", type=click.Choice(OUTCOMES), help="Only this decision.")
 @click.option("--kind", type=click.Choice(RECORD_KINDS), help="Only this record kind.")
 @click.option("--host", help="Only this host (`*` wildcards allowed, e.g. '*.example.com').")
@@ -150,19 +185,21 @@ def command(
     from sandgate.lifecycle.audit.service import INDEX_FILE
 
     settings = obj.settings()
+    index = AuditIndex(settings.state_dir / INDEX_FILE, settings.audit_log)
+    index.ingest()
+    if filters["sandbox"]:
+        filters["sandbox"] = sandbox_by_prefix(index, filters["sandbox"])
     try:
         query = AuditFilter.model_validate(filters)
     except (QueryError, ValueError) as exc:
-        raise click.UsageError(str(exc)) from None
-    index = AuditIndex(settings.state_dir / INDEX_FILE, settings.audit_log)
-    index.ingest()
+        raise BadFilter(exc) from None
     if summary:
         print_summary(index.summary(query), color)
         return
     try:
         page = index.page(query, limit, cursor)
     except QueryError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise BadFilter(exc) from None
     printer = TablePrinter(color)
     seq = index.last_seq()
     if page.records or output != "table":

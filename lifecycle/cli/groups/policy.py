@@ -34,7 +34,7 @@ def group() -> None:
     """Check, explain and format egress policy files."""
 
 
-def _load(path: Path, max_rules: int = DEFAULT_MAX_RULES) -> Policy | None:
+def load_reporting(path: Path, max_rules: int = DEFAULT_MAX_RULES) -> Policy | None:
     """The file's policy, or None after printing every problem as file:line:column."""
     try:
         policy = load_policy(path)
@@ -47,7 +47,7 @@ def _load(path: Path, max_rules: int = DEFAULT_MAX_RULES) -> Policy | None:
 
 
 def _load_or_exit(path: Path) -> Policy:
-    policy = _load(path)
+    policy = load_reporting(path)
     if policy is None:
         sys.exit(INVALID)
     return policy
@@ -60,7 +60,7 @@ def check(files: tuple[Path, ...], max_rules: int) -> None:
     """Validate policy files; print every error as file:line:column: message (hint: ...)."""
     failed = False
     for path in files:
-        policy = _load(path, max_rules)
+        policy = load_reporting(path, max_rules)
         if policy is None:
             failed = True
         else:
