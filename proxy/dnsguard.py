@@ -30,6 +30,7 @@ from sandgate.proxy.dnswire import (
     EDE_NOT_SUPPORTED,
     EDE_PROHIBITED,
     ForwardError,
+    fit_udp,
     forward,
     relay_answer,
     with_edns,
@@ -81,6 +82,8 @@ class DnsAddon:
         else:
             flow.response, outcome = await self._forward(request, name, question.type)
             detail += f" {outcome}"
+        if flow.client_conn.transport_protocol == "udp":
+            flow.response = fit_udp(request, flow.response)
         record_decision(
             self.state, "dns", sandbox, verdict, flow.client_conn.peername, host=name, detail=detail
         )

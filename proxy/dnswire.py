@@ -9,8 +9,9 @@ Rules:
 2. Upstream answers are accepted only from the server asked (a connected UDP socket), with the
    query's id and question; a truncated UDP answer is asked again over TCP.
 3. The answer a sandbox gets is upstream's sections under the sandbox's own id and question (its
-   letter case restored in owner names), cut to what its transport carries (512 bytes, or the
-   size its EDNS OPT offers, at most MAX_UDP_ANSWER): larger answers are sent truncated (TC).
+   letter case restored in owner names). Over UDP it is cut to 512 bytes, or the size its EDNS
+   OPT offers (at most MAX_UDP_ANSWER): larger answers are sent truncated (TC), and the sandbox
+   asks again over TCP (its TCP/53 reaches the same resolver), where answers are whole.
 4. A query that carried EDNS gets an OPT in the answer (RFC 6891), and refusals an Extended DNS
    Error option (RFC 8914) with sandgate's reason as its text; a query without EDNS gets none.
 """
@@ -152,15 +153,20 @@ def relay_answer(request: dns.DNSMessage, reply: dns.DNSMessage) -> dns.DNSMessa
 def with_edns(
     request: dns.DNSMessage, answer: dns.DNSMessage, ede: tuple[int, str] | None = None
 ) -> dns.DNSMessage:
-    """`answer` as sent: with an OPT (and the Extended DNS Error `ede`, (info-code, text)) if the
-    query had EDNS, and truncated (TC, no records) if it does not fit the sandbox's limit."""
-    if client_opt(request) is not None:
-        answer = dataclasses.replace(answer, additionals=[*answer.additionals, _opt(ede)])
-    if len(answer.packed) > answer_limit(request):
-        answer = dataclasses.replace(answer, truncation=True, answers=[], authorities=[], additionals=[])
-        if client_opt(request) is not None:
-            answer.additionals.append(_opt(ede))
-    return answer
+    """`answer` with an OPT (and the Extended DNS Error `ede`, (info-code, text)) if the query
+    had EDNS; as it is otherwise."""
+    if client_opt(request) is None:
+        return answer
+    return dataclasses.replace(answer, additionals=[*answer.additionals, _opt(ede)])
+
+
+def fit_udp(request: dns.DNSMessage, answer: dns.DNSMessage) -> dns.DNSMessage:
+    """`answer` as a UDP datagram may carry it: truncated (TC, no records but the OPT) when it
+    exceeds the sandbox's limit, so the sandbox asks again over TCP, where answers are whole."""
+    if len(answer.packed) <= answer_limit(request):
+        return answer
+    kept = [rr for rr in answer.additionals if rr.type == dns.types.OPT]
+    return dataclasses.replace(answer, truncation=True, answers=[], authorities=[], additionals=kept)
 
 
 def _opt(ede: tuple[int, str] | None) -> dns.ResourceRecord:

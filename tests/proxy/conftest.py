@@ -1,6 +1,7 @@
 """Fixtures for the proxy's integration tests: the test internet, a real proxy process, and a
 client namespace whose traffic nftables redirects to the proxy (the product's sandbox network in
-miniature: one veth, a /30, TCP -> transparent port, UDP/53 -> DNS port, explicit port open)."""
+miniature: one veth, a /30, UDP and TCP port 53 -> DNS port, other TCP -> transparent port,
+explicit port open)."""
 
 from __future__ import annotations
 
@@ -137,8 +138,8 @@ table inet {table} {{
   chain prerouting {{
     type nat hook prerouting priority dstnat; policy accept;
     iifname "{host_if}" ip daddr {gateway} tcp dport {EXPLICIT_PORT} accept
+    iifname "{host_if}" meta l4proto {{ tcp, udp }} th dport 53 redirect to :{DNS_PORT}
     iifname "{host_if}" meta l4proto tcp redirect to :{TRANSPARENT_PORT}
-    iifname "{host_if}" udp dport 53 redirect to :{DNS_PORT}
   }}
 }}
 """

@@ -44,13 +44,13 @@ EXPECTED = {
 }
 EDE, ECS, COOKIE = 15, 8, 10
 
-# In the client namespace: one query per argument line (JSON [name, qtype, edns, smuggle]), sent
+# In the client namespace: one query per argument line (JSON [name, qtype, edns, smuggle, tcp?]), sent
 # with dnslib to the gateway (nft turns port 53 to the proxy); prints the reply's essentials.
 ASK = f"""
 import json, sys
 from dnslib import DNSRecord, EDNS0, EDNSOption, RR, TXT, QTYPE
 for line in sys.argv[1:]:
-    name, qtype, edns, smuggle = json.loads(line)
+    name, qtype, edns, smuggle, *tcp = json.loads(line)
     query = DNSRecord.question(name, qtype)
     if smuggle:  # data a client could try to carry out in the parts of a query besides the name
         query.add_auth(RR("auth-payload.exfil.example.test", QTYPE.TXT, rdata=TXT("secret-auth")))
@@ -58,7 +58,7 @@ for line in sys.argv[1:]:
     if edns:
         query.add_ar(EDNS0(udp_len=1232, opts=[EDNSOption({ECS}, bytes.fromhex("00012000c6336400")),
                                                EDNSOption({COOKIE}, b"secretco")]))
-    reply = DNSRecord.parse(query.send("{GATEWAY}", 53, timeout=5))
+    reply = DNSRecord.parse(query.send("{GATEWAY}", 53, tcp=bool(tcp), timeout=5))
     opts = [[o.code, o.data.hex()] for rr in reply.ar if rr.rtype == 41 for o in rr.rdata]
     print(json.dumps({{"rcode": reply.header.rcode, "tc": reply.header.tc,
                       "names": [str(rr.rname) for rr in reply.rr],
@@ -79,7 +79,9 @@ def proxy(net: Internet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
         stop_proxy(running)
 
 
-def ask(client: Client, *queries: tuple[str, str, bool, bool]) -> list[dict[str, Any]]:
+def ask(
+    client: Client, *queries: tuple[str, str, bool, bool] | tuple[str, str, bool, bool, bool]
+) -> list[dict[str, Any]]:
     result = client.run([sys.executable, "-c", ASK, *(json.dumps(q) for q in queries)])
     assert result.returncode == 0, result.stderr
     return [json.loads(line) for line in result.stdout.splitlines()]
@@ -143,17 +145,19 @@ def test_answers_that_do_not_fit_are_truncated_and_a_records_still_pin(
     proxy: RunningProxy, client: Client, net: Internet
 ) -> None:
     net.clear_dns_queries()
-    small, large, address = ask(
+    small, large, over_tcp, address = ask(
         client,
         ("big.svc.example.com", "TXT", False, False),
         ("big.svc.example.com", "TXT", True, False),
+        ("big.svc.example.com", "TXT", False, False, True),
         ("svc.example.com", "A", False, False),
     )
     assert small["tc"] == 1 and small["answers"] == []  # 512 bytes without EDNS: told to retry
     assert large["tc"] == 0 and len(large["answers"]) == 1 and "009-" in large["answers"][0]
+    assert over_tcp == {**large, "opt": False}  # over TCP (port 53 reaches the proxy) it is whole
     assert address["answers"] == [ORIGIN_V4]
     big = [q["transport"] for q in net.dns_queries() if q["name"] == "big.svc.example.com"]
-    assert big == ["udp", "tcp", "udp", "tcp"]  # truncated upstream too: asked again over TCP
+    assert big == ["udp", "tcp"] * 3  # truncated upstream too: asked again over TCP
     fetched = client.curl("-k", "https://svc.example.com/")  # passes through to the pinned address
     assert fetched.stdout == "hello from origin\n", fetched.stderr
 
@@ -166,3 +170,6 @@ def test_dig_inside_the_sandbox_shows_records_and_the_block(proxy: RunningProxy,
     blocked = client.run(["dig", f"@{GATEWAY}", "+tries=1", "+time=5", "TXT", "denied.example.com"])
     assert "status: NXDOMAIN" in blocked.stdout, blocked
     assert "; EDE: 15 (Blocked): (sandgate: egress denied (default" in blocked.stdout, blocked.stdout
+    # Without EDNS the answer is truncated over UDP; dig asks again over TCP and gets it whole.
+    big = client.run(["dig", f"@{GATEWAY}", "+noedns", "+tries=1", "+time=5", "TXT", "big.svc.example.com"])
+    assert "Truncated, retrying in TCP mode" in big.stdout and "009-" in big.stdout, big.stdout
