@@ -15,7 +15,7 @@ from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -24,6 +24,7 @@ from pydantic_settings import (
 )
 
 from sandgate.proxy.audit import audit_path
+from sandgate.proxy.config import ResolverAddress
 
 DEFAULT_CONFIG_FILE = Path("/etc/sandgate/config.toml")
 _config_flag: ContextVar[Path | None] = ContextVar("config_flag", default=None)
@@ -66,8 +67,9 @@ class Settings(BaseSettings):
     proxy_transparent_port: int = Field(15001, ge=1, le=65535)
     proxy_explicit_port: int = Field(15002, ge=1, le=65535)
     proxy_dns_port: int = Field(15053, ge=1, le=65535)
-    upstream_dns: list[str] = Field(
-        default_factory=list, description="resolvers the proxy asks (default: /etc/resolv.conf)"
+    upstream_dns: list[ResolverAddress] = Field(
+        default_factory=list,
+        description="resolvers the proxy asks: `ip`, `ip:port` or `[v6]:port` (default: /etc/resolv.conf)",
     )
     upstream_ca: Path | None = Field(None, description="extra CA bundle trusted upstream (adds to certifi)")
 
@@ -133,5 +135,17 @@ def load_settings(config: Path | None = None, **flags: Any) -> Settings:
         return Settings(**{k: v for k, v in flags.items() if v is not None})
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {config_file()} is not valid TOML: {exc}") from exc
+    except ValidationError as exc:
+        raise ValueError(one_line(exc)) from None
     finally:
         _config_flag.reset(token)
+
+
+def one_line(error: ValidationError) -> str:
+    """Each problem as `setting <name>: <what is wrong>`, on one line."""
+    problems = []
+    for problem in error.errors():
+        name = problem["loc"][0] if problem["loc"] else "?"
+        message = str(problem["msg"]).removeprefix("Value error, ")
+        problems.append(f"setting {name}: {message}")
+    return "; ".join(problems)

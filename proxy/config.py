@@ -7,13 +7,49 @@ lifecycle builds a `ProxyConfig`, writes it as JSON, and starts `python -m sandg
 
 from __future__ import annotations
 
+import ipaddress
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from sandgate.proxy.audit import audit_path
+
+DNS_PORT = 53
+RESOLVER_FORMS = "an IP address with an optional port: 192.0.2.53, 192.0.2.53:5353, [2001:db8::53]:5353"
+
+
+def resolver_address(text: str) -> tuple[str, int]:
+    """(address, port) of a resolver written `ip`, `ip:port`, `v6`, `[v6]` or `[v6]:port` (port 53
+    when none is given); ValueError naming the accepted forms otherwise."""
+    entry = text.strip()
+    host, port = entry, str(DNS_PORT)
+    if entry.startswith("["):
+        host, bracket, rest = entry[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            host = ""
+        port = rest[1:] if rest else port
+    elif entry.count(":") == 1:
+        host, _, port = entry.partition(":")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a resolver address; use {RESOLVER_FORMS}") from None
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{text!r} has no valid port (1-65535); use {RESOLVER_FORMS}")
+    return str(address), int(port)
+
+
+def _canonical_resolver(text: str) -> str:
+    address, port = resolver_address(text)
+    if port == DNS_PORT:
+        return address
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+# A resolver address as settings and the proxy config hold it, checked and in canonical form.
+ResolverAddress = Annotated[str, AfterValidator(_canonical_resolver)]
 
 
 class ConnectionLimits(BaseModel):
@@ -69,8 +105,9 @@ class ProxyConfig(BaseModel):
         15002, ge=1, le=65535, description="HTTP(S)_PROXY listener (CONNECT, absolute-form)"
     )
     dns_port: int = Field(15053, ge=1, le=65535, description="the sandboxes' resolver (UDP)")
-    upstream_dns: list[str] = Field(
-        default_factory=list, description="resolvers the proxy asks itself (default: /etc/resolv.conf)"
+    upstream_dns: list[ResolverAddress] = Field(
+        default_factory=list,
+        description="resolvers the proxy asks: `ip`, `ip:port`, `[v6]:port` (default: /etc/resolv.conf)",
     )
     upstream_ca: Path | None = Field(None, description="extra PEM bundle trusted upstream, added to certifi")
     control_socket: Path | None = Field(

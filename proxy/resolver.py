@@ -1,7 +1,10 @@
 """The proxy's own name resolution, and each sandbox's memory of the answers it was given.
 
 Rules: the proxy never dials an address a sandbox chose for a name; it resolves the policy name
-itself with these resolvers (`upstream_dns`, else the system's) and dials the answer. Answers
+itself with these resolvers (`upstream_dns`, else the system's; each `ip` or `ip:port`) and
+dials the answer. Lookups are question-only queries (`dnswire.forward`, the same path as the
+sandboxes' forwarded questions), so a resolver on any port works (mitmproxy_rs' resolver takes
+addresses only, port 53). Answers
 handed to a sandbox by the DNS listener are remembered per sandbox (bounded LRU), so a later
 connection to such an address without SNI or Host can be attributed to the name it came from.
 The answer for a name is reused for at most ANSWER_REUSE_SECONDS (a busy keep-alive connection
@@ -19,11 +22,14 @@ import time
 from collections import OrderedDict
 
 import mitmproxy_rs
+from mitmproxy import dns
+
+from sandgate.proxy.config import resolver_address
+from sandgate.proxy.dnswire import ForwardError, forward
 
 MEMORY_PER_SANDBOX = 4096
 ANSWER_REUSE_SECONDS = 1.0
 ANSWERS_KEPT = 4096  # names; the table starts over when full
-DNS_PORT = 53
 
 
 class ResolveError(Exception):
@@ -36,23 +42,23 @@ class ResolveError(Exception):
 
 class Resolver:
     def __init__(self, name_servers: list[str]) -> None:
-        servers = name_servers or _system_servers()
-        self._resolver = mitmproxy_rs.dns.DnsResolver(name_servers=servers, use_hosts_file=False)
-        self.servers = [server_address(server) for server in servers]  # for questions sent as they are
+        # (address, port) of each resolver: asked in turn, with question-only queries (dnswire)
+        self.servers = [resolver_address(server) for server in name_servers or _system_servers()]
         self._recent: dict[str, tuple[float, list[str]]] = {}  # name -> (when, addresses)
         self._resolving: dict[str, asyncio.Future[list[str]]] = {}  # name -> the resolution under way
 
     async def lookup(self, name: str, family: int) -> list[str]:
         """A (AF_INET) or AAAA (AF_INET6) answers; [] when the name exists without that type."""
+        qtype = dns.types.A if family == socket.AF_INET else dns.types.AAAA
         try:
-            if family == socket.AF_INET:
-                return await self._resolver.lookup_ipv4(name)
-            return await self._resolver.lookup_ipv6(name)
-        except socket.gaierror as exc:
-            if exc.args and exc.args[0] == socket.EAI_NODATA:
-                return []
-            nxdomain = bool(exc.args) and exc.args[0] == socket.EAI_NONAME
-            raise ResolveError(name, str(exc), nxdomain) from exc
+            reply = await forward(self.servers, name, qtype)
+        except ForwardError as exc:
+            raise ResolveError(name, str(exc), nxdomain=False) from exc
+        if reply.response_code != dns.response_codes.NOERROR:
+            code = reply.response_code
+            raise ResolveError(name, dns.response_codes.to_str(code), code == dns.response_codes.NXDOMAIN)
+        # A recursive answer holds the CNAME chain too; the addresses are its records of this type.
+        return [str(ipaddress.ip_address(rr.data)) for rr in reply.answers if rr.type == qtype]
 
     async def addresses(self, name: str) -> list[str]:
         """Every address of `name`, IPv4 first (sandboxes and most upstreams are IPv4)."""
@@ -84,18 +90,6 @@ class Resolver:
         if isinstance(error, ResolveError):
             raise error
         raise ResolveError(name, "no A or AAAA records", nxdomain=False)
-
-
-def server_address(entry: str) -> tuple[str, int]:
-    """(address, port) of a resolver written `ip`, `ip:port`, `[v6]` or `[v6]:port` (port 53 if none)."""
-    host, port = entry, DNS_PORT
-    if entry.startswith("["):
-        host, _, rest = entry[1:].partition("]")
-        port = int(rest[1:]) if rest.startswith(":") else DNS_PORT
-    elif entry.count(":") == 1:
-        host, _, number = entry.partition(":")
-        port = int(number)
-    return normalise_ip(host), port
 
 
 def _system_servers() -> list[str]:

@@ -58,10 +58,9 @@ def start_proxy(
         transparent_port=TRANSPARENT_PORT,
         explicit_port=EXPLICIT_PORT,
         dns_port=DNS_PORT,
-        upstream_dns=[DNS_ADDR],
         upstream_ca=internet.ca_cert,
         sandboxes=list(sandboxes),
-        **extra,
+        **{"upstream_dns": [DNS_ADDR], **extra},
     )
     state_dir.mkdir(parents=True, exist_ok=True)
     config_file = state_dir / "proxy.json"

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from sandgate.lifecycle.cli import main
 from sandgate.lifecycle.settings import load_settings
+from sandgate.proxy import ProxyConfig
 
 SANDGATE = [sys.executable, "-m", "sandgate.lifecycle.cli"]
 
@@ -108,3 +109,38 @@ def test_missing_config_file_is_named(clean_env: pytest.MonkeyPatch, tmp_path: P
     result = CliRunner().invoke(main, ["--config", str(tmp_path / "nope.toml"), "serve", "--print-settings"])
     assert result.exit_code == 2
     assert "nope.toml" in result.output
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [
+        ("198.18.0.2:53", "198.18.0.2"),
+        ("198.18.0.2", "198.18.0.2"),
+        ("192.0.2.53:5353", "192.0.2.53:5353"),
+        ("2001:db8::53", "2001:db8::53"),
+        ("[2001:db8::53]:5353", "[2001:db8::53]:5353"),
+        ("[2001:db8::53]", "2001:db8::53"),
+    ],
+)
+def test_resolver_addresses_in_every_form(clean_env: pytest.MonkeyPatch, given: str, kept: str) -> None:
+    result = CliRunner().invoke(main, ["serve", "--upstream-dns", given, "--print-settings"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["upstream_dns"] == [kept]
+    assert ProxyConfig(state_dir=Path("/x"), upstream_dns=[given]).upstream_dns == [kept]
+
+
+@pytest.mark.parametrize("given", ["198.18.0.2:99999", "198.18.0.2:", "dns.example.com", "[::1]53", "1.2.3"])
+def test_a_bad_resolver_address_is_one_line_naming_the_setting(
+    clean_env: pytest.MonkeyPatch, given: str
+) -> None:
+    """Before anything starts (it used to pass settings and kill the proxy at start with
+    mitmproxy_rs' "invalid IP address syntax")."""
+    result = CliRunner().invoke(main, ["serve", "--upstream-dns", given, "--print-settings"])
+    assert result.exit_code == 2
+    [error] = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert "setting upstream_dns:" in error and repr(given) in error and "192.0.2.53:5353" in error
+    clean_env.setenv("SANDGATE_UPSTREAM_DNS", json.dumps([given]))
+    with pytest.raises(ValueError, match="setting upstream_dns: "):
+        load_settings()
+    with pytest.raises(ValueError, match=r"resolver address|valid port"):
+        ProxyConfig(state_dir=Path("/x"), upstream_dns=[given])
