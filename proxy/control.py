@@ -2,8 +2,9 @@
 
 Rules: only lifecycle talks to this socket (it lives in the state dir, which sandboxes never
 see). `PUT /sandboxes/{address}` compiles the entry's policy before it swaps it in, so a bad
-policy is answered 422 with the issues and the old entry stays in force. Entries live in memory
-only: lifecycle re-pushes every entry after it (re)starts the proxy.
+policy is answered 422 with the issues and the old entry stays in force. A PUT or DELETE is
+answered once the open connections the change no longer allows are closed (proxy/revocation.py).
+Entries live in memory only: lifecycle re-pushes every entry after it (re)starts the proxy.
 
     PUT    /sandboxes/{address}   body: SandboxEntry        -> 200 {"sandbox_id", "address", "rules"}
     DELETE /sandboxes/{address}                             -> 204 (404 if unknown)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import socket
+import struct
 
 from mitmproxy import dns
 
@@ -97,8 +98,13 @@ class DnsAddon:
             reply = await forward(self.state.resolver.servers, name, qtype)
         except ForwardError as exc:
             return _failed(request, dns.response_codes.SERVFAIL), f"forwarded: {exc}"
+        answer = relay_answer(request, reply)
+        try:
+            answer.packed  # noqa: B018  # a name mitmproxy decoded but cannot encode again
+        except (ValueError, struct.error) as exc:
+            return _failed(request, dns.response_codes.SERVFAIL), f"forwarded: unrepresentable answer: {exc}"
         rcode = dns.response_codes.to_str(reply.response_code)
-        return relay_answer(request, reply), f"forwarded rcode={rcode} answers={len(reply.answers)}"
+        return answer, f"forwarded rcode={rcode} answers={len(reply.answers)}"
 
     async def _answer(
         self, request: dns.DNSMessage, sandbox: Sandbox, name: str, qtype: int, verdict: Verdict

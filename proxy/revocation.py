@@ -42,20 +42,33 @@ CLOSE_WAIT = 1.0  # seconds a push waits for each revoked connection to finish c
 NEEDS_INSPECTION = "inspection-required"  # a pass-through host that now needs an L7 view
 
 
-def stale(sandbox: Sandbox | None, conn: ConnState) -> tuple[Verdict, Target | None] | None:
-    """Why `conn` may no longer be open under `sandbox` (the entry now in force), or None."""
+Judged = dict[tuple[object, ...], Verdict]  # one pass's decisions, shared by its connections
+
+
+def stale(
+    sandbox: Sandbox | None, conn: ConnState, judged: Judged | None = None
+) -> tuple[Verdict, Target | None] | None:
+    """Why `conn` may no longer be open under `sandbox` (the entry now in force), or None.
+    `judged` keeps the decisions of one pass: connections mostly share their destinations."""
     if sandbox is None or sandbox.id != conn.sandbox_id:
         return GONE, None
+    judged = {} if judged is None else judged
     for target in sorted(conn.targets):
         name, port, scheme = target
-        verdict = decide(sandbox.policy, name, port, scheme)  # type: ignore[arg-type]
+        verdict = judged.get(target)
+        if verdict is None:
+            verdict = judged[target] = decide(sandbox.policy, name, port, scheme)  # type: ignore[arg-type]
         if not verdict.allowed:
             return verdict, target
         if conn.passthrough and verdict.inspect:
             return refusal(NEEDS_INSPECTION, verdict.rule), target
         pinned = conn.pins.get(name)
-        address = check_upstream(sandbox.policy, pinned, port, scheme) if pinned else None
-        if address is not None and not address.allowed:
+        if pinned is None:
+            continue
+        address = judged.get((pinned, port, scheme))
+        if address is None:
+            address = judged[(pinned, port, scheme)] = check_upstream(sandbox.policy, pinned, port, scheme)
+        if not address.allowed:
             return address, target
     return None
 
@@ -64,20 +77,24 @@ def revoke_stale(state: ProxyState, address: str) -> list[Awaitable[object]]:
     """Close every connection of `address` the entry now in force refuses (rule 2); returns
     what to await until they are closed. Runs on the event loop."""
     closing: list[Awaitable[object]] = []
+    judged: Judged = {}
     for conn in list(state.connections.values()):
         if conn.sandbox_address == address:
-            revoke_if_stale(state, conn, closing)
+            revoke_if_stale(state, conn, closing, judged)
     return closing
 
 
 def revoke_if_stale(
-    state: ProxyState, conn: ConnState, closing: list[Awaitable[object]] | None = None
+    state: ProxyState,
+    conn: ConnState,
+    closing: list[Awaitable[object]] | None = None,
+    judged: Judged | None = None,
 ) -> Verdict | None:
     """Judge `conn` against the entry now in force; if it is refused, record and close it (what
     to await goes to `closing`) and return the refusal."""
     if conn.revoked or not conn.targets:
         return None
-    why = stale(state.table.get(conn.sandbox_address), conn)
+    why = stale(state.table.get(conn.sandbox_address), conn, judged)
     if why is None:
         return None
     conn.revoked = True

@@ -1,12 +1,11 @@
 """The DNS wire helpers and revocation's judgement alone, no sockets: what a question-only query
-holds, how answers get their OPT, EDE and truncation, resolver addresses, and which connections
-a new entry refuses."""
+holds, how answers get their OPT, EDE and truncation, and which connections a new entry
+refuses."""
 
 from __future__ import annotations
 
 import struct
 
-import pytest
 from dnslib import EDNS0, QTYPE, RR, TXT, DNSRecord, EDNSOption
 from mitmproxy import dns
 
@@ -21,7 +20,6 @@ from sandgate.proxy.dnswire import (
     relay_answer,
     with_edns,
 )
-from sandgate.proxy.resolver import server_address
 from sandgate.proxy.revocation import GONE, NEEDS_INSPECTION, stale
 from sandgate.proxy.state import ConnState, Sandbox
 
@@ -67,19 +65,6 @@ def test_upstream_answers_are_relayed_under_the_clients_id_and_case_and_cut_for_
     assert fit_udp(request, relayed).truncation and fit_udp(request, relayed).answers == []
     with_opt = client_query("Big.Example.COM", "TXT", edns=True)  # offers 4096, gets up to 1232
     assert not fit_udp(with_opt, relay_answer(with_opt, dns.DNSMessage.unpack(upstream.pack()))).truncation
-
-
-@pytest.mark.parametrize(
-    ("entry", "address"),
-    [
-        ("198.51.100.53", ("198.51.100.53", 53)),
-        ("198.51.100.53:5353", ("198.51.100.53", 5353)),
-        ("[2001:db8::53]:5353", ("2001:db8::53", 5353)),
-        ("2001:db8::53", ("2001:db8::53", 53)),
-    ],
-)
-def test_resolver_addresses(entry: str, address: tuple[str, int]) -> None:
-    assert server_address(entry) == address
 
 
 def sandbox(sandbox_id: str, *rules: dict[str, object]) -> Sandbox:
