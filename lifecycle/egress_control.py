@@ -100,6 +100,12 @@ def existing(store: Store, sandbox_id: str) -> SandboxRecord:
     try:
         return store.get_sandbox(sandbox_id)
     except NotFound:
+        if (expired := store.expired_at(sandbox_id)) is not None:
+            raise LifecycleError(
+                "not_found",
+                f"sandbox {sandbox_id!r} expired at {expired.isoformat()} and was deleted (its timeout "
+                "passed; create sandboxes with a longer timeout, or renew their expiration in time)",
+            ) from None
         raise LifecycleError(
             "not_found", f"sandbox {sandbox_id!r} does not exist (list them with GET /v1/sandboxes)"
         ) from None

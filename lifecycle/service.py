@@ -178,11 +178,12 @@ class Service:
     def get(self, sandbox_id: str) -> SandboxRecord:
         return existing(self.store, sandbox_id)
 
-    def delete(self, sandbox_id: str) -> None:
+    def delete(self, sandbox_id: str, expired_at: datetime | None = None) -> None:
+        """Delete the sandbox; `expired_at` (from the reaper) is remembered for later lookups."""
         with self._lock(sandbox_id):
             record = self.get(sandbox_id)
             self._teardown(record)
-            self.store.delete_sandbox(sandbox_id)
+            self.store.delete_sandbox(sandbox_id, expired_at)
 
     def patch_metadata(self, sandbox_id: str, patch: dict[str, str | None]) -> SandboxRecord:
         with self._lock(sandbox_id):
@@ -220,7 +221,7 @@ class Service:
         for record in self.store.list_sandboxes():
             if record.expires_at and record.expires_at <= now:
                 try:
-                    self.delete(record.id)
+                    self.delete(record.id, record.expires_at)
                     reaped.append(record.id)
                 except Exception:
                     log.exception("could not reap expired sandbox %s", record.id)

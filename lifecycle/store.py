@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,13 @@ CREATE TABLE IF NOT EXISTS vaults (
     state TEXT NOT NULL,           -- JSON of VaultState (names and bindings, never values)
     updated_at TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS tombstones (  -- sandboxes deleted because they expired
+    id TEXT PRIMARY KEY,
+    expired_at TEXT NOT NULL,
+    deleted_at TEXT NOT NULL
+);
 """
+TOMBSTONE_DAYS = 7  # how long "expired at T" is remembered after the deletion
 
 
 def utcnow() -> datetime:
@@ -158,9 +164,25 @@ class Store:
             rows = self._db.execute("SELECT record FROM sandboxes ORDER BY created_at, id").fetchall()
         return [SandboxRecord.from_json(row[0]) for row in rows]
 
-    def delete_sandbox(self, sandbox_id: str) -> None:
+    def delete_sandbox(self, sandbox_id: str, expired_at: datetime | None = None) -> None:
+        """Delete the record; with `expired_at`, keep a tombstone saying when it expired (older
+        tombstones are dropped in the same transaction)."""
+        now = utcnow()
         with self.transaction() as db:
             db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
+            if expired_at is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO tombstones(id, expired_at, deleted_at) VALUES (?, ?, ?)",
+                    (sandbox_id, expired_at.isoformat(), now.isoformat()),
+                )
+                cutoff = now - timedelta(days=TOMBSTONE_DAYS)
+                db.execute("DELETE FROM tombstones WHERE deleted_at < ?", (cutoff.isoformat(),))
+
+    def expired_at(self, sandbox_id: str) -> datetime | None:
+        """When a sandbox deleted for its expiry expired (None if it did not, or long ago)."""
+        with self._lock:
+            row = self._db.execute("SELECT expired_at FROM tombstones WHERE id = ?", (sandbox_id,)).fetchone()
+        return datetime.fromisoformat(row[0]) if row else None
 
     # policies and vault state: one revisioned JSON document per sandbox and table
     def get_policy(self, sandbox_id: str) -> Revisioned | None:

@@ -43,7 +43,7 @@ class ResolveError(Exception):
 class Resolver:
     def __init__(self, name_servers: list[str]) -> None:
         # (address, port) of each resolver: asked in turn, with question-only queries (dnswire)
-        self.servers = [resolver_address(server) for server in name_servers or _system_servers()]
+        self.servers = [resolver_address(server) for server in name_servers or system_servers()]
         self._recent: dict[str, tuple[float, list[str]]] = {}  # name -> (when, addresses)
         self._resolving: dict[str, asyncio.Future[list[str]]] = {}  # name -> the resolution under way
 
@@ -92,7 +92,8 @@ class Resolver:
         raise ResolveError(name, "no A or AAAA records", nxdomain=False)
 
 
-def _system_servers() -> list[str]:
+def system_servers() -> list[str]:
+    """The system's resolvers (/etc/resolv.conf), as the proxy asks them when none are configured."""
     try:
         return mitmproxy_rs.dns.get_system_dns_servers()
     except RuntimeError as exc:

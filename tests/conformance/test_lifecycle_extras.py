@@ -62,9 +62,16 @@ def test_renew_expiration_and_the_reaper_deletes_the_sandbox(server: SandgateSer
         soon = datetime.now(UTC) + timedelta(seconds=2)
         assert client.post(renew, json={"expiresAt": soon.isoformat()}).status_code == 200
         deadline = time.monotonic() + 20
-        while client.get(f"/v1/sandboxes/{sandbox_id}").status_code != 404:
+        while (gone := client.get(f"/v1/sandboxes/{sandbox_id}")).status_code != 404:
             assert time.monotonic() < deadline, "the reaper did not delete the expired sandbox"
             time.sleep(0.2)
+        # An expired sandbox reads differently from one that never existed (a tombstone).
+        expired = f"sandbox '{sandbox_id}' expired at {soon.isoformat()} and was deleted"
+        assert gone.json()["message"].startswith(expired)
+        egress = client.get(f"/v1/sandboxes/{sandbox_id}/egress/policy")
+        assert egress.status_code == 404 and expired in egress.text  # the egress API answers text
+        never = client.get("/v1/sandboxes/never-existed")
+        assert never.status_code == 404 and "does not exist" in never.json()["message"]
     assert datetime.now(UTC) >= soon
     assert netns_of(sandbox_id) == [], "the expired sandbox's netns is still there"
 

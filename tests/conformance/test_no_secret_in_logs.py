@@ -127,6 +127,7 @@ def test_no_secret_in_any_log_file_or_output(internet: Internet, tmp_path: Path)
         serve_output = server.log_path.read_text(errors="replace")
     assert len(secrets["API key"]) >= 32 and all(secrets.values())
     assert "GET /console HTTP/1.1" in serve_output  # the access log was on: it had its chance
+    assert f"sandgate: console on {server.base_url}/console (log in with the API key)" in serve_output
     searched[Path("serve output")] = serve_output.encode()
     searched.update({Path(f"cli output {n}"): text.encode() for n, text in enumerate(outputs)})
     names = {p.name for p in searched}

@@ -60,3 +60,20 @@ def test_deleting_a_sandbox_deletes_its_policy_and_vault(tmp_path: Path) -> None
     store.put_vault("sb1", {"credentials": []}, expected_revision=0)
     store.delete_sandbox("sb1")
     assert store.get_policy("sb1") is None and store.get_vault("sb1") is None
+
+
+def test_an_expired_sandbox_leaves_a_tombstone_for_a_week(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db.sqlite")
+    expired = utcnow() - timedelta(seconds=1)
+    for sandbox_id in ("expired", "deleted", "old"):
+        store.put_sandbox(record(sandbox_id))
+    store.delete_sandbox("old", expired)
+    store._db.execute(
+        "UPDATE tombstones SET deleted_at = ? WHERE id = 'old'", ((utcnow() - timedelta(days=8)).isoformat(),)
+    )
+    store.delete_sandbox("expired", expired)  # also drops tombstones older than TOMBSTONE_DAYS
+    store.delete_sandbox("deleted")
+    assert store.expired_at("expired") == expired
+    assert store.expired_at("deleted") is None and store.expired_at("old") is None
+    with pytest.raises(NotFound):
+        store.get_sandbox("expired")

@@ -73,6 +73,18 @@ def test_secrets_are_hidden_when_printed(clean_env: pytest.MonkeyPatch) -> None:
     assert "k-very-secret" not in result.output
 
 
+def test_print_settings_shows_the_resolvers_the_proxy_will_ask(clean_env: pytest.MonkeyPatch) -> None:
+    """No upstream_dns set: the system's resolvers from /etc/resolv.conf, not `[]`."""
+    resolv_conf = Path("/etc/resolv.conf").read_text().splitlines()
+    system = [line.split()[1] for line in resolv_conf if line.split()[:1] == ["nameserver"]]
+    shown = json.loads(CliRunner().invoke(main, ["serve", "--print-settings"]).output)
+    assert shown["upstream_dns"] == system and system
+    assert shown["upstream_dns_source"] == "system (/etc/resolv.conf)"
+    flagged = CliRunner().invoke(main, ["serve", "--upstream-dns", "192.0.2.53", "--print-settings"])
+    assert json.loads(flagged.output)["upstream_dns"] == ["192.0.2.53"]
+    assert json.loads(flagged.output)["upstream_dns_source"] == "settings"
+
+
 def test_serve_flags_override_env_in_the_real_cli(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     env = {**os.environ, "SANDGATE_PORT": "7100", "SANDGATE_STATE_DIR": str(tmp_path)}
     out = subprocess.run(

@@ -144,7 +144,8 @@ def sandbox_by_prefix(index: Any, given: str) -> str:
         return candidates[0]
     more = ", ..." if len(candidates) > MAX_CANDIDATES else ""
     raise click.ClickException(
-        f"--sandbox {given!r} is the start of several sandbox ids ({', '.join(candidates[:MAX_CANDIDATES])}"
+        f"--sandbox {given!r} is the start of several sandbox ids "
+        f"({', '.join(map(visible, candidates[:MAX_CANDIDATES]))}"
         f"{more}); give more of it"
     )
 

@@ -8,6 +8,7 @@ then the proxy; sandboxes keep running and are re-adopted by the next start.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
@@ -58,7 +59,7 @@ def command(
         upstream_ca=upstream_ca,
     )
     if print_settings:
-        click.echo(settings.model_dump_json(indent=2))
+        click.echo(json.dumps(effective_settings(settings), indent=2))
         return
     import uvicorn
 
@@ -77,9 +78,27 @@ def command(
                 date_header=False,
             )
         )
-        click.echo(f"sandgate: API on http://{settings.host}:{settings.port} (state in {settings.state_dir})")
+        base = f"http://{settings.host}:{settings.port}"
+        click.echo(f"sandgate: API on {base} (state in {settings.state_dir})")
+        click.echo(f"sandgate: console on {base}/console (log in with the API key)")
         signal.signal(signal.SIGTERM, exit_cleanly)
         server.run()
+
+
+def effective_settings(settings: Settings) -> dict[str, Any]:
+    """The settings as JSON values (secrets hidden), with the resolvers the proxy will really
+    ask: with no `upstream_dns` set, the system's (/etc/resolv.conf), and where they came from."""
+    from sandgate.proxy.resolver import system_servers
+
+    shown: dict[str, Any] = json.loads(settings.model_dump_json())
+    shown["upstream_dns_source"] = "settings"
+    if not settings.upstream_dns:
+        try:
+            shown["upstream_dns"] = system_servers()
+            shown["upstream_dns_source"] = "system (/etc/resolv.conf)"
+        except RuntimeError as exc:
+            shown["upstream_dns_source"] = str(exc)
+    return shown
 
 
 def exit_cleanly(signum: int, frame: object) -> None:
