@@ -29,10 +29,15 @@ def run_as_root_child(module: str, child_flag: str, needs: str) -> None:
     subprocess.run([sys.executable, "-m", module], env=env, check=True, timeout=1800)
 
 
-def own_network(iface_prefix: str) -> SandboxNetworks:
-    """Move this process into a fresh netns (lo up) and build sandbox networking in it."""
+def enter_own_netns() -> None:
+    """Move this process into a fresh netns with only lo (up): nothing reaches the machine's network."""
     os.unshare(os.CLONE_NEWNET)
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+
+
+def own_network(iface_prefix: str) -> SandboxNetworks:
+    """Move this process into a fresh netns (lo up) and build sandbox networking in it."""
+    enter_own_netns()
     from sandgate.lifecycle.network import SandboxNetworks
 
     networks = SandboxNetworks(

@@ -16,13 +16,14 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import httpx
 from fastapi import APIRouter, FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandgate.lifecycle.api import egress, metrics, proxy, sandboxes, unsupported
 from sandgate.lifecycle.api.auth import OPEN_PATHS, AuthMiddleware
 from sandgate.lifecycle.api.errors import install_error_handlers
+from sandgate.lifecycle.api.proxy import ProxyFrontDoor
+from sandgate.lifecycle.api.upstream import Pool
 from sandgate.lifecycle.service import Service
 
 API_PREFIXES = ("", "/v1")
@@ -44,9 +45,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), trust_env=False) as client:
-            app.state.proxy_client = client
+        app.state.upstream = Pool()
+        try:
             yield
+        finally:
+            app.state.upstream.close()
 
     app = FastAPI(
         title="sandgate lifecycle API",
@@ -86,6 +89,7 @@ def create_app(
             app.include_router(router, prefix=prefix)
     for router in extra_routers:
         app.include_router(router)
+    app.add_middleware(ProxyFrontDoor)  # innermost: after the API-key check, before routing
     app.add_middleware(
         AuthMiddleware, api_key=api_key, open_paths=OPEN_PATHS, open_prefixes=tuple(open_prefixes)
     )

@@ -11,6 +11,7 @@ Rules:
    every field it names, Keep-Alive, Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade);
    Content-Length, repeated fields (Set-Cookie) and their order are kept both ways; bodies
    stream unbuffered (SSE arrives as execd writes it); a request without a body gets none.
+   Upstream connections are kept alive and reused (api/upstream.py).
    Host names the sandbox's address, and `Via` says a gateway forwarded the request.
 3. No control-plane credential enters a sandbox: the API key header, the egress token header,
    a client's execd token, any field whose value holds the API key or the sandbox's egress or
@@ -24,19 +25,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Iterable
 from typing import Any
 
-import httpx
 import websockets
 from fastapi import APIRouter, Request, WebSocket
-from starlette.background import BackgroundTask
 from starlette.datastructures import Headers
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandgate.lifecycle.api.auth import API_KEY_HEADER, EGRESS_AUTH_HEADER, keys_match
 from sandgate.lifecycle.api.calls import call
 from sandgate.lifecycle.api.errors import ApiError
+from sandgate.lifecycle.api.upstream import Exchange, UpstreamError
 from sandgate.lifecycle.execd_client import execd_headers
 from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
 from sandgate.lifecycle.store import SandboxRecord
@@ -46,7 +48,7 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "t
                         "upgrade"})  # fmt: skip
 CONTROL_PLANE = frozenset(h.lower() for h in (API_KEY_HEADER, EGRESS_AUTH_HEADER, EXECD_TOKEN_HEADER))
 VIA = ("via", "1.1 sandgate")
-METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
+PROXY_PATH = re.compile(r"^(?:/v1)?/sandboxes/(?P<sandbox>[^/]+)/proxy/(?P<port>[0-9]{1,5})(?P<rest>/.*)?$")
 UNSENDABLE_CLOSE_CODES = frozenset({1005, 1006, 1015})  # "no status", "abnormal", "TLS": never on the wire
 
 router = APIRouter(tags=["Proxy"])
@@ -101,37 +103,86 @@ def has_body(headers: Headers) -> bool:
     return "transfer-encoding" in headers or headers.get("content-length", "0") != "0"
 
 
-@router.api_route("/sandboxes/{sandbox_id}/proxy/{port}", methods=METHODS, include_in_schema=False)
-@router.api_route(
-    "/sandboxes/{sandbox_id}/proxy/{port}/{path:path}", methods=METHODS, include_in_schema=False
-)
-async def proxy_http(request: Request, sandbox_id: str, port: int, path: str = "") -> StreamingResponse:
-    """Forward one HTTP request into the sandbox and stream the answer back."""
+class ProxyFrontDoor:
+    """The HTTP side of the reverse proxy, served before FastAPI's routing (inside the API-key
+    middleware): FastAPI's request handling cost about 0.6 ms of CPU per request on the
+    benchmark machine, more than the hop itself (bench/bench_gateway.py). The path after the
+    port and the query go upstream as the client wrote them (`raw_path`, not decoded).
+    WebSocket upgrades go on to the router (`proxy_websocket`)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw_path = scope.get("raw_path") or scope.get("path", "").encode()
+        found = PROXY_PATH.match(raw_path.decode("latin-1")) if scope["type"] == "http" else None
+        if found is None:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            response: Response = await forward(
+                request, found["sandbox"], int(found["port"]), found["rest"] or "/"
+            )
+        except ApiError as exc:
+            response = JSONResponse({"code": exc.code, "message": exc.message}, status_code=exc.status)
+        await response(scope, receive, send)
+
+
+async def forward(request: Request, sandbox_id: str, port: int, path: str) -> Relay:
+    """Forward one HTTP request into the sandbox; the answer streams back through the Relay."""
     state = request.app.state
     record = target(state, request.headers, sandbox_id, port)
-    client: httpx.AsyncClient = state.proxy_client
-    # httpx.Request, not client.build_request: the client's default fields (User-Agent,
-    # Accept-Encoding...) would be added to what the caller sent.
-    upstream = httpx.Request(
-        request.method,
-        httpx.URL(f"http://{record.address}:{port}/{path}", query=request.url.query.encode()),
-        headers=upstream_headers(request.headers.items(), record, port, state.api_key),
-        content=request.stream() if has_body(request.headers) else None,
-    )
+    query = request.scope.get("query_string", b"").decode("latin-1")
     try:
-        response = await client.send(upstream, stream=True)
-    except httpx.HTTPError as exc:
-        raise ApiError(502, "BAD_GATEWAY", f"sandbox {sandbox_id} port {port} did not answer: {exc}") from exc
-    answer = StreamingResponse(
-        response.aiter_raw(), status_code=response.status_code, background=BackgroundTask(response.aclose)
-    )
-    answer.raw_headers = [
-        (name.lower().encode("latin-1"), value.encode("latin-1"))
-        for name, value in end_to_end(
-            (name.decode("latin-1"), value.decode("latin-1")) for name, value in response.headers.raw
+        exchange = await state.upstream.send(
+            (record.id, record.address, port),
+            request.method,
+            f"{path}?{query}" if query else path,
+            upstream_headers(request.headers.items(), record, port, state.api_key),
+            request.stream() if has_body(request.headers) else None,
         )
-    ]
-    return answer
+    except UpstreamError as exc:
+        raise ApiError(502, "BAD_GATEWAY", f"sandbox {sandbox_id} port {port} did not answer: {exc}") from exc
+    return Relay(exchange)
+
+
+class Relay(Response):
+    """The sandbox's answer as it arrives: its status and end-to-end fields, then the body chunk
+    by chunk. If the client leaves first, the upstream connection is closed (a command's SSE
+    stream stops being read; execd sees the disconnect)."""
+
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+        self.status_code = exchange.status
+        self.background = None
+        fields = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in exchange.fields]
+        self.raw_headers = [
+            (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in end_to_end(fields)
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        relay = asyncio.ensure_future(self._relay(send))
+        left = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait((relay, left), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+            if not relay.done():
+                relay.cancel()
+                self.exchange.discard()
+        relay.result()
+
+    async def _relay(self, send: Send) -> None:
+        async for chunk in self.exchange.body():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 @router.websocket("/sandboxes/{sandbox_id}/proxy/{port}/{path:path}")

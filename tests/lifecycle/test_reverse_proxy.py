@@ -26,12 +26,17 @@ pytestmark = pytest.mark.root
 # The sandbox's own app: echoes the fields and body it got as JSON; answers with repeated,
 # hop-by-hop and end-to-end fields (http.server adds Server and Date of its own).
 APP = r"""
-import http.server, json
+import http.server, json, time
+STATE = {"stream": "not started"}
 class Echo(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
+        if self.path == "/stream":
+            return self.stream()
         length = int(self.headers.get("content-length") or 0)
-        body = json.dumps({"fields": self.headers.items(), "body": self.rfile.read(length).decode()}).encode()
+        seen = {"fields": self.headers.items(), "body": self.rfile.read(length).decode(), "path": self.path,
+                "peer": self.client_address[1], "state": STATE}
+        body = json.dumps(seen).encode()
         self.send_response(200)
         for name, value in (("Content-Type", "application/json"), ("Set-Cookie", "a=1; Path=/"),
                             ("Set-Cookie", "b=2; Path=/"), ("Connection", "X-App-Hop"),
@@ -42,6 +47,20 @@ class Echo(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
     do_POST = do_GET
+    def stream(self):  # a line every 50 ms until the reader goes away (at most 30 s)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        STATE["stream"] = "streaming"
+        try:
+            for _ in range(600):
+                self.wfile.write(b"data: tick\n\n")
+                self.wfile.flush()
+                time.sleep(0.05)
+            STATE["stream"] = "ran to the end"
+        except OSError:
+            STATE["stream"] = "reader left"
+        self.close_connection = True
 http.server.ThreadingHTTPServer(("0.0.0.0", 8000), Echo).serve_forever()
 """
 TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"
@@ -133,9 +152,10 @@ def test_request_fields_lose_only_hops_and_control_plane_credentials(
         ("x-carries", f"k={server.api_key}"),
         ("cookie", "c=1"),
     ]
-    head, body = exchange(server, "GET", f"{sandbox['app']}echo?q=1", fields)
+    head, body = exchange(server, "GET", f"{sandbox['app']}echo/a%2Fb;c?q=%20x&r", fields)
     assert head.status == 200
     seen = json.loads(body)
+    assert seen["path"] == "/echo/a%2Fb;c?q=%20x&r"  # as the client wrote it, not decoded
     got = [(name.lower(), value) for name, value in seen["fields"]]
     names = [name for name, _ in got]
     assert [v for n, v in got if n == "x-twice"] == ["1", "2"]
@@ -154,6 +174,23 @@ def test_request_fields_lose_only_hops_and_control_plane_credentials(
     seen = json.loads(body)
     assert seen["body"] == "posted" and "authorization" not in [n.lower() for n, _ in seen["fields"]]
     assert [v for n, v in seen["fields"] if n.lower() == "content-length"] == ["6"]
+
+
+def test_upstream_connections_are_kept_alive_and_closed_when_the_client_leaves(
+    server: SandgateServer, sandbox: dict[str, Any]
+) -> None:
+    peers = {json.loads(exchange(server, "GET", sandbox["app"], key(server))[1])["peer"] for _ in range(5)}
+    assert len(peers) == 1  # five requests, one upstream connection
+
+    with RawExchange("127.0.0.1", server.port) as wire:
+        wire.send("GET", f"{sandbox['app'][:-1]}/stream", [("host", server.domain), *key(server)])
+        assert wire.head().status == 200 and b"tick" in (wire.next_data() or b"")
+    deadline = time.monotonic() + 15
+    state = "streaming"
+    while state == "streaming" and time.monotonic() < deadline:  # the app notices at its next write
+        time.sleep(0.1)
+        state = json.loads(exchange(server, "GET", sandbox["app"], key(server))[1])["state"]["stream"]
+    assert state == "reader left"
 
 
 def test_range_and_streaming_through_execd(server: SandgateServer, sandbox: dict[str, Any]) -> None:
