@@ -13,12 +13,15 @@ Rules:
    stream unbuffered (SSE arrives as execd writes it); a request without a body gets none.
    Upstream connections are kept alive and reused (api/upstream.py).
    Host names the sandbox's address, and `Via` says a gateway forwarded the request.
-3. No control-plane credential enters a sandbox: the API key header, the egress token header,
-   a client's execd token, any field whose value holds the API key or the sandbox's egress or
-   execd token, and for execd any `Authorization` (execd reads none, so it was meant for
-   someone else) are dropped; execd requests then get the sandbox's token, added here.
-4. WebSocket upgrades are relayed message by message, with the client's end-to-end fields (the
-   same filter) and each side's close code and reason passed to the other.
+3. No control-plane credential enters a sandbox. To execd (44772) only the fields execd reads
+   pass (`EXECD_READS`: Content-Type, Content-Length, Range) plus the sandbox's token, added
+   here: whatever a client adds of its own (the JS SDK's `OPEN-SANDBOX-API-KEY`, an
+   `Authorization` for a gateway in front of sandgate, custom headers) stays outside, whatever
+   its name. To other ports (the sandbox's own services, which may want `Authorization` or
+   cookies) everything end-to-end passes except the API key and egress/execd token fields and
+   any field whose value holds the API key or the sandbox's tokens.
+4. WebSocket upgrades are relayed message by message, with the client's fields (the same
+   filter) and the sandbox's close code and reason passed to the client.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ from sandgate.lifecycle.store import SandboxRecord
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
                         "upgrade"})  # fmt: skip
 CONTROL_PLANE = frozenset(h.lower() for h in (API_KEY_HEADER, EGRESS_AUTH_HEADER, EXECD_TOKEN_HEADER))
+# Every field execd reads (besides its token and a WebSocket handshake's own): whatever else a
+# client adds, under any name, stays outside the sandbox.
+EXECD_READS = frozenset({"content-type", "content-length", "range"})
 VIA = ("via", "1.1 sandgate")
 PROXY_PATH = re.compile(r"^(?:/v1)?/sandboxes/(?P<sandbox>[^/]+)/proxy/(?P<port>[0-9]{1,5})(?P<rest>/.*)?$")
 UNSENDABLE_CLOSE_CODES = frozenset({1005, 1006, 1015})  # "no status", "abnormal", "TLS": never on the wire
@@ -88,14 +94,15 @@ def upstream_headers(
     """The client's end-to-end fields for the sandbox, with nothing of the control plane."""
     secrets = [s for s in (api_key, record.egress_token, record.execd_token) if s]
     kept = [
-        (name, value)
-        for name, value in end_to_end(fields)
-        if (low := name.lower()) not in CONTROL_PLANE
-        and low != "host"
-        and not (low == "authorization" and port == EXECD_PORT)
-        and not any(secret in value for secret in secrets)
+        (name, value) for name, value in end_to_end(fields) if _passes(name.lower(), value, port, secrets)
     ]
     return [*kept, VIA, *(execd_headers(record).items() if port == EXECD_PORT else ())]
+
+
+def _passes(name: str, value: str, port: int, secrets: list[str]) -> bool:
+    if port == EXECD_PORT:
+        return name in EXECD_READS
+    return name not in CONTROL_PLANE and name != "host" and not any(secret in value for secret in secrets)
 
 
 def has_body(headers: Headers) -> bool:

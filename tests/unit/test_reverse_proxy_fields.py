@@ -16,17 +16,19 @@ def record() -> SandboxRecord:
     )  # fmt: skip
 
 
-def test_execd_gets_its_token_and_no_authorization_or_secret() -> None:
+def test_execd_gets_only_what_it_reads_and_its_token() -> None:
     fields = [("Authorization", "Basic dXNlcjpwdw=="), ("X-EXECD-ACCESS-TOKEN", "guess"),
-              ("OPEN-SANDBOX-API-KEY", API_KEY), ("X-Note", "egress-token-abc"),
-              ("Accept", "*/*")]  # fmt: skip
+              ("OPEN-SANDBOX-API-KEY", API_KEY), ("X-Corp-Gateway-Key", "k-123"), ("Accept", "*/*"),
+              ("Content-Type", "application/json"), ("Range", "bytes=0-1")]  # fmt: skip
     assert upstream_headers(fields, record(), 44772, API_KEY) == [
-        ("Accept", "*/*"), ("via", "1.1 sandgate"), ("X-EXECD-ACCESS-TOKEN", "execd-token-xyz")
+        ("Content-Type", "application/json"), ("Range", "bytes=0-1"), ("via", "1.1 sandgate"),
+        ("X-EXECD-ACCESS-TOKEN", "execd-token-xyz"),
     ]  # fmt: skip
 
 
-def test_other_ports_keep_an_authorization_of_their_own_but_never_the_execd_token() -> None:
-    fields = [("Authorization", "Basic dXNlcjpwdw=="), ("Cookie", "t=execd-token-xyz")]
+def test_other_ports_keep_an_authorization_of_their_own_but_never_a_token() -> None:
+    fields = [("Authorization", "Basic dXNlcjpwdw=="), ("Cookie", "t=execd-token-xyz"),
+              ("X-Note", "egress-token-abc"), ("OPENSANDBOX-EGRESS-AUTH", "egress-token-abc")]  # fmt: skip
     assert upstream_headers(fields, record(), 8000, API_KEY) == [
         ("Authorization", "Basic dXNlcjpwdw=="), ("via", "1.1 sandgate")
     ]  # fmt: skip
