@@ -7,6 +7,7 @@ pair runs back to back, A B in one round and B A in the next, on one keep-alive 
 the SDKs use it. Rows: `GET /ping` (the hop alone: execd answers at once), a command round trip
 (`POST /command` `true`, up to the last event), the time to the first SSE event of a command
 that keeps running, and a 100 MiB download (MiB/s, with serve's peak RSS: nothing buffered).
+serve's own CPU time per proxied `/ping` is printed too (load-independent).
 SANDGATE_BENCH_GATEWAY_RUNS sets the round trips per row and round (default 200).
 """
 
@@ -59,6 +60,12 @@ def _first_event(client: httpx.Client) -> float:
             if b'"first"' in chunk:
                 took = time.perf_counter() - began
         return took
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU time of a process (load-independent, unlike wall time)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rss_kib(pid: int) -> int:
@@ -133,9 +140,11 @@ def _child() -> None:
                 for name in order:
                     client = clients[name]
                     row = rows.setdefault(name, {})
+                    cpu = _cpu_s(serve_pid)
                     row.setdefault("ping", []).extend(
                         _timed(lambda c=client: c.get("/ping").raise_for_status(), RUNS)
                     )
+                    row.setdefault("serve_cpu", []).append((_cpu_s(serve_pid) - cpu) / RUNS)
                     row.setdefault("true", []).extend(_timed(lambda c=client: _command(c, TRUE), RUNS))
                     row.setdefault("first", []).extend(_first_event(client) for _ in range(5))
                     speed, rss = _download(client, serve_pid)
@@ -153,6 +162,7 @@ def _report(host: dict[str, list[float]], direct: dict[str, list[float]]) -> Non
         f"{ROUNDS} rounds x {RUNS} runs, load average {os.getloadavg()[0]:.1f}"
     )
     _compare("GET /ping (the hop alone)", "ms", host["ping"], direct["ping"])
+    print(f"  {'':<36} serve's CPU per proxied /ping: {statistics.median(host['serve_cpu']) * 1e6:.0f} us")
     _compare("command round trip `true`", "ms", host["true"], direct["true"])
     _compare("first SSE event of a running command", "ms", host["first"], direct["first"])
     print(

@@ -113,14 +113,16 @@ class SandgateServer:
         extra_env: dict[str, str] | None = None,
         generated_key: bool = False,
         log_level: str = "warning",
+        api_key: str | None = None,
     ) -> None:
         """`generated_key`: start without SANDGATE_API_KEY, as on a first start; `api_key` is then
-        read from the state dir once the server answers. `log_level` info logs every request."""
+        read from the state dir once the server answers. `log_level` info logs every request.
+        `api_key`: this key instead of a random one."""
         self.state_dir = state_dir
         self.port = free_port()
         self.generated_key = generated_key
         self.log_level = log_level
-        self.api_key = "" if generated_key else secrets.token_urlsafe(16)
+        self.api_key = api_key or ("" if generated_key else secrets.token_urlsafe(16))
         self.nft_table = f"sgt{secrets.token_hex(3)}"
         self.iface_prefix = f"t{secrets.token_hex(2)}"
         self.proxy_ports = dict(zip(("TRANSPARENT", "EXPLICIT", "DNS"), free_ports(3), strict=True))
@@ -266,7 +268,7 @@ class SandgateServer:
 def sandgate_server(
     tmp_path: Path, extra_env: dict[str, str] | None = None, **options: Any
 ) -> Iterator[SandgateServer]:
-    """A started server (`options`: SandgateServer's generated_key, log_level)."""
+    """A started server (`options`: SandgateServer's generated_key, log_level, api_key)."""
     state_dir = tmp_path / "state"
     server = SandgateServer(state_dir, extra_env, **options)
     try:
