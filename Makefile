@@ -1,6 +1,6 @@
 # The two commands a newcomer needs: `make serve` and `make test`. Both bootstrap first
 # (`serve` only its run-time part, see scripts/bootstrap.sh). `make test-fast` is the tier
-# that needs no root (no namespaces, nftables or mounts): a minute or less, for every edit.
+# that needs no root (no namespaces, nftables or mounts), to run on every edit.
 VENV := .venv/bin
 PYTEST_ARGS ?=
 
@@ -20,9 +20,10 @@ serve: bootstrap-run
 test: bootstrap
 	$(VENV)/pytest $(PYTEST_ARGS)
 
-# Every test not marked `root` (tests/conftest.py skips those for non-root users anyway).
+# Every test not marked `root` (tests/conftest.py skips those for non-root users anyway), each
+# property with a fifth of its examples (tests/support/tiers.py); `make test` runs them all.
 test-fast: bootstrap
-	$(VENV)/pytest -m "not root" $(PYTEST_ARGS)
+	SANDGATE_TEST_TIER=fast $(VENV)/pytest -m "not root" $(PYTEST_ARGS)
 
 bench: bootstrap
 	$(VENV)/python -m bench

@@ -33,7 +33,7 @@ from sandgate.lifecycle.kernel import instance_tag, mount_points
 from sandgate.lifecycle.network import RUN_NETNS
 from sandgate.lifecycle.settings import Settings
 from sandgate.lifecycle.store import Store
-from sandgate.vault import SecretStore, open_store
+from sandgate.vault import SecretStore
 
 log = logging.getLogger(__name__)
 PROXY_STOP_TIMEOUT = 5.0
@@ -98,7 +98,7 @@ def footprint(settings: Settings, instance: str) -> Footprint:
 
 def tear_down(settings: Settings, *, stop_sandboxes: bool) -> Report:
     """Everything in rule 2 that rule 3 lets go; raises statelock.AlreadyRunning beside a server."""
-    from sandgate.lifecycle.wiring import make_networks, make_runtime, vault_values
+    from sandgate.lifecycle.wiring import make_networks, make_runtime, open_vault
 
     lock = statelock.acquire(settings.state_dir)
     try:
@@ -119,7 +119,7 @@ def tear_down(settings: Settings, *, stop_sandboxes: bool) -> Report:
             if not running:
                 make_networks(settings, instance).remove_table()
             forgotten = sorted(records - set(running))
-            vault = open_store(**vault_values(settings))
+            vault = open_vault(settings)
             for sandbox_id in forgotten:
                 forget(store, vault, sandbox_id)
         finally:

@@ -1,8 +1,14 @@
-"""Builds the control plane's real parts from settings: store, vault, proxy, networks, runtime.
+"""Builds the control plane's real parts from settings: store, vault, proxy, networks, runtime,
+egress control, service, proxy supervisor, audit store.
 
-Rules: this is the one place that turns `Settings` into plain values for the other components
-(they never read settings themselves). Nothing here starts anything; `serve` and the test
-fixture decide when to start the supervisor and the service.
+Rules:
+1. This is the one place that turns `Settings` into parts and plain values for the other
+   components (they never read settings themselves); the `vault` and `logs` commands open their
+   vault and audit index here too.
+2. Nothing here starts anything; `serve` and the test fixture decide when to start the
+   supervisor and the service.
+3. Each builder imports the parts it builds when it runs, so a command that opens only the vault
+   does not pay for the web stack, mitmproxy, Docker or netlink (tests/unit/test_cli_imports.py).
 """
 
 from __future__ import annotations
@@ -12,28 +18,22 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-from fastapi import APIRouter
-
-from sandgate.lifecycle.api.auth import keys_match
-from sandgate.lifecycle.audit import AuditStore, Retention, audit_router
-from sandgate.lifecycle.console import console_router
-from sandgate.lifecycle.egress_control import EgressControl, PolicyChange
-from sandgate.lifecycle.images import ImageStore
-from sandgate.lifecycle.kernel import instance_tag
-from sandgate.lifecycle.network import ProxyPorts, SandboxNetworks
-from sandgate.lifecycle.policy_book import SandgatePolicies
-from sandgate.lifecycle.runtime.docker import DockerRuntime
-from sandgate.lifecycle.runtime.local import LocalRuntime
-from sandgate.lifecycle.service import Service
 from sandgate.lifecycle.settings import Settings
-from sandgate.lifecycle.store import Store
-from sandgate.lifecycle.supervisor import Listeners, ProxySupervisor
-from sandgate.policy import Decision
-from sandgate.proxy import AuditRecord, ProxyConfig, ProxyControl, ProxyControlError, append_record, ensure_ca
-from sandgate.vault import open_store
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
+
+    from sandgate.lifecycle.audit import AuditIndex, AuditStore
+    from sandgate.lifecycle.egress_control import PolicyChange
+    from sandgate.lifecycle.network import SandboxNetworks
+    from sandgate.lifecycle.runtime.docker import DockerRuntime
+    from sandgate.lifecycle.runtime.local import LocalRuntime
+    from sandgate.lifecycle.service import Service
+    from sandgate.lifecycle.supervisor import ProxySupervisor
+    from sandgate.proxy import ProxyControl
+    from sandgate.vault import SecretStore
 
 
 @dataclass
@@ -66,7 +66,24 @@ def vault_values(settings: Settings) -> dict[str, Any]:
     }
 
 
+def open_vault(settings: Settings) -> SecretStore:
+    """The credential store the settings name (the server's, the proxy's and the vault CLI's)."""
+    from sandgate.vault import open_store
+
+    return open_store(**vault_values(settings))
+
+
+def audit_index(settings: Settings) -> AuditIndex:
+    """The audit index of the state dir, for a reader outside the server (`sandgate logs`)."""
+    from sandgate.lifecycle.audit import AuditIndex
+    from sandgate.lifecycle.audit.service import INDEX_FILE
+
+    return AuditIndex(settings.state_dir / INDEX_FILE, settings.audit_log)
+
+
 def write_proxy_config(settings: Settings) -> Path:
+    from sandgate.proxy import ProxyConfig
+
     config = ProxyConfig(
         state_dir=settings.state_dir,
         listen_host="0.0.0.0",
@@ -89,6 +106,8 @@ def write_proxy_config(settings: Settings) -> Path:
 
 def policy_change_writer(audit_path: Path) -> Callable[[str, str, PolicyChange], None]:
     """Appends policy_change records to the proxy's audit log (O_APPEND: safe beside the proxy)."""
+    from sandgate.policy import Decision
+    from sandgate.proxy import AuditRecord, append_record
 
     def write(sandbox_id: str, what: str, change: PolicyChange) -> None:
         decision = Decision("allow", what, detail=json.dumps(asdict(change), sort_keys=True))
@@ -100,6 +119,10 @@ def policy_change_writer(audit_path: Path) -> Callable[[str, str, PolicyChange],
 
 
 def answers(control: ProxyControl) -> bool:
+    import httpx
+
+    from sandgate.proxy import ProxyControlError
+
     try:
         control.health()
     except (ProxyControlError, OSError, httpx.HTTPError):
@@ -112,6 +135,10 @@ def audit_and_console(
 ) -> tuple[AuditStore, list[APIRouter]]:
     """The audit query API (/v1/audit, behind the API-key middleware) and the console (/console,
     its own cookie login), both reading the audit index of the state dir."""
+    from sandgate.lifecycle.api.auth import keys_match
+    from sandgate.lifecycle.audit import AuditStore, Retention, audit_router
+    from sandgate.lifecycle.console import console_router
+
     retention = Retention(max_age_days=settings.audit_max_age_days, max_rows=settings.audit_max_rows)
     audit = AuditStore(settings.state_dir, retention)
 
@@ -134,6 +161,8 @@ def audit_and_console(
 
 
 def make_networks(settings: Settings, instance: str) -> SandboxNetworks:
+    from sandgate.lifecycle.network import ProxyPorts, SandboxNetworks
+
     return SandboxNetworks(
         table=settings.nft_table,
         iface_prefix=settings.iface_prefix,
@@ -149,13 +178,25 @@ def make_networks(settings: Settings, instance: str) -> SandboxNetworks:
 
 def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRuntime:
     if settings.runtime == "docker":
+        from sandgate.lifecycle.runtime.docker import DockerRuntime
+
         return DockerRuntime(settings.docker_host, instance=instance, oci_runtime=settings.docker_oci_runtime)
+    from sandgate.lifecycle.images import ImageStore
+    from sandgate.lifecycle.runtime.local import LocalRuntime
+
     return LocalRuntime(settings.state_dir, ImageStore(settings.state_dir / "images"), instance=instance)
 
 
 def build_components(settings: Settings, api_key: str) -> Components:
+    from sandgate.lifecycle.egress_control import EgressControl
+    from sandgate.lifecycle.kernel import instance_tag
+    from sandgate.lifecycle.policy_book import SandgatePolicies
+    from sandgate.lifecycle.service import Service
+    from sandgate.lifecycle.store import Store
+    from sandgate.lifecycle.supervisor import Listeners, ProxySupervisor
+    from sandgate.proxy import ProxyControl, ensure_ca
+
     ca = ensure_ca(settings.state_dir)
-    vault = open_store(**vault_values(settings))
     control = ProxyControl(settings.state_dir / "proxy.sock")
     instance = instance_tag(settings.state_dir)
     networks = make_networks(settings, instance)
@@ -165,7 +206,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
     egress = EgressControl(
         store,
         proxy=control,
-        vault=vault,
+        vault=open_vault(settings),
         policies=SandgatePolicies(settings.policy_max_rules),
         audit=policy_change_writer(settings.audit_log),
     )

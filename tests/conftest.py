@@ -5,6 +5,7 @@ That namespace plays "the host": servers, proxies and sandboxes made by the test
 and it has no route to the machine's real network, so no test packet can leave the machine, and
 concurrent test runs on one machine cannot collide on interface names, routes or nft tables.
 Named sandbox namespaces (/run/netns) are global, so their names carry random ids.
+In the fast tier (`make test-fast`) properties run fewer examples (tests/support/tiers.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,13 @@ import os
 import subprocess
 
 import pytest
+from hypothesis import settings
+
+from tests.support.tiers import FAST, FAST_DEFAULT_EXAMPLES
+
+if FAST:
+    settings.register_profile("fast", max_examples=FAST_DEFAULT_EXAMPLES)
+    settings.load_profile("fast")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -42,7 +42,7 @@ from sandgate.lifecycle.api.vault_state import (
     public_state,
 )
 from sandgate.lifecycle.credential_state import VaultState
-from sandgate.lifecycle.egress_control import EgressControl, EgressState
+from sandgate.lifecycle.egress_control import EgressControl, EgressState, PolicyEdit
 from sandgate.lifecycle.errors import LifecycleError
 
 TEXT_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -54,7 +54,7 @@ def egress_error(exc: LifecycleError) -> EgressError:
     return EgressError(KIND_STATUS[exc.kind], exc.kind.upper(), exc.message)
 
 
-def run(fn: Any, *args: Any, **kwargs: Any) -> Any:
+def run[T](fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return fn(*args, **kwargs)
     except LifecycleError as exc:
@@ -89,8 +89,7 @@ def policy_status(egress: EgressControl, state: EgressState) -> PolicyStatusResp
     return PolicyStatusResponse(mode=mode, policy=view, enforcementMode="proxy")  # type: ignore[arg-type]
 
 
-Runner = Callable[..., Any]  # `run` (egress API: text errors) or `call` (lifecycle API: JSON errors)
-Change = Callable[[dict[str, Any]], dict[str, Any]]
+Runner = Callable[..., EgressState]  # `run` (egress API: text errors) or `call` (lifecycle API: JSON)
 
 
 def read_policy(request: Request, sandbox_id: str, runner: Runner) -> PolicyStatusResponse:
@@ -99,28 +98,28 @@ def read_policy(request: Request, sandbox_id: str, runner: Runner) -> PolicyStat
 
 
 def change_policy(
-    request: Request, sandbox_id: str, actor: str, what: str, change: Change, runner: Runner
+    request: Request, sandbox_id: str, actor: str, what: str, change: PolicyEdit, runner: Runner
 ) -> PolicyStatusResponse:
     egress = egress_of(request)
     state = runner(egress.change_policy, sandbox_id, change, actor, what)
     return policy_status(egress, state)
 
 
-def replacing(request: Request, body: NetworkPolicy | None) -> Change:
+def replacing(request: Request, body: NetworkPolicy | None) -> PolicyEdit:
     """Replace the whole policy; None (empty body, `null`, `{}`) means deny everything."""
     policies = egress_of(request).policies
     wanted = body.model_dump(by_alias=True, exclude_none=True) if body else None
     return lambda current: policies.replace_opensandbox(current, wanted)
 
 
-def patching(request: Request, rules: list[NetworkRule]) -> Change:
+def patching(request: Request, rules: list[NetworkRule]) -> PolicyEdit:
     """Merge rules: same target overrides, new rules come first, first duplicate in the body wins."""
     policies = egress_of(request).policies
     wire = [rule.model_dump() for rule in rules]
     return lambda current: policies.patch_rules(current, wire)
 
 
-def deleting(request: Request, targets: list[str]) -> Change:
+def deleting(request: Request, targets: list[str]) -> PolicyEdit:
     """Remove the rules for these targets; unknown targets are ignored."""
     policies = egress_of(request).policies
     return lambda current: policies.delete_targets(current, targets)
@@ -311,7 +310,9 @@ def get_binding(request: Request, sandbox_id: str, name: str, actor: Actor) -> C
     return _one(binding_metadata(state.state), name, "binding")
 
 
-def _one(items: list[Any], name: str, what: str) -> Any:
+def _one[Item: (CredentialMetadata, CredentialBindingMetadata)](
+    items: list[Item], name: str, what: str
+) -> Item:
     for item in items:
         if item.name == name:
             return item

@@ -6,8 +6,8 @@ Rules:
    `ImageStore.host_root`) is only ever its lower layer. The overlay is mounted with
    /proc/self/fd paths, so the sandbox's mountinfo names no host directory. `/workspace` is in
    the overlay and lives as long as the sandbox.
-2. Files the runtime puts into a sandbox root (resolv.conf, the CA bundle) are written with
-   openat2(RESOLVE_IN_ROOT), so a symlink in an image cannot lead the write onto the host.
+2. Files the runtime puts into a sandbox root (resolv.conf, the CA bundle, execd's env file)
+   are written by runtime/sandbox_root.py, never through a path an image's symlink can bend.
 3. Every process of a sandbox joins its cgroup before it runs anything (the launch shell writes
    its PID, then execs nsenter -> bwrap), so delete = kill the cgroup, unmount, remove the dir.
 4. Sandbox processes are uid 0 with a reduced capability set (`SANDBOX_CAPS`): nothing that could
@@ -36,7 +36,6 @@ import os
 import shlex
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -48,7 +47,7 @@ from pydantic import BaseModel
 
 from sandgate.lifecycle.cgroups import Limits, SandboxCgroup
 from sandgate.lifecycle.images import HostRoot, Image, ImageStore
-from sandgate.lifecycle.kernel import instance_tag, mount, open_in_root, umount
+from sandgate.lifecycle.kernel import instance_tag, mount, umount
 from sandgate.lifecycle.runtime.base import (
     EXECD_PORT,
     BindMount,
@@ -56,6 +55,15 @@ from sandgate.lifecycle.runtime.base import (
     SandboxNet,
     SandboxSpec,
     wait_for_execd,
+)
+from sandgate.lifecycle.runtime.sandbox_root import (
+    DEFAULT_PATH,
+    EXECD_ENV_FILE,
+    ensure_dir,
+    env_file_value,
+    image_env,
+    install_ca,
+    write_file,
 )
 from sandgate.lifecycle.runtime.seccomp import DENY_KERNEL_LOG, deny_syscalls, filter_fd
 
@@ -73,13 +81,6 @@ SANDBOX_CAPS = (
     "CAP_SYS_CHROOT",
     "CAP_AUDIT_WRITE",
 )
-CA_BUNDLES = ("etc/ssl/certs/ca-certificates.crt", "etc/pki/tls/certs/ca-bundle.crt", "etc/ssl/cert.pem")
-PROXY_CA_FILE = "etc/ssl/certs/sandgate-proxy.crt"
-CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE")
-# The file execd reads KEY=VALUE lines from for every command (EXECD_ENVS; the SDK's set_env
-# appends to it). A warm-pool sandbox gets its request's env here when it is claimed.
-EXECD_ENV_FILE = "etc/sandgate-execd.env"
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The whole environment of the launch chain's host-side hops (sh, nsenter, bwrap): bwrap's PID 1
 # inside the sandbox keeps it, so it must hold nothing of the server's.
 LAUNCH_ENV = {"PATH": DEFAULT_PATH}
@@ -116,7 +117,7 @@ class ExecdPython:
     binds: list[str]
 
 
-class SandboxRecord(BaseModel):
+class LocalSandboxState(BaseModel):
     """What the runtime keeps on disk per sandbox (`state.json`), for adopt after a restart."""
 
     sandbox_id: str
@@ -167,7 +168,7 @@ class LocalRuntime:
             env = self._prepare_root(box, image, lower, spec, net)
             cgroup = self._cgroup(spec.sandbox_id)
             cgroup.create(Limits(spec.memory_bytes, spec.pids_max, spec.cpu_quota))
-            record = SandboxRecord(
+            record = LocalSandboxState(
                 sandbox_id=spec.sandbox_id,
                 image=spec.image,
                 netns=net.netns,
@@ -218,7 +219,7 @@ class LocalRuntime:
                 sandbox_id = state.parent.name
                 if self.alive(sandbox_id):
                     running.append(sandbox_id)
-                    lower = SandboxRecord.model_validate_json(state.read_text(encoding="utf-8")).lower
+                    lower = LocalSandboxState.model_validate_json(state.read_text(encoding="utf-8")).lower
                     lowers.update([Path(lower)] if lower else [])
                 else:
                     self.delete(sandbox_id)
@@ -242,10 +243,10 @@ class LocalRuntime:
         """Give a running sandbox (a claimed warm-pool member) its limits and its env: the env
         goes to execd's env file, so every command (and the entrypoint execd starts) sees it."""
         self._existing_cgroup(sandbox_id).create(limits)
-        lines = "".join(f"{key}={_env_file_value(value)}\n" for key, value in env.items())
+        lines = "".join(f"{key}={env_file_value(value)}\n" for key, value in env.items())
         root_fd = os.open(self.root_path(sandbox_id), os.O_PATH | os.O_DIRECTORY)
         try:
-            _write_file(root_fd, EXECD_ENV_FILE, lines.encode())
+            write_file(root_fd, EXECD_ENV_FILE, lines.encode())
         finally:
             os.close(root_fd)
 
@@ -287,17 +288,17 @@ class LocalRuntime:
         for name in ("upper", "work", "root"):
             (box / name).mkdir(parents=True, exist_ok=True)
         _mount_overlay(lower, box)
-        env = _image_env(image)
+        env = image_env(image)
         root_fd = os.open(box / "root", os.O_PATH | os.O_DIRECTORY)
         try:
-            _ensure_dir(root_fd, "workspace")
-            _write_file(
+            ensure_dir(root_fd, "workspace")
+            write_file(
                 root_fd,
                 "etc/resolv.conf",
                 f"nameserver {net.gateway}\noptions timeout:2 attempts:2\n".encode(),
             )
             if spec.ca_cert is not None:
-                env.update(_install_ca(root_fd, spec.ca_cert.read_bytes()))
+                env.update(install_ca(root_fd, spec.ca_cert.read_bytes()))
         finally:
             os.close(root_fd)
         env["EXECD_ENVS"] = "/" + EXECD_ENV_FILE
@@ -404,69 +405,3 @@ def _python_paths(python: str) -> ExecdPython:
     if not any(Path(site_packages).is_relative_to(path) for path in binds):
         binds.append(site_packages)
     return ExecdPython(site_packages, package_dir, list(dict.fromkeys(binds)))
-
-
-def _env_file_value(value: str) -> str:
-    """A double-quoted value as execd's env file reader unquotes it (\\ \" \n \r \t)."""
-    escapes = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
-    quoted = '"' + "".join(escapes.get(char, char) for char in value) + '"'
-    if len(quoted.splitlines()) != 1:
-        raise ValueError(f"env value {value[:40]!r} has a line separator the env file cannot carry")
-    return quoted
-
-
-def _image_env(image: Image) -> dict[str, str]:
-    env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
-    env.update(entry.split("=", 1) for entry in image.env if "=" in entry)  # type: ignore[misc]
-    return env
-
-
-def _install_ca(root_fd: int, ca: bytes) -> dict[str, str]:
-    """Add the proxy CA to every CA bundle the image has; returns the variables that point at it."""
-    _write_file(root_fd, PROXY_CA_FILE, ca)
-    bundles = [path for path in CA_BUNDLES if _read_file(root_fd, path) is not None] or [CA_BUNDLES[0]]
-    for path in bundles:
-        existing = _read_file(root_fd, path) or b""
-        _write_file(root_fd, path, existing.rstrip(b"\n") + b"\n" + ca if existing else ca)
-    env = dict.fromkeys(CA_BUNDLE_VARS, "/" + bundles[0])
-    env["NODE_EXTRA_CA_CERTS"] = "/" + PROXY_CA_FILE
-    return env
-
-
-def _ensure_dir(root_fd: int, relative: str) -> int:
-    """An O_PATH fd of the directory `relative` inside the root, created (0755) when missing."""
-    try:
-        return open_in_root(root_fd, relative or ".", os.O_PATH | os.O_DIRECTORY)
-    except FileNotFoundError:
-        parent_fd = _ensure_dir(root_fd, os.path.dirname(relative))
-        try:
-            os.mkdir(os.path.basename(relative), 0o755, dir_fd=parent_fd)
-        finally:
-            os.close(parent_fd)
-        return open_in_root(root_fd, relative, os.O_PATH | os.O_DIRECTORY)
-
-
-def _write_file(root_fd: int, relative: str, data: bytes) -> None:
-    """Replace a file inside the root; a symlink in its place is replaced, never followed."""
-    parent_fd = _ensure_dir(root_fd, os.path.dirname(relative))
-    name = os.path.basename(relative)
-    try:
-        try:
-            if stat.S_ISLNK(os.lstat(name, dir_fd=parent_fd).st_mode):
-                os.unlink(name, dir_fd=parent_fd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=parent_fd)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-    finally:
-        os.close(parent_fd)
-
-
-def _read_file(root_fd: int, relative: str) -> bytes | None:
-    try:
-        fd = open_in_root(root_fd, relative, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read()

@@ -28,6 +28,7 @@ from opensandbox.models.filesystem import (
 )
 
 from sandgate.execd.files import replace_stream
+from tests.support.tiers import examples
 
 from .conftest import Execd
 
@@ -215,7 +216,7 @@ def test_replace_without_verbose_is_empty_and_keeps_mode(execd: Execd, execd_roo
     assert target.read_text() == "bb-bb-bb" and target.stat().st_mode & 0o777 == 0o751
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     data=st.binary(max_size=300),
     old=st.binary(min_size=1, max_size=5),

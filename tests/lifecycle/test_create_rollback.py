@@ -1,5 +1,6 @@
 """Create, delete and egress changes of `Service`, in the fast tier (no root): every failure
-point of a create leaves nothing behind, and a failed egress change leaves the old state in force.
+point of a create (cold, and a warm-pool claim) leaves nothing behind, a failing undo step does
+not stop the others, and a failed egress change leaves the old state in force.
 
 The collaborators that need root (netns + nftables networks, the bubblewrap runtime, the proxy
 child) are replaced by small loopback stand-ins; what runs is real: the SQLite store, the policy
@@ -14,12 +15,14 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sandgate.lifecycle.cgroups import Limits
 from sandgate.lifecycle.credential_state import CredentialEntry, VaultState
 from sandgate.lifecycle.egress_control import EgressControl, PolicyChange
 from sandgate.lifecycle.errors import LifecycleError
@@ -43,17 +46,24 @@ class LoopbackNetworks:
         self.prefix = f"127.{secrets.randbelow(200) + 20}.{secrets.randbelow(250) + 1}"
         self.live: dict[str, SandboxNet] = {}
         self.fail = False
+        self.fail_destroy = False
         self._next = 2
+        self._guard = threading.Lock()
 
     def create(self, sandbox_id: str) -> SandboxNet:
         if self.fail:
             raise Broken("network")
-        net = SandboxNet(netns=f"fake-{sandbox_id[:8]}", address=f"{self.prefix}.{self._next}", gateway="")
-        self._next += 1
-        self.live[sandbox_id] = net
+        with self._guard:  # the warm pool builds members on its own thread
+            net = SandboxNet(
+                netns=f"fake-{sandbox_id[:8]}", address=f"{self.prefix}.{self._next}", gateway=""
+            )
+            self._next += 1
+            self.live[sandbox_id] = net
         return net
 
     def destroy(self, sandbox_id: str) -> None:
+        if self.fail_destroy:
+            raise Broken("network destroy")
         self.live.pop(sandbox_id, None)
 
     def cleanup_leftovers(self, keep: set[str]) -> dict[str, SandboxNet]:
@@ -70,6 +80,8 @@ class ExecdRuntime:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.fail = False
         self.die_at_start = False
+        self.fail_configure = False
+        self.configured: dict[str, tuple[dict[str, str], Limits]] = {}
 
     def create(self, spec: SandboxSpec, net: SandboxNet) -> None:
         if self.fail:
@@ -90,6 +102,12 @@ class ExecdRuntime:
         if process is not None:
             process.kill()
             process.communicate()
+
+    def configure(self, sandbox_id: str, env: dict[str, str], limits: Limits) -> None:
+        """What a warm-pool claim gives a running sandbox (the local runtime writes files)."""
+        if self.fail_configure:
+            raise Broken("configure")
+        self.configured[sandbox_id] = (env, limits)
 
     def pause(self, sandbox_id: str) -> None: ...
 
@@ -149,7 +167,7 @@ def break_inserts(store: Store, table: str) -> None:
 
 
 class Rig:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, pool_size: int = 0) -> None:
         (tmp_path / "sandboxes").mkdir()
         self.store = Store(tmp_path / "state.db")
         self.networks = LoopbackNetworks()
@@ -172,6 +190,7 @@ class Rig:
             egress=self.egress,
             check_image=self._check_image,
             ready_timeout=10.0,
+            warm_pool_size=pool_size,
         )
 
     def _audit(self, sandbox_id: str, what: str, change: PolicyChange) -> None:
@@ -192,19 +211,37 @@ class Rig:
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
-    made = Rig(tmp_path)
+    yield from rigged(Rig(tmp_path))
+
+
+@pytest.fixture
+def pooled(tmp_path: Path) -> Iterator[Rig]:
+    """A rig whose service has a warm pool of one, full before the test starts."""
+    made = Rig(tmp_path, pool_size=1)
+    made.service.start()
+    assert made.service.pool is not None and made.service.pool.wait_full(30)
+    yield from rigged(made)
+
+
+def rigged(made: Rig) -> Iterator[Rig]:
     try:
         yield made
     finally:
+        made.service.stop()
         for sandbox_id in list(made.runtime.processes):
             made.runtime.delete(sandbox_id)
         made.store.close()
 
 
-def request(policy: dict[str, Any] | None = ALLOW_ONE) -> CreateRequest:
+def request(
+    policy: dict[str, Any] | None = ALLOW_ONE,
+    entrypoint: tuple[str, ...] = ("sleep", "infinity"),
+    **limits: str,
+) -> CreateRequest:
     return CreateRequest(
-        image="sandgate/host", entrypoint=["sleep", "infinity"], env={}, metadata={}, extensions={},
-        platform=None, resource_limits={}, timeout=600, network_policy=policy, credential_proxy=False,
+        image="sandgate/host", entrypoint=list(entrypoint), env={"GREETING": "hi"}, metadata={},
+        extensions={}, platform=None, resource_limits=limits, timeout=600, network_policy=policy,
+        credential_proxy=False,
     )  # fmt: skip
 
 
@@ -239,6 +276,21 @@ def test_a_failed_create_leaves_nothing_behind(rig: Rig, failure: str) -> None:
     with pytest.raises(LifecycleError) as raised:
         rig.service.create(request())
     assert raised.value.kind in ("invalid", "unavailable")
+    rig.assert_nothing_left()
+
+
+def test_a_failing_undo_step_does_not_stop_the_others(rig: Rig) -> None:
+    rig.runtime.fail = True
+    rig.networks.fail_destroy = True
+    with pytest.raises(LifecycleError, match="could not be started: runtime"):
+        rig.service.create(request())
+    assert rig.proxy.entries == {} and rig.store.list_sandboxes() == []
+    assert len(rig.networks.live) == 1  # the one step that failed; logged, the rest undone
+
+
+def test_a_bad_resource_quantity_is_refused_before_anything_is_built(rig: Rig) -> None:
+    with pytest.raises(LifecycleError, match=r"resourceLimits\.memory='lots'"):
+        rig.service.create(request(memory="lots"))
     rig.assert_nothing_left()
 
 
@@ -281,3 +333,42 @@ def test_a_vault_change_the_proxy_refuses_removes_the_new_values(rig: Rig) -> No
         rig.egress.change_vault(record.id, build, "test", "credential-vault create", None, must_exist=False)
     assert rig.vault.values == {}
     assert rig.store.get_vault(record.id) is None
+
+
+def test_a_warm_pool_claim_configures_pushes_and_starts_the_entrypoint(pooled: Rig) -> None:
+    assert pooled.service.pool is not None
+    (member,) = pooled.service.pool.members()
+    record = pooled.service.create(request(memory="64Mi"))
+    assert record.id == member and record.state == "Running"
+    assert pooled.runtime.configured[member] == ({"GREETING": "hi"}, Limits(memory_bytes=64 << 20))
+    assert pooled.proxy.entries[record.address or ""].sandbox_id == member
+    assert pooled.store.get_sandbox(member).execd_token
+    assert pooled.audit == [(member, "create")]
+
+
+CLAIM_FAILURES: dict[str, tuple[Callable[[Rig], None], tuple[str, ...], bool]] = {
+    # what breaks, the entrypoint, whether the cold create after it succeeds
+    "configure": (lambda rig: setattr(rig.runtime, "fail_configure", True), ("sleep", "9"), True),
+    "entrypoint refused by execd": (lambda rig: None, ("",), True),
+    "proxy push": (lambda rig: setattr(rig.proxy, "fail", True), ("sleep", "9"), False),
+    "store": (lambda rig: break_inserts(rig.store, "sandboxes"), ("sleep", "9"), False),
+}
+
+
+@pytest.mark.parametrize("failure", CLAIM_FAILURES)
+def test_a_failed_claim_removes_the_member_and_starts_cold(pooled: Rig, failure: str) -> None:
+    """A claim that fails at any step discards the member whole (its execd, network and proxy
+    entry) and falls back to a cold create, which succeeds or fails on its own."""
+    assert pooled.service.pool is not None
+    (member,) = pooled.service.pool.members()
+    breaks, entrypoint, cold_works = CLAIM_FAILURES[failure]
+    breaks(pooled)
+    if cold_works:
+        record = pooled.service.create(request(entrypoint=entrypoint))
+        assert record.id != member and pooled.store.get_sandbox(record.id).state == "Running"
+        assert set(pooled.proxy.entries) == {record.address}
+    else:
+        with pytest.raises(LifecycleError):
+            pooled.service.create(request(entrypoint=entrypoint))
+        assert pooled.proxy.entries == {} and pooled.store.list_sandboxes() == []
+    assert member not in pooled.runtime.processes and member not in pooled.networks.live

@@ -27,6 +27,7 @@ from sandgate.policy import (
     request_identity,
 )
 from sandgate.policy.canonical import canonical_pattern, canonical_target
+from tests.support.tiers import examples
 
 # ------------------------------------------------------------------------------ the forms
 
@@ -137,7 +138,7 @@ def escape(char: str, upper: bool) -> str:
     return "".join(f"%{byte:02X}" if upper else f"%{byte:02x}" for byte in char.encode())
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(path=paths, data=st.data())
 def test_every_spelling_of_a_path_has_one_canonical_form(path: str, data: st.DataObject) -> None:
     """Escaping any subset of its characters (either hex case) changes nothing."""
@@ -199,7 +200,7 @@ ORIGINS = (nginx, tomcat, double_decoder, backslash_server)
 SOFT_FORMS = re.compile(rb"%2F|%5C|\\|;|%3B|//|%[89A-F][0-9A-F]", re.IGNORECASE)
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(target=targets)
 def test_an_accepted_target_is_the_path_every_normalizing_origin_serves(target: str) -> None:
     """...and its canonical form is stable (canonical again, it is itself)."""

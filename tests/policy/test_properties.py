@@ -11,6 +11,7 @@ from sandgate.policy import PolicyError, Request, compile_policy, denied_range, 
 from sandgate.policy.addresses import address_to_check
 from sandgate.policy.names import canonical_target, parse_target
 from tests.policy.reference import ip, naive_decide, port_scheme_miss, same_decision, target_matches
+from tests.support.tiers import examples
 
 LABELS = ["a", "b", "api", "example", "test", "cdn"]
 ADDRESSES = ["198.51.100.7", "198.51.100.200", "203.0.113.9", "10.1.2.3", "127.0.0.1", "2001:db8::5", "::1"]
@@ -111,7 +112,9 @@ def requests(document: dict[str, Any]) -> st.SearchStrategy[Request]:
 
 
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow]
+    max_examples=examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow],
 )
 @given(document=policies(), data=st.data())
 def test_compiled_matches_naive_first_match(document: dict[str, Any], data: st.DataObject) -> None:
@@ -130,7 +133,7 @@ connections = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     document=policies(),
     address=st.sampled_from([*ADDRESSES, "169.254.169.254", "::ffff:10.1.2.3"]),
@@ -165,7 +168,9 @@ def test_check_address_is_first_matching_ip_rule(
 
 
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow]
+    max_examples=examples(200),
+    deadline=None,
+    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow],
 )
 @given(document=policies(), data=st.data())
 def test_cached_decisions_equal_uncached(document: dict[str, Any], data: st.DataObject) -> None:
@@ -186,7 +191,7 @@ def test_cached_decisions_equal_uncached(document: dict[str, Any], data: st.Data
         assert cached.check_address(address) == uncached.check_address(address)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     raw=st.one_of(
         name_targets,

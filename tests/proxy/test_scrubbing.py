@@ -12,6 +12,7 @@ from mitmproxy.http import Headers
 
 from sandgate.proxy.scrubbing import Scrubber
 from sandgate.vault import secret_forms
+from tests.support.tiers import examples
 
 SECRET = "sk-live-5e2f9a0c7d1b"
 SCRUBBER = Scrubber([SECRET, "user:pa55word-xyz"])
@@ -24,7 +25,7 @@ def streamed(chunks: list[bytes]) -> tuple[bytes, list[bytes]]:
     return b"".join(outputs) + b"".join(body(b"")), outputs
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     parts=st.lists(
         st.one_of(
@@ -96,7 +97,7 @@ ENCODERS = {
 }
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(
     secret=st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_/+=", min_size=10, max_size=32),
     chain=st.lists(st.sampled_from(sorted(ENCODERS)), min_size=1, max_size=2),

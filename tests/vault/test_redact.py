@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandgate.vault import REDACTED, Redactor
+from tests.support.tiers import examples
 
 TOKEN = "ghp_R3dact0r-Test+Value/42"
 PASSWORD = "hunter2-is-long"
@@ -111,7 +112,7 @@ secret_values = st.sampled_from([TOKEN, BASIC, f"alice:{PASSWORD}", "short", PAS
 filler = st.binary(max_size=40)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     parts=st.lists(st.tuples(filler, secret_values), min_size=1, max_size=5),
     tail=filler,
@@ -137,7 +138,7 @@ SECRETS = st.text(
 URL_SAFE_SETS = ["", "/", ":/?#[]@!$&'()*+,;=", "!'()*", ";,/?:@&=+$#!'()*"]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(secret=SECRETS, safe=st.sampled_from(URL_SAFE_SETS), plus=st.booleans(), lower=st.booleans())
 def test_url_encoding_that_keeps_reserved_characters(secret: str, safe: str, plus: bool, lower: bool) -> None:
     form = (quote_plus if plus else quote)(secret, safe=safe)
@@ -147,7 +148,7 @@ def test_url_encoding_that_keeps_reserved_characters(secret: str, safe: str, plu
     assert form not in out and REDACTED.decode() in out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(secret=SECRETS, ascii_only=st.booleans())
 def test_json_with_escaped_slashes(secret: str, ascii_only: bool) -> None:
     form = json.dumps({"token": secret + "/x"}, ensure_ascii=ascii_only).replace("/", "\\/")
@@ -156,7 +157,7 @@ def test_json_with_escaped_slashes(secret: str, ascii_only: bool) -> None:
     assert REDACTED in out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     secret=SECRETS,
     charset=st.sampled_from(["utf-16-le", "utf-16-be", "utf-16"]),

@@ -182,11 +182,10 @@ def command(
     **filters: Any,
 ) -> None:
     """Query and follow the audit log (what each sandbox reached, what was denied and why)."""
-    from sandgate.lifecycle.audit import AuditFilter, AuditIndex, QueryError
-    from sandgate.lifecycle.audit.service import INDEX_FILE
+    from sandgate.lifecycle.audit import AuditFilter, QueryError
+    from sandgate.lifecycle.wiring import audit_index
 
-    settings = obj.settings()
-    index = AuditIndex(settings.state_dir / INDEX_FILE, settings.audit_log)
+    index = audit_index(obj.settings())
     index.ingest()
     if filters["sandbox"]:
         filters["sandbox"] = sandbox_by_prefix(index, filters["sandbox"])

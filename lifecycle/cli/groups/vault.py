@@ -16,35 +16,8 @@ from typing import Any
 import click
 
 from sandgate.lifecycle.settings import Settings
-from sandgate.vault import (
-    LocalStore,
-    SecretStore,
-    VaultError,
-    VaultKeyError,
-    decode_master_key,
-    generate_master_key,
-    open_store,
-)
-
-
-def open_vault(settings: Settings) -> SecretStore:
-    """The store the settings describe."""
-
-    def secret(value: Any) -> str | None:
-        return value.get_secret_value() if value is not None else None
-
-    return open_store(
-        settings.vault_backend,
-        settings.state_dir,
-        vault_key=secret(settings.vault_key),
-        openbao_addr=settings.openbao_addr,
-        openbao_token=secret(settings.openbao_token),
-        openbao_role_id=settings.openbao_role_id,
-        openbao_secret_id=secret(settings.openbao_secret_id),
-        openbao_mount=settings.openbao_mount,
-        openbao_prefix=settings.openbao_prefix,
-        cache_ttl=settings.vault_cache_ttl,
-    )
+from sandgate.lifecycle.wiring import open_vault
+from sandgate.vault import LocalStore, VaultError, VaultKeyError, decode_master_key, generate_master_key
 
 
 @contextlib.contextmanager
