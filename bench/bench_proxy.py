@@ -4,7 +4,7 @@ Rules:
 1. Nothing leaves the machine: the module re-executes itself in a fresh network namespace and
    builds its own origin (Debian nginx + a DNS server) and client namespaces (bench/topology.py);
    every process, namespace, veth and nft table is removed by PID or name, also on failure.
-2. Bounded: every load run lasts SANDGATE_BENCH_SECONDS (default 2) seconds; the 41 runs are
+2. Bounded: every load run lasts SANDGATE_BENCH_SECONDS (default 2) seconds; the 57 runs are
    gone through SANDGATE_BENCH_ROUNDS (default 3) times. Rows that are compared run back to
    back (A B, then B A), each row shows its best round (the machine may be shared: the best
    round is the least disturbed one), and ratios are the median of the per-round ratios. The
@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -58,7 +59,8 @@ from bench.topology import (
 
 SECONDS = max(1, round(float(os.environ.get("SANDGATE_BENCH_SECONDS", "2"))))
 ROUNDS = max(1, int(os.environ.get("SANDGATE_BENCH_ROUNDS", "3")))
-# Parts to run: "load" (the back-to-back rows, downloads, idle sandboxes), "noisy" (fairness)
+# Parts to run: "load" (the back-to-back rows, downloads, idle sandboxes), "noisy" (fairness),
+# "workers" (only the 1 vs N workers rows of "load")
 ONLY = set(os.environ.get("SANDGATE_BENCH_ONLY", "load,noisy").split(","))
 NOISY_CONNECTIONS = int(os.environ.get("SANDGATE_BENCH_NOISY_CONNECTIONS", "1500"))
 QUIET_RATE = 20  # the quiet sandbox's requests per second in the noisy-neighbour rows
@@ -70,6 +72,10 @@ SANDGATE_PORTS = {"transparent_port": 15001, "explicit_port": 15002, "dns_port":
 IDLE_PORTS = {"transparent_port": 17001, "explicit_port": 17002, "dns_port": 17053}
 MITMDUMP_PORT, MITMDUMP_EXPLICIT_PORT, SQUID_PORT = 16001, 16002, 3128
 IDLE_SANDBOXES = 1000
+WORKERS = max(2, os.cpu_count() or 2)  # the N of the 1 vs N workers rows
+PINNED_WORKER_PORTS = {"transparent_port": 20001, "explicit_port": 20002, "dns_port": 20053}
+SPREAD_WORKER_PORTS = {"transparent_port": 21001, "explicit_port": 21002, "dns_port": 21053}
+ALL_CPUS = f"0-{(os.cpu_count() or 2) - 1}"
 SECRET = "bench-secret-7f3a9c2e5d1b"
 NAMES = ("api", "pass", "plain", "direct")  # client view: api/pass/plain are redirected, direct is not
 POLICY = {
@@ -128,8 +134,10 @@ class Load:
     p99_ms: float | None
     errors: int
     p95_ms: float | None = None  # only where the rows show it (noisy neighbour)
-    cpu_seconds: float | None = None  # the proxy's, during the run
-    rss_mib: float | None = None  # the proxy's, at the end of the run
+    cpu_seconds: float | None = None  # the proxy's (with workers: the pool's and theirs), during the run
+    rss_mib: float | None = None  # the proxy's (summed over its processes), at the end of the run
+    loadgen_cores: float | None = None  # CPU the load generator (and its wrappers) used, in cores
+    idle_cores: float | None = None  # CPU nobody used during the run, in cores (the whole machine)
 
     @property
     def rps(self) -> float:
@@ -157,18 +165,34 @@ class Proxy:
     ca_cert: Path | None = None  # the CA a client must trust for its intercepted TLS
     state_dir: Path | None = None
 
+    def pids(self) -> list[int]:
+        """The proxy's processes: itself and, for sandgate's worker pool, its workers."""
+        from sandgate.lifecycle.supervisor import process_family
+
+        return process_family(self.process.pid)
+
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total = 0
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
 
     def memory_kib(self, key: str = "VmRSS") -> int:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith(f"{key}:"):
-                return int(line.split()[1])
-        raise RuntimeError(f"{key} not in /proc/{self.process.pid}/status")
+        total = 0
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith(f"{key}:"):
+                        total += int(line.split()[1])
+        if not total:
+            raise RuntimeError(f"{key} not in /proc/{self.process.pid}/status")
+        return total
 
     def reset_peak(self) -> None:
-        Path(f"/proc/{self.process.pid}/clear_refs").write_text("5")  # VmHWM := current RSS
+        for pid in self.pids():
+            Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := current RSS
 
 
 @dataclass
@@ -186,13 +210,30 @@ class Row:
 
 
 def measured(proxy: Proxy | None, run: Callable[[], Load]) -> Load:
-    """Run a load and attach the proxy's CPU time and RSS for it."""
+    """Run a load and attach the proxy's CPU time and RSS for it, the load generator's CPU and
+    the machine's idle CPU."""
     cpu = proxy.cpu_seconds() if proxy else 0.0
+    children, idle, started = _children_cpu(), _idle_seconds(), time.monotonic()
     load = run()
+    elapsed = time.monotonic() - started
+    load.loadgen_cores = (_children_cpu() - children) / elapsed
+    load.idle_cores = (_idle_seconds() - idle) / elapsed
     if proxy:
         load.cpu_seconds = proxy.cpu_seconds() - cpu
         load.rss_mib = proxy.memory_kib() / 1024
     return load
+
+
+def _children_cpu() -> float:
+    """CPU seconds of every child this process has waited for (the load generators)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _idle_seconds() -> float:
+    """Idle CPU seconds of the whole machine so far (/proc/stat: idle + iowait)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
 
 
 def wrk(topo: Topology, url: str, c: int, path: str | None = None, headers: tuple[str, ...] = ()) -> Load:
@@ -287,9 +328,11 @@ def curl_load(
 # ---------------------------------------------------------------- the proxies
 
 
-def start_sandgate(topo: Topology, name: str, ports: dict[str, int], **extra: object) -> tuple[Proxy, object]:
-    """`python -m sandgate.proxy --config`, as lifecycle starts it (`extra`: more ProxyConfig
-    fields); returns it and its ProxyControl."""
+def start_sandgate(
+    topo: Topology, name: str, ports: dict[str, int], cpus: str = PROXY_CPU, **extra: object
+) -> tuple[Proxy, object]:
+    """`python -m sandgate.proxy --config`, as lifecycle starts it, on `cpus` (`extra`: more
+    ProxyConfig fields); returns it and its ProxyControl."""
     from sandgate.proxy import ProxyConfig, ProxyControl
     from sandgate.vault import generate_master_key, open_store
 
@@ -307,7 +350,7 @@ def start_sandgate(topo: Topology, name: str, ports: dict[str, int], **extra: ob
     config.state_dir.mkdir(parents=True)
     config_file = config.state_dir / "proxy.json"
     config_file.write_text(config.model_dump_json())
-    argv = ["taskset", "-c", PROXY_CPU, sys.executable, "-m", "sandgate.proxy", "--config", str(config_file)]
+    argv = ["taskset", "-c", cpus, sys.executable, "-m", "sandgate.proxy", "--config", str(config_file)]
     process = topo.spawn(name, argv, cwd=REPO)
     control = ProxyControl(config.socket_path)
     deadline = time.monotonic() + 30
@@ -453,6 +496,16 @@ HEAVY_ROWS = [  # at c=8: new connection per request (1 KiB), and 1 MiB bodies
 ]
 
 
+WORKER_SECTION = "workers: intercepted HTTPS + inject + audit, 1 KiB keep-alive (wrk)"
+ONE_WORKER, PINNED_WORKERS = "sandgate, 1 worker (CPU 1)", f"sandgate, {WORKERS} workers, all on CPU 1"
+SPREAD_WORKERS = f"sandgate, {WORKERS} workers on CPUs {ALL_CPUS} (with the load generator)"
+WORKER_ROWS = [
+    (ONE_WORKER, "sandgate", "wrk", API),
+    (PINNED_WORKERS, "sandgate-workers-pinned", "wrk", API),
+    (SPREAD_WORKERS, "sandgate-workers", "wrk", API),
+]
+
+
 def _scenario(section: str, row: tuple[str, str | None, str, str], body: str, c: tuple[int, ...]) -> Scenario:
     name, proxy, tool, origin = row
     if proxy == "squid" and tool == "wrk":  # wrk speaks to squid, asking for the absolute URL
@@ -465,6 +518,7 @@ SCENARIOS = (
     + [_scenario(FRESH, row, K, (8,)) for row in HEAVY_ROWS]
     + [_scenario(BIG, row, M, (8,)) for row in HEAVY_ROWS]
     + [_scenario(H2, row, K, (32,)) for row in H2_ROWS]
+    + [_scenario(WORKER_SECTION, row, K, (8, 32)) for row in WORKER_ROWS]
 )
 
 
@@ -514,6 +568,31 @@ RATIOS = [
     Ratio("pass-through new conns, splice / relay per core", OURS_PASS, RELAY_PASS, FRESH, 8, 1.0, True),
     Ratio("pass-through 1 MiB, splice / relay per core", OURS_PASS, RELAY_PASS, BIG, 8, 1.0, True),
     Ratio("intercepted HTTP/2 streams, sandgate / mitmdump", *H2_INTERCEPTED, H2, 32, 1.5, True),
+    *(
+        Ratio(
+            f"{WORKERS} workers on one core / 1 worker",
+            PINNED_WORKERS,
+            ONE_WORKER,
+            WORKER_SECTION,
+            c,
+            1.0,
+            True,
+        )
+        for c in (8, 32)
+    ),
+    *(
+        Ratio(
+            f"{WORKERS} workers on {ALL_CPUS} / 1 worker",
+            SPREAD_WORKERS,
+            ONE_WORKER,
+            WORKER_SECTION,
+            c,
+            1.0,
+            per,
+        )
+        for c in (8, 32)
+        for per in (True, False)
+    ),
 ]
 
 
@@ -522,6 +601,8 @@ def run_scenario(topo: Topology, scenario: Scenario, c: int, proxies: dict[str, 
     transparent = {
         "sandgate": SANDGATE_PORTS["transparent_port"],
         "sandgate-relay": RELAY_PORTS["transparent_port"],
+        "sandgate-workers-pinned": PINNED_WORKER_PORTS["transparent_port"],
+        "sandgate-workers": SPREAD_WORKER_PORTS["transparent_port"],
         "mitmdump": MITMDUMP_PORT,
     }
     if scenario.tool == "h2load":
@@ -706,7 +787,7 @@ def run_all(topo: Topology) -> None:
     idle: dict[str, float] | None = None
     if "noisy" in ONLY:
         rows += noisy_rows(topo, sandgate)
-    if "load" in ONLY:
+    if ONLY & {"load", "workers"}:
         rows += load_rows(topo, sandgate)
     audit_lines = sum(
         len(p.read_bytes().splitlines()) for p in (sandgate.state_dir or topo.workdir).glob("audit.jsonl*")
@@ -723,17 +804,27 @@ def load_rows(topo: Topology, sandgate: Proxy) -> list[Row]:
     from sandgate.proxy import SandboxEntry
 
     relay, relay_control = start_sandgate(topo, "sandgate-relay", RELAY_PORTS, splice_passthrough=False)
-    relay_control.put_sandbox(SandboxEntry(sandbox_id="bench", address=CLIENT, policy=POLICY))  # type: ignore[attr-defined]
-    relay_control.close()  # type: ignore[attr-defined]
+    pinned, pinned_control = start_sandgate(
+        topo, "sandgate-workers-pinned", PINNED_WORKER_PORTS, workers=WORKERS
+    )
+    spread, spread_control = start_sandgate(
+        topo, "sandgate-workers", SPREAD_WORKER_PORTS, cpus=ALL_CPUS, workers=WORKERS
+    )
+    for control in (relay_control, pinned_control, spread_control):
+        control.put_sandbox(SandboxEntry(sandbox_id="bench", address=CLIENT, policy=POLICY))  # type: ignore[attr-defined]
+        control.close()  # type: ignore[attr-defined]
     proxies = {
         "sandgate": sandgate,
         "sandgate-relay": relay,
+        "sandgate-workers-pinned": pinned,
+        "sandgate-workers": spread,
         "mitmdump": start_mitmdump(topo),
         "squid": start_squid(topo),
     }
     for note in check_paths(topo, sandgate, proxies["mitmdump"]):
         print(f"  {note}")
-    plan = [(s, c) for s in SCENARIOS for c in s.concurrency]
+    chosen = [s for s in SCENARIOS if "load" in ONLY or s.section == WORKER_SECTION]
+    plan = [(s, c) for s in chosen for c in s.concurrency]
     rows = [Row(s.section, s.name, c) for s, c in plan]
     groups: dict[tuple[str, int], list[int]] = {}  # rows compared with each other run back to back
     for index, (scenario, c) in enumerate(plan):
@@ -744,6 +835,10 @@ def load_rows(topo: Topology, sandgate: Proxy) -> list[Row]:
             for index in members if round_number % 2 == 0 else reversed(members):  # ABBA
                 rows[index].rounds.append(run_scenario(topo, *plan[index], proxies))
     topo.redirect_to(None)
+    if "load" not in ONLY:
+        for name in ("sandgate-relay", "sandgate-workers-pinned", "sandgate-workers", "mitmdump", "squid"):
+            topo.stop(proxies[name].process)
+        return rows
     downloads = [download(topo, "direct", "https://direct.example.com/100m.bin", topo.ca_cert, None)]
     topo.redirect_to(SANDGATE_PORTS["transparent_port"])
     sandgate_ca = sandgate.ca_cert or topo.ca_cert
@@ -753,14 +848,14 @@ def load_rows(topo: Topology, sandgate: Proxy) -> list[Row]:
             topo, "sandgate TLS pass-through", "https://pass.example.com/100m.bin", topo.ca_cert, sandgate
         ),
     ]
-    for name in ("sandgate-relay", "mitmdump", "squid"):
+    for name in ("sandgate-relay", "sandgate-workers-pinned", "sandgate-workers", "mitmdump", "squid"):
         topo.stop(proxies[name].process)
     return rows + downloads
 
 
 def report(rows: list[Row], idle: dict[str, float] | None, audit_lines: int) -> None:
     columns = [("c", 3), ("req/s", 8), ("p50 ms", 8), ("p99 ms", 8), ("MB/s", 8), ("CPU%", 5)]
-    columns += [("CPU ms/req", 10), ("RSS MiB", 8), ("err", 4)]
+    columns += [("CPU ms/req", 10), ("RSS MiB", 8), ("err", 4), ("LG cores", 8), ("idle", 5)]
     header = f"{'scenario':46} " + " ".join(f"{name:>{width}}" for name, width in columns)
     for section in dict.fromkeys(row.section for row in rows if row.section != NOISY_SECTION):
         print(f"\n{section}\n{header}")
@@ -772,7 +867,7 @@ def report(rows: list[Row], idle: dict[str, float] | None, audit_lines: int) -> 
     noisy = [row for row in rows if row.section == NOISY_SECTION]
     if noisy:
         report_noisy(noisy)
-    if idle is not None:
+    if ONLY & {"load", "workers"}:
         report_ratios(rows, idle)
     print(f"  sandgate wrote {audit_lines} audit records during the run")
 
@@ -798,12 +893,14 @@ def report_noisy(rows: list[Row]) -> None:
         )
 
 
-def report_ratios(rows: list[Row], idle: dict[str, float]) -> None:
+def report_ratios(rows: list[Row], idle: dict[str, float] | None) -> None:
     print(
         "\nratios, median over the rounds (each round compares runs made back to back; min-max):"
         "\nthroughput = req/s (MB/s for 1 MiB); per core = inverse of the proxies' CPU time per request"
     )
     for ratio in RATIOS:
+        if not any(r.section == ratio.section for r in rows):
+            continue
         ours, theirs = (
             _find(rows, name, ratio.section, ratio.concurrency) for name in (ratio.ours, ratio.theirs)
         )
@@ -821,6 +918,8 @@ def report_ratios(rows: list[Row], idle: dict[str, float]) -> None:
             f"  {ratio.what:52} c={ratio.concurrency:<3} throughput {_spread(throughput)}  "
             f"per core {_spread(per_core)}  [{verdict}]"
         )
+    if idle is None:
+        return
     per = idle["kib_per_sandbox"]
     print(
         f"  idle sandboxes: RSS {idle['rss_0_mib']:.1f} MiB with 0, "
@@ -840,7 +939,8 @@ def _line(row: Row) -> str:
     return (
         f"{row.scenario:46} {row.concurrency:>3} {load.rps:8.0f} {opt(load.p50_ms, 8, 2)} "
         f"{opt(load.p99_ms, 8, 2)} {load.mbps:8.1f} {opt(cpu_percent, 5, 0)} "
-        f"{opt(load.cpu_ms_per_request, 10, 2)} {opt(load.rss_mib, 8, 1)} {load.errors:>4}"
+        f"{opt(load.cpu_ms_per_request, 10, 2)} {opt(load.rss_mib, 8, 1)} {load.errors:>4} "
+        f"{opt(load.loadgen_cores, 8, 2)} {opt(load.idle_cores, 5, 2)}"
     )
 
 

@@ -48,14 +48,16 @@ _LISTEN_STATES = {"tcp": "0A", "tcp6": "0A", "udp": "07", "udp6": "07"}
 
 
 def listening(pid: int) -> Listeners:
-    """The TCP ports `pid` listens on and the UDP ports it has bound (read from /proc)."""
+    """The TCP ports `pid` and its descendants listen on and the UDP ports they have bound (read
+    from /proc; with proxy workers the pool holds the TCP listeners and worker 0 the DNS one)."""
     inodes: set[str] = set()
-    with contextlib.suppress(OSError):
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            with contextlib.suppress(OSError):
-                target = os.readlink(fd)
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
+    for member in process_family(pid):
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{member}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
     found: dict[str, set[int]] = {"tcp": set(), "udp": set()}
     for table, state in _LISTEN_STATES.items():
         with contextlib.suppress(OSError):
@@ -64,6 +66,22 @@ def listening(pid: int) -> Listeners:
                 if fields[3] == state and fields[9] in inodes:
                     found[table[:3]].add(int(fields[1].rsplit(":", 1)[1], 16))
     return Listeners(frozenset(found["tcp"]), frozenset(found["udp"]))
+
+
+def process_family(pid: int) -> list[int]:
+    """`pid` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    family, todo = [], [pid]
+    while todo:
+        member = todo.pop()
+        family.append(member)
+        todo += children.get(member, [])
+    return family
 
 
 class ProxySupervisor:

@@ -12,12 +12,15 @@ from pydantic import ValidationError
 from sandgate.proxy.config import ProxyConfig
 from sandgate.proxy.frontdoor import ListenError
 from sandgate.proxy.server import run_proxy
+from sandgate.proxy.workers import PoolStartError, WorkerSlot, die_with_pool, run_pool, worker_count
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sandgate.proxy", description=__doc__)
     parser.add_argument("--config", type=Path, required=True, help="ProxyConfig as JSON")
     parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--worker", help="I/N: run as worker I of the pool's N (the pool starts workers)")
+    parser.add_argument("--fds", help="the worker's inherited descriptors: transparent,explicit,audit")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -26,8 +29,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sandgate proxy: cannot use config {args.config}: {exc}", file=sys.stderr)
         return 2
     try:
-        run_proxy(config)
-    except ListenError as exc:
+        if args.worker:
+            die_with_pool()
+            run_proxy(config, WorkerSlot.parse(args.worker, args.fds))
+        elif worker_count(config) > 1:
+            run_pool(config, args.config, args.log_level)
+        else:
+            run_proxy(config)
+    except (ListenError, PoolStartError) as exc:
         print(f"sandgate proxy: {exc}", file=sys.stderr)
         return 1
     return 0

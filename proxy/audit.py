@@ -9,9 +9,10 @@ Rules:
    field (`FREE_TEXT`: host, path, SNI, method, reason, detail...) through the redactor of every
    secret value the proxy holds (a superset of each sandbox's own) and replaces query strings
    (`redact_path`). Callers cannot forget either: they hand over records, not lines.
-3. The proxy owns `audit.jsonl` (`AuditLog`: appended and flushed one line at a time, rotated by
-   size to `audit.jsonl.1` ... `audit.jsonl.N`, and published to in-process subscribers; a
-   failing subscriber is dropped, never allowed to stop the log). Other processes (lifecycle's
+3. The proxy owns `audit.jsonl` (`AuditLog`: each line appended with one write(), rotated by
+   size to `audit.jsonl.1` ... `audit.jsonl.N` by its one writer, and published to in-process
+   subscribers; a failing subscriber is dropped, never allowed to stop the log). With proxy
+   workers the one writer is the pool: a worker's `AuditLog` sends its lines there (`AuditPipe`). Other processes (lifecycle's
    policy changes) add lines with `append_record`, which opens the live file per line, so the
    proxy's rotation never strands them in a backup.
 4. This module is the schema: `AUDIT_FILE` is the file's name and `AuditRecord` its fields; the
@@ -24,9 +25,10 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
@@ -140,28 +142,21 @@ def append_record(path: Path, record: AuditRecord) -> None:
 
 
 class AuditLog:
-    """Append-only JSON-lines file with size-based rotation and in-process subscribers (who get
-    each record as it was written, redacted)."""
+    """Append-only JSON-lines audit stream with in-process subscribers (who get each record as it
+    was written, redacted). The lines go to an `AuditFile` (one proxy process, or the worker
+    pool) or, in a worker (`pipe_fd`), through an `AuditPipe` to the pool's one `AuditFile`."""
 
-    def __init__(self, path: Path, max_bytes: int, backups: int, redact: Redact | None = None) -> None:
+    def __init__(
+        self, path: Path, max_bytes: int, backups: int, redact: Redact | None = None, pipe_fd: int | None = None
+    ) -> None:
         self.path = path
-        self.max_bytes = max_bytes
-        self.backups = backups
         self.redact = redact
+        self.sink = AuditFile(path, max_bytes, backups) if pipe_fd is None else AuditPipe(pipe_fd)
         self._subscribers: list[Subscriber] = []
-        self._file: IO[str] = self._open()
-
-    def _open(self) -> IO[str]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        return os.fdopen(fd, "a", encoding="utf-8")
 
     def write(self, record: AuditRecord) -> None:
         record = written(record, self.redact)
-        self._file.write(to_line(record))
-        self._file.flush()
-        if self._file.tell() >= self.max_bytes:
-            self._rotate()
+        self.sink.write(to_line(record).encode())
         for subscriber in list(self._subscribers):
             try:
                 subscriber(record)
@@ -178,8 +173,34 @@ class AuditLog:
         if subscriber in self._subscribers:
             self._subscribers.remove(subscriber)
 
+    def close(self) -> None:
+        self.sink.close()
+
+
+class AuditFile:
+    """The audit file: whole lines appended with one write() each (O_APPEND, so lifecycle's
+    `append_record` lines never interleave with them), rotated by size by this one writer."""
+
+    def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self._fd = self._open()
+
+    def _open(self) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def write(self, lines: bytes) -> None:
+        """Append one or more complete lines."""
+        view = memoryview(lines)
+        while view:
+            view = view[os.write(self._fd, view) :]
+        if os.fstat(self._fd).st_size >= self.max_bytes:
+            self._rotate()
+
     def _rotate(self) -> None:
-        self._file.close()
+        os.close(self._fd)
         if self.backups == 0:
             self.path.unlink(missing_ok=True)
         else:
@@ -188,7 +209,23 @@ class AuditLog:
                 if older.exists():
                     os.replace(older, self.path.with_name(f"{self.path.name}.{n + 1}"))
             os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        self._file = self._open()
+        self._fd = self._open()
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._fd)
+
+
+class AuditPipe:
+    """A worker's end of its SOCK_SEQPACKET pair to the pool: each record is one message, so a
+    record arrives whole or (its worker killed mid-send) not at all, never cut or interleaved.
+    Sends block while the pool's queue is full (back-pressure, as a slow disk would)."""
+
+    def __init__(self, fd: int) -> None:
+        self._sock = socket.socket(fileno=fd)
+        self._sock.setblocking(True)
+
+    def write(self, line: bytes) -> None:
+        self._sock.send(line)  # one message: all of it or an error
+
+    def close(self) -> None:
+        self._sock.close()

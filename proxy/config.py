@@ -125,6 +125,12 @@ class ProxyConfig(BaseModel):
         description="decide TLS at the front door (ClientHello by MSG_PEEK) and relay pass-through "
         "connections in the kernel (splice), not through mitmproxy",
     )
+    workers: int = Field(
+        default=1,
+        ge=0,
+        description="proxy worker processes sharing the listeners (0: one per core); more than one "
+        "runs the worker pool (proxy/workers.py)",
+    )
     listen_backlog: int = Field(
         default=4096, ge=16, description="accept queue of each TCP listener (capped by net.core.somaxconn)"
     )

@@ -13,6 +13,11 @@ Entries live in memory only: lifecycle re-pushes every entry after it (re)starts
     GET    /health                                          -> 200 {"status": "ok", "sandboxes": n}
     GET    /metrics                                         -> 200 Prometheus text
     POST   /vault/changed   body: {"names": [...]} or {}    -> 200 {"refreshed": n}
+
+A worker of the pool (proxy/workers.py) has its own socket, which only the pool talks to, with
+two more routes: `POST /serve` (start accepting: the pool sends it once the worker holds every
+entry) and `GET /names/{sandbox}/{address}` (the name that sandbox resolved to that address
+through this worker's DNS: how the other workers attribute a connection without SNI).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import asyncio
 import contextlib
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +47,11 @@ class VaultChange(BaseModel):
     names: list[str] | None = None
 
 
-def control_app(state: ProxyState) -> FastAPI:
+def control_app(state: ProxyState, serve: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+    """The control API; `serve` given: a worker's, with `POST /serve` calling it."""
     app = FastAPI(title="sandgate proxy control", docs_url=None, redoc_url=None, openapi_url=None)
+    if serve is not None:
+        add_worker_routes(app, state, serve)
 
     @app.put("/sandboxes/{address}")
     def put_sandbox(address: str, entry: SandboxEntry) -> Any:
@@ -97,13 +106,24 @@ def control_app(state: ProxyState) -> FastAPI:
     return app
 
 
-class ControlServer:
-    """uvicorn serving `control_app` on a socket bound here with mode 0600, inside the proxy's loop."""
+def add_worker_routes(app: FastAPI, state: ProxyState, serve: Callable[[], Awaitable[None]]) -> None:
+    @app.post("/serve")
+    async def start_serving() -> dict[str, str]:
+        await serve()
+        return {"status": "serving"}
 
-    def __init__(self, state: ProxyState, path: Path) -> None:
+    @app.get("/names/{sandbox_address}/{address}")
+    def name_for(sandbox_address: str, address: str) -> dict[str, str | None]:
+        return {"name": state.names.name_for(sandbox_address, address)}
+
+
+class ControlServer:
+    """uvicorn serving a control app on a socket bound here with mode 0600, inside the proxy's loop."""
+
+    def __init__(self, app: FastAPI, path: Path) -> None:
         self.path = path
         self._server = uvicorn.Server(
-            uvicorn.Config(control_app(state), log_level="warning", access_log=False, lifespan="off")
+            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         )
         self._server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # the proxy owns signals
         self._task: asyncio.Task[None] | None = None

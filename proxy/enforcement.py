@@ -126,7 +126,7 @@ class EnforcementAddon:
             verdict, detail = MISMATCH, describe_claims({"sni": sni, "connect": conn.connect_host})
         else:
             credited = name is None
-            name = name or self._attributed(conn, server_address[0])
+            name = name or await self._attributed(conn, server_address[0])
             credited = credited and not is_ip_literal(name)
             verdict, detail = decide(sandbox.policy, name, port, "https"), None
             if credited and verdict.allowed and not verdict.inspect:
@@ -178,10 +178,10 @@ class EnforcementAddon:
         if name:
             allowed_over(self.state, conn, sandbox, (name, port, "https"))
 
-    def _attributed(self, conn: ConnState, destination: str) -> str:
+    async def _attributed(self, conn: ConnState, destination: str) -> str:
         """A connection without a name: the name this sandbox resolved to that address, else the address."""
         if is_ip_literal(destination):
-            return self.state.names.name_for(conn.sandbox_address, destination) or destination
+            return await self.state.names.lookup(conn.sandbox_address, destination) or destination
         return destination
 
     # ------------------------------------------------------------------ request level
@@ -197,7 +197,7 @@ class EnforcementAddon:
         if not agreed:
             self._refuse(flow, sandbox, MISMATCH, claims.get("host") or "", describe_claims(claims))
             return
-        name = name or self._attributed(conn, request.host)
+        name = name or await self._attributed(conn, request.host)
         scheme: Literal["http", "https"] = "https" if request.scheme == "https" else "http"
         claimed = claimed_port(request.host_header, scheme)
         if claimed is not None and claimed != request.port:  # the port is part of the identity

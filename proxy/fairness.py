@@ -12,6 +12,10 @@ Rules:
    inside it are only counted and written as one summary record when the window closes. So a
    sandbox costs at most two records per limit per window, whatever it sends; the metrics
    count every refusal.
+4. With N proxy workers each enforces its share of every limit (`Admission(share=N)`: open
+   connections and burst rounded up, the rate divided): the kernel spreads a sandbox's
+   connections over the workers by a hash of their addresses and ports, so together they hold
+   it to about the limit, with no counter shared between processes.
 """
 
 from __future__ import annotations
@@ -33,16 +37,17 @@ class _Source:
 
 
 class Admission:
-    def __init__(self) -> None:
+    def __init__(self, share: int = 1) -> None:
+        self.share = share  # this process enforces 1/share of each limit (rule 4)
         self._sources: dict[str, _Source] = {}
 
     def admit(self, source: str, limits: ConnectionLimits, now: float) -> str | None:
         """None: admitted (one slot and one token taken); else the limit it is over."""
         state = self._sources.get(source)
         if state is None:
-            state = self._sources[source] = _Source(0, float(limits.accept_burst), now)
+            state = self._sources[source] = _Source(0, float(self._burst(limits)), now)
         self._refill(state, limits, now)
-        if state.open >= limits.max_connections:
+        if state.open >= -(-limits.max_connections // self.share):
             return TOO_MANY_CONNECTIONS
         if state.tokens < 1.0:
             return TOO_FAST
@@ -56,17 +61,20 @@ class Admission:
             return
         state.open -= 1
         self._refill(state, limits, now)
-        if state.open <= 0 and state.tokens >= limits.accept_burst:  # nothing left to remember
+        if state.open <= 0 and state.tokens >= self._burst(limits):  # nothing left to remember
             del self._sources[source]
 
     def open_connections(self, source: str) -> int:
         state = self._sources.get(source)
         return state.open if state else 0
 
-    @staticmethod
-    def _refill(state: _Source, limits: ConnectionLimits, now: float) -> None:
+    def _burst(self, limits: ConnectionLimits) -> int:
+        return -(-limits.accept_burst // self.share)
+
+    def _refill(self, state: _Source, limits: ConnectionLimits, now: float) -> None:
         elapsed = max(0.0, now - state.stamp)
-        state.tokens = min(float(limits.accept_burst), state.tokens + elapsed * limits.accept_rate)
+        refilled = state.tokens + elapsed * limits.accept_rate / self.share
+        state.tokens = min(float(self._burst(limits)), refilled)
         state.stamp = now
 
 

@@ -75,39 +75,63 @@ class ListenError(RuntimeError):
     """A listener could not be bound; the message names the address and the reason."""
 
 
+def listen_socket(config: ProxyConfig, port: int, reuse_port: bool = False) -> socket.socket:
+    """A TCP listener on `config.listen_host`:`port` with the configured accept queue (the worker
+    pool binds one per worker with SO_REUSEPORT); raises ListenError saying why it cannot."""
+    host = config.listen_host
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.create_server(
+            (host, port), family=family, backlog=config.listen_backlog, reuse_port=reuse_port
+        )
+    except OSError as exc:
+        raise ListenError(
+            f"cannot listen on {host}:{port}: {os.strerror(exc.errno).lower() if exc.errno else exc}; "
+            "is another sandgate serve using it? (settings proxy_transparent_port / proxy_explicit_port)"
+        ) from None
+    sock.setblocking(False)
+    return sock
+
+
 class FrontDoor:
     def __init__(
-        self, state: ProxyState, config: ProxyConfig, proxyserver: Proxyserver, enforcement: EnforcementAddon
+        self,
+        state: ProxyState,
+        config: ProxyConfig,
+        proxyserver: Proxyserver,
+        enforcement: EnforcementAddon,
+        sockets: tuple[socket.socket, socket.socket] | None = None,
+        share: int = 1,
     ) -> None:
+        """`sockets`: a worker's (transparent, explicit) listeners, bound by the pool; `share`:
+        how many workers divide the per-sandbox limits (fairness rule 4)."""
         self.state = state
         self.config = config
         self.proxyserver = proxyserver
         self.enforcement = enforcement
-        self.admission = Admission()
+        self.sockets = sockets
+        self.admission = Admission(share)
         self.refusals = RefusalWindows()
         self._listeners: list[Listener] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._spliced = itertools.count()
 
+    @property
+    def serving(self) -> bool:
+        return bool(self._listeners)
+
     def start(self) -> None:
-        """Bind both listeners; raises ListenError, saying which port and why, if one cannot."""
+        """Bind both listeners (or take the pool's); raises ListenError if one cannot be bound."""
         host = self.config.listen_host
-        for spec in (
+        specs = (
             f"transparent@{host}:{self.config.transparent_port}",
             f"regular@{host}:{self.config.explicit_port}",
-        ):
+        )
+        for index, spec in enumerate(specs):
             instance: ServerInstance = ServerInstance.make(spec, self.proxyserver)
             port = instance.mode.listen_port()
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            try:
-                sock = socket.create_server((host, port), family=family, backlog=self.config.listen_backlog)
-            except OSError as exc:
-                raise ListenError(
-                    f"cannot listen on {host}:{port} ({instance.mode.description}): "
-                    f"{os.strerror(exc.errno).lower() if exc.errno else exc}; is another sandgate "
-                    "serve using it? (settings proxy_transparent_port / proxy_explicit_port)"
-                ) from None
-            sock.setblocking(False)
+            assert port is not None
+            sock = self.sockets[index] if self.sockets else listen_socket(self.config, port)
             listener = Listener(sock, instance)
             asyncio.get_running_loop().add_reader(sock.fileno(), self._accept, listener)
             self._listeners.append(listener)

@@ -97,3 +97,31 @@ def _counter(name: str, help_text: str, label: str, values: Counter[str]) -> lis
 
 def _esc(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def summed(expositions: list[str]) -> str:
+    """Several processes' `render()` output as one (the worker pool's `GET /metrics`): every
+    sample (counters, gauges, histogram buckets) added up by series, each family's samples kept
+    together under its HELP/TYPE lines, in the order they first appear."""
+    families: dict[str, tuple[list[str], dict[str, float]]] = {}
+    for text in expositions:
+        family = ""
+        for line in text.splitlines():
+            if line.startswith(("# HELP ", "# TYPE ")):
+                family = line.split()[2]
+                comments = families.setdefault(family, ([], {}))[0]
+                if line not in comments:
+                    comments.append(line)
+            elif line:
+                series, _, value = line.rpartition(" ")
+                samples = families.setdefault(family, ([], {}))[1]
+                samples[series] = samples.get(series, 0.0) + float(value)
+    lines: list[str] = []
+    for comments, samples in families.values():
+        lines += comments
+        lines += [f"{series} {_number(value)}" for series, value in samples.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value.is_integer() else f"{value:.6f}"

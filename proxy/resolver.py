@@ -122,6 +122,11 @@ class NameMemory:
         memory = self._memory.get(sandbox_address)
         return memory.get(normalise_ip(address)) if memory else None
 
+    async def lookup(self, sandbox_address: str, address: str) -> str | None:
+        """`name_for`, as the hooks ask it: a worker without the DNS listener overrides this
+        to ask the worker that has it (proxy/workers.py, `PeerNames`)."""
+        return self.name_for(sandbox_address, address)
+
     def forget(self, sandbox_address: str) -> None:
         self._memory.pop(sandbox_address, None)
 

@@ -18,18 +18,20 @@ import signal
 
 from mitmproxy import options
 from mitmproxy.addons import core, disable_h2c, errorcheck, next_layer, proxyserver, tlsconfig
+from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.master import Master
+from mitmproxy.proxy.mode_specs import ProxyMode
 
 from sandgate.proxy import errorpages, lean, websocket
 from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.auditing import AuditAddon
 from sandgate.proxy.ca import ensure_ca, upstream_trust_bundle
 from sandgate.proxy.config import ProxyConfig
-from sandgate.proxy.control import ControlServer
+from sandgate.proxy.control import ControlServer, control_app
 from sandgate.proxy.deadline import HeaderDeadlineAddon
 from sandgate.proxy.dnsguard import DnsAddon
 from sandgate.proxy.enforcement import EnforcementAddon
-from sandgate.proxy.frontdoor import FrontDoor
+from sandgate.proxy.frontdoor import FrontDoor, ListenError
 from sandgate.proxy.identity import IdentityAddon
 from sandgate.proxy.injection import InjectionAddon
 from sandgate.proxy.metrics import Metrics
@@ -37,15 +39,17 @@ from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.revocation import Revoker
 from sandgate.proxy.state import ProxyState, SandboxTable
 from sandgate.proxy.streaming import StreamingAddon
+from sandgate.proxy.workers import DNS_WORKER, PeerNames, WorkerSlot, worker_socket
 from sandgate.vault import open_store
 
 log = logging.getLogger(__name__)
 
 
-def run_proxy(config: ProxyConfig) -> None:
-    """Run until SIGTERM/SIGINT; the child-process entry point (`python -m sandgate.proxy`)."""
+def run_proxy(config: ProxyConfig, slot: WorkerSlot | None = None) -> None:
+    """Run until SIGTERM/SIGINT; the child-process entry point (`python -m sandgate.proxy`), as
+    the one proxy process or (`slot`) as one worker of the pool (proxy/workers.py)."""
     _raise_file_limit()
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, slot))
 
 
 def _raise_file_limit() -> None:
@@ -56,28 +60,38 @@ def _raise_file_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def build_state(config: ProxyConfig) -> ProxyState:
+def build_state(config: ProxyConfig, slot: WorkerSlot | None = None) -> ProxyState:
+    """A worker starts empty (the pool replays every entry before it serves), writes its audit
+    lines to the pool, and asks the DNS worker for names it did not resolve itself."""
     # The proxy keeps values in memory itself (proxy/credentials.py), refreshed when the control
     # plane signals a change: a store-side cache would only serve a stale value after a rotation.
     store = open_store(**{**config.vault, "cache_ttl": 0}) if config.vault else None
     table = SandboxTable(store)
-    for entry in config.sandboxes:
+    for entry in config.sandboxes if slot is None else ():
         table.put(entry)
     return ProxyState(
         table=table,
         resolver=Resolver(config.upstream_dns),
-        names=NameMemory(),
+        names=PeerNames(worker_socket(config, DNS_WORKER)) if slot and not slot.serves_dns else NameMemory(),
         audit=AuditLog(
-            config.audit_path, config.audit_max_bytes, config.audit_backups, table.values.redact_text
+            config.audit_path,
+            config.audit_max_bytes,
+            config.audit_backups,
+            table.values.redact_text,
+            slot.audit_fd if slot else None,
         ),
         metrics=Metrics(),
     )
 
 
-def mitmproxy_options(config: ProxyConfig) -> dict[str, object]:
-    host = config.listen_host
+def dns_mode(config: ProxyConfig) -> str:
+    return f"dns@{config.listen_host}:{config.dns_port}"
+
+
+def mitmproxy_options(config: ProxyConfig, slot: WorkerSlot | None = None) -> dict[str, object]:
     return {
-        "mode": [f"dns@{host}:{config.dns_port}"],  # the TCP listeners are the front door's
+        # The TCP listeners are the front door's; a worker starts its DNS listener at /serve.
+        "mode": [dns_mode(config)] if slot is None else [],
         "confdir": str(config.state_dir),
         "connection_strategy": "lazy",
         "ssl_verify_upstream_trusted_ca": str(upstream_trust_bundle(config.state_dir, config.upstream_ca)),
@@ -118,27 +132,44 @@ async def refresh_vault_values(state: ProxyState, interval: float) -> None:
             log.exception("re-reading the vault failed; the values in memory stay in use")
 
 
-async def serve(config: ProxyConfig) -> None:
+async def serve(config: ProxyConfig, slot: WorkerSlot | None = None) -> None:
     ensure_ca(config.state_dir)
     errorpages.install()  # proxy-made error pages never quote upstream bytes
     websocket.install()  # WebSocket control frames pass the scrubber too
-    state = build_state(config)
+    state = build_state(config, slot)
     state.table.on_change.append(Revoker(state, asyncio.get_running_loop()).table_changed)
     master = Master(options.Options())
     master.addons.add(*addons(state, config))
     lean.install(master.addons)  # mitmproxy's per-event work that buys nothing here
-    master.options.update(**mitmproxy_options(config))
-    control = ControlServer(state, config.socket_path)
+    master.options.update(**mitmproxy_options(config, slot))
+    proxyserver: Proxyserver = master.addons.get("proxyserver")
     front_door = FrontDoor(
-        state, config, master.addons.get("proxyserver"), master.addons.get("enforcementaddon")
+        state,
+        config,
+        proxyserver,
+        master.addons.get("enforcementaddon"),
+        sockets=slot.listeners() if slot else None,
+        share=slot.count if slot else 1,
     )
+
+    async def start_serving() -> None:  # a worker's POST /serve: it holds every entry now
+        if front_door.serving:
+            return
+        front_door.start()
+        dns = [ProxyMode.parse(dns_mode(config))]
+        if slot and slot.serves_dns and not await proxyserver.servers.update(dns):
+            raise ListenError(f"worker {slot.index} cannot serve DNS on port {config.dns_port}; see its log")
+
+    socket_path = worker_socket(config, slot.index) if slot else config.socket_path
+    control = ControlServer(control_app(state, start_serving if slot else None), socket_path)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, master.shutdown)
     await control.start()
-    log.info("sandgate proxy: control socket %s", config.socket_path)
+    log.info("sandgate proxy: control socket %s", socket_path)
     refresher = asyncio.create_task(refresh_vault_values(state, config.vault.get("cache_ttl", 30.0)))
-    front_door.start()
+    if slot is None:
+        front_door.start()
     try:
         await master.run()
     finally:
