@@ -105,6 +105,12 @@ def write_proxy_config(settings: Settings) -> Path:
     return path
 
 
+def proxy_start_timeout(workers: int) -> float:
+    """20 s for one proxy process; each further worker starts beside it (its own mitmproxy
+    import and replay), which on a busy machine takes several seconds more."""
+    return 20.0 + 15.0 * ((workers or os.cpu_count() or 1) - 1)
+
+
 def policy_change_writer(audit_path: Path) -> Callable[[str, str, PolicyChange], None]:
     """Appends policy_change records to the proxy's audit log (O_APPEND: safe beside the proxy)."""
     from sandgate.policy import Decision
@@ -225,6 +231,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
         is_healthy=lambda: answers(control),
         on_ready=egress.repush,
         log_path=settings.state_dir / "proxy.log",
+        start_timeout=proxy_start_timeout(settings.proxy_workers),
         listeners=Listeners(
             tcp=frozenset({settings.proxy_transparent_port, settings.proxy_explicit_port}),
             udp=frozenset({settings.proxy_dns_port}),

@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="WARNING")
     parser.add_argument("--worker", help="I/N: run as worker I of the pool's N (the pool starts workers)")
     parser.add_argument("--fds", help="the worker's inherited descriptors: transparent,explicit,audit")
+    parser.add_argument("--pool", type=int, help="the worker's pool (its parent) PID")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -30,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.worker:
-            die_with_pool()
-            run_proxy(config, WorkerSlot.parse(args.worker, args.fds))
+            die_with_pool(args.pool)
+            run_proxy(config, WorkerSlot.parse(args.worker, args.fds, args.pool))
         elif worker_count(config) > 1:
             run_pool(config, args.config, args.log_level)
         else:

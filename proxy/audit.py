@@ -12,9 +12,9 @@ Rules:
 3. The proxy owns `audit.jsonl` (`AuditLog`: each line appended with one write(), rotated by
    size to `audit.jsonl.1` ... `audit.jsonl.N` by its one writer, and published to in-process
    subscribers; a failing subscriber is dropped, never allowed to stop the log). With proxy
-   workers the one writer is the pool: a worker's `AuditLog` sends its lines there (`AuditPipe`). Other processes (lifecycle's
-   policy changes) add lines with `append_record`, which opens the live file per line, so the
-   proxy's rotation never strands them in a backup.
+   workers the one writer is the pool: a worker's `AuditLog` sends its lines there (`AuditPipe`).
+   Other processes (lifecycle's policy changes) add lines with `append_record`, which opens the
+   live file per line, so the proxy's rotation never strands them in a backup.
 4. This module is the schema: `AUDIT_FILE` is the file's name and `AuditRecord` its fields; the
    index, the API, the CLI, the console and the OCSF export read records by it. It imports only
    pydantic and sandgate.policy, so the CLI can read records without loading mitmproxy.
@@ -147,7 +147,12 @@ class AuditLog:
     pool) or, in a worker (`pipe_fd`), through an `AuditPipe` to the pool's one `AuditFile`."""
 
     def __init__(
-        self, path: Path, max_bytes: int, backups: int, redact: Redact | None = None, pipe_fd: int | None = None
+        self,
+        path: Path,
+        max_bytes: int,
+        backups: int,
+        redact: Redact | None = None,
+        pipe_fd: int | None = None,
     ) -> None:
         self.path = path
         self.redact = redact

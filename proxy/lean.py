@@ -12,17 +12,22 @@ Rules:
 2. Type checks of HTTP messages. mitmproxy checks the type of every field of every Request and
    Response it builds (only in `__debug__` builds; `python -O` would also strip our own asserts).
    The values come from its own parsers or through its own setters, so the check goes.
+3. Task names. Every task mitmproxy creates (several per request) reads an environment variable
+   to say which pytest test created it; the name is kept, the lookup goes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from mitmproxy import exceptions, flow, hooks, http
 from mitmproxy.addonmanager import AddonManager, traverse
+from mitmproxy.utils import asyncio_utils
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +35,7 @@ log = logging.getLogger(__name__)
 def install(manager: AddonManager) -> None:
     """Replace the manager's event dispatch (rule 1) and mitmproxy's message checks (rule 2)."""
     http.MessageData.__post_init__ = _unchecked  # type: ignore[method-assign]
+    asyncio_utils.set_task_debug_info = _task_debug_info
     table: dict[str, list[Callable[..., Any]]] = {}
 
     def hooks_for(name: str) -> list[Callable[..., Any]]:
@@ -80,3 +86,11 @@ def install(manager: AddonManager) -> None:
 
 def _unchecked(self: http.MessageData) -> None:
     """In place of `MessageData.__post_init__` (rule 2)."""
+
+
+def _task_debug_info(task: asyncio.Task[Any], *, name: str, client: tuple[Any, ...] | None = None) -> None:
+    """`asyncio_utils.set_task_debug_info` without its environment lookup (rule 3)."""
+    task.created = time.time()  # type: ignore[attr-defined]
+    task.set_name(name)
+    if client:
+        task.client = client  # type: ignore[attr-defined]

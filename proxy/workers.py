@@ -81,15 +81,17 @@ class WorkerSlot:
     index: int
     count: int
     fds: tuple[int, int, int]  # transparent listener, explicit listener, audit pipe
+    pool: int  # the pool's PID
 
     @classmethod
-    def parse(cls, worker: str, fds: str) -> WorkerSlot:
+    def parse(cls, worker: str, fds: str, pool: int) -> WorkerSlot:
         index, _, count = worker.partition("/")
         transparent, explicit, audit = (int(fd) for fd in fds.split(","))
-        return cls(int(index), int(count), (transparent, explicit, audit))
+        return cls(int(index), int(count), (transparent, explicit, audit), pool)
 
     def argv(self) -> list[str]:
-        return ["--worker", f"{self.index}/{self.count}", "--fds", ",".join(map(str, self.fds))]
+        fds = ",".join(map(str, self.fds))
+        return ["--worker", f"{self.index}/{self.count}", "--fds", fds, "--pool", str(self.pool)]
 
     @property
     def serves_dns(self) -> bool:
@@ -106,11 +108,14 @@ class WorkerSlot:
         return transparent, explicit
 
 
-def die_with_pool() -> None:
-    """A worker exits (SIGTERM) when the pool does, however the pool ends (rule 4)."""
+def die_with_pool(pool: int) -> None:
+    """A worker gets SIGTERM when the pool ends, however it ends (rule 4); a pool that ended
+    before this was set (the worker was still starting) ends the worker here."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != pool:
+        raise SystemExit(f"sandgate proxy worker: the pool (pid {pool}) is gone")
 
 
 class PeerNames(NameMemory):
@@ -206,6 +211,7 @@ class WorkerPool:
             worker.index,
             len(self.workers),
             (worker.listeners[0].fileno(), worker.listeners[1].fileno(), worker_end.fileno()),
+            os.getpid(),
         )
         argv = ["-m", "sandgate.proxy", "--config", str(self.config_path), "--log-level", self.log_level]
         worker.process = await asyncio.create_subprocess_exec(

@@ -112,3 +112,19 @@ def test_messages_are_not_type_checked_field_by_field() -> None:
     assert request.host == "example.com"  # built as before, by mitmproxy's own constructors
     data = http.RequestData(**{**request.data.__dict__, "port": "not a port"})  # type: ignore[arg-type]
     assert data.port == "not a port"  # mitmproxy's check would have raised TypeError
+
+
+def test_task_names_no_longer_read_the_environment() -> None:
+    from mitmproxy.utils import asyncio_utils
+
+    manager()
+
+    async def named() -> str:
+        task = asyncio_utils.create_task(
+            asyncio.sleep(0), name="hook", keep_ref=False, client=("10.0.0.1", 1)
+        )
+        await task
+        return task.get_name()
+
+    # pytest sets PYTEST_CURRENT_TEST; mitmproxy's own version appends it to every task's name
+    assert asyncio.run(named()) == "hook"
