@@ -38,7 +38,14 @@ from sandgate.lifecycle.errors import LifecycleError, quietly
 from sandgate.lifecycle.execd_client import new_token, start_entrypoint
 from sandgate.lifecycle.policy_book import OpenSandboxPolicy, PolicyDocument
 from sandgate.lifecycle.quantities import runtime_limits
-from sandgate.lifecycle.runtime.base import Runtime, RuntimeError_, SandboxNet, SandboxSpec, wait_for_execd
+from sandgate.lifecycle.runtime.base import (
+    BindMount,
+    Runtime,
+    RuntimeError_,
+    SandboxNet,
+    SandboxSpec,
+    wait_for_execd,
+)
 from sandgate.lifecycle.store import SandboxRecord, Store, utcnow
 from sandgate.lifecycle.warm_pool import Member, WarmPool
 
@@ -75,6 +82,7 @@ class CreateRequest:
     timeout: int | None
     network_policy: OpenSandboxPolicy | None
     credential_proxy: bool
+    binds: tuple[BindMount, ...] = ()  # checked host volumes of this sandbox
 
 
 class Service:
@@ -129,6 +137,7 @@ class Service:
             env=request.env,
             execd_token=record.execd_token,
             ca_cert=self.ca_cert,
+            binds=request.binds,
             **asdict(limits),
         )
         undo: list[Callable[[], object]] = []
@@ -279,10 +288,11 @@ class Service:
 
     def _fits_pool(self, request: CreateRequest) -> bool:
         """A pooled sandbox can take this request only if nothing of it was needed at launch:
-        the pool's image, and no env that configures execd itself."""
+        the pool's image, no bind, and no env that configures execd itself."""
         return (
             self.pool is not None
             and request.image == POOL_IMAGE
+            and not request.binds
             and not any(key.startswith("EXECD_") for key in request.env)
         )
 

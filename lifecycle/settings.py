@@ -43,6 +43,15 @@ class Settings(BaseSettings):
     runtime: Literal["local", "docker"] = Field("local", description="sandbox runtime")
     docker_host: str | None = Field(None, description="Docker engine URL (default: DOCKER_HOST)")
     docker_oci_runtime: str | None = Field(None, description="OCI runtime for sandbox containers, e.g. runsc")
+    binds: list[str] = Field(
+        default_factory=list,
+        description="host paths shown in every sandbox, 'source:target[:ro|rw]' (read-only by default)",
+    )
+    volume_host_prefixes: list[Path] = Field(
+        default_factory=list,
+        description="host directories under which a create's `volumes[].host.path` may lie "
+        "(none: host volumes are refused)",
+    )
     execd_endpoint: Literal["host", "direct"] = Field(
         "host",
         description="execd endpoint handed to clients: 'host' (sandgate's reverse proxy, which strips "

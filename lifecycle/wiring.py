@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.audit import AuditIndex, AuditStore
     from sandgate.lifecycle.egress_control import PolicyChange
     from sandgate.lifecycle.network import SandboxNetworks
+    from sandgate.lifecycle.runtime.base import BindMount
     from sandgate.lifecycle.runtime.docker import DockerRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
     from sandgate.lifecycle.service import Service
@@ -184,14 +185,28 @@ def make_networks(settings: Settings, instance: str) -> SandboxNetworks:
 
 
 def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRuntime:
+    binds = operator_binds(settings)
     if settings.runtime == "docker":
         from sandgate.lifecycle.runtime.docker import DockerRuntime
 
-        return DockerRuntime(settings.docker_host, instance=instance, oci_runtime=settings.docker_oci_runtime)
+        return DockerRuntime(
+            settings.docker_host, instance=instance, oci_runtime=settings.docker_oci_runtime, binds=binds
+        )
     from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.runtime.local import LocalRuntime
 
-    return LocalRuntime(settings.state_dir, ImageStore(settings.state_dir / "images"), instance=instance)
+    images = ImageStore(settings.state_dir / "images")
+    return LocalRuntime(settings.state_dir, images, instance=instance, binds=binds)
+
+
+def operator_binds(settings: Settings) -> list[BindMount]:
+    """The `binds` setting, checked (never the state dir); a bad one stops the start with why."""
+    from sandgate.lifecycle.runtime.base import BindMount, UnsafeBind
+
+    try:
+        return [BindMount.parse(text).checked(unsafe=[settings.state_dir]) for text in settings.binds]
+    except UnsafeBind as exc:
+        raise ValueError(f"setting `binds` (SANDGATE_BINDS): {exc}") from None
 
 
 def build_components(settings: Settings, api_key: str) -> Components:

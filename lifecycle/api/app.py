@@ -23,6 +23,7 @@ from sandgate.lifecycle.api import egress, metrics, proxy, sandboxes, unsupporte
 from sandgate.lifecycle.api.auth import OPEN_PATHS, AuthMiddleware
 from sandgate.lifecycle.api.errors import install_error_handlers
 from sandgate.lifecycle.api.proxy import ProxyFrontDoor
+from sandgate.lifecycle.api.sandboxes import HostVolumes
 from sandgate.lifecycle.api.upstream import Pool
 from sandgate.lifecycle.service import Service
 
@@ -37,11 +38,13 @@ def create_app(
     extra_routers: Iterable[APIRouter] = (),
     open_prefixes: Iterable[str] = (),
     execd_endpoint: str = "host",
+    host_volumes: HostVolumes | None = None,
 ) -> FastAPI:
     """The lifecycle + egress API. `extra_routers` (e.g. audit, console) are mounted as given,
     behind the same API-key check unless their paths start with one of `open_prefixes` (routers
     that check a login of their own). `execd_endpoint` is the setting of that name: "host" hands
-    out the reverse proxy as execd's endpoint, "direct" the sandbox's address."""
+    out the reverse proxy as execd's endpoint, "direct" the sandbox's address. `host_volumes`
+    says where a create's host volumes may come from (none: refused)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -61,6 +64,7 @@ def create_app(
     app.state.api_key = api_key
     app.state.audit_path = audit_path
     app.state.execd_endpoint = execd_endpoint
+    app.state.host_volumes = host_volumes or HostVolumes()
     app.state.create_metrics = deque(maxlen=1000)
     install_error_handlers(app)
 

@@ -5,7 +5,7 @@ Rules:
 2. Responses are serialised with `exclude_none`: the generated client crashes on explicit nulls
    (e.g. `isoparse(None)` for `expiresAt`), so a field without a value is left out.
 3. Requests accept unknown fields (as the reference server does) but validate every known one;
-   what sandgate cannot honour (snapshots, templates, volumes) is refused by the service with a
+   what sandgate cannot honour (snapshots, templates, volumes other than `host`) is refused with a
    clear message, not silently ignored.
 """
 

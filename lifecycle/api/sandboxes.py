@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import deque
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
@@ -36,7 +38,7 @@ from sandgate.lifecycle.api.models import (
     SandboxStatus,
 )
 from sandgate.lifecycle.execd_client import execd_headers
-from sandgate.lifecycle.runtime.base import EXECD_PORT
+from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, UnsafeBind
 from sandgate.lifecycle.service import CreateRequest
 from sandgate.lifecycle.store import SandboxRecord
 
@@ -68,7 +70,44 @@ def to_sandbox(record: SandboxRecord) -> Sandbox:
     )
 
 
-def to_create_request(body: CreateSandboxRequest) -> CreateRequest:
+@dataclass(frozen=True)
+class HostVolumes:
+    """Where a create's `host` volumes may come from: under the `volume_host_prefixes` setting
+    (none: refused), never at or around `unsafe` (the state dir) or the runtime's unsafe paths."""
+
+    prefixes: tuple[Path, ...] = ()
+    unsafe: tuple[Path, ...] = ()
+
+    def bind(self, index: int, volume: dict[str, Any]) -> BindMount:
+        """`volumes[index]` as a checked bind, or a 400 naming the field and how to fix it."""
+        where = f"volumes[{index}]"
+        backends = [name for name in ("host", "pvc", "ossfs") if name in volume]
+        if backends != ["host"]:
+            raise ApiError(400, "UNSUPPORTED", f"{where}: sandgate mounts `host` volumes only (one host "
+                           f"directory per volume), not {', '.join(backends) or 'no backend'}")  # fmt: skip
+        path, target = (volume.get("host") or {}).get("path"), volume.get("mountPath")
+        sub = volume.get("subPath") or ""
+        for field, value in ((f"{where}.host.path", path), (f"{where}.mountPath", target)):
+            if not (isinstance(value, str) and value.startswith("/")):
+                raise ApiError(400, "INVALID_REQUEST", f"{field} must be an absolute path, got {value!r}")
+        if not isinstance(sub, str) or sub.startswith("/") or ".." in PurePosixPath(sub).parts:
+            raise ApiError(400, "INVALID_REQUEST", f"{where}.subPath must be a relative path without '..'")
+        if not self.prefixes:
+            raise ApiError(400, "UNSUPPORTED", f"{where}.host.path: host volumes are off on this "
+                           "server; the operator allows directories with volume_host_prefixes")  # fmt: skip
+        wanted = BindMount(os.path.join(str(path), sub), str(target), read_only=bool(volume.get("readOnly")))
+        try:
+            bind = wanted.checked(unsafe=self.unsafe)
+        except UnsafeBind as exc:
+            raise ApiError(400, "INVALID_REQUEST", f"{where}: {exc}") from None
+        if not bind.under(self.prefixes):
+            allowed = ", ".join(map(str, self.prefixes))
+            raise ApiError(400, "INVALID_REQUEST", f"{where}.host.path: {bind.source} is not under "
+                           f"volume_host_prefixes ({allowed})")  # fmt: skip
+        return bind
+
+
+def to_create_request(body: CreateSandboxRequest, host_volumes: HostVolumes) -> CreateRequest:
     if body.snapshot_id or body.template_id:
         raise ApiError(
             400, "UNSUPPORTED", "sandgate creates sandboxes from images only (no snapshots/templates)"
@@ -77,8 +116,6 @@ def to_create_request(body: CreateSandboxRequest) -> CreateRequest:
         raise ApiError(
             400, "INVALID_REQUEST", "image.uri is required (e.g. {'image': {'uri': 'sandgate/host'}})"
         )
-    if body.volumes:
-        raise ApiError(400, "UNSUPPORTED", "volumes are not supported by sandgate's runtimes; omit `volumes`")
     if body.credential_proxy and body.credential_proxy.enabled and body.network_policy is None:
         raise ApiError(
             422, "INVALID_REQUEST", "credentialProxy.enabled needs a networkPolicy in the same request"
@@ -96,6 +133,7 @@ def to_create_request(body: CreateSandboxRequest) -> CreateRequest:
         if body.network_policy
         else None,
         credential_proxy=bool(body.credential_proxy and body.credential_proxy.enabled),
+        binds=tuple(host_volumes.bind(i, dict(volume)) for i, volume in enumerate(body.volumes or [])),
     )
 
 
@@ -103,7 +141,7 @@ def to_create_request(body: CreateSandboxRequest) -> CreateRequest:
     "/sandboxes", status_code=202, response_model=CreateSandboxResponse, response_model_exclude_none=True
 )
 def create_sandbox(request: Request, body: CreateSandboxRequest) -> CreateSandboxResponse:
-    record = call(service_of(request).create, to_create_request(body))
+    record = call(service_of(request).create, to_create_request(body, request.app.state.host_volumes))
     return CreateSandboxResponse(**to_sandbox(record).model_dump(exclude={"image"}))
 
 

@@ -80,6 +80,19 @@ class BindMount:
                 raise UnsafeBind(f"{where}: {source} is or holds {danger}, which no sandbox may see")
         return BindMount(str(source), str(target), self.read_only)
 
+    @classmethod
+    def parse(cls, text: str) -> BindMount:
+        """`source:target[:ro|rw]` (read-only unless `:rw`), as the `binds` setting writes them."""
+        parts = text.split(":")
+        mode = parts.pop() if len(parts) == 3 else "ro"
+        if len(parts) != 2 or mode not in ("ro", "rw"):
+            raise UnsafeBind(f"bind {text!r}: write source:target, source:target:ro or source:target:rw")
+        return cls(parts[0], parts[1], read_only=mode == "ro")
+
+    def under(self, prefixes: Iterable[str | Path]) -> bool:
+        """Whether the (resolved) source lies under one of `prefixes`."""
+        return any(Path(self.source).is_relative_to(os.path.realpath(p)) for p in prefixes)
+
     def bwrap_args(self) -> list[str]:
         return ["--ro-bind" if self.read_only else "--bind", self.source, self.target]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from pyroute2 import IPRoute
 from sandgate.lifecycle.kernel import MS_BIND, in_fresh_thread, mount, umount
 from sandgate.lifecycle.runtime.base import (
     EXECD_PORT,
+    BindMount,
     RuntimeError_,
     SandboxNet,
     SandboxSpec,
@@ -90,8 +91,10 @@ class DockerRuntime:
         cap_add: tuple[str, ...] = (),
         default_pids_max: int = DEFAULT_PIDS_MAX,
         tmpfs_size: str = "256m",
+        binds: Sequence[BindMount] = (),
     ) -> None:
         self.client = _client(client)
+        self.binds = list(binds)  # the operator's, in every sandbox (checked by the caller)
         self.images = DockerImages(self.client, {**DEFAULT_IMAGE_ALIASES, **(images or {})})
         self.oci_runtime = oci_runtime
         self.instance = instance
@@ -198,7 +201,13 @@ class DockerRuntime:
             "security_opt": ["no-new-privileges:true"],
             "read_only": self.read_only,
             "tmpfs": {"/tmp": tmpfs_options, "/run": tmpfs_options},
-            "mounts": [Mount(target="/workspace", source=None, type="volume")],
+            "mounts": [
+                Mount(target="/workspace", source=None, type="volume"),
+                *(
+                    Mount(b.target, b.source, type="bind", read_only=b.read_only)
+                    for b in (*self.binds, *spec.binds)
+                ),
+            ],
             "pids_limit": spec.pids_max or self.default_pids_max,
             "init": True,
             "restart_policy": {"Name": "no"},

@@ -132,6 +132,7 @@ def api_key_for(settings: Settings) -> str:
 def running_control_plane(settings: Settings) -> Iterator[Any]:
     """Everything but the HTTP listener, started in order; stopped in reverse on exit."""
     from sandgate.lifecycle.api import create_app
+    from sandgate.lifecycle.api.sandboxes import HostVolumes
     from sandgate.lifecycle.supervisor import ProxyStartError
     from sandgate.lifecycle.wiring import build_components
 
@@ -140,6 +141,9 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
     try:
         api_key = api_key_for(settings)
         parts = build_components(settings, api_key)
+    except ValueError as exc:  # a setting the components refuse (e.g. a bind), said in one line
+        lock.release()
+        raise click.ClickException(str(exc)) from None
     except BaseException:
         lock.release()
         raise
@@ -159,6 +163,7 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
                 extra_routers=parts.extra_routers,
                 open_prefixes=parts.open_prefixes,
                 execd_endpoint=settings.execd_endpoint,
+                host_volumes=HostVolumes(tuple(settings.volume_host_prefixes), (settings.state_dir,)),
             )
         finally:
             stop_reaper()
