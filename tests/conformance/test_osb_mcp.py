@@ -7,10 +7,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import anyio
 import pytest
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
 
 from tests.conformance.conftest import API_HOST
 from tests.support.server import SandgateServer
@@ -93,43 +90,3 @@ def test_osb_kill_removes_the_sandbox(server: SandgateServer, sandbox_id: str) -
     osb(server, "sandbox", "kill", sandbox_id)
     with server.client() as client:
         assert client.get(f"/v1/sandboxes/{sandbox_id}").status_code == 404
-
-
-def test_mcp_command_run(server: SandgateServer) -> None:
-    """One tool call through `opensandbox-mcp` over stdio: create, command_run, kill."""
-
-    async def session() -> str:
-        params = StdioServerParameters(
-            command=str(VENV_BIN / "opensandbox-mcp"),
-            args=[
-                "--transport",
-                "stdio",
-                "--domain",
-                server.domain,
-                "--api-key",
-                server.api_key,
-                "--protocol",
-                "http",
-            ],
-            env=server.env(),
-        )
-        # Bounded: when a tool fails, the MCP server logs a rich traceback, which can take minutes.
-        with anyio.fail_after(MCP_TIMEOUT_S):
-            return await call_tools(params)
-
-    async def call_tools(params: StdioServerParameters) -> str:
-        async with stdio_client(params) as (read, write), ClientSession(read, write) as mcp:
-            await mcp.initialize()
-            created = await mcp.call_tool(
-                "sandbox_create", {"image": "sandgate/host", "entrypoint": ["sleep", "infinity"]}
-            )
-            sandbox_id = json.loads(created.content[0].text)["sandbox_id"]  # type: ignore[union-attr]
-            try:
-                result = await mcp.call_tool(
-                    "command_run", {"sandbox_id": sandbox_id, "command": "echo via-mcp"}
-                )
-                return "".join(getattr(part, "text", "") for part in result.content)
-            finally:
-                await mcp.call_tool("sandbox_kill", {"sandbox_id": sandbox_id})
-
-    assert "via-mcp" in anyio.run(session)

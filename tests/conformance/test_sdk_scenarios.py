@@ -5,13 +5,13 @@ same steps and checks as the JS SDK's tests/js/scenarios.mjs, one pytest case pe
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import httpx
 import pytest
 from opensandbox import SandboxSync
 from opensandbox.exceptions import SandboxException
@@ -28,7 +28,7 @@ from opensandbox.models.filesystem import (
 from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
 
 from tests.conformance.conftest import API_HOST
-from tests.conformance.scenarios import SCENARIOS, Result, check, run_in_order
+from tests.conformance.scenarios import SCENARIOS, Result, check, check_execd_endpoint, run_in_order, steps_of
 from tests.conformance.test_sdk import connection
 from tests.support.server import SandgateServer
 
@@ -60,10 +60,6 @@ class PythonSdkClient:
         self.sandbox: SandboxSync | None = None
         self.session = ""
         self.killed = False
-
-    def steps(self) -> dict[str, Callable[[], None]]:
-        names = [name for name in vars(PythonSdkClient) if not name.startswith("_") and name != "steps"]
-        return {name: getattr(self, name) for name in names}
 
     def _connection(self) -> Any:
         return connection(self.server, use_server_proxy=self.mode == "server_proxy")
@@ -228,11 +224,7 @@ class PythonSdkClient:
 
     def endpoints(self) -> None:
         execd = self._sandbox.get_endpoint(44772)
-        headers = dict(execd.headers or {})
-        if self.mode == "server_proxy":
-            assert execd.endpoint.endswith(f"/sandboxes/{self._sandbox.id}/proxy/44772"), execd.endpoint
-            headers["OPEN-SANDBOX-API-KEY"] = self.server.api_key
-        assert httpx.get(f"http://{execd.endpoint}/ping", headers=headers, trust_env=False).status_code == 200
+        check_execd_endpoint(self.server, self._sandbox.id, self.mode, execd.model_dump())
         egress = self._sandbox.get_endpoint(18080)
         assert egress.endpoint.endswith(f"/sandboxes/{self._sandbox.id}/egress"), egress.endpoint
 
@@ -300,16 +292,14 @@ class PythonSdkClient:
 @pytest.fixture(scope="module")
 def python_results(server: SandgateServer) -> Callable[[str], dict[str, Result]]:
     """The scenarios' results of one mode, run once on first use."""
-    runs: dict[str, dict[str, Result]] = {}
 
+    @functools.cache
     def results(mode: str) -> dict[str, Result]:
-        if mode not in runs:
-            client = PythonSdkClient(server, mode)
-            try:
-                runs[mode] = run_in_order(client.steps())
-            finally:
-                client._close()
-        return runs[mode]
+        client = PythonSdkClient(server, mode)
+        try:
+            return run_in_order("python", steps_of(client))
+        finally:
+            client._close()
 
     return results
 
@@ -317,4 +307,4 @@ def python_results(server: SandgateServer) -> Callable[[str], dict[str, Result]]
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("mode", MODES)
 def test_python_sdk(python_results: Callable[[str], dict[str, Result]], mode: str, scenario: str) -> None:
-    check(python_results(mode), scenario, f"Python SDK ({mode})")
+    check("python", lambda: python_results(mode), scenario)
