@@ -126,3 +126,16 @@ def test_a_push_that_still_allows_them_closes_nothing(
     after = sorted(str(r["path"]) for r in net.origin_requests()[mark:] if "after=" in str(r["path"]))
     assert after == ["/echo?after=h1", "/echo?after=spliced", "/echo?after=tunnel"]
     assert revoked(proxy)[before:] == []
+
+
+def test_a_pass_through_host_that_now_needs_inspection_is_closed_and_only_it(
+    proxy: RunningProxy, client: Client, net: Internet
+) -> None:
+    before = len(revoked(proxy))
+    inspected = [{**rule, "inspect": "always"} for rule in ALLOWED]  # pass.example.com now intercepted
+    entry = SandboxEntry(sandbox_id=SANDBOX, address=CLIENT_ADDR, policy={**POLICY, "egress": inspected})
+    seen = hold_and_change(proxy, client, net, lambda: proxy.control.put_sandbox(entry))
+    assert seen["spliced"]["closed"] and seen["tunnel"]["closed"], seen  # relayed unread: cannot stay
+    assert seen["h1"] == {"closed": False, "after": 200}, seen  # already intercepted: judged per request
+    records = revoked(proxy)[before:]
+    assert [(r["host"], r["reason"]) for r in records] == [("pass.example.com", "inspection-required")] * 2
