@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from mitmproxy import http
 
@@ -84,12 +85,7 @@ class InjectionAddon:
         for name, value in injection.headers:
             request.headers[name] = value  # replaces every client-sent header of that name
         if injection.placeholders:
-            for name, value in list(request.headers.items(multi=True)):
-                substituted = injection.placeholders.header(value)
-                if substituted != value:
-                    request.headers.set_all(
-                        name, [injection.placeholders.header(v) for v in request.headers.get_all(name)]
-                    )
+            request.headers.fields = _substituted(request.headers.fields, injection.placeholders.header)
             request.path = injection.placeholders.target(request.path)
             if _substitutes_body(sandbox, binding_name):
                 flow.metadata[BODY_KEY] = injection.placeholders
@@ -103,7 +99,7 @@ class InjectionAddon:
         if not sandbox.placeholders:
             return False
         request = flow.request
-        seen = [request.path, *request.headers.values()]
+        seen = [request.path, *(value for _, value in request.headers.items(multi=True))]
         for placeholder, owner in sandbox.placeholders.items():
             if owner in selected or not any(placeholder in text for text in seen):
                 continue
@@ -123,6 +119,19 @@ class InjectionAddon:
             flow.response = deny_response(verdict, request_state.name)
             return True
         return False
+
+
+def _substituted(
+    fields: tuple[tuple[bytes, bytes], ...], substitute: Callable[[str], str]
+) -> tuple[tuple[bytes, bytes], ...]:
+    """Every header value with its placeholders substituted, in one pass over the fields (a
+    lookup by name per field would cost O(n^2) for a request with thousands of headers)."""
+    out = []
+    for name, raw in fields:
+        value = raw.decode("utf-8", "surrogateescape")
+        substituted = substitute(value)
+        out.append((name, raw if substituted == value else substituted.encode("utf-8", "surrogateescape")))
+    return tuple(out)
 
 
 def _substitutes_body(sandbox: Sandbox, binding_name: str) -> bool:
