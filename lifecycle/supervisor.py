@@ -8,7 +8,12 @@ Rules:
    a moment, then exits), then calls `on_ready` (lifecycle re-pushes every sandbox entry). Until
    then sandboxes have no egress: the nft redirect points at a port nobody listens on, so
    connections are refused.
-3. Restarts back off (0.5 s doubling to 10 s) so a proxy that cannot start does not spin.
+3. Restarts back off (0.5 s doubling to 10 s) so a proxy that cannot start does not spin. A
+   child that is not ready within its start timeout is ended before the attempt counts as
+   failed: a proxy that became ready later would run with no sandbox entries, since only a
+   successful start re-pushes them (on a loaded machine that left every sandbox refused). Each
+   failed restart doubles the next one's start timeout (up to MAX_START_TIMEOUT), so a slow
+   machine gets there and a hung child does not hold the supervisor.
 4. The control socket is part of the proxy: when its path no longer names the socket the proxy
    bound (deleted, or replaced by another file or process), lifecycle could no longer push a
    policy, so the proxy is restarted (it binds a fresh socket) and re-fed like after a crash.
@@ -29,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+
+MAX_START_TIMEOUT = 300.0  # seconds a restart may take once earlier attempts were too slow
 
 
 class ProxyStartError(RuntimeError):
@@ -116,7 +124,7 @@ class ProxySupervisor:
 
     def start(self) -> None:
         """Start the proxy and wait until it is ready; raises ProxyStartError if it is not."""
-        self._spawn_and_wait()
+        self._spawn_and_wait(self.start_timeout)
         self._watcher = threading.Thread(target=self._watch, name="proxy-supervisor", daemon=True)
         self._watcher.start()
 
@@ -127,7 +135,7 @@ class ProxySupervisor:
         if self._watcher:
             self._watcher.join(timeout)
 
-    def _spawn_and_wait(self) -> None:
+    def _spawn_and_wait(self, timeout: float) -> None:
         with self.log_path.open("ab") as output:
             self._process = subprocess.Popen(
                 [self.python, "-m", "sandgate.proxy", "--config", str(self.config_path)],
@@ -135,7 +143,7 @@ class ProxySupervisor:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        deadline = time.monotonic() + self.start_timeout
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self._stopping.is_set():
             if self._process.poll() is not None:
                 status = self._process.returncode
@@ -148,9 +156,10 @@ class ProxySupervisor:
                 self.on_ready()
                 return
             time.sleep(0.05)
+        _end(self._process, 5.0)  # never leave a proxy running that nobody fed its entries
         raise ProxyStartError(
             f"the proxy did not answer on its control socket and listen on TCP {sorted(self.listeners.tcp)} "
-            f"and UDP {sorted(self.listeners.udp)} within {self.start_timeout}s; see {self.log_path}"
+            f"and UDP {sorted(self.listeners.udp)} within {timeout:g}s; see {self.log_path}"
         )
 
     def _current_socket_id(self) -> tuple[int, int] | None:
@@ -177,7 +186,7 @@ class ProxySupervisor:
             return "(no log)"
 
     def _watch(self) -> None:
-        backoff = 0.5
+        backoff, timeout = 0.5, self.start_timeout
         while not self._stopping.is_set():
             process = self._process
             if process is not None and process.poll() is None and self._socket_lost():
@@ -195,13 +204,13 @@ class ProxySupervisor:
             if self._stopping.is_set():
                 return
             try:
-                self._spawn_and_wait()
+                self._spawn_and_wait(timeout)
                 self.restarts += 1
-                backoff = 0.5
+                backoff, timeout = 0.5, self.start_timeout
                 log.warning("proxy restarted (pid %s), entries re-pushed", self.pid)
             except Exception:
                 log.exception("proxy restart failed; retrying in %.1fs", backoff)
-                backoff = min(backoff * 2, 10.0)
+                backoff, timeout = min(backoff * 2, 10.0), min(timeout * 2, MAX_START_TIMEOUT)
 
 
 def _end(process: subprocess.Popen[bytes], timeout: float) -> None:

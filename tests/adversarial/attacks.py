@@ -361,11 +361,22 @@ def slowloris(host: str, port: int, connections: int, seconds: float, probe_url_
     return {"opened": connections, "closed_by_proxy": closed, "probe": probe}
 
 
-def connect_loop(host: str, port: int, seconds: float, gap: float, sni: str, path: str) -> dict[str, Any]:
-    """Repeated HTTPS GETs (bounded in time and count): what each attempt got (status or error)."""
+def connect_loop(
+    host: str, port: int, seconds: float, gap: float, sni: str, path: str, until_answered: bool = False
+) -> dict[str, Any]:
+    """Repeated HTTPS GETs (bounded in time and count): what each attempt got (status or error).
+    `until_answered`: past `seconds`, go on while the last attempt got no answer (at most 50 s in
+    all), so a proxy that takes long to come back on a loaded machine is still seen coming back."""
     attempts: list[dict[str, Any]] = []
-    deadline = time.monotonic() + min(seconds, 40)
-    while time.monotonic() < deadline and len(attempts) < 1000:
+    start = time.monotonic()
+    deadline, limit = start + min(seconds, 40), start + 50
+
+    def going_on() -> bool:
+        now = time.monotonic()
+        waiting = until_answered and bool(attempts) and not attempts[-1]["status"]
+        return len(attempts) < 1000 and (now < deadline or (waiting and now < limit))
+
+    while going_on():
         started, wall = time.monotonic(), time.time()  # wall clock: the test compares it with its own
         result = raw(host, port, f"GET {path} HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n", sni=sni)
         status = result.get("reply", "")[:12]

@@ -36,10 +36,17 @@ def test_proxy_crash_mid_stream_fails_closed_and_restarts(attacker: Attacker) ->
     old_pid = proxy_pid(server.process.pid)
     outcome: dict[str, Any] = {}
 
-    def watch() -> None:  # in the sandbox: repeated requests for 12 s, straddling the crash
+    def watch() -> None:  # in the sandbox: requests for 12 s straddling the crash, then until answered
         outcome.update(
             attacker.attack(
-                "connect_loop", host=BOUND_HOST, port=443, seconds=12, gap=0.1, sni=BOUND_HOST, path="/"
+                "connect_loop",
+                host=BOUND_HOST,
+                port=443,
+                seconds=12,
+                gap=0.1,
+                sni=BOUND_HOST,
+                path="/",
+                until_answered=True,
             )
         )
 
@@ -56,7 +63,7 @@ def test_proxy_crash_mid_stream_fails_closed_and_restarts(attacker: Attacker) ->
     killed_at = time.time()
     os.kill(old_pid, signal.SIGKILL)  # by PID: the proxy child found above
     stream.join(30)
-    watcher.join(40)
+    watcher.join(70)
     sse = outcome["sse"]
     assert sse.exit_code != 0 and sse.stdout.count("id: ") < 40, sse  # the stream broke, it did not go around
     attempts = outcome["attempts"]

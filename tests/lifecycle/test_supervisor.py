@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sandgate.lifecycle.supervisor import listening
+from sandgate.lifecycle.supervisor import ProxySupervisor, listening
 from sandgate.lifecycle.wiring import answers
 from sandgate.proxy import ProxyControl
 from tests.support.server import SandgateServer, sandgate_server
@@ -104,3 +105,50 @@ def test_a_lost_control_socket_restarts_the_proxy_and_policy_changes_work_again(
         assert entry.sandbox_id == sandbox_id  # re-pushed to the new proxy with its latest policy
         assert [rule["target"] for rule in entry.policy["egress"]][:2] == ["b.example.com", "a.example.com"]
         assert third != second and "control socket" in server.log()
+
+
+FAKE_PROXY = """#!/bin/bash
+# Stands in for `python -m sandgate.proxy`: every start is logged; the first is ready at once,
+# later ones only after $SLOW seconds (a loaded machine importing mitmproxy).
+echo $$ >> "$DIR/starts"
+[ "$(wc -l < "$DIR/starts")" -gt 1 ] && sleep "$SLOW"
+touch "$DIR/ready-$$"
+exec sleep 600
+"""
+
+
+def test_a_restart_slower_than_the_start_timeout_is_fed_its_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restarted proxy that got ready after the start timeout ran on with no sandbox entries
+    (only a successful start re-pushes them) and every sandbox was refused. Now the late child
+    is ended and the next attempt waits twice as long, until one is ready and fed."""
+    fake = tmp_path / "fake-proxy"
+    fake.write_text(FAKE_PROXY)
+    fake.chmod(0o755)
+    monkeypatch.setenv("DIR", str(tmp_path))
+    monkeypatch.setenv("SLOW", "2.5")
+    fed: list[int | None] = []
+    supervisor = ProxySupervisor(
+        tmp_path / "proxy.json",
+        is_healthy=lambda: (tmp_path / f"ready-{supervisor.pid}").exists(),
+        on_ready=lambda: fed.append(supervisor.pid),
+        log_path=tmp_path / "proxy.log",
+        python=str(fake),
+        start_timeout=1.0,
+    )
+    supervisor.start()
+    try:
+        first = supervisor.pid
+        assert first is not None and fed == [first]
+        os.kill(first, signal.SIGKILL)  # a crash: restarts take 2.5 s, the first timeout is 1 s
+        deadline = time.monotonic() + 60
+        while len(fed) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(fed) == 2 and fed[1] == supervisor.pid, fed  # a restart got ready and was fed
+        starts = [int(pid) for pid in (tmp_path / "starts").read_text().split()]
+        assert len(starts) >= 3  # at least one attempt was too slow at 1 s, a later one waited longer
+        late = [pid for pid in starts if pid not in fed]
+        assert late and not any(Path(f"/proc/{pid}").exists() for pid in late)  # none left unfed
+    finally:
+        supervisor.stop()
