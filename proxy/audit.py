@@ -117,8 +117,10 @@ def written(record: AuditRecord, redact: Redact | None = None) -> AuditRecord:
     changed: dict[str, str | None] = {}
     if record.path is not None and "?" in record.path:
         changed["path"] = redact_path(record.path)
-    for name in FREE_TEXT:
-        text = changed.get(name, values[name])
+    texts = [changed.get(name, values[name]) or "" for name in FREE_TEXT]
+    if redact is not None and redact(joined := "\0".join(texts)) == joined:
+        redact = None  # one pass over all of them found nothing: no field holds a secret
+    for name, text in zip(FREE_TEXT, texts, strict=True):
         if not text:
             continue
         clean = redact(text) if redact is not None else text
