@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.support.dockerd import PrivateDockerd
 from hypothesis import settings
 
 from tests.support.tiers import FAST, FAST_DEFAULT_EXAMPLES
@@ -37,3 +42,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "root" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def dockerd() -> Iterator[PrivateDockerd]:
+    """One private Docker engine for the whole session (tests/support/dockerd.py)."""
+    from tests.support.dockerd import private_dockerd
+
+    with private_dockerd() as daemon:
+        yield daemon
+
+
+@pytest.fixture(scope="session")
+def sandbox_images(dockerd: PrivateDockerd) -> str:
+    """The digest of the images now in the private dockerd (`sandgate/base`, `sandgate/python`),
+    built (or loaded from the build cache) once per session."""
+    from tests.docker.conftest import load_image_builder
+
+    return str(load_image_builder().build_images(dockerd.client))

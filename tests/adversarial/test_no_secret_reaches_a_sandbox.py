@@ -38,7 +38,6 @@ from opensandbox.config.connection_sync import ConnectionConfigSync
 
 from sandgate.proxy.ca import CA_KEY_AND_CERT
 from sandgate.vault.store import LOCAL_KEY_FILE
-from tests.docker.conftest import dockerd, sandbox_images  # noqa: F401  (the Docker runtime's engine)
 from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root

@@ -1,5 +1,6 @@
-"""Fixtures for the Docker runtime tests: one private dockerd per session, the sandbox images
-built (or loaded from the build cache) into it, and a `sandboxes` harness parametrized over the
+"""Fixtures for the Docker runtime tests (the session's private dockerd and the sandbox images
+built into it, `dockerd` and `sandbox_images`, live in tests/conftest.py, shared with the
+other suites that run a Docker runtime): a `sandboxes` harness parametrized over the
 runtimes, so the same scenario runs on `local` (bubblewrap) and `docker`.
 
 The docker harness reuses the local-runtime engineer's `tests.runtime.harness.Harness` (networks,
@@ -22,7 +23,6 @@ from sandgate.lifecycle.network import ProxyPorts
 from sandgate.lifecycle.runtime.base import SandboxNet
 from sandgate.lifecycle.runtime.docker import DockerRuntime
 from tests.runtime.harness import PROBE, Harness, Listeners
-from tests.support.dockerd import PrivateDockerd, private_dockerd
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIMES = ["local", "docker"]
@@ -50,18 +50,6 @@ class DockerHarness(Harness):
     def probe(self, phases: list[list[tuple[str, str, int]]], **spec: object) -> tuple[str, SandboxNet]:
         # The image's entry script is a shell, so `/proc/self/exe` would name busybox: say python3.
         return self.start(["python3", "-I", "-c", PROBE, json.dumps(phases)], **spec)  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="session")
-def dockerd() -> Iterator[PrivateDockerd]:
-    with private_dockerd() as daemon:
-        yield daemon
-
-
-@pytest.fixture(scope="session")
-def sandbox_images(dockerd: PrivateDockerd) -> str:
-    """The digest of the images now in the private dockerd (`sandgate/base`, `sandgate/python`)."""
-    return str(load_image_builder().build_images(dockerd.client))
 
 
 def make_harness(runtime: str, state_dir: Path, request: pytest.FixtureRequest) -> Harness:

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from tests.docker.conftest import dockerd, sandbox_images  # noqa: F401  (the Docker runtime's engine)
 from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
