@@ -25,17 +25,21 @@ from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, N
 from sandgate.lifecycle.audit import AuditFilter, AuditIndex
 from tests.adversarial.conftest import (
     BOUND_HOST,
-    DENIED_HOST,
     EXFIL_ZONE,
     OPEN_HOST,
+    ZONE,
     Attacker,
     connection,
     find_leak,
 )
+from tests.support.internet import ORIGIN_V4, Internet
 from tests.support.server import SANDGATE, SandgateServer
 
 pytestmark = pytest.mark.root
 
+# A host only the report-mode sandbox asks for (the denied host must never reach an origin:
+# test_zz_nothing_leaked checks that).
+REPORT_HOST = "report.example.com"
 PATH_SECRET = "bot-7781:" + os.urandom(12).hex()  # a Telegram-style token that travels in the path
 PATH_PLACEHOLDER = "SANDGATE_BOT_TOKEN"
 # A row a forger would like the reviewer to read, smuggled in a DNS name (labels split at dots;
@@ -104,8 +108,9 @@ def allowing(server: SandgateServer, host: str) -> SandboxSync:
 
 
 @pytest.fixture(scope="module")
-def reporter(server: SandgateServer) -> Iterator[SandboxSync]:
+def reporter(server: SandgateServer, internet: Internet) -> Iterator[SandboxSync]:
     """A sandbox whose sandgate policy is in report mode: it denies everything but enforces nothing."""
+    internet.set_names({**ZONE, REPORT_HOST: [ORIGIN_V4]})
     sandbox = allowing(server, OPEN_HOST)
     try:
         with server.client() as client:
@@ -117,36 +122,37 @@ def reporter(server: SandgateServer) -> Iterator[SandboxSync]:
     finally:
         sandbox.kill()
         sandbox.close()
+        internet.set_names(ZONE)
 
 
 def test_report_mode_is_recorded_as_report_everywhere(server: SandgateServer, reporter: SandboxSync) -> None:
     # Denied by the policy, let through by report mode: plain HTTP and pass-through TLS.
-    assert run(reporter, f"curl -sS --max-time 10 http://{DENIED_HOST}/").strip() == "hello from origin"
-    assert run(reporter, f"curl -sSk --max-time 10 https://{DENIED_HOST}/").strip() == "hello from origin"
+    assert run(reporter, f"curl -sS --max-time 10 http://{REPORT_HOST}/").strip() == "hello from origin"
+    assert run(reporter, f"curl -sSk --max-time 10 https://{REPORT_HOST}/").strip() == "hello from origin"
     written = [
         json.loads(line)
         for line in (server.state_dir / "audit.jsonl").read_text().splitlines()
-        if f'"{reporter.id}"' in line and f'"{DENIED_HOST}"' in line
+        if f'"{reporter.id}"' in line and f'"{REPORT_HOST}"' in line
     ]
     kinds = {(r["kind"], r["decision"], r["reason"]) for r in written if r["event"] is None}
     assert {("request", "report", "default"), ("connection", "report", "default")} <= kinds, written
     assert {r["decision"] for r in written} == {"report"}, written  # DNS too; never "allow"
     # The index, the API, `sandgate logs` (table, JSON, OCSF) all say report.
     indexed = wait_for(
-        lambda: index_records(server, sandbox=reporter.id, decision="report", host=DENIED_HOST)
+        lambda: index_records(server, sandbox=reporter.id, decision="report", host=REPORT_HOST)
     )
     assert {r["id"] for r in written} <= {r["id"] for r in indexed}
-    api = api_records(server, sandbox=reporter.id, decision="report", host=DENIED_HOST)
+    api = api_records(server, sandbox=reporter.id, decision="report", host=REPORT_HOST)
     assert {r["id"] for r in written} <= {r["id"] for r in api}
-    assert not api_records(server, sandbox=reporter.id, decision="allow", host=DENIED_HOST)
+    assert not api_records(server, sandbox=reporter.id, decision="allow", host=REPORT_HOST)
     ocsf = api_records(server, sandbox=reporter.id, decision="report", format="ocsf")
     assert ocsf and {(e["disposition_id"], e["disposition"], e["action"]) for e in ocsf} == {
         (17, "Logged", "Allowed")
     }
-    table = logs(server, "--sandbox", reporter.id, "--host", DENIED_HOST).splitlines()
+    table = logs(server, "--sandbox", reporter.id, "--host", REPORT_HOST).splitlines()
     assert len(table) - 1 >= len(written) and all(" report " in row for row in table[1:]), table
     as_json = [json.loads(line) for line in logs(server, "--sandbox", reporter.id, "-o", "json").splitlines()]
-    assert {r["decision"] for r in as_json if r["host"] == DENIED_HOST} == {"report"}
+    assert {r["decision"] for r in as_json if r["host"] == REPORT_HOST} == {"report"}
     exported = [json.loads(line) for line in logs(server, "--decision", "report", "-o", "ocsf").splitlines()]
     assert {e["metadata"]["uid"] for e in exported} >= {r["id"] for r in written}
 
