@@ -107,9 +107,12 @@ def write_proxy_config(settings: Settings) -> Path:
 
 
 def proxy_start_timeout(workers: int) -> float:
-    """20 s for one proxy process; each further worker starts beside it (its own mitmproxy
-    import and replay), which on a busy machine takes several seconds more."""
-    return 20.0 + 15.0 * ((workers or os.cpu_count() or 1) - 1)
+    """60 s for one proxy process; each further worker starts beside it (its own mitmproxy
+    import and replay), which on a busy machine takes several seconds more. Generous on purpose:
+    a proxy that cannot start exits and is seen at once, the timeout only catches a hung one, and
+    a start costs about 3-4 s of CPU (imports, CA), which at a load of 12 on 2 cores took more
+    than 20 s of wall time (serve then refused to start)."""
+    return 60.0 + 15.0 * ((workers or os.cpu_count() or 1) - 1)
 
 
 def policy_change_writer(audit_path: Path) -> Callable[[str, str, PolicyChange], None]:
