@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.errors import LifecycleError, quietly
 from sandgate.lifecycle.policy_book import PolicyBook, PolicyDocument
-from sandgate.lifecycle.store import NotFound, RevisionConflict, SandboxRecord, Store
+from sandgate.lifecycle.sandbox_store import NotFound, RevisionConflict, SandboxRecord, SandboxStore
 from sandgate.proxy import SandboxEntry
 from sandgate.vault import SecretStore
 
@@ -95,7 +95,7 @@ class SandboxLocks:
             return self._locks.setdefault(sandbox_id, threading.Lock())
 
 
-def existing(store: Store, sandbox_id: str) -> SandboxRecord:
+def existing(store: SandboxStore, sandbox_id: str) -> SandboxRecord:
     """The sandbox's record, or a not_found error that says how to list them."""
     try:
         return store.get_sandbox(sandbox_id)
@@ -118,7 +118,7 @@ def digest(document: dict[str, Any]) -> str:
 class EgressControl:
     def __init__(
         self,
-        store: Store,
+        store: SandboxStore,
         *,
         proxy: ProxyControlClient,
         vault: SecretStore,

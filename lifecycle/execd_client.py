@@ -16,7 +16,7 @@ import httpx
 
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
-from sandgate.lifecycle.store import SandboxRecord
+from sandgate.lifecycle.sandbox_store import SandboxRecord
 
 ENTRYPOINT_TIMEOUT = 10.0
 

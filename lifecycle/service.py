@@ -6,11 +6,11 @@ Rules:
 1. Order of a create: validate everything (request, policy, image, limits) -> build the network
    -> push the sandbox's entry to the proxy (so its first packet is already governed) -> start
    the runtime -> wait for execd `/ping` -> persist the record, Running, with its first policy
-   revision in one transaction (`Store.create_sandbox`) -> audit. A failure at any step undoes
+   revision in one transaction (`SandboxStore.create_sandbox`) -> audit. A failure at any step undoes
    the steps before it; nothing half-made is left behind or recorded.
 2. Delete: runtime, proxy entry and vault values, network (each step quietly, so one failure
    does not strand the rest), then the record with its policy and vault state.
-3. Restart: the store is the truth. `start()` asks the runtime which sandboxes survived,
+3. Restart: the sandbox store is the truth. `start()` asks the runtime which sandboxes survived,
    re-pushes their entries to the proxy, removes the rest with their networks, all before the
    API accepts traffic.
 4. This module speaks no HTTP: it raises `LifecycleError(kind, message)`; the API maps kinds to
@@ -46,7 +46,7 @@ from sandgate.lifecycle.runtime.base import (
     SandboxSpec,
     wait_for_execd,
 )
-from sandgate.lifecycle.store import SandboxRecord, Store, utcnow
+from sandgate.lifecycle.sandbox_store import SandboxRecord, SandboxStore, utcnow
 from sandgate.lifecycle.warm_pool import Member, WarmPool
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class CreateRequest:
 class Service:
     def __init__(
         self,
-        store: Store,
+        store: SandboxStore,
         *,
         networks: Networks,
         runtime: Runtime,

@@ -31,8 +31,8 @@ from sandgate.lifecycle.cgroups import SandboxCgroup
 from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.kernel import instance_tag, mount_points
 from sandgate.lifecycle.network import RUN_NETNS
+from sandgate.lifecycle.sandbox_store import SandboxStore
 from sandgate.lifecycle.settings import Settings
-from sandgate.lifecycle.store import Store
 from sandgate.vault import SecretStore
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def tear_down(settings: Settings, *, stop_sandboxes: bool) -> Report:
         (settings.state_dir / "proxy.sock").unlink(missing_ok=True)
         runtime = make_runtime(settings, instance)
         alive = set(runtime.adopt())  # removes what is left of dead sandboxes (dirs, mounts, cgroups)
-        store = Store(settings.database)
+        store = SandboxStore(settings.database)
         try:
             records = {record.id for record in store.list_sandboxes()}
             stopped = sorted(alive if stop_sandboxes else alive - records)  # strays: unclaimed pool members
@@ -130,7 +130,7 @@ def tear_down(settings: Settings, *, stop_sandboxes: bool) -> Report:
         lock.release()
 
 
-def forget(store: Store, vault: SecretStore, sandbox_id: str) -> None:
+def forget(store: SandboxStore, vault: SecretStore, sandbox_id: str) -> None:
     """Delete a sandbox's record and the vault entries its credential vault wrote."""
     stored = store.get_vault(sandbox_id)
     state = VaultState.model_validate(stored.document) if stored else VaultState()

@@ -216,8 +216,8 @@ def build_components(settings: Settings, api_key: str) -> Components:
     from sandgate.lifecycle.egress_control import EgressControl
     from sandgate.lifecycle.kernel import instance_tag
     from sandgate.lifecycle.policy_book import SandgatePolicies
+    from sandgate.lifecycle.sandbox_store import SandboxStore
     from sandgate.lifecycle.service import Service
-    from sandgate.lifecycle.store import Store
     from sandgate.lifecycle.supervisor import Listeners, ProxySupervisor
     from sandgate.proxy import ProxyControl, ensure_ca
 
@@ -227,7 +227,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
     networks = make_networks(settings, instance)
     networks.ensure_table()
     runtime = make_runtime(settings, instance)
-    store = Store(settings.database)
+    store = SandboxStore(settings.database)
     egress = EgressControl(
         store,
         proxy=control,

@@ -44,7 +44,7 @@ from sandgate.lifecycle.api.errors import ApiError
 from sandgate.lifecycle.api.upstream import Exchange, UpstreamError
 from sandgate.lifecycle.execd_client import execd_headers
 from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
-from sandgate.lifecycle.store import SandboxRecord
+from sandgate.lifecycle.sandbox_store import SandboxRecord
 
 # RFC 9110 7.6.1 (plus the obsolete Proxy-Connection, and Proxy-* below as a prefix).
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",

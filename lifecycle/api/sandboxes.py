@@ -39,8 +39,8 @@ from sandgate.lifecycle.api.models import (
 )
 from sandgate.lifecycle.execd_client import execd_headers
 from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, UnsafeBind
+from sandgate.lifecycle.sandbox_store import SandboxRecord
 from sandgate.lifecycle.service import CreateRequest
-from sandgate.lifecycle.store import SandboxRecord
 
 EGRESS_PORT = 18080
 DEFAULT_ENTRYPOINT = ["tail", "-f", "/dev/null"]

@@ -28,8 +28,8 @@ from sandgate.lifecycle.egress_control import EgressControl, PolicyChange
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.policy_book import SandgatePolicies
 from sandgate.lifecycle.runtime.base import EXECD_PORT, SandboxNet, SandboxSpec, ping_execd
+from sandgate.lifecycle.sandbox_store import SandboxStore
 from sandgate.lifecycle.service import CreateRequest, Service
-from sandgate.lifecycle.store import Store
 from sandgate.proxy import SandboxEntry
 
 ALLOW_ONE = {"defaultAction": "deny", "egress": [{"action": "allow", "target": "api.example.test"}]}
@@ -157,7 +157,7 @@ class DictVault:
         self.values.pop(name, None)
 
 
-def break_inserts(store: Store, table: str) -> None:
+def break_inserts(store: SandboxStore, table: str) -> None:
     """Make SQLite itself refuse every insert into `table` (as a full disk or a lock would)."""
     with store.transaction() as db:
         db.execute(
@@ -169,7 +169,7 @@ def break_inserts(store: Store, table: str) -> None:
 class Rig:
     def __init__(self, tmp_path: Path, pool_size: int = 0) -> None:
         (tmp_path / "sandboxes").mkdir()
-        self.store = Store(tmp_path / "state.db")
+        self.store = SandboxStore(tmp_path / "state.db")
         self.networks = LoopbackNetworks()
         self.runtime = ExecdRuntime(tmp_path / "sandboxes")
         self.proxy = RecordingProxy()

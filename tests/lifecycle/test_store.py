@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.lifecycle.store import NotFound, RevisionConflict, SandboxRecord, Store, utcnow
+from sandgate.lifecycle.sandbox_store import NotFound, RevisionConflict, SandboxRecord, SandboxStore, utcnow
 
 
 def record(sandbox_id: str = "sb1") -> SandboxRecord:
@@ -26,11 +26,11 @@ def record(sandbox_id: str = "sb1") -> SandboxRecord:
 
 def test_sandbox_round_trip_and_survives_reopen(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
-    store = Store(db)
+    store = SandboxStore(db)
     original = record().with_state("Running", "READY")
     store.put_sandbox(original)
     store.close()
-    reopened = Store(db)
+    reopened = SandboxStore(db)
     assert reopened.get_sandbox("sb1") == original
     assert [r.id for r in reopened.list_sandboxes()] == ["sb1"]
     assert oct(db.stat().st_mode & 0o777) == "0o600"
@@ -38,11 +38,11 @@ def test_sandbox_round_trip_and_survives_reopen(tmp_path: Path) -> None:
 
 def test_missing_sandbox_raises_not_found(tmp_path: Path) -> None:
     with pytest.raises(NotFound):
-        Store(tmp_path / "s.db").get_sandbox("nope")
+        SandboxStore(tmp_path / "s.db").get_sandbox("nope")
 
 
 def test_revisions_increase_and_conflicts_are_refused(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db")
+    store = SandboxStore(tmp_path / "s.db")
     store.put_sandbox(record())
     assert store.put_policy("sb1", {"defaultAction": "deny"}, expected_revision=0) == 1
     assert store.put_policy("sb1", {"defaultAction": "allow"}, expected_revision=1) == 2
@@ -54,7 +54,7 @@ def test_revisions_increase_and_conflicts_are_refused(tmp_path: Path) -> None:
 
 
 def test_deleting_a_sandbox_deletes_its_policy_and_vault(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db")
+    store = SandboxStore(tmp_path / "s.db")
     store.put_sandbox(record())
     store.put_policy("sb1", {}, expected_revision=0)
     store.put_vault("sb1", {"credentials": []}, expected_revision=0)
@@ -63,7 +63,7 @@ def test_deleting_a_sandbox_deletes_its_policy_and_vault(tmp_path: Path) -> None
 
 
 def test_an_expired_sandbox_leaves_a_tombstone_for_a_week(tmp_path: Path) -> None:
-    store = Store(tmp_path / "db.sqlite")
+    store = SandboxStore(tmp_path / "db.sqlite")
     expired = utcnow() - timedelta(seconds=1)
     for sandbox_id in ("expired", "deleted", "old"):
         store.put_sandbox(record(sandbox_id))

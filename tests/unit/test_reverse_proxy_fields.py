@@ -4,7 +4,7 @@ tests/lifecycle/test_reverse_proxy.py cannot observe from inside execd."""
 from __future__ import annotations
 
 from sandgate.lifecycle.api.proxy import end_to_end, upstream_headers
-from sandgate.lifecycle.store import SandboxRecord, utcnow
+from sandgate.lifecycle.sandbox_store import SandboxRecord, utcnow
 
 API_KEY = "api-key-0123456789"
 

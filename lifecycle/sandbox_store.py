@@ -104,7 +104,7 @@ class NotFound(KeyError):
     pass
 
 
-class Store:
+class SandboxStore:
     """SQLite access; safe to share between threads (one connection behind a lock)."""
 
     def __init__(self, path: Path) -> None:
