@@ -87,7 +87,12 @@ async def _ask_udp(server: tuple[str, int], query: bytes) -> dns.DNSMessage:
     loop = asyncio.get_running_loop()
     transport, reply = await loop.create_datagram_endpoint(lambda: _Reply(query), remote_addr=server)
     try:
-        return dns.DNSMessage.unpack(await asyncio.wait_for(reply.answer, UPSTREAM_TIMEOUT))
+        # asyncio.wait, not wait_for: after the loop was busy, the answer and the timeout can be
+        # due in the same iteration, and an answer that arrived in time must not be thrown away.
+        await asyncio.wait([reply.answer], timeout=UPSTREAM_TIMEOUT)
+        if not reply.answer.done():
+            raise TimeoutError(f"no answer within {UPSTREAM_TIMEOUT:g} s")
+        return dns.DNSMessage.unpack(reply.answer.result())
     finally:
         transport.close()
 

@@ -4,12 +4,16 @@ refuses."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import struct
+import time
 
+import pytest
 from dnslib import EDNS0, QTYPE, RR, TXT, DNSRecord, EDNSOption
 from mitmproxy import dns
 
-from sandgate.proxy import SandboxEntry
+from sandgate.proxy import SandboxEntry, dnswire
 from sandgate.proxy.credentials import SecretValues
 from sandgate.proxy.dnswire import (
     EDE_BLOCKED,
@@ -97,3 +101,32 @@ def test_revocation_judges_targets_pins_inspection_and_identity() -> None:
     rebound = held(("a.example.com", 443, "https"))
     rebound.pins["a.example.com"] = "169.254.169.254"  # dialled under a CIDR rule that is gone
     assert (stale(both, rebound) or (GONE,))[0].reason == "always_denied_range"
+
+
+def test_an_answer_that_arrived_while_the_loop_was_busy_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resolver (loopback) answers at once, then the event loop is blocked past the query's
+    timeout: the answer is already there when the loop wakes, and it must win (wait_for lost it)."""
+    monkeypatch.setattr(dnswire, "UPSTREAM_TIMEOUT", 0.05)
+
+    async def ask() -> dns.DNSMessage:
+        server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        server.bind(("127.0.0.1", 0))
+        server.setblocking(False)
+
+        def answer_then_block() -> None:
+            data, peer = server.recvfrom(512)
+            server.sendto(data[:2] + b"\x81\x80" + data[4:], peer)  # QR+RD+RA, the question echoed
+            time.sleep(0.2)  # the loop is busy (another hook, a slow parse) past the timeout
+
+        loop = asyncio.get_running_loop()
+        loop.add_reader(server.fileno(), answer_then_block)
+        try:
+            return await dnswire.forward([server.getsockname()], "svc.example.com", dns.types.TXT)
+        finally:
+            loop.remove_reader(server.fileno())
+            server.close()
+
+    reply = asyncio.run(ask())
+    assert (
+        reply.response_code == 0 and reply.question is not None and reply.question.name == "svc.example.com"
+    )
