@@ -43,17 +43,17 @@ def node(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> 
     return done.stdout
 
 
+def run_js(server: SandgateServer, mode: str) -> Results:
+    """Every scenario in one node process; each one's result."""
+    env = {**server.env(), "SANDGATE_TEST_API_HOST": API_HOST}
+    lines = node(mode, env=env, timeout=RUN_TIMEOUT_S).splitlines()
+    return {item["scenario"]: item for item in map(json.loads, lines)}
+
+
 @pytest.fixture(scope="module")
 def js_results(server: SandgateServer) -> Callable[[str], Results]:
     """The scenarios' results of one mode, run once on first use."""
-
-    @functools.cache
-    def results(mode: str) -> Results:
-        env = {**server.env(), "SANDGATE_TEST_API_HOST": API_HOST}
-        lines = node(mode, env=env, timeout=RUN_TIMEOUT_S).splitlines()
-        return {item["scenario"]: item for item in map(json.loads, lines)}
-
-    return results
+    return functools.cache(lambda mode: run_js(server, mode))
 
 
 def test_the_js_client_implements_the_scenario_list() -> None:

@@ -209,23 +209,22 @@ class McpClient:
                 self._tool("sandbox_kill")
 
 
+def run_mcp(server: SandgateServer, mode: str) -> dict[str, Result]:
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(mcp_session(server, mode)) as session,
+    ):
+        client = McpClient(server, mode, portal, session)
+        try:
+            return run_in_order("mcp", steps_of(client))
+        finally:
+            client.close()
+
+
 @pytest.fixture(scope="module")
 def mcp_results(server: SandgateServer) -> Callable[[str], dict[str, Result]]:
     """The scenarios' results of one mode, run once on first use."""
-
-    @functools.cache
-    def results(mode: str) -> dict[str, Result]:
-        with (
-            start_blocking_portal() as portal,
-            portal.wrap_async_context_manager(mcp_session(server, mode)) as session,
-        ):
-            client = McpClient(server, mode, portal, session)
-            try:
-                return run_in_order("mcp", steps_of(client))
-            finally:
-                client.close()
-
-    return results
+    return functools.cache(lambda mode: run_mcp(server, mode))
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

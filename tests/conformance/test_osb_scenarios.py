@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -238,21 +239,19 @@ class OsbClient:
             self._osb("sandbox", "kill", self.id, ok=False)
 
 
-@pytest.fixture(scope="module")
-def osb_results(
-    server: SandgateServer, tmp_path_factory: pytest.TempPathFactory
-) -> Callable[[str], dict[str, ScenarioResult]]:
-    """The scenarios' results of one mode, run once on first use."""
-
-    @functools.cache
-    def results(mode: str) -> dict[str, ScenarioResult]:
-        client = OsbClient(server, mode, tmp_path_factory.mktemp(f"osb-{mode}"))
+def run_osb(server: SandgateServer, mode: str) -> dict[str, ScenarioResult]:
+    with tempfile.TemporaryDirectory(prefix=f"osb-{mode}-") as workdir:
+        client = OsbClient(server, mode, Path(workdir))
         try:
             return run_in_order("osb", steps_of(client))
         finally:
             client._close()
 
-    return results
+
+@pytest.fixture(scope="module")
+def osb_results(server: SandgateServer) -> Callable[[str], dict[str, ScenarioResult]]:
+    """The scenarios' results of one mode, run once on first use."""
+    return functools.cache(lambda mode: run_osb(server, mode))
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -289,19 +289,18 @@ class PythonSdkClient:
             self.sandbox.close()
 
 
+def run_python(server: SandgateServer, mode: str) -> dict[str, Result]:
+    client = PythonSdkClient(server, mode)
+    try:
+        return run_in_order("python", steps_of(client))
+    finally:
+        client._close()
+
+
 @pytest.fixture(scope="module")
 def python_results(server: SandgateServer) -> Callable[[str], dict[str, Result]]:
     """The scenarios' results of one mode, run once on first use."""
-
-    @functools.cache
-    def results(mode: str) -> dict[str, Result]:
-        client = PythonSdkClient(server, mode)
-        try:
-            return run_in_order("python", steps_of(client))
-        finally:
-            client._close()
-
-    return results
+    return functools.cache(lambda mode: run_python(server, mode))
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
