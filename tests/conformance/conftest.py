@@ -27,8 +27,22 @@ def internet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
         yield net
 
 
+def upstream(internet: Internet) -> dict[str, str]:
+    return {"SANDGATE_UPSTREAM_DNS": json.dumps([DNS_ADDR]), "SANDGATE_UPSTREAM_CA": str(internet.ca_cert)}
+
+
 @pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory, internet: Internet) -> Iterator[SandgateServer]:
-    extra = {"SANDGATE_UPSTREAM_DNS": json.dumps([DNS_ADDR]), "SANDGATE_UPSTREAM_CA": str(internet.ca_cert)}
-    with sandgate_server(Path(tmp_path_factory.mktemp("sandgate")), extra) as running:
+    with sandgate_server(Path(tmp_path_factory.mktemp("sandgate")), upstream(internet)) as running:
+        yield running
+
+
+@pytest.fixture(scope="package")
+def direct_execd_server(
+    tmp_path_factory: pytest.TempPathFactory, internet: Internet
+) -> Iterator[SandgateServer]:
+    """A server that hands out each sandbox's own execd address (`execd_endpoint = "direct"`):
+    a client's direct mode then talks to execd itself, not through the host's reverse proxy."""
+    extra = {**upstream(internet), "SANDGATE_EXECD_ENDPOINT": "direct"}
+    with sandgate_server(Path(tmp_path_factory.mktemp("sandgate-direct")), extra) as running:
         yield running

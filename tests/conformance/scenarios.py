@@ -11,6 +11,7 @@ is in `NOT_OFFERED` and reported as skipped with the reason.
 
 from __future__ import annotations
 
+import functools
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -92,6 +93,26 @@ def check_execd_endpoint(
         headers["OPEN-SANDBOX-API-KEY"] = server.api_key
     ping = httpx.get(f"http://{endpoint['endpoint']}/ping", headers=headers, trust_env=False)
     assert ping.status_code == 200, ping.text
+
+
+# How a client reaches the sandboxes: its direct mode (the 44772 endpoint is the host's reverse
+# proxy, opened by the execd token), its server-proxy mode, and its direct mode against a server
+# with `execd_endpoint = "direct"` (the endpoint is execd itself).
+MODES = ("direct", "server_proxy")
+SDK_MODES = (*MODES, "direct_execd")
+Runner = Callable[[SandgateServer, str], dict[str, Result]]
+
+
+def by_mode(
+    run: Runner, server: SandgateServer, direct_server: SandgateServer
+) -> Callable[[str], dict[str, Result]]:
+    """`run(server, mode)` once per mode of SDK_MODES."""
+
+    @functools.cache
+    def results(mode: str) -> dict[str, Result]:
+        return run(direct_server, "direct") if mode == "direct_execd" else run(server, mode)
+
+    return results
 
 
 def check(client: str, results: Callable[[], Mapping[str, Result]], scenario: str) -> None:

@@ -6,7 +6,6 @@ real `sandgate serve`: the shared scenario list (scenarios.py) in direct mode an
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 import subprocess
@@ -16,12 +15,11 @@ from pathlib import Path
 import pytest
 
 from tests.conformance.conftest import API_HOST
-from tests.conformance.scenarios import SCENARIOS, Result, check, offered
+from tests.conformance.scenarios import SCENARIOS, SDK_MODES, Result, by_mode, check, offered
 from tests.support.server import SandgateServer
 
 pytestmark = pytest.mark.root
 SCRIPT = Path(__file__).resolve().parents[1] / "js" / "scenarios.mjs"
-MODES = ("direct", "server_proxy")
 RUN_TIMEOUT_S = 240
 Results = dict[str, Result]
 
@@ -51,9 +49,9 @@ def run_js(server: SandgateServer, mode: str) -> Results:
 
 
 @pytest.fixture(scope="module")
-def js_results(server: SandgateServer) -> Callable[[str], Results]:
+def js_results(server: SandgateServer, direct_execd_server: SandgateServer) -> Callable[[str], Results]:
     """The scenarios' results of one mode, run once on first use."""
-    return functools.cache(lambda mode: run_js(server, mode))
+    return by_mode(run_js, server, direct_execd_server)
 
 
 def test_the_js_client_implements_the_scenario_list() -> None:
@@ -61,6 +59,6 @@ def test_the_js_client_implements_the_scenario_list() -> None:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SDK_MODES)
 def test_js_sdk(js_results: Callable[[str], Results], mode: str, scenario: str) -> None:
     check("js", lambda: js_results(mode), scenario)

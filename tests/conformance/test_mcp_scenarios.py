@@ -23,11 +23,18 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from tests.conformance.conftest import API_HOST
-from tests.conformance.scenarios import SCENARIOS, Result, check, check_execd_endpoint, run_in_order, steps_of
+from tests.conformance.scenarios import (
+    MODES,
+    SCENARIOS,
+    Result,
+    check,
+    check_execd_endpoint,
+    run_in_order,
+    steps_of,
+)
 from tests.support.server import SandgateServer
 
 pytestmark = pytest.mark.root
-MODES = ("direct", "server_proxy")
 VENV_BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
 DIR = "/tmp/mcp-conformance"
 CALL_TIMEOUT_S = 60.0

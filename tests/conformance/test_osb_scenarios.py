@@ -24,12 +24,11 @@ from click.testing import CliRunner, Result
 from opensandbox_cli.main import cli
 
 from tests.conformance.conftest import API_HOST
-from tests.conformance.scenarios import SCENARIOS, check, check_execd_endpoint, run_in_order, steps_of
+from tests.conformance.scenarios import MODES, SCENARIOS, check, check_execd_endpoint, run_in_order, steps_of
 from tests.conformance.scenarios import Result as ScenarioResult
 from tests.support.server import SandgateServer
 
 pytestmark = pytest.mark.root
-MODES = ("direct", "server_proxy")
 BLOCKED = "blocked.example.com"
 SECRET = "osb-secret-0123456789"
 DIR = "/tmp/osb-conformance"

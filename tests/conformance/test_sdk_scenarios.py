@@ -5,7 +5,6 @@ same steps and checks as the JS SDK's tests/js/scenarios.mjs, one pytest case pe
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable
@@ -28,12 +27,20 @@ from opensandbox.models.filesystem import (
 from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
 
 from tests.conformance.conftest import API_HOST
-from tests.conformance.scenarios import SCENARIOS, Result, check, check_execd_endpoint, run_in_order, steps_of
+from tests.conformance.scenarios import (
+    SCENARIOS,
+    SDK_MODES,
+    Result,
+    by_mode,
+    check,
+    check_execd_endpoint,
+    run_in_order,
+    steps_of,
+)
 from tests.conformance.test_sdk import connection
 from tests.support.server import SandgateServer
 
 pytestmark = pytest.mark.root
-MODES = ("direct", "server_proxy")
 BLOCKED = "blocked.example.com"
 SECRET = "py-secret-0123456789"
 DIR = "/tmp/py-conformance"
@@ -298,12 +305,14 @@ def run_python(server: SandgateServer, mode: str) -> dict[str, Result]:
 
 
 @pytest.fixture(scope="module")
-def python_results(server: SandgateServer) -> Callable[[str], dict[str, Result]]:
+def python_results(
+    server: SandgateServer, direct_execd_server: SandgateServer
+) -> Callable[[str], dict[str, Result]]:
     """The scenarios' results of one mode, run once on first use."""
-    return functools.cache(lambda mode: run_python(server, mode))
+    return by_mode(run_python, server, direct_execd_server)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SDK_MODES)
 def test_python_sdk(python_results: Callable[[str], dict[str, Result]], mode: str, scenario: str) -> None:
     check("python", lambda: python_results(mode), scenario)

@@ -169,8 +169,18 @@ def test_egress_routes(server: SandgateServer, sandbox_id: str) -> None:
     assert not problems, "\n".join(problems)
 
 
-def test_execd_routes(server: SandgateServer, sandbox_id: str) -> None:
+def test_execd_routes_through_the_host(server: SandgateServer, sandbox_id: str) -> None:
+    """The default 44772 endpoint: the host's reverse proxy, opened by the execd token."""
     api = endpoint_api(server, sandbox_id, 44772)
+    problems = problems_of(api, ask(api, spec_routes.EXECD, sandbox_id))
+    assert not problems, "\n".join(problems)
+
+
+def test_execd_routes_of_execd_itself(direct_execd_server: SandgateServer) -> None:
+    """`execd_endpoint = "direct"`: the endpoint is the sandbox's execd, nothing in between."""
+    sandbox_id = direct_execd_server.create_sandbox()["id"]
+    api = endpoint_api(direct_execd_server, sandbox_id, 44772)
+    assert direct_execd_server.sandbox_address(sandbox_id) in str(api.client.base_url)
     problems = problems_of(api, ask(api, spec_routes.EXECD, sandbox_id))
     assert not problems, "\n".join(problems)
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conformance import test_sdk as sdk_scenarios
 from tests.conformance.conftest import API_HOST
-from tests.conformance.scenarios import SCENARIOS, Result, check
+from tests.conformance.scenarios import MODES, SCENARIOS, Result, check
 from tests.conformance.test_js_sdk import run_js
 from tests.conformance.test_mcp_scenarios import run_mcp
 from tests.conformance.test_osb_scenarios import run_osb
@@ -87,7 +87,7 @@ NO_BASH = pytest.mark.xfail(
 CASES = [
     pytest.param(client, mode, scenario, marks=[NO_BASH] if scenario.startswith("session_") else [])
     for client in CLIENTS
-    for mode in ("direct", "server_proxy")
+    for mode in MODES
     for scenario in SCENARIOS
 ]
 
