@@ -19,10 +19,10 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandgate.lifecycle.api import egress, metrics, proxy, sandboxes, unsupported
+from sandgate.lifecycle.api import egress, metrics, sandbox_proxy, sandboxes, unsupported
 from sandgate.lifecycle.api.auth import OPEN_PATHS, AuthMiddleware
 from sandgate.lifecycle.api.errors import install_error_handlers
-from sandgate.lifecycle.api.proxy import ProxyFrontDoor
+from sandgate.lifecycle.api.sandbox_proxy import ProxyFrontDoor
 from sandgate.lifecycle.api.sandboxes import HostVolumes
 from sandgate.lifecycle.api.upstream import Pool
 from sandgate.lifecycle.service import Service
@@ -85,7 +85,7 @@ def create_app(
             sandboxes.router,
             egress.router,
             egress.network_policy_router,
-            proxy.router,
+            sandbox_proxy.router,
             metrics.router,
             unsupported.router,
         )

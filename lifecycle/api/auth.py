@@ -6,7 +6,7 @@ Rules:
    egress API, which a per-sandbox `OPENSANDBOX-EGRESS-AUTH` token (`EGRESS_AUTH_HEADER`)
    guards instead (the clients send no API key there in direct mode), and the reverse proxy to
    a sandbox's execd, which takes that sandbox's execd token instead (the header of the execd
-   endpoint; api/proxy.py checks it against the sandbox).
+   endpoint; api/sandbox_proxy.py checks it against the sandbox).
 2. Keys are compared in constant time.
 3. `X-Request-ID` is echoed when the client sent one, generated otherwise.
 """

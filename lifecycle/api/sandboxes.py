@@ -240,7 +240,7 @@ def get_endpoint(
 ) -> Endpoint:
     """44772 (execd) is served here by default: the reverse proxy, with the sandbox's execd token
     as the header (the SDK sends an endpoint's headers on every request to it), so no
-    control-plane header a client adds ever reaches the sandbox (api/proxy.py strips them).
+    control-plane header a client adds ever reaches the sandbox (api/sandbox_proxy.py strips them).
     With `execd_endpoint = "direct"` it is the sandbox's own address, for trusted clients.
     18080 (egress API) is served here, with the sandbox's token; `use_server_proxy` routes
     through this server with the API key, which adds execd's token itself, so that endpoint

@@ -141,14 +141,6 @@ class Runtime(Protocol):
         """The end of the sandbox's output (for errors that say why it did not start)."""
 
 
-class Watched(Protocol):
-    """What waiting for execd needs of a runtime: whether the sandbox lives, and its log."""
-
-    def alive(self, sandbox_id: str) -> bool: ...
-
-    def log_tail(self, sandbox_id: str, limit: int = 2000) -> str: ...
-
-
 def ping_execd(address: str) -> bool:
     """True if execd on `address` answers GET /ping with 200 (within a second)."""
     connection = http.client.HTTPConnection(address, EXECD_PORT, timeout=1)
@@ -161,7 +153,7 @@ def ping_execd(address: str) -> bool:
         connection.close()
 
 
-def wait_for_execd(runtime: Watched, sandbox_id: str, net: SandboxNet, timeout: float, poll: float) -> None:
+def wait_for_execd(runtime: Runtime, sandbox_id: str, net: SandboxNet, timeout: float, poll: float) -> None:
     """Wait until execd answers GET /ping with 200; fail early if the sandbox died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -1,9 +1,9 @@
-"""The reverse proxy's field filter alone (lifecycle/api/proxy.py), for the cases the wire tests in
+"""The reverse proxy's field filter alone (lifecycle/api/sandbox_proxy.py), for the cases the wire tests in
 tests/lifecycle/test_reverse_proxy.py cannot observe from inside execd."""
 
 from __future__ import annotations
 
-from sandgate.lifecycle.api.proxy import end_to_end, upstream_headers
+from sandgate.lifecycle.api.sandbox_proxy import end_to_end, upstream_headers
 from sandgate.lifecycle.sandbox_store import SandboxRecord, utcnow
 
 API_KEY = "api-key-0123456789"

@@ -1,0 +1,1 @@
+"""One module per `sandgate` subcommand group, imported only when its command runs (cli/__init__.py)."""
