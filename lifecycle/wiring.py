@@ -77,7 +77,7 @@ def open_vault(settings: Settings) -> SecretStore:
 def audit_index(settings: Settings) -> AuditIndex:
     """The audit index of the state dir, for a reader outside the server (`sandgate logs`)."""
     from sandgate.lifecycle.audit import AuditIndex
-    from sandgate.lifecycle.audit.service import INDEX_FILE
+    from sandgate.lifecycle.audit.audit_store import INDEX_FILE
 
     return AuditIndex(settings.state_dir / INDEX_FILE, settings.audit_log)
 

@@ -5,13 +5,13 @@ SQLite index (`<state_dir>/audit-index.db`) is fed from it incrementally and ans
 keyset-paged queries, summaries, live follow and OCSF export. See docs/audit.md.
 """
 
-from sandgate.lifecycle.audit.api import audit_filter, audit_router
+from sandgate.lifecycle.audit.audit_store import AuditStore
 from sandgate.lifecycle.audit.index import AuditIndex, IngestResult, Retention
 from sandgate.lifecycle.audit.ocsf import OCSF_VERSION, to_ocsf
 from sandgate.lifecycle.audit.query import AuditFilter, Cursor, Page, QueryError, Summary, parse_time
 from sandgate.lifecycle.audit.reader import Position, RotatingLog
 from sandgate.lifecycle.audit.record import SCHEMA_VERSION, AuditRecord, format_ts, to_micros
-from sandgate.lifecycle.audit.service import AuditStore
+from sandgate.lifecycle.audit.routes import audit_filter, audit_router
 
 __all__ = [
     "OCSF_VERSION",

@@ -28,7 +28,7 @@ from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from sandgate.lifecycle.audit import AuditFilter, AuditStore, QueryError
-from sandgate.lifecycle.audit.api import sse_events
+from sandgate.lifecycle.audit.routes import sse_events
 from sandgate.lifecycle.console.views import ConsoleSandbox, PolicyChange, policy_diff, policy_yaml
 from sandgate.lifecycle.visible import visible, visible_record
 from sandgate.policy import OUTCOMES

@@ -21,9 +21,9 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
+from sandgate.lifecycle.audit.audit_store import AuditStore
 from sandgate.lifecycle.audit.ocsf import to_ocsf
 from sandgate.lifecycle.audit.query import AuditFilter, Page, QueryError, Summary
-from sandgate.lifecycle.audit.service import AuditStore
 
 Format = Literal["native", "ocsf"]
 HEARTBEAT_S = 15.0
