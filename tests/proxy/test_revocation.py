@@ -42,13 +42,17 @@ HOLD_TIMEOUT = 90  # the client script's whole life, bounded
 HOLD = Path(__file__).parents[1] / "support" / "hold_connections.py"
 
 
-@pytest.fixture(scope="module")
-def proxy(net: Internet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-workers"])
+def proxy(
+    net: Internet, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[RunningProxy]:
+    """One proxy process, then a pool of two workers (the kernel spreads the four connections
+    over them; the pool answers a push once every worker has revoked its own)."""
     net.set_names(
         {name: [ORIGIN_V4] for name in ("pass.example.com", "seen.example.com", "more.example.com")}
     )
     entry = SandboxEntry(sandbox_id=SANDBOX, address=CLIENT_ADDR, policy=POLICY)
-    running = start_proxy(tmp_path_factory.mktemp("proxy"), net, [entry])
+    running = start_proxy(tmp_path_factory.mktemp("proxy"), net, [entry], workers=request.param)
     try:
         yield running
     finally:
