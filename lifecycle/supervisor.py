@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -222,3 +223,41 @@ def _end(process: subprocess.Popen[bytes], timeout: float) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def proxy_processes(state_dir: Path) -> list[int]:
+    """PIDs of proxies started for this state dir (argv `-m sandgate.proxy --config
+    <state_dir>/proxy.json`). Beside the state dir's lock holder, each one is an orphan: the
+    child of a server that was killed (SIGKILL, OOM), still holding the proxy ports."""
+    config = str(state_dir / "proxy.json").encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+                if b"sandgate.proxy" in argv and config in argv:
+                    found.append(int(entry))
+    return found
+
+
+def stop_proxies(state_dir: Path, grace: float = 5.0) -> list[int]:
+    """SIGTERM each proxy of this state dir, SIGKILL what is left after `grace`; returns once
+    all are gone (their ports free), with their pids. Only for the state dir's lock holder."""
+    pids = proxy_processes(state_dir)
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        deadline = time.monotonic() + grace
+        while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return pids
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie lingers until init reaps it)."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat_line.rsplit(")", 1)[1].split()[0] != "Z"

@@ -16,13 +16,10 @@ Rules:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
-import signal
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,10 +30,10 @@ from sandgate.lifecycle.kernel import instance_tag, mount_points
 from sandgate.lifecycle.network import RUN_NETNS
 from sandgate.lifecycle.sandbox_store import SandboxStore
 from sandgate.lifecycle.settings import Settings
+from sandgate.lifecycle.supervisor import proxy_processes, stop_proxies
 from sandgate.vault import SecretStore
 
 log = logging.getLogger(__name__)
-PROXY_STOP_TIMEOUT = 5.0
 VERBS = {"proxy process": "stopped", "mount": "unmounted"}  # the rest: "removed"
 
 
@@ -140,43 +137,6 @@ def forget(store: SandboxStore, vault: SecretStore, sandbox_id: str) -> None:
         except Exception:
             log.exception("could not delete vault entry %s of sandbox %s", entry, sandbox_id)
     store.delete_sandbox(sandbox_id)
-
-
-def proxy_processes(state_dir: Path) -> list[int]:
-    """PIDs of proxy processes started for this state dir (argv `-m sandgate.proxy --config
-    <state_dir>/proxy.json`), e.g. the child of a server that was killed."""
-    config = str(state_dir / "proxy.json").encode()
-    found = []
-    for entry in _listdir(Path("/proc")):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
-                if b"sandgate.proxy" in argv and config in argv:
-                    found.append(int(entry))
-    return found
-
-
-def stop_proxies(state_dir: Path) -> None:
-    """SIGTERM each proxy of this state dir, SIGKILL what is left after a grace period."""
-    pids = proxy_processes(state_dir)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + PROXY_STOP_TIMEOUT
-    while (left := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's zombie lingers until init reaps it)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _nft_table_exists(table: str) -> bool:

@@ -69,3 +69,28 @@ def test_second_serve_on_the_same_state_dir_is_refused_and_touches_nothing(
         policy = client.get(f"/v1/sandboxes/{sandbox_id}/networkpolicy").json()
     assert [rule["target"] for rule in policy["policy"]["egress"]] == ["api.example.com"]
     assert os.path.exists(server.state_dir / "proxy.sock")
+
+
+def alive(pid: int) -> bool:
+    """Running (a killed orphan may linger as a zombie until PID 1 reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_start_after_a_sigkill_stops_the_orphaned_proxy_and_serves(tmp_path: Path) -> None:
+    """A killed server's proxy child keeps the proxy ports; the next start on the state dir (it
+    holds the lock, so that proxy is nobody's) stops it instead of failing on a taken port."""
+    with sandgate_server(tmp_path) as server:
+        sandbox_id = server.create_sandbox()["id"]
+        orphan = server.proxy_pid()
+        assert server.process is not None
+        server.process.kill()
+        server.process.wait()
+        server.process = None
+        assert alive(orphan)  # still running, holding the ports
+        server.start()
+        assert not alive(orphan) and server.proxy_pid() != orphan
+        assert f"sandgate: stopped proxy pid {orphan}, left running by a server" in server.log()
+        assert server.run(sandbox_id, "echo re-adopted").stdout == "re-adopted"

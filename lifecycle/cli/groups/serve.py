@@ -133,12 +133,16 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
     """Everything but the HTTP listener, started in order; stopped in reverse on exit."""
     from sandgate.lifecycle.api import create_app
     from sandgate.lifecycle.api.sandboxes import HostVolumes
-    from sandgate.lifecycle.supervisor import ProxyStartError
+    from sandgate.lifecycle.supervisor import ProxyStartError, stop_proxies
     from sandgate.lifecycle.wiring import build_components
 
     prepare_state_dir(settings.state_dir)
     lock = hold_state_dir(settings.state_dir)
     try:
+        for pid in stop_proxies(settings.state_dir):
+            click.echo(
+                f"sandgate: stopped proxy pid {pid}, left running by a server of this state dir that died"
+            )
         api_key = api_key_for(settings)
         parts = build_components(settings, api_key)
     except ValueError as exc:  # a setting the components refuse (e.g. a bind), said in one line
