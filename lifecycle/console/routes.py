@@ -4,8 +4,8 @@ Rules:
 1. Every page but login and the static files needs the console cookie: an HttpOnly, SameSite=Strict
    cookie holding a random session token (never the API key), set when the login form POSTs
    the key. The key is never taken from a URL: a query string ends up in access logs and
-   browser history. The key is checked by the app's `verify_key`; sessions live in memory
-   (a restart logs everyone out; logout ends one).
+   browser history. The key is checked by the app's `verify_key`; sessions live in memory for
+   12 hours (a restart logs everyone out; logout ends one).
 2. Audit content is written by sandboxes, i.e. untrusted: record fields are shown `visible`
    (control and bidi characters escaped, in the pages and in the live feed's stream), templates
    autoescape, the live feed builds rows with textContent, and a strict Content-Security-Policy
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any
@@ -38,6 +39,7 @@ HERE = Path(__file__).parent
 COOKIE = "sandgate_console"
 STATIC_FILES = {"console.css": "text/css", "console.js": "text/javascript"}
 WINDOWS = ("1h", "24h", "today", "7d", "30d")
+SESSION_LIFETIME_S = 12 * 3600  # a console login lasts a working day
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
@@ -224,23 +226,32 @@ def console_router(
 
 
 class Sessions:
-    """Console sessions: random tokens held in memory, the oldest dropped past `limit`."""
+    """Console sessions: random tokens held in memory, each valid for `lifetime` seconds after
+    the login (then the form again), the oldest dropped past `limit`."""
 
-    def __init__(self, limit: int = 1000) -> None:
+    def __init__(
+        self,
+        limit: int = 1000,
+        lifetime: float = SESSION_LIFETIME_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit = limit
-        self._tokens: dict[str, None] = {}  # insertion-ordered: the first is the oldest
+        self.lifetime = lifetime
+        self.clock = clock
+        self._tokens: dict[str, float] = {}  # token -> when it ends; insertion-ordered: oldest first
         self._guard = threading.Lock()
 
     def new(self) -> str:
         token = secrets.token_urlsafe(32)
         with self._guard:
-            self._tokens[token] = None
+            self._tokens[token] = self.clock() + self.lifetime
             while len(self._tokens) > self.limit:
                 del self._tokens[next(iter(self._tokens))]
         return token
 
     def valid(self, token: str | None) -> bool:
-        return token is not None and token in self._tokens
+        ends = self._tokens.get(token or "")
+        return ends is not None and self.clock() < ends
 
     def end(self, token: str | None) -> None:
         with self._guard:
