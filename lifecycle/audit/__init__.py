@@ -3,7 +3,11 @@
 The proxy's JSONL (`<state_dir>/audit.jsonl` + rotated backups) is the source of truth; an
 SQLite index (`<state_dir>/audit-index.db`) is fed from it incrementally and answers filtered,
 keyset-paged queries, summaries, live follow and OCSF export. See docs/audit.md.
+The router (`audit_router`, `audit_filter`) is imported when first used: `sandgate logs` reads
+the index without the web stack.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from sandgate.lifecycle.audit.audit_store import AuditStore
 from sandgate.lifecycle.audit.index import AuditIndex, IngestResult, Retention
@@ -11,7 +15,9 @@ from sandgate.lifecycle.audit.ocsf import OCSF_VERSION, to_ocsf
 from sandgate.lifecycle.audit.query import AuditFilter, Cursor, Page, QueryError, Summary, parse_time
 from sandgate.lifecycle.audit.reader import Position, RotatingLog
 from sandgate.lifecycle.audit.record import SCHEMA_VERSION, AuditRecord, format_ts, to_micros
-from sandgate.lifecycle.audit.routes import audit_filter, audit_router
+
+if TYPE_CHECKING:
+    from sandgate.lifecycle.audit.routes import audit_filter, audit_router
 
 __all__ = [
     "OCSF_VERSION",
@@ -35,3 +41,11 @@ __all__ = [
     "to_micros",
     "to_ocsf",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("audit_filter", "audit_router"):
+        from sandgate.lifecycle.audit import routes
+
+        return getattr(routes, name)
+    raise AttributeError(f"module 'sandgate.lifecycle.audit' has no attribute {name!r}")

@@ -68,3 +68,17 @@ def test_the_listed_help_is_each_commands_own() -> None:
         command = main.get_command(None, name)  # type: ignore[arg-type]
         assert command is not None
         assert listed == command.get_short_help_str(limit=80), f"update COMMANDS[{name!r}]"
+
+
+def test_host_side_commands_import_no_web_stack(tmp_path: Path) -> None:
+    """`logs` and `vault` read the state dir; they build their parts in lifecycle/wiring.py, which
+    imports a server's parts only when it builds them."""
+    server_stack = {"mitmproxy", "fastapi", "starlette", "uvicorn", "docker", "pyroute2"}
+    state = str(tmp_path / "state")
+    # what each command must have imported to do its work (the index; the local vault's cipher)
+    for args, worked in ((("logs",), "sqlite3"), (("vault", "list"), "cryptography")):
+        modules, _ = imported_by("--state-dir", state, *args)
+        assert worked in modules, f"sandgate {' '.join(args)} did not run"
+        assert modules.isdisjoint(server_stack), (
+            f"sandgate {' '.join(args)} imported {modules & server_stack}"
+        )
