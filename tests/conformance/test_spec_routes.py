@@ -33,6 +33,7 @@ READ_LIMIT = 64 * 1024
 @dataclass(frozen=True)
 class Reply:
     status: int
+    reason: str  # the status line's reason phrase (clients print it: "404 Not Found")
     content_type: str
     body: str
 
@@ -61,9 +62,9 @@ class Api:
                     data += chunk
                     if len(data) >= READ_LIMIT:
                         break
-        return Reply(
-            response.status_code, response.headers.get("content-type", ""), data.decode(errors="replace")
-        )
+        text = data.decode(errors="replace")
+        content_type = response.headers.get("content-type", "")
+        return Reply(response.status_code, response.reason_phrase, content_type, text)
 
     @staticmethod
     def signature(reply: Reply, method: str, path: str) -> tuple[int, str]:
@@ -82,6 +83,8 @@ def concrete(route: Route, sandbox_id: str) -> str:
 def judge(api: Api, route: Route, path: str, reply: Reply) -> str | None:
     """What is wrong with this reply to this route, or None."""
     where = f"{route.method} {path} -> {reply.status} {reply.body[:200]!r}"
+    if not reply.reason:
+        return f"no reason phrase on the status line: {where}"
     if api.is_route_miss(reply, route.method, path):
         return f"not routed: {where}"
     error = reply.json() if reply.status >= 400 and route.api != "egress" else {"code": "", "message": ""}
