@@ -23,6 +23,7 @@ Rules:
 from __future__ import annotations
 
 import datetime
+import errno
 import logging
 import os
 import socket
@@ -143,6 +144,9 @@ def append_record(path: Path, record: AuditRecord) -> None:
         handle.write(to_line(written(record)))
 
 
+PIPE_RECORD_MAX = 256 * 1024  # bytes: larger audit lines of a worker skip the pipe (AuditPipe)
+
+
 class AuditLog:
     """Append-only JSON-lines audit stream with in-process subscribers (who get each record as it
     was written, redacted). The lines go to an `AuditFile` (one proxy process, or the worker
@@ -158,7 +162,7 @@ class AuditLog:
     ) -> None:
         self.path = path
         self.redact = redact
-        self.sink = AuditFile(path, max_bytes, backups) if pipe_fd is None else AuditPipe(pipe_fd)
+        self.sink = AuditFile(path, max_bytes, backups) if pipe_fd is None else AuditPipe(pipe_fd, path)
         self._subscribers: list[Subscriber] = []
 
     def write(self, record: AuditRecord) -> None:
@@ -225,14 +229,28 @@ class AuditFile:
 class AuditPipe:
     """A worker's end of its SOCK_SEQPACKET pair to the pool: each record is one message, so a
     record arrives whole or (its worker killed mid-send) not at all, never cut or interleaved.
-    Sends block while the pool's queue is full (back-pressure, as a slow disk would)."""
+    Sends block while the pool's queue is full (back-pressure, as a slow disk would). A record
+    too large for one message (over PIPE_RECORD_MAX, or the kernel's socket buffer) is appended
+    to the live file directly, with one O_APPEND write like lifecycle's lines."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, path: Path) -> None:
         self._sock = socket.socket(fileno=fd)
         self._sock.setblocking(True)
+        self.path = path
 
     def write(self, line: bytes) -> None:
-        self._sock.send(line)  # one message: all of it or an error
+        if len(line) <= PIPE_RECORD_MAX:
+            try:
+                self._sock.send(line)  # one message: all of it or an error
+                return
+            except OSError as exc:
+                if exc.errno != errno.EMSGSIZE:
+                    raise
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         self._sock.close()

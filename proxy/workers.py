@@ -45,7 +45,7 @@ import httpx
 from fastapi import FastAPI, HTTPException, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from sandgate.proxy.audit import AuditFile
+from sandgate.proxy.audit import PIPE_RECORD_MAX, AuditFile
 from sandgate.proxy.config import ProxyConfig, SandboxEntry
 from sandgate.proxy.control import ControlServer, VaultChange
 from sandgate.proxy.frontdoor import ListenError, listen_socket
@@ -57,7 +57,6 @@ log = logging.getLogger(__name__)
 DNS_WORKER = 0
 START_TIMEOUT = 30.0  # a worker must answer on its control socket within this
 CHANGE_TIMEOUT = 4.0  # per worker; below ProxyControl's 5 s, so lifecycle hears why
-MAX_RECORD = 1 << 20  # bytes: the largest audit record a worker can send
 PR_SET_PDEATHSIG = 1
 
 
@@ -204,7 +203,7 @@ class WorkerPool:
 
     async def _start(self, worker: Worker) -> None:
         pool_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        worker_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_RECORD)
+        worker_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * PIPE_RECORD_MAX)
         pool_end.setblocking(False)
         asyncio.get_running_loop().add_reader(pool_end.fileno(), self._drain_audit, pool_end)
         slot = WorkerSlot(
@@ -287,7 +286,7 @@ class WorkerPool:
         records: list[bytes] = []
         while True:
             try:
-                record = sock.recv(MAX_RECORD)
+                record = sock.recv(PIPE_RECORD_MAX)
             except BlockingIOError:
                 break
             except OSError:
