@@ -45,8 +45,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 EXECD_SOURCE = REPO / "execd"
 BUSYBOX = Path("/bin/busybox")
-# Host programs copied in with their libraries: what agents expect besides Python (when present).
-HOST_PROGRAMS = (Path("/usr/bin/curl"),)
+# Host programs copied in with their libraries: what agents expect besides Python (when present);
+# bash is what execd's /session and bash code contexts run (busybox's sh is not bash).
+HOST_PROGRAMS = (Path("/usr/bin/curl"), Path("/usr/bin/bash"))
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 DEFAULT_CACHE = Path(os.environ.get("SANDGATE_IMAGE_CACHE", Path.home() / ".cache" / "sandgate" / "images"))
 

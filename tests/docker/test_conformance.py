@@ -78,18 +78,7 @@ def docker_results(docker_server: SandgateServer) -> Callable[[str, str], dict[s
     return functools.cache(lambda client, mode: CLIENTS[client](docker_server, mode))
 
 
-# The sandbox images carry busybox's sh, no bash; execd's /session runs bash (execd/sessions.py).
-NO_BASH = pytest.mark.xfail(
-    strict=True,
-    reason="the Docker sandbox images have no bash (sandbox-images/build.py ships busybox only): "
-    "execd's POST /session answers FileNotFoundError",
-)
-CASES = [
-    pytest.param(client, mode, scenario, marks=[NO_BASH] if scenario.startswith("session_") else [])
-    for client in CLIENTS
-    for mode in MODES
-    for scenario in SCENARIOS
-]
+CASES = [(client, mode, scenario) for client in CLIENTS for mode in MODES for scenario in SCENARIOS]
 
 
 @pytest.mark.parametrize(("client", "mode", "scenario"), CASES)
