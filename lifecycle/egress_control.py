@@ -4,8 +4,8 @@ egress proxy holds for it. `Service.egress` is the one instance.
 Rules:
 1. Every egress change (policy or credential vault) is computed whole, validated whole, pushed
    to the proxy, then persisted with a new revision and written to the audit log as one
-   `policy_change` record. If validation or the push fails, the old state stays in force; if the
-   persist fails, the stored state is pushed again.
+   `policy_change` record. If validation fails nothing changes; if the push or the persist fails,
+   the stored state is pushed again, so the old state stays in force.
 2. Credential values go to the vault under names private to the sandbox; the database and every
    response hold only names. A new revision writes new entries, so the switch is atomic, and
    deletes the old ones afterwards.
@@ -23,7 +23,8 @@ import json
 import logging
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -211,12 +212,9 @@ class EgressControl:
             except ValueError as exc:  # PolicyError: the change itself is invalid
                 raise LifecycleError("invalid", f"policy change rejected: {exc}") from exc
             new = self._validated(edited)
-            self.push(record, new)
-            try:
+            with self._restoring(record):
+                self.push(record, new)
                 revision = self.store.put_policy(sandbox_id, new, current.revision)
-            except RevisionConflict as exc:
-                self.push(record)
-                raise LifecycleError("conflict", str(exc)) from exc
             self.audit_change(sandbox_id, actor, current.revision, revision, current.document, new, what)
             return EgressState(revision, new)
 
@@ -298,7 +296,8 @@ class EgressControl:
                 raise LifecycleError("conflict", f"vault revision is {current}, not {expected_revision}")
             state, values = build(stored.state if current else None, current + 1)
             self.effective(self.policy(sandbox_id).document, state)
-            revision = self._write_vault(record, state, values, current)
+            with self._restoring(record):
+                revision = self._write_vault(record, state, values, current)
             for name in set(stored.state.entries().values()) - set(state.entries().values()):
                 quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
             old = stored.state.to_document() if current else {}
@@ -308,8 +307,7 @@ class EgressControl:
     def _write_vault(
         self, record: SandboxRecord, state: VaultState, values: dict[str, str], current: int
     ) -> int:
-        """Write the values, push, persist; on any failure the new values go and the stored
-        state is pushed again."""
+        """Write the values, push, persist; on any failure the new values go again."""
         written: list[str] = []
         try:
             for name, value in values.items():
@@ -317,9 +315,18 @@ class EgressControl:
                 written.append(name)
             self.push(record, vault=state)
             return self.store.put_vault(record.id, state.to_document(), current)
-        except Exception as exc:
+        except Exception:
             for name in written:
                 quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
+            raise
+
+    @contextmanager
+    def _restoring(self, record: SandboxRecord) -> Iterator[None]:
+        """A push and persist: on any failure the stored state is pushed again (rule 1), and a
+        revision conflict (someone else persisted first) is `conflict`."""
+        try:
+            yield
+        except Exception as exc:
             quietly(lambda: self.push(record))
             if isinstance(exc, RevisionConflict):
                 raise LifecycleError("conflict", str(exc)) from exc

@@ -237,7 +237,7 @@ class Service:
         return reaped
 
     def start(self) -> None:
-        """Re-adopt what survived a restart and re-feed the proxy; remove the rest (rule 4)."""
+        """Re-adopt what survived a restart and re-feed the proxy; remove the rest (rule 3)."""
         alive = set(self.runtime.adopt())
         records = self.store.list_sandboxes()
         keep = {r.id for r in records if r.id in alive and r.state in ("Running", "Paused")}

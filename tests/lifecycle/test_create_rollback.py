@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -24,7 +25,7 @@ import pytest
 
 from sandgate.lifecycle.cgroups import Limits
 from sandgate.lifecycle.credential_state import CredentialEntry, VaultState
-from sandgate.lifecycle.egress_control import EgressControl, PolicyChange
+from sandgate.lifecycle.egress_control import EgressControl, PolicyChange, VaultBuild
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.policy_book import SandgatePolicies
 from sandgate.lifecycle.runtime.base import EXECD_PORT, SandboxNet, SandboxSpec, ping_execd
@@ -320,19 +321,43 @@ def test_a_policy_change_the_proxy_refuses_leaves_the_old_policy(rig: Rig) -> No
     assert rig.proxy.entries[record.address or ""].policy == before.document
 
 
-def test_a_vault_change_the_proxy_refuses_removes_the_new_values(rig: Rig) -> None:
+def test_a_policy_change_the_store_refuses_is_pushed_back(rig: Rig) -> None:
+    """The proxy took the new policy, SQLite refused it: the proxy gets the stored one again."""
     record = rig.service.create(request())
-    rig.proxy.fail = True
+    before = rig.egress.policy(record.id)
+    break_inserts(rig.store, "policies")
+    with pytest.raises(sqlite3.IntegrityError, match="injected"):
+        rig.egress.change_policy(record.id, lambda doc: {**doc, "egress": []}, actor="test", what="replace")
+    assert rig.egress.policy(record.id) == before
+    assert rig.proxy.entries[record.address or ""].policy == before.document
+    assert rig.audit == [(record.id, "create")]
+
+
+def one_credential(sandbox_id: str) -> VaultBuild:
+    """A vault change that writes one credential value (no binding)."""
 
     def build(old: VaultState | None, revision: int) -> tuple[VaultState, dict[str, str]]:
-        entry = f"{record.id}/r{revision}/token"
+        entry = f"{sandbox_id}/r{revision}/token"
         credential = CredentialEntry(name="token", sourceType="inline", revision=revision, entry=entry)
         return VaultState(credentials=[credential]), {entry: "s3cr3t"}
 
-    with pytest.raises(Broken):
-        rig.egress.change_vault(record.id, build, "test", "credential-vault create", None, must_exist=False)
+    return build
+
+
+@pytest.mark.parametrize("failure", ["proxy push", "store"])
+def test_a_vault_change_that_fails_removes_the_new_values(rig: Rig, failure: str) -> None:
+    record = rig.service.create(request())
+    if failure == "proxy push":
+        rig.proxy.fail = True
+    else:
+        break_inserts(rig.store, "vaults")
+    with pytest.raises((Broken, sqlite3.IntegrityError)):
+        rig.egress.change_vault(
+            record.id, one_credential(record.id), "test", "credential-vault create", None, must_exist=False
+        )
     assert rig.vault.values == {}
     assert rig.store.get_vault(record.id) is None
+    assert rig.proxy.entries[record.address or ""].credentials == {}
 
 
 def test_a_warm_pool_claim_configures_pushes_and_starts_the_entrypoint(pooled: Rig) -> None:
