@@ -63,6 +63,21 @@ class Echo(http.server.BaseHTTPRequestHandler):
         self.close_connection = True
 http.server.ThreadingHTTPServer(("0.0.0.0", 8000), Echo).serve_forever()
 """
+# Answers as HTTP/1.1 without `Connection: close`, then closes the connection anyway (as servers
+# with short keep-alive timeouts do to an idle client).
+CLOSING_APP = r"""
+import http.server
+class Once(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "4")
+        self.end_headers()
+        self.wfile.write(b"once")
+        self.close_connection = True
+    do_POST = do_GET
+http.server.ThreadingHTTPServer(("0.0.0.0", 8001), Once).serve_forever()
+"""
 TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"
 
 
@@ -191,6 +206,20 @@ def test_upstream_connections_are_kept_alive_and_closed_when_the_client_leaves(
         time.sleep(0.1)
         state = json.loads(exchange(server, "GET", sandbox["app"], key(server))[1])["state"]["stream"]
     assert state == "reader left"
+
+
+def test_a_connection_the_sandbox_closed_is_not_reused(
+    server: SandgateServer, sandbox: dict[str, Any]
+) -> None:
+    server.run(sandbox["id"], f"python3 -I -c '{CLOSING_APP}' >/dev/null 2>&1 &", background=True)
+    target = f"/v1/sandboxes/{sandbox['id']}/proxy/8001/"
+    deadline = time.monotonic() + 30
+    while exchange(server, "GET", target, key(server))[0].status != 200:
+        assert time.monotonic() < deadline, "the closing app never answered on 8001"
+        time.sleep(0.1)
+    for method, body in (("GET", None), ("POST", b"x"), ("GET", None), ("POST", b"y")):
+        head, answer = exchange(server, method, target, key(server), body)
+        assert (head.status, answer) == (200, b"once"), (method, head, answer)
 
 
 def test_range_and_streaming_through_execd(server: SandgateServer, sandbox: dict[str, Any]) -> None:
