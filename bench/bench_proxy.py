@@ -167,7 +167,7 @@ class Proxy:
 
     def pids(self) -> list[int]:
         """The proxy's processes: itself and, for sandgate's worker pool, its workers."""
-        from sandgate.lifecycle.supervisor import process_family
+        from sandgate.lifecycle.proxy_supervisor import process_family
 
         return process_family(self.process.pid)
 

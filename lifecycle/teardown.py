@@ -28,9 +28,9 @@ from sandgate.lifecycle.cgroups import SandboxCgroup
 from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.kernel import instance_tag, mount_points
 from sandgate.lifecycle.network import RUN_NETNS
+from sandgate.lifecycle.proxy_supervisor import proxy_processes, stop_proxies
 from sandgate.lifecycle.sandbox_store import SandboxStore
 from sandgate.lifecycle.settings import Settings
-from sandgate.lifecycle.supervisor import proxy_processes, stop_proxies
 from sandgate.vault import SecretStore
 
 log = logging.getLogger(__name__)

@@ -28,11 +28,11 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.audit import AuditIndex, AuditStore
     from sandgate.lifecycle.egress_control import PolicyChange
     from sandgate.lifecycle.network import SandboxNetworks
+    from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
     from sandgate.lifecycle.runtime.base import BindMount
     from sandgate.lifecycle.runtime.docker import DockerRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
     from sandgate.lifecycle.service import Service
-    from sandgate.lifecycle.supervisor import ProxySupervisor
     from sandgate.proxy import ProxyControl
     from sandgate.vault import SecretStore
 
@@ -216,9 +216,9 @@ def build_components(settings: Settings, api_key: str) -> Components:
     from sandgate.lifecycle.egress_control import EgressControl
     from sandgate.lifecycle.kernel import instance_tag
     from sandgate.lifecycle.policy_book import SandgatePolicies
+    from sandgate.lifecycle.proxy_supervisor import Listeners, ProxySupervisor
     from sandgate.lifecycle.sandbox_store import SandboxStore
     from sandgate.lifecycle.service import Service
-    from sandgate.lifecycle.supervisor import Listeners, ProxySupervisor
     from sandgate.proxy import ProxyControl, ensure_ca
 
     ca = ensure_ca(settings.state_dir)

@@ -133,7 +133,7 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
     """Everything but the HTTP listener, started in order; stopped in reverse on exit."""
     from sandgate.lifecycle.api import create_app
     from sandgate.lifecycle.api.sandboxes import HostVolumes
-    from sandgate.lifecycle.supervisor import ProxyStartError, stop_proxies
+    from sandgate.lifecycle.proxy_supervisor import ProxyStartError, stop_proxies
     from sandgate.lifecycle.wiring import build_components
 
     prepare_state_dir(settings.state_dir)

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sandgate.lifecycle.supervisor import ProxySupervisor, listening
+from sandgate.lifecycle.proxy_supervisor import ProxySupervisor, listening
 from sandgate.lifecycle.wiring import answers
 from sandgate.proxy import ProxyControl
 from tests.support.server import SandgateServer, sandgate_server
