@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.server import SANDGATE, SandgateServer
+from tests.support.server import SandgateServer
 
 pytestmark = pytest.mark.root
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -65,12 +65,6 @@ def _argv(pid: str) -> list[bytes]:
     return []
 
 
-def down(server: SandgateServer, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SANDGATE, "down", *args], env=server.server_env(), capture_output=True, text=True, timeout=120
-    )
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[SandgateServer]:
     server = SandgateServer(tmp_path / "state")
@@ -78,8 +72,6 @@ def server(tmp_path: Path) -> Iterator[SandgateServer]:
         yield server
     finally:
         server.stop()
-        if (server.state_dir / "instance-tag").exists():
-            down(server, "--sandboxes")
         server.remove_leftovers()
 
 
@@ -94,7 +86,7 @@ def test_down_after_sigkill_leaves_no_trace(server: SandgateServer) -> None:
     with server.client() as client:
         assert client.post(f"/v1/sandboxes/{paused}/pause").status_code == 202
 
-    refused = down(server)
+    refused = server.down()
     assert server.process is not None
     assert refused.returncode == 1
     assert refused.stderr.startswith(
@@ -109,7 +101,7 @@ def test_down_after_sigkill_leaves_no_trace(server: SandgateServer) -> None:
     assert len(left["netns"]) == 2 and len(left["links"]) == 2 and len(left["mounts"]) >= 4
     assert left["nft"] and left["cgroups"] and len(left["proxy"]) == 1  # the orphaned proxy child
 
-    kept = down(server)
+    kept = server.down()
     assert kept.returncode == 0, kept.stderr
     assert f"stopped proxy process {next(iter(left['proxy']))}" in kept.stdout
     assert "kept 2 running sandbox(es)" in kept.stdout
@@ -117,7 +109,7 @@ def test_down_after_sigkill_leaves_no_trace(server: SandgateServer) -> None:
     assert now["proxy"] == set()
     assert {k: v for k, v in now.items() if k != "proxy"} == {k: v for k, v in left.items() if k != "proxy"}
 
-    removed = down(server, "--sandboxes")
+    removed = server.down("--sandboxes")
     assert removed.returncode == 0, removed.stderr
     assert traces(server) == before
     for name in (*left["netns"], *left["links"], *left["mounts"]):
@@ -128,5 +120,5 @@ def test_down_after_sigkill_leaves_no_trace(server: SandgateServer) -> None:
     assert f"removed nft table inet {server.nft_table}" in removed.stdout
     assert list((server.state_dir / "sandboxes").iterdir()) == []
 
-    again = down(server, "--sandboxes")
+    again = server.down("--sandboxes")
     assert again.stdout == f"nothing to remove: no trace of a server of {server.state_dir} in the kernel\n"

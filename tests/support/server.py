@@ -259,8 +259,18 @@ class SandgateServer:
             for item in client.get("/v1/sandboxes", params={"pageSize": 200}).json().get("items", []):
                 client.delete(f"/v1/sandboxes/{item['id']}")
 
+    def down(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`sandgate down ARGS` for this server's state dir and settings."""
+        return subprocess.run(
+            [*SANDGATE, "down", *args], env=self.server_env(), capture_output=True, text=True, timeout=120
+        )
+
     def remove_leftovers(self) -> None:
-        """Whatever a crashed server may have left: the nft table (netns/veths go with the sandboxes)."""
+        """Whatever a crashed server, or a test that failed before deleting its sandboxes, left:
+        sandboxes still running (`sandgate down --sandboxes`), then the nft table."""
+        sandboxes = self.state_dir / "sandboxes"
+        if (self.state_dir / "instance-tag").exists() and sandboxes.is_dir() and any(sandboxes.iterdir()):
+            self.down("--sandboxes")
         subprocess.run(["nft", "delete", "table", "inet", self.nft_table], capture_output=True)
 
 
