@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from sandgate.proxy import ProxyControl, SandboxEntry
+from sandgate.proxy.config import ConnectionLimits
 from sandgate.proxy.workers import worker_socket
 from tests.proxy.conftest import CLIENT_ADDR, Client, RunningProxy, start_proxy, stop_proxy
 from tests.support.internet import ORIGIN_V4, Internet
@@ -53,8 +54,14 @@ print(json.dumps(tally), flush=True)
 """
 
 
+# The load here is 4 clients opening connections back to back, faster than the default accept
+# rate (divided among the workers) on an idle machine: fairness would reset some of them, which
+# is tests/proxy/test_fairness.py's subject, not this file's.
+UNLIMITED = ConnectionLimits(max_connections=10_000, accept_rate=100_000, accept_burst=100_000)
+
+
 def entry(policy: dict[str, Any] = POLICY) -> SandboxEntry:
-    return SandboxEntry(sandbox_id=SANDBOX, address=CLIENT_ADDR, policy=policy)
+    return SandboxEntry(sandbox_id=SANDBOX, address=CLIENT_ADDR, policy=policy, limits=UNLIMITED)
 
 
 @pytest.fixture(scope="module")
