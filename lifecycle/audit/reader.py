@@ -59,25 +59,33 @@ class RotatingLog:
     def segments(self) -> list[_Segment]:
         """Existing files, oldest first.
 
-        Stat'ed newest first: rotation moves files towards older names, the same way this scan
-        goes, so a file moving mid-scan may be seen twice (the first sighting is kept) but never
-        missed."""
-        numbered: list[tuple[int, Path]] = []
+        Stat'ed newest first, one name after the other (live, .1, .2, ...): rotation moves each
+        file one name older, atomically, in the same direction as this scan, so a file moving
+        mid-scan may be seen twice (the first sighting is kept) but never jumped over. The
+        directory listing only says how far to look: caught mid-rotation it lacks the name being
+        vacated, and probing only the listed names would skip the file moving into it."""
+        listed = 0
         if self.path.parent.is_dir():
             for entry in self.path.parent.iterdir():
                 match = self._backup.match(entry.name)
                 if match:
-                    numbered.append((int(match.group(1)), entry))
+                    listed = max(listed, int(match.group(1)))
         seen: set[tuple[int, int]] = set()
         newest_first = []
-        for path in [self.path, *(p for _, p in sorted(numbered))]:
+        number = 0
+        while True:
+            path = self.path.with_name(f"{self.path.name}.{number}") if number else self.path
             try:
                 st = path.stat()
             except FileNotFoundError:
-                continue
+                if number >= listed:
+                    break  # past the oldest: files may have moved beyond the listing, not this far
+                number += 1
+                continue  # a name vacated mid-rotation; its file is further on
             if (st.st_dev, st.st_ino) not in seen:
                 seen.add((st.st_dev, st.st_ino))
                 newest_first.append(_Segment(path, st.st_dev, st.st_ino, st.st_size))
+            number += 1
         return newest_first[::-1]
 
     def read(self, position: Position | None, max_bytes: int = 4 << 20) -> Chunk:

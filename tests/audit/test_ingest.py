@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from sandgate.lifecycle.audit import AuditFilter, AuditIndex
+from sandgate.lifecycle.audit.reader import RotatingLog
 from sandgate.proxy import AuditLog, AuditRecord
 from tests.audit.conftest import generated, write_records
 
@@ -46,6 +51,30 @@ def test_rotation_during_load_loses_no_record(tmp_path: Path) -> None:
     assert len(ids) == len(set(ids)) == len(records)
     assert set(ids) == {r["id"] for r in records}
     assert not result.gap and index.ingest_stats()["gaps"] == 0
+
+
+def test_listing_taken_mid_rotation_skips_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exact interleaving that lost 33 records under load: the directory is listed while the
+    writer is halfway through renaming (.4 -> .5 and .3 -> .4 done, so no .3), and the writer
+    finishes before the files are stat'ed. The old .2, by then at .3, must still be found."""
+    live = tmp_path / "audit.jsonl"
+    for number, name in enumerate(["live", "one", "two", "three", "four"]):
+        (live.with_name(f"audit.jsonl.{number}") if number else live).write_text(name + "\n")
+    backup = {n: live.with_name(f"audit.jsonl.{n}") for n in range(1, 6)}
+    os.replace(backup[4], backup[5])
+    os.replace(backup[3], backup[4])
+    listing = list(tmp_path.iterdir())
+
+    def listed_then_rotation_finishes(self: Path) -> Iterator[Path]:
+        os.replace(backup[2], backup[3])
+        os.replace(backup[1], backup[2])
+        os.replace(live, backup[1])
+        live.write_text("new\n")
+        return iter(listing)
+
+    monkeypatch.setattr(Path, "iterdir", listed_then_rotation_finishes)
+    contents = [segment.path.read_text() for segment in RotatingLog(live).segments()]
+    assert contents == ["four\n", "three\n", "two\n", "one\n", "live\n", "new\n"]
 
 
 def test_resumes_from_saved_position_after_restart(tmp_path: Path) -> None:
