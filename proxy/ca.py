@@ -9,8 +9,12 @@ merged into one file because mitmproxy's `ssl_verify_upstream_trusted_ca` replac
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from cryptography.x509.oid import NameOID
 CA_KEY_AND_CERT = "mitmproxy-ca.pem"
 CA_CERT = "mitmproxy-ca-cert.pem"
 UPSTREAM_BUNDLE = "upstream-trust.pem"
+CA_LOCK = ".ca.lock"
 CA_VALIDITY = datetime.timedelta(days=3650)
 
 
@@ -33,9 +38,18 @@ class CaFiles:
 
 
 def ensure_ca(state_dir: Path) -> CaFiles:
-    """Return the deployment CA's files, generating them on first use."""
+    """Return the deployment CA's files, generating them on first use.
+
+    Proxy workers start together: the check-and-create runs under a lock on the state dir, or
+    two of them would each make a CA and leave one's key beside the other's certificate."""
     state_dir.mkdir(parents=True, exist_ok=True)
     files = CaFiles(state_dir / CA_KEY_AND_CERT, state_dir / CA_CERT)
+    with _locked(state_dir / CA_LOCK):
+        _create_missing(files)
+    return files
+
+
+def _create_missing(files: CaFiles) -> None:
     if not files.key_and_cert.exists():
         key, cert = new_ca("sandgate egress CA", organization="sandgate")
         secret = key.private_bytes(
@@ -46,7 +60,16 @@ def ensure_ca(state_dir: Path) -> CaFiles:
     elif not files.cert.exists():
         cert = x509.load_pem_x509_certificates(files.key_and_cert.read_bytes())[0]
         _write(files.cert, cert.public_bytes(serialization.Encoding.PEM), 0o644)
-    return files
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def upstream_trust_bundle(state_dir: Path, extra: Path | None) -> Path:
@@ -101,10 +124,14 @@ def new_ca(
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
-    """Write via a temp file created with its final mode, so a secret is never world-readable."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    """Write via a temp file of this writer's own (workers rewrite the trust bundle at the same
+    time), created 0600 so a secret is never world-readable, then given its final mode."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
+from cryptography import x509
 from mitmproxy import tls
 from mitmproxy.options import Options
 from mitmproxy.proxy import context as proxy_context
@@ -173,6 +176,48 @@ def test_ca_is_made_once_with_a_private_key_file(tmp_path: Path) -> None:
     assert b"PRIVATE KEY" not in first.cert.read_bytes()
     before = first.key_and_cert.read_bytes()
     assert ensure_ca(tmp_path).key_and_cert.read_bytes() == before
+
+
+def _start_like_a_worker(state_dir: str, barrier: Any, results: Any) -> None:
+    """What each proxy worker does first on start: the CA and the upstream trust bundle."""
+    from sandgate.proxy.ca import upstream_trust_bundle
+
+    barrier.wait(timeout=30)
+    try:
+        files = ensure_ca(Path(state_dir))
+        upstream_trust_bundle(Path(state_dir), None)
+        results.put(files.key_and_cert.read_bytes())
+    except Exception as exc:
+        results.put(repr(exc).encode())
+
+
+def test_workers_starting_together_make_one_ca(tmp_path: Path) -> None:
+    """Workers start at the same moment on a fresh state dir: one CA, whose certificate is the
+    one sandboxes trust, and no writer's temporary file renamed away under another."""
+    fork = multiprocessing.get_context("fork")
+    count = 8
+    barrier, results = fork.Barrier(count), fork.Queue()
+    workers = [
+        fork.Process(target=_start_like_a_worker, args=(str(tmp_path), barrier, results))
+        for _ in range(count)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        seen = {results.get(timeout=60) for _ in workers}
+    finally:
+        for worker in workers:
+            worker.join(timeout=30)
+            worker.kill()
+    assert len(seen) == 1, seen
+    ca = x509.load_pem_x509_certificates(seen.pop())[0]
+    assert x509.load_pem_x509_certificate((tmp_path / "mitmproxy-ca-cert.pem").read_bytes()) == ca
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".ca.lock",
+        "mitmproxy-ca-cert.pem",
+        "mitmproxy-ca.pem",
+        "upstream-trust.pem",
+    ]
 
 
 def _fixed(address: str):  # type: ignore[no-untyped-def]
