@@ -93,6 +93,16 @@ def listen_socket(config: ProxyConfig, port: int, reuse_port: bool = False) -> s
     return sock
 
 
+def accept(listener: socket.socket) -> tuple[socket.socket, tuple[str, int]]:
+    """One queued connection, non-blocking and with TCP_NODELAY. asyncio sets NODELAY only on
+    sockets whose proto is IPPROTO_TCP, and create_server's are 0: without it mitmproxy's
+    head-then-body writes wait out the client's delayed ACK, 40 ms per keep-alive request."""
+    sock, peer = listener.accept()
+    sock.setblocking(False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock, peer
+
+
 class FrontDoor:
     def __init__(
         self,
@@ -152,13 +162,12 @@ class FrontDoor:
     def _accept(self, listener: Listener) -> None:
         for _ in range(ACCEPTS_PER_WAKEUP):
             try:
-                sock, peer = listener.sock.accept()
+                sock, peer = accept(listener.sock)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # EMFILE and friends: leave it queued, say so
                 log.warning("accept on %s failed: %s", listener.instance.mode.description, exc)
                 return
-            sock.setblocking(False)
             source = normalise_ip(peer[0])
             sandbox = self.state.table.get(source)
             limits = (sandbox.entry.limits if sandbox else None) or self.config.limits
@@ -253,8 +262,7 @@ class FrontDoor:
         While it runs the connection is in `ProxyState.connections`, where revocation finds it."""
         upstream = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
         upstream.setblocking(False)
-        for end in (sock, upstream):
-            end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             connecting = asyncio.get_running_loop().sock_connect(upstream, (address, port))
             await asyncio.wait_for(connecting, UPSTREAM_CONNECT_TIMEOUT)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import socket
 import stat
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.proxy.server_hooks import ServerConnectionHookData
 from mitmproxy.test import taddons, tflow
 
-from sandgate.proxy import AuditLog, AuditRecord, SandboxEntry, ensure_ca, redact_path
+from sandgate.proxy import AuditLog, AuditRecord, SandboxEntry, ensure_ca, frontdoor, redact_path
 from sandgate.proxy.auditing import AuditAddon
 from sandgate.proxy.enforcement import EnforcementAddon
 from sandgate.proxy.identity import IdentityAddon
@@ -238,3 +239,14 @@ def _client_hello(sni: str) -> tls.ClientHello:
         ssl_object.do_handshake()
     record = outgoing.read()
     return tls.ClientHello(record[9:])  # skip the record header (5) and handshake header (4)
+
+
+def test_accepted_connections_send_without_delay() -> None:
+    """asyncio sets TCP_NODELAY only when a socket's proto is IPPROTO_TCP, which the front door's
+    listeners (socket.create_server) are not; without it every keep-alive response through
+    mitmproxy waited 40 ms for the client's delayed ACK (23 instead of 450 req/s at c=1)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener, socket.create_connection(listener.getsockname()):
+        sock, _ = frontdoor.accept(listener)
+        with sock:
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+            assert not sock.getblocking()
