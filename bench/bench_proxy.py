@@ -16,9 +16,15 @@ Rules:
    sandbox) and absolute-form runs; `curl` (parallel transfers, --http1.1, keep-alive) for
    CONNECT tunnels with full CA verification. wrk does not verify certificates, so curl checks
    with CA verification first prove which certificate each path presents.
-4. A run with failed or non-2xx requests is shown with its error count. Ratios are given in
+4. A run with failed or non-2xx requests is shown with its error count, and no ratio is
+   computed from a row that had any: the ratio is printed as invalid (goal MISSED) with the
+   counts, since a proxy that refuses work looks cheap per request. Ratios are given in
    throughput (req/s, MB/s) and per core (the proxies' own CPU time per request, which holds up
    when other work shares the proxy's core); per-core goals are judged per core.
+5. The load rows measure the data path, not the fairness limits: their sandgate proxies run with
+   per-sandbox limits far above any load here (`NO_LIMITS`; the defaults, 50 new connections/s,
+   would reset most of a new-connection-per-request run). The noisy-neighbour rows measure the
+   limits, with sandgate proxies of their own: one with the defaults, one without limits.
 
 Proxies: sandgate (`python -m sandgate.proxy --config`, one sandbox entry pushed through
 ProxyControl with policy, a bearer binding for api.example.com, audit on), stock `mitmdump -q`
@@ -66,6 +72,9 @@ NOISY_CONNECTIONS = int(os.environ.get("SANDGATE_BENCH_NOISY_CONNECTIONS", "1500
 QUIET_RATE = 20  # the quiet sandbox's requests per second in the noisy-neighbour rows
 NOISY_SECONDS = max(4, 2 * SECONDS)
 UNLIMITED_PORTS = {"transparent_port": 18001, "explicit_port": 18002, "dns_port": 18053}
+LIMITED_PORTS = {"transparent_port": 22001, "explicit_port": 22002, "dns_port": 22053}
+# ConnectionLimits for sandgate proxies measuring the data path (rule 5)
+NO_LIMITS = {"max_connections": 10**6, "accept_rate": 1e9, "accept_burst": 10**6}
 RELAY_PORTS = {"transparent_port": 19001, "explicit_port": 19002, "dns_port": 19053}
 CHILD_FLAG = "SANDGATE_BENCH_PROXY_CHILD"
 SANDGATE_PORTS = {"transparent_port": 15001, "explicit_port": 15002, "dns_port": 15053}
@@ -753,24 +762,30 @@ def noisy_neighbour(topo: Topology, proxy: Proxy, port: int, label: str) -> list
     return [alone, crowded]
 
 
-def noisy_rows(topo: Topology, sandgate: Proxy) -> list[Row]:
-    """With sandgate's limits (defaults), then a sandgate without them (backlog 100, no
-    per-sandbox limits: how it was before), each measured alone and crowded."""
+def noisy_rows(topo: Topology) -> list[Row]:
+    """A sandgate with the default limits, then one without them (backlog 100, no per-sandbox
+    limits: how it was before), each measured alone and crowded."""
     from sandgate.proxy import SandboxEntry
-    from sandgate.proxy.config import ConnectionLimits
 
-    rows = noisy_neighbour(topo, sandgate, SANDGATE_PORTS["transparent_port"], "limits (defaults)")
-    unlimited = ConnectionLimits(max_connections=10**6, accept_rate=1e9, accept_burst=10**6)
-    proxy, control = start_sandgate(
-        topo, "sandgate-unlimited", UNLIMITED_PORTS, limits=unlimited, listen_backlog=100
+    rows: list[Row] = []
+    variants: tuple[tuple[str, str, dict[str, int], dict[str, object]], ...] = (
+        ("limits (defaults)", "sandgate-limited", LIMITED_PORTS, {}),
+        (
+            "no limits, backlog 100",
+            "sandgate-unlimited",
+            UNLIMITED_PORTS,
+            {"limits": NO_LIMITS, "listen_backlog": 100},
+        ),
     )
-    try:
-        for sandbox_id, address in (("bench", CLIENT), ("noisy", NOISY)):
-            control.put_sandbox(SandboxEntry(sandbox_id=sandbox_id, address=address, policy=POLICY))  # type: ignore[attr-defined]
-        rows += noisy_neighbour(topo, proxy, UNLIMITED_PORTS["transparent_port"], "no limits, backlog 100")
-    finally:
-        control.close()  # type: ignore[attr-defined]
-        topo.stop(proxy.process)
+    for label, name, ports, extra in variants:
+        proxy, control = start_sandgate(topo, name, ports, PROXY_CPU, **extra)
+        try:
+            for sandbox_id, address in (("bench", CLIENT), ("noisy", NOISY)):
+                control.put_sandbox(SandboxEntry(sandbox_id=sandbox_id, address=address, policy=POLICY))  # type: ignore[attr-defined]
+            rows += noisy_neighbour(topo, proxy, ports["transparent_port"], label)
+        finally:
+            control.close()  # type: ignore[attr-defined]
+            topo.stop(proxy.process)
     return rows
 
 
@@ -778,46 +793,45 @@ def noisy_rows(topo: Topology, sandgate: Proxy) -> list[Row]:
 
 
 def run_all(topo: Topology) -> None:
+    rows: list[Row] = []
+    audit_lines: int | None = None
+    if "noisy" in ONLY:
+        rows += noisy_rows(topo)
+    if ONLY & {"load", "workers"}:
+        sandgate = start_load_sandgate(topo, "sandgate", SANDGATE_PORTS)
+        rows += load_rows(topo, sandgate)
+        audit_lines = sum(
+            len(p.read_bytes().splitlines())
+            for p in (sandgate.state_dir or topo.workdir).glob("audit.jsonl*")
+        )
+        topo.stop(sandgate.process)
+    idle = idle_sandboxes(topo) if "load" in ONLY else None
+    report(rows, idle, audit_lines)
+
+
+def start_load_sandgate(
+    topo: Topology, name: str, ports: dict[str, int], cpus: str = PROXY_CPU, **extra: object
+) -> Proxy:
+    """A sandgate proxy for the load rows: the client's sandbox entry pushed, no limits (rule 5)."""
     from sandgate.proxy import SandboxEntry
 
-    sandgate, control = start_sandgate(topo, "sandgate", SANDGATE_PORTS)
-    for sandbox_id, address in (("bench", CLIENT), ("noisy", NOISY)):
-        control.put_sandbox(SandboxEntry(sandbox_id=sandbox_id, address=address, policy=POLICY))  # type: ignore[attr-defined]
-    rows: list[Row] = []
-    idle: dict[str, float] | None = None
-    if "noisy" in ONLY:
-        rows += noisy_rows(topo, sandgate)
-    if ONLY & {"load", "workers"}:
-        rows += load_rows(topo, sandgate)
-    audit_lines = sum(
-        len(p.read_bytes().splitlines()) for p in (sandgate.state_dir or topo.workdir).glob("audit.jsonl*")
-    )
+    proxy, control = start_sandgate(topo, name, ports, cpus, limits=NO_LIMITS, **extra)
+    control.put_sandbox(SandboxEntry(sandbox_id="bench", address=CLIENT, policy=POLICY))  # type: ignore[attr-defined]
     control.close()  # type: ignore[attr-defined]
-    topo.stop(sandgate.process)
-    if "load" in ONLY:
-        idle = idle_sandboxes(topo)
-    report(rows, idle, audit_lines)
+    return proxy
 
 
 def load_rows(topo: Topology, sandgate: Proxy) -> list[Row]:
     """The back-to-back rows against mitmdump and squid, then the 100 MiB downloads."""
-    from sandgate.proxy import SandboxEntry
-
-    relay, relay_control = start_sandgate(topo, "sandgate-relay", RELAY_PORTS, splice_passthrough=False)
-    pinned, pinned_control = start_sandgate(
-        topo, "sandgate-workers-pinned", PINNED_WORKER_PORTS, workers=WORKERS
-    )
-    spread, spread_control = start_sandgate(
-        topo, "sandgate-workers", SPREAD_WORKER_PORTS, cpus=ALL_CPUS, workers=WORKERS
-    )
-    for control in (relay_control, pinned_control, spread_control):
-        control.put_sandbox(SandboxEntry(sandbox_id="bench", address=CLIENT, policy=POLICY))  # type: ignore[attr-defined]
-        control.close()  # type: ignore[attr-defined]
     proxies = {
         "sandgate": sandgate,
-        "sandgate-relay": relay,
-        "sandgate-workers-pinned": pinned,
-        "sandgate-workers": spread,
+        "sandgate-relay": start_load_sandgate(topo, "sandgate-relay", RELAY_PORTS, splice_passthrough=False),
+        "sandgate-workers-pinned": start_load_sandgate(
+            topo, "sandgate-workers-pinned", PINNED_WORKER_PORTS, workers=WORKERS
+        ),
+        "sandgate-workers": start_load_sandgate(
+            topo, "sandgate-workers", SPREAD_WORKER_PORTS, cpus=ALL_CPUS, workers=WORKERS
+        ),
         "mitmdump": start_mitmdump(topo),
         "squid": start_squid(topo),
     }
@@ -853,7 +867,7 @@ def load_rows(topo: Topology, sandgate: Proxy) -> list[Row]:
     return rows + downloads
 
 
-def report(rows: list[Row], idle: dict[str, float] | None, audit_lines: int) -> None:
+def report(rows: list[Row], idle: dict[str, float] | None, audit_lines: int | None) -> None:
     columns = [("c", 3), ("req/s", 8), ("p50 ms", 8), ("p99 ms", 8), ("MB/s", 8), ("CPU%", 5)]
     columns += [("CPU ms/req", 10), ("RSS MiB", 8), ("err", 4), ("LG cores", 8), ("idle", 5)]
     header = f"{'scenario':46} " + " ".join(f"{name:>{width}}" for name, width in columns)
@@ -869,7 +883,8 @@ def report(rows: list[Row], idle: dict[str, float] | None, audit_lines: int) -> 
         report_noisy(noisy)
     if ONLY & {"load", "workers"}:
         report_ratios(rows, idle)
-    print(f"  sandgate wrote {audit_lines} audit records during the run")
+    if audit_lines is not None:
+        print(f"  sandgate wrote {audit_lines} audit records during the load rows")
 
 
 def report_noisy(rows: list[Row]) -> None:
@@ -904,19 +919,23 @@ def report_ratios(rows: list[Row], idle: dict[str, float] | None) -> None:
         ours, theirs = (
             _find(rows, name, ratio.section, ratio.concurrency) for name in (ratio.ours, ratio.theirs)
         )
-        # a round where either side finished no request has no ratio
-        pairs = [(a, b) for a, b in zip(ours.rounds, theirs.rounds, strict=True) if a.requests and b.requests]
-        if not pairs:
-            print(f"  {ratio.what:52} c={ratio.concurrency:<3} no round with requests on both sides")
+        goal = f"goal >= {ratio.goal}x {'per core' if ratio.per_core else 'throughput'}"
+        invalid = _invalid((ours, theirs), ratio.per_core)
+        if invalid:
+            print(f"  {ratio.what:52} c={ratio.concurrency:<3} invalid: {invalid}  [{goal}: MISSED]")
             continue
+        pairs = list(zip(ours.rounds, theirs.rounds, strict=True))
         throughput = [a.mbps / b.mbps if ratio.section == BIG else a.rps / b.rps for a, b in pairs]
-        per_core = [(b.cpu_ms_per_request or 0) / (a.cpu_ms_per_request or float("inf")) for a, b in pairs]
+        per_core = [
+            b.cpu_ms_per_request / a.cpu_ms_per_request
+            for a, b in pairs
+            if a.cpu_ms_per_request and b.cpu_ms_per_request
+        ]
         judged = statistics.median(per_core if ratio.per_core else throughput)
-        verdict = f"goal >= {ratio.goal}x {'per core' if ratio.per_core else 'throughput'}: "
-        verdict += "met" if judged >= ratio.goal else "MISSED"
         print(
             f"  {ratio.what:52} c={ratio.concurrency:<3} throughput {_spread(throughput)}  "
-            f"per core {_spread(per_core)}  [{verdict}]"
+            f"per core {_spread(per_core) if per_core else '    -'}  "
+            f"[{goal}: {'met' if judged >= ratio.goal else 'MISSED'}]"
         )
     if idle is None:
         return
@@ -942,6 +961,21 @@ def _line(row: Row) -> str:
         f"{opt(load.cpu_ms_per_request, 10, 2)} {opt(load.rss_mib, 8, 1)} {load.errors:>4} "
         f"{opt(load.loadgen_cores, 8, 2)} {opt(load.idle_cores, 5, 2)}"
     )
+
+
+def _invalid(rows: tuple[Row, Row], per_core: bool) -> str | None:
+    """Why no ratio of these rows can be computed: a round with failed requests, with none
+    finished, or (for a per-core ratio) without the proxy's CPU time."""
+    reasons = []
+    for row in rows:
+        errors = [load.errors for load in row.rounds]
+        if any(errors):
+            reasons.append(f"{row.scenario} had {'/'.join(map(str, errors))} failed requests per round")
+        elif not all(load.requests for load in row.rounds):
+            reasons.append(f"{row.scenario} finished no request in a round")
+        elif per_core and not all(load.cpu_ms_per_request for load in row.rounds):
+            reasons.append(f"{row.scenario} has no CPU time per request")
+    return "; ".join(reasons) or None
 
 
 def _spread(values: list[float]) -> str:
