@@ -1,4 +1,5 @@
-"""`sandgate logs` run as a real subprocess against a state dir written by the proxy's writer."""
+"""`sandgate logs` against a state dir written by the proxy's writer: the real command in this
+process (tests/support/cli.py), and `--follow` as a real subprocess that runs until stopped."""
 
 from __future__ import annotations
 
@@ -16,19 +17,13 @@ from typing import Any
 import pytest
 
 from tests.audit.conftest import generated, write_records
+from tests.support.cli import Ran, sandgate
 
-SANDGATE = [sys.executable, "-m", "sandgate.lifecycle.cli"]
+SANDGATE = [sys.executable, "-m", "sandgate.lifecycle.cli"]  # `--follow` runs until stopped
 
 
-def logs(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDGATE_")}
-    return subprocess.run(
-        [*SANDGATE, "--state-dir", str(state), "logs", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+def logs(state: Path, *args: str) -> Ran:
+    return sandgate("--state-dir", str(state), "logs", *args)
 
 
 @pytest.fixture(scope="module")

@@ -1,28 +1,21 @@
-"""`sandgate policy check|explain|fmt`, run as a user would (subprocess, no state dir, no config)."""
+"""`sandgate policy check|explain|fmt` as a user runs them (no state dir, no config): the real
+command in this process (tests/support/cli.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.support.cli import Ran
+from tests.support.cli import sandgate as run_sandgate
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "policy.yaml"
 TESTDATA = Path(__file__).parent / "testdata"
 
 
-def sandgate(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDGATE_")}
-    env["SANDGATE_STATE_DIR"] = "/nonexistent/sandgate-state"  # must not be needed
-    return subprocess.run(
-        [sys.executable, "-m", "sandgate.lifecycle.cli", "policy", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=60,
-    )
+def sandgate(*args: str) -> Ran:
+    state_dir = {"SANDGATE_STATE_DIR": "/nonexistent/sandgate-state"}  # must not be needed
+    return run_sandgate("policy", *args, env=state_dir)
 
 
 def test_check_ok_and_errors_with_exit_codes() -> None:

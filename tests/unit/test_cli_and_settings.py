@@ -14,8 +14,7 @@ from click.testing import CliRunner
 from sandgate.lifecycle.cli import main
 from sandgate.lifecycle.settings import load_settings
 from sandgate.proxy import ProxyConfig
-
-SANDGATE = [sys.executable, "-m", "sandgate.lifecycle.cli"]
+from tests.support.cli import sandgate
 
 
 @pytest.fixture
@@ -27,7 +26,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 def test_help_lists_every_subcommand() -> None:
-    out = subprocess.run([*SANDGATE, "--help"], capture_output=True, text=True, check=True).stdout
+    out = sandgate("--help").stdout
     for name in ("serve", "policy", "vault", "egress", "logs", "sandbox"):
         assert f"  {name} " in out, f"{name} missing from sandgate --help:\n{out}"
 
@@ -86,15 +85,10 @@ def test_print_settings_shows_the_resolvers_the_proxy_will_ask(clean_env: pytest
 
 
 def test_serve_flags_override_env_in_the_real_cli(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    env = {**os.environ, "SANDGATE_PORT": "7100", "SANDGATE_STATE_DIR": str(tmp_path)}
-    out = subprocess.run(
-        [*SANDGATE, "serve", "--port", "7200", "--print-settings"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    ).stdout
-    printed = json.loads(out)
+    env = {"SANDGATE_PORT": "7100", "SANDGATE_STATE_DIR": str(tmp_path)}
+    done = sandgate("serve", "--port", "7200", "--print-settings", env=env)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
     assert printed["port"] == 7200
     assert printed["state_dir"] == str(tmp_path)
 

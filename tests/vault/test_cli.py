@@ -1,17 +1,15 @@
-"""`sandgate vault ...` run for real in subprocesses; no output and no state file holds a value."""
+"""`sandgate vault ...`, the real command (tests/support/cli.py): no output and no state file
+holds a value."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sandgate.vault import generate_master_key, secret_forms
+from tests.support.cli import Ran, sandgate
 
-SANDGATE = [sys.executable, "-m", "sandgate.lifecycle.cli"]
 SECRET = "sk-CLI_test-secret/value+42"
 ROTATED = "sk-CLI_rotated-secret/value+43"
 
@@ -21,24 +19,12 @@ class Cli:
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SANDGATE_")}
-        self.env["SANDGATE_STATE_DIR"] = str(state_dir)
         self.outputs: list[bytes] = []
 
-    def __call__(
-        self, *args: str, stdin: str = "", ok: bool = True, **env: str
-    ) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            [*SANDGATE, *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            env={**self.env, **env},
-            timeout=60,
-        )
+    def __call__(self, *args: str, stdin: str = "", ok: bool = True, **env: str) -> Ran:
+        done = sandgate(*args, stdin=stdin, env={"SANDGATE_STATE_DIR": str(self.state_dir), **env})
         self.outputs += [done.stdout.encode(), done.stderr.encode()]
         assert (done.returncode == 0) == ok, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr}"
-        assert "Traceback" not in done.stderr
         return done
 
 
