@@ -5,8 +5,9 @@ Rules:
 1. Names, revisions, bindings and vault entry names; never a credential value.
 2. The JSON shape is the one stored since the first release (`sourceType` in camelCase), so a
    database written before these models existed reads unchanged.
-3. A binding is kept as the policy's binding document: it joins the sandbox's policy as is
-   (`policy_bindings`), and the policy book validates the two together before any push.
+3. A binding is kept in the credential-vault API's shape (`CredentialBinding`), a subset of the
+   policy file's binding: it joins the sandbox's policy as JSON (`policy_bindings`), and the
+   policy book validates the two together before any push.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from sandgate.lifecycle.opensandbox_shapes import CredentialBinding
 
 
 class CredentialEntry(BaseModel):
@@ -30,7 +33,7 @@ class BindingEntry(BaseModel):
 
     name: str
     revision: int
-    binding: dict[str, Any] = Field(description="a policy binding document (the egress API's shape)")
+    binding: CredentialBinding
 
 
 class VaultState(BaseModel):
@@ -42,8 +45,9 @@ class VaultState(BaseModel):
         return {credential.name: credential.entry for credential in self.credentials}
 
     def policy_bindings(self) -> list[dict[str, Any]]:
-        return [item.binding for item in self.bindings]
+        """The bindings as policy JSON (the policy book checks them with the policy, rule 3)."""
+        return [item.binding.model_dump(by_alias=True, exclude_none=True) for item in self.bindings]
 
     def to_document(self) -> dict[str, Any]:
-        """The stored and audited JSON form (rule 2)."""
-        return self.model_dump(by_alias=True)
+        """The stored and audited JSON form (rule 2): absent fields are left out, never null."""
+        return self.model_dump(by_alias=True, exclude_none=True)

@@ -30,8 +30,15 @@ from typing import Any, Protocol
 
 from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.errors import LifecycleError, quietly
-from sandgate.lifecycle.policy_book import PolicyBook, PolicyDocument
-from sandgate.lifecycle.sandbox_store import NotFound, RevisionConflict, SandboxRecord, SandboxStore
+from sandgate.lifecycle.policy_book import PolicyBook, PolicyJSON
+from sandgate.lifecycle.sandbox_store import (
+    NotFound,
+    RevisionConflict,
+    Revisioned,
+    SandboxRecord,
+    SandboxStore,
+)
+from sandgate.policy import Policy, to_document
 from sandgate.proxy import SandboxEntry
 from sandgate.vault import SecretStore
 
@@ -39,20 +46,8 @@ log = logging.getLogger(__name__)
 LIVE_STATES = ("Running", "Paused", "Pausing", "Resuming")  # states whose sandbox the proxy serves
 
 
-@dataclass(frozen=True)
-class EgressState:
-    """A sandbox's policy and the revision it was stored as."""
-
-    revision: int
-    document: PolicyDocument
-
-
-@dataclass(frozen=True)
-class VaultRevision:
-    """A sandbox's credential-vault state and the revision it was stored as."""
-
-    revision: int
-    state: VaultState
+EgressState = Revisioned[Policy]  # a sandbox's policy and the revision it was stored as
+VaultRevision = Revisioned[VaultState]  # its credential-vault state and that revision
 
 
 @dataclass(frozen=True)
@@ -66,8 +61,8 @@ class PolicyChange:
     revision: int
     old_digest: str | None
     new_digest: str
-    old: dict[str, Any] | None
-    new: dict[str, Any]
+    old: dict[str, Any] | None  # the audited JSON of a policy or a vault state: the console diffs
+    new: dict[str, Any]  # either as YAML, and reads records written by every earlier version
 
 
 class ProxyControlClient(Protocol):
@@ -79,7 +74,7 @@ class ProxyControlClient(Protocol):
 
 
 AuditWriter = Callable[[str, str, PolicyChange], None]  # (sandbox id, what, change)
-PolicyEdit = Callable[[PolicyDocument], PolicyDocument]
+PolicyEdit = Callable[[Policy], Policy]
 # (stored state or None, the new revision) -> (the new state, vault entry name -> value to write)
 VaultBuild = Callable[[VaultState | None, int], tuple[VaultState, dict[str, str]]]
 
@@ -116,6 +111,13 @@ def digest(document: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def audited(document: Policy | VaultState | None) -> dict[str, Any]:
+    """The JSON a policy_change record carries: the stored form; {} for none."""
+    if document is None:
+        return {}
+    return to_document(document) if isinstance(document, Policy) else document.to_document()
+
+
 class EgressControl:
     def __init__(
         self,
@@ -135,10 +137,11 @@ class EgressControl:
 
     # --- the proxy ------------------------------------------------------------------------------
 
-    def push_new(self, sandbox_id: str, address: str, document: PolicyDocument) -> None:
+    def push_new(self, sandbox_id: str, address: str, policy: Policy) -> None:
         """A new sandbox's first entry (no vault yet); a refusal is `unavailable`."""
+        entry = SandboxEntry(sandbox_id=sandbox_id, address=address, policy=to_document(policy))
         try:
-            self.proxy.put_sandbox(SandboxEntry(sandbox_id=sandbox_id, address=address, policy=document))
+            self.proxy.put_sandbox(entry)
         except Exception as exc:
             raise LifecycleError(
                 "unavailable",
@@ -147,17 +150,17 @@ class EgressControl:
             ) from exc
 
     def push(
-        self, record: SandboxRecord, base: PolicyDocument | None = None, vault: VaultState | None = None
+        self, record: SandboxRecord, base: Policy | None = None, vault: VaultState | None = None
     ) -> None:
         """Push the effective policy (rule 3); `base`/`vault` default to the stored ones."""
         if base is None:
             base = self.policy(record.id).document
         if vault is None:
-            vault = self._stored_vault(record.id).state
+            vault = self._stored_vault(record.id).document
         entry = SandboxEntry(
             sandbox_id=record.id,
             address=record.address or "",
-            policy=self.effective(base, vault),
+            policy=to_document(self.effective(base, vault)),
             credentials=vault.entries(),
         )
         self.proxy.put_sandbox(entry)
@@ -178,7 +181,7 @@ class EgressControl:
         """A deleted sandbox: its proxy entry and its vault values go (each step quietly)."""
         if record.address:
             quietly(lambda: self.drop(record.address or ""))
-        for name in self._stored_vault(record.id).state.entries().values():
+        for name in self._stored_vault(record.id).document.entries().values():
             quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
 
     # --- the policy -----------------------------------------------------------------------------
@@ -194,7 +197,7 @@ class EgressControl:
         stored = self.store.get_policy(sandbox_id)
         if stored is None:
             raise LifecycleError("not_found", f"sandbox {sandbox_id!r} has no policy")
-        return EgressState(stored.revision, stored.document)
+        return stored
 
     def change_policy(
         self, sandbox_id: str, edit: PolicyEdit, actor: str, what: str, expected_revision: int | None = None
@@ -208,27 +211,31 @@ class EgressControl:
                     "conflict", f"policy revision is {current.revision}, not {expected_revision}; re-read it"
                 )
             try:
-                edited = edit(current.document)
+                new = edit(current.document)
             except ValueError as exc:  # PolicyError: the change itself is invalid
                 raise LifecycleError("invalid", f"policy change rejected: {exc}") from exc
-            new = self._validated(edited)
             with self._restoring(record):
                 self.push(record, new)
                 revision = self.store.put_policy(sandbox_id, new, current.revision)
             self.audit_change(sandbox_id, actor, current.revision, revision, current.document, new, what)
             return EgressState(revision, new)
 
-    def effective(self, base: PolicyDocument, vault: VaultState) -> PolicyDocument:
+    def parse_policy(self, document: PolicyJSON) -> Policy:
+        """A whole sandgate policy document from a client; a bad one is `invalid`."""
+        return self._rejecting(lambda: self.policies.parse(document))
+
+    def effective(self, base: Policy, vault: VaultState) -> Policy:
         if not vault.bindings:
             return base
-        return self._validated({**base, "bindings": [*base.get("bindings", []), *vault.policy_bindings()]})
+        return self._rejecting(lambda: self.policies.with_bindings(base, vault.policy_bindings()))
 
-    def effective_policy(self, sandbox_id: str) -> PolicyDocument:
-        return self.effective(self.policy(sandbox_id).document, self._stored_vault(sandbox_id).state)
+    def effective_policy(self, sandbox_id: str) -> Policy:
+        return self.effective(self.policy(sandbox_id).document, self._stored_vault(sandbox_id).document)
 
-    def _validated(self, document: PolicyDocument) -> PolicyDocument:
+    @staticmethod
+    def _rejecting(build: Callable[[], Policy]) -> Policy:
         try:
-            return self.policies.validate(document)
+            return build()
         except ValueError as exc:
             raise LifecycleError("invalid", f"policy rejected: {exc}") from exc
 
@@ -238,20 +245,21 @@ class EgressControl:
         actor: str,
         old_revision: int,
         new_revision: int,
-        old: dict[str, Any],
-        new: dict[str, Any],
+        old: Policy | VaultState | None,
+        new: Policy | VaultState | None,
         what: str,
     ) -> None:
         """One policy_change record; a failure to write it is logged, never undoes the change."""
+        old_json, new_json = audited(old), audited(new)
         change = PolicyChange(
             actor=actor,
             change=what,
             old_revision=old_revision,
             revision=new_revision,
-            old_digest=digest(old) if old else None,
-            new_digest=digest(new),
-            old=old if old_revision else None,
-            new=new,
+            old_digest=digest(old_json) if old_json else None,
+            new_digest=digest(new_json),
+            old=old_json if old_revision else None,
+            new=new_json,
         )
         try:
             self.audit(sandbox_id, what, change)
@@ -294,14 +302,14 @@ class EgressControl:
                 )
             if expected_revision is not None and expected_revision != current:
                 raise LifecycleError("conflict", f"vault revision is {current}, not {expected_revision}")
-            state, values = build(stored.state if current else None, current + 1)
+            state, values = build(stored.document if current else None, current + 1)
             self.effective(self.policy(sandbox_id).document, state)
             with self._restoring(record):
                 revision = self._write_vault(record, state, values, current)
-            for name in set(stored.state.entries().values()) - set(state.entries().values()):
+            for name in set(stored.document.entries().values()) - set(state.entries().values()):
                 quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
-            old = stored.state.to_document() if current else {}
-            self.audit_change(sandbox_id, actor, current, revision, old, state.to_document(), what)
+            old = stored.document if current else None
+            self.audit_change(sandbox_id, actor, current, revision, old, state, what)
             return VaultRevision(revision, state)
 
     def _write_vault(
@@ -314,7 +322,7 @@ class EgressControl:
                 self.vault.put(name, value)
                 written.append(name)
             self.push(record, vault=state)
-            return self.store.put_vault(record.id, state.to_document(), current)
+            return self.store.put_vault(record.id, state, current)
         except Exception:
             for name in written:
                 quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
@@ -340,21 +348,12 @@ class EgressControl:
                 raise LifecycleError("not_found", f"sandbox {sandbox_id} has no credential vault")
             self.push(record, vault=VaultState())
             self.store.delete_vault(sandbox_id)
-            for name in stored.state.entries().values():
+            for name in stored.document.entries().values():
                 quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
             self.audit_change(
-                sandbox_id,
-                actor,
-                stored.revision,
-                0,
-                stored.state.to_document(),
-                {},
-                "credential-vault delete",
+                sandbox_id, actor, stored.revision, 0, stored.document, None, "credential-vault delete"
             )
 
     def _stored_vault(self, sandbox_id: str) -> VaultRevision:
         """The stored state; revision 0 and an empty state when the sandbox has none."""
-        stored = self.store.get_vault(sandbox_id)
-        if stored is None:
-            return VaultRevision(0, VaultState())
-        return VaultRevision(stored.revision, VaultState.model_validate(stored.document))
+        return self.store.get_vault(sandbox_id) or VaultRevision(0, VaultState())

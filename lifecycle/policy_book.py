@@ -1,20 +1,23 @@
-"""sandgate.policy as the control plane sees it: documents in, validated documents out.
+"""sandgate.policy as the control plane sees it: OpenSandbox shapes and documents in, `Policy` out.
 
 Rules:
-1. A `PolicyDocument` is the sandgate policy file model as JSON (what `sandgate.policy.to_document`
-   returns): that is what the store keeps, the proxy's entry carries and the audit log diffs.
-   Lifecycle never looks inside one except to add the credential vault's bindings.
-2. Every document that leaves the book went through `validate` (or an update of sandgate.policy
-   that validates), so a stored or pushed policy always compiles; a bad one is a `ValueError`
-   (`PolicyError`) saying where and why.
-3. No networkPolicy at create means deny everything (egress-first), unlike OpenSandbox.
+1. Inside lifecycle a sandbox's policy is a `sandgate.policy.Policy`, the typed model of the
+   policy file. Its JSON form (`sandgate.policy.to_document`) exists only at the edges: the
+   sandbox store's column, the proxy's entry, the audit record and the API's answers.
+2. Every `Policy` that leaves the book is valid and within the deployment's rule limit; a bad
+   one is a `ValueError` (`PolicyError`) saying where and why.
+3. `NetworkPolicy` (opensandbox_shapes.py) is the OpenSandbox shape: what the lifecycle API's
+   create and `/networkpolicy`, and the egress API's `/policy`, speak.
+4. No networkPolicy at create means deny everything (egress-first), unlike OpenSandbox.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy, NetworkRule
 from sandgate.policy import (
+    Policy,
     delete_targets,
     patch_rules,
     policy_from_dict,
@@ -23,19 +26,19 @@ from sandgate.policy import (
     to_opensandbox,
 )
 
-PolicyDocument = dict[str, Any]  # rule 1
-OpenSandboxPolicy = dict[str, Any]  # a NetworkPolicy of the OpenSandbox API, as JSON
+# A policy file's JSON, or a binding's: free-form until `policy_from_dict` checks it, so that a
+# fault is reported with its place in the document (bindings[2].auth...), not as a 422.
+PolicyJSON = dict[str, Any]
 
 
 class PolicyBook(Protocol):
-    def from_opensandbox(self, network_policy: OpenSandboxPolicy | None) -> PolicyDocument: ...
-    def validate(self, document: PolicyDocument) -> PolicyDocument: ...
-    def to_opensandbox(self, document: PolicyDocument) -> OpenSandboxPolicy: ...
-    def replace_opensandbox(
-        self, document: PolicyDocument, wanted: OpenSandboxPolicy | None
-    ) -> PolicyDocument: ...
-    def patch_rules(self, document: PolicyDocument, rules: list[dict[str, str]]) -> PolicyDocument: ...
-    def delete_targets(self, document: PolicyDocument, targets: list[str]) -> PolicyDocument: ...
+    def from_opensandbox(self, network_policy: NetworkPolicy | None) -> Policy: ...
+    def parse(self, document: PolicyJSON) -> Policy: ...
+    def with_bindings(self, policy: Policy, bindings: list[PolicyJSON]) -> Policy: ...
+    def to_opensandbox(self, policy: Policy) -> NetworkPolicy: ...
+    def replace_opensandbox(self, policy: Policy, wanted: NetworkPolicy | None) -> Policy: ...
+    def patch_rules(self, policy: Policy, rules: list[NetworkRule]) -> Policy: ...
+    def delete_targets(self, policy: Policy, targets: list[str]) -> Policy: ...
 
 
 class SandgatePolicies:
@@ -44,27 +47,30 @@ class SandgatePolicies:
     def __init__(self, max_rules: int) -> None:
         self.max_rules = max_rules
 
-    def from_opensandbox(self, network_policy: OpenSandboxPolicy | None) -> PolicyDocument:
-        return self.validate(network_policy or {})
+    def from_opensandbox(self, network_policy: NetworkPolicy | None) -> Policy:
+        return self.parse(network_policy.wire() if network_policy else {})
 
-    def validate(self, document: PolicyDocument) -> PolicyDocument:
+    def parse(self, document: PolicyJSON) -> Policy:
         policy = policy_from_dict(document)
         if len(policy.egress) > self.max_rules:
             raise ValueError(
                 f"{len(policy.egress)} rules exceed the limit of {self.max_rules} (policy_max_rules)"
             )
-        return to_document(policy)
+        return policy
 
-    def to_opensandbox(self, document: PolicyDocument) -> OpenSandboxPolicy:
-        return to_opensandbox(policy_from_dict(document))
+    def with_bindings(self, policy: Policy, bindings: list[PolicyJSON]) -> Policy:
+        """`policy` with more bindings, validated together (a binding's host must be allowed)."""
+        document = to_document(policy)
+        return self.parse({**document, "bindings": [*document.get("bindings", []), *bindings]})
 
-    def replace_opensandbox(
-        self, document: PolicyDocument, wanted: OpenSandboxPolicy | None
-    ) -> PolicyDocument:
-        return to_document(replace_policy(policy_from_dict(document), wanted, max_rules=self.max_rules))
+    def to_opensandbox(self, policy: Policy) -> NetworkPolicy:
+        return NetworkPolicy.model_validate(to_opensandbox(policy))
 
-    def patch_rules(self, document: PolicyDocument, rules: list[dict[str, str]]) -> PolicyDocument:
-        return to_document(patch_rules(policy_from_dict(document), rules, max_rules=self.max_rules))
+    def replace_opensandbox(self, policy: Policy, wanted: NetworkPolicy | None) -> Policy:
+        return replace_policy(policy, wanted.wire() if wanted else None, max_rules=self.max_rules)
 
-    def delete_targets(self, document: PolicyDocument, targets: list[str]) -> PolicyDocument:
-        return to_document(delete_targets(policy_from_dict(document), targets))
+    def patch_rules(self, policy: Policy, rules: list[NetworkRule]) -> Policy:
+        return patch_rules(policy, [rule.model_dump() for rule in rules], max_rules=self.max_rules)
+
+    def delete_targets(self, policy: Policy, targets: list[str]) -> Policy:
+        return delete_targets(policy, targets)

@@ -7,6 +7,8 @@ Rules:
 2. Every write is one transaction; a change of policy or vault state bumps its revision in the
    same statement that stores it, so a crash never leaves a half-applied revision.
 3. The store knows nothing of runtimes, networks or HTTP: it is the record, not the actor.
+4. Documents go in and come out typed (`Policy`, `VaultState`); their JSON form, the one stored
+   since the first release, exists only in this module's columns.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from sandgate.lifecycle.credential_state import VaultState
+from sandgate.policy import Policy, policy_from_dict, to_document
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -95,9 +100,11 @@ class SandboxRecord:
 
 
 @dataclass(frozen=True)
-class Revisioned:
+class Revisioned[Document]:
+    """A stored document (a sandbox's policy or vault state) and the revision it was stored as."""
+
     revision: int
-    document: dict[str, Any]
+    document: Document
 
 
 class NotFound(KeyError):
@@ -140,7 +147,7 @@ class SandboxStore:
                 (record.id, record.to_json(), record.state, record.created_at.isoformat()),
             )
 
-    def create_sandbox(self, record: SandboxRecord, policy: dict[str, Any]) -> None:
+    def create_sandbox(self, record: SandboxRecord, policy: Policy) -> None:
         """A new sandbox's record and its first policy revision, in one transaction (rule 2)."""
         with self.transaction() as db:
             db.execute(
@@ -149,7 +156,7 @@ class SandboxStore:
             )
             db.execute(
                 "INSERT INTO policies(sandbox_id, revision, document, updated_at) VALUES (?, 1, ?, ?)",
-                (record.id, json.dumps(policy), utcnow().isoformat()),
+                (record.id, json.dumps(to_document(policy)), utcnow().isoformat()),
             )
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
@@ -185,23 +192,30 @@ class SandboxStore:
         return datetime.fromisoformat(row[0]) if row else None
 
     # policies and vault state: one revisioned JSON document per sandbox and table
-    def get_policy(self, sandbox_id: str) -> Revisioned | None:
-        return self._get_revisioned("policies", "document", sandbox_id)
+    def get_policy(self, sandbox_id: str) -> Revisioned[Policy] | None:
+        stored = self._get_revisioned("policies", "document", sandbox_id)
+        if stored is None:
+            return None
+        policy = policy_from_dict(stored.document, f"the stored policy of sandbox {sandbox_id}")
+        return Revisioned(stored.revision, policy)
 
-    def put_policy(self, sandbox_id: str, document: dict[str, Any], expected_revision: int | None) -> int:
+    def put_policy(self, sandbox_id: str, policy: Policy, expected_revision: int | None) -> int:
+        document = to_document(policy)
         return self._put_revisioned("policies", "document", sandbox_id, document, expected_revision)
 
-    def get_vault(self, sandbox_id: str) -> Revisioned | None:
-        return self._get_revisioned("vaults", "state", sandbox_id)
+    def get_vault(self, sandbox_id: str) -> Revisioned[VaultState] | None:
+        stored = self._get_revisioned("vaults", "state", sandbox_id)
+        return Revisioned(stored.revision, VaultState.model_validate(stored.document)) if stored else None
 
-    def put_vault(self, sandbox_id: str, state: dict[str, Any], expected_revision: int | None) -> int:
-        return self._put_revisioned("vaults", "state", sandbox_id, state, expected_revision)
+    def put_vault(self, sandbox_id: str, state: VaultState, expected_revision: int | None) -> int:
+        return self._put_revisioned("vaults", "state", sandbox_id, state.to_document(), expected_revision)
 
     def delete_vault(self, sandbox_id: str) -> None:
         with self.transaction() as db:
             db.execute("DELETE FROM vaults WHERE sandbox_id = ?", (sandbox_id,))
 
-    def _get_revisioned(self, table: str, column: str, sandbox_id: str) -> Revisioned | None:
+    # a column's JSON, as stored (rule 4)
+    def _get_revisioned(self, table: str, column: str, sandbox_id: str) -> Revisioned[dict[str, Any]] | None:
         with self._lock:
             row = self._db.execute(
                 f"SELECT revision, {column} FROM {table} WHERE sandbox_id = ?", (sandbox_id,)

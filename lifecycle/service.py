@@ -36,7 +36,7 @@ from sandgate.lifecycle.cgroups import Limits
 from sandgate.lifecycle.egress_control import EgressControl, existing
 from sandgate.lifecycle.errors import LifecycleError, quietly
 from sandgate.lifecycle.execd_client import new_token, start_entrypoint
-from sandgate.lifecycle.policy_book import OpenSandboxPolicy, PolicyDocument
+from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy
 from sandgate.lifecycle.quantities import runtime_limits
 from sandgate.lifecycle.runtime.base import (
     BindMount,
@@ -48,6 +48,7 @@ from sandgate.lifecycle.runtime.base import (
 )
 from sandgate.lifecycle.sandbox_store import SandboxRecord, SandboxStore, utcnow
 from sandgate.lifecycle.warm_pool import Member, WarmPool
+from sandgate.policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class CreateRequest:
     platform: dict[str, str] | None
     resource_limits: dict[str, str]
     timeout: int | None
-    network_policy: OpenSandboxPolicy | None
+    network_policy: NetworkPolicy | None
     credential_proxy: bool
     binds: tuple[BindMount, ...] = ()  # checked host volumes of this sandbox
 
@@ -158,7 +159,7 @@ class Service:
             if isinstance(exc, LifecycleError):
                 raise
             raise LifecycleError("unavailable", f"sandbox could not be started: {exc}") from exc
-        self.egress.audit_change(record.id, actor, 0, 1, {}, document, "create")
+        self.egress.audit_change(record.id, actor, 0, 1, None, document, "create")
         return record
 
     @staticmethod
@@ -297,7 +298,7 @@ class Service:
         )
 
     def _claim(
-        self, request: CreateRequest, document: PolicyDocument, limits: Limits, actor: str
+        self, request: CreateRequest, document: Policy, limits: Limits, actor: str
     ) -> SandboxRecord | None:
         """Create from a pooled sandbox: limits and env, policy, entrypoint, persist. None (and
         the member removed) when the pool is empty or a step fails: the caller starts cold."""
@@ -324,7 +325,7 @@ class Service:
             quietly(lambda: self.egress.drop(net.address))
             self._discard_pool_member(sandbox_id)
             return None
-        self.egress.audit_change(sandbox_id, actor, 0, 1, {}, document, "create")
+        self.egress.audit_change(sandbox_id, actor, 0, 1, None, document, "create")
         return record
 
     def _build_pool_member(self, sandbox_id: str) -> Member:

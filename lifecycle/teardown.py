@@ -130,7 +130,7 @@ def tear_down(settings: Settings, *, stop_sandboxes: bool) -> Report:
 def forget(store: SandboxStore, vault: SecretStore, sandbox_id: str) -> None:
     """Delete a sandbox's record and the vault entries its credential vault wrote."""
     stored = store.get_vault(sandbox_id)
-    state = VaultState.model_validate(stored.document) if stored else VaultState()
+    state = stored.document if stored else VaultState()
     for entry in state.entries().values():
         try:
             vault.delete(entry)

@@ -148,19 +148,20 @@ def audit_and_console(
     its own cookie login), both reading the audit index of the state dir."""
     from sandgate.lifecycle.api.auth import keys_match
     from sandgate.lifecycle.audit import AuditStore, Retention, audit_router
-    from sandgate.lifecycle.console import console_router
+    from sandgate.lifecycle.console import ConsoleSandbox, console_router
+    from sandgate.policy import to_document
 
     retention = Retention(max_age_days=settings.audit_max_age_days, max_rows=settings.audit_max_rows)
     audit = AuditStore(settings.state_dir, retention)
 
-    def sandboxes() -> list[dict[str, Any]]:
+    def sandboxes() -> list[ConsoleSandbox]:
         return [
-            {
-                "id": r.id,
-                "status": r.state,
-                "address": r.address,
-                "policy": service.egress.effective_policy(r.id),
-            }
+            ConsoleSandbox(
+                id=r.id,
+                status=r.state,
+                address=r.address,
+                policy=to_document(service.egress.effective_policy(r.id)),
+            )
             for r in service.list_sandboxes()
         ]
 

@@ -33,7 +33,6 @@ from sandgate.lifecycle.api.egress_models import (
     PolicyStatusResponse,
 )
 from sandgate.lifecycle.api.errors import EgressError
-from sandgate.lifecycle.api.models import NetworkPolicy, NetworkRule
 from sandgate.lifecycle.api.vault_state import (
     binding_metadata,
     build_create,
@@ -44,6 +43,9 @@ from sandgate.lifecycle.api.vault_state import (
 from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.egress_control import EgressControl, EgressState, PolicyEdit
 from sandgate.lifecycle.errors import LifecycleError
+from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy, NetworkRule
+from sandgate.lifecycle.policy_book import PolicyJSON
+from sandgate.policy import to_document
 
 TEXT_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"content": {"text/plain": {"schema": {"type": "string"}}}} for code in (400, 401, 404, 409, 412)
@@ -84,7 +86,7 @@ router = APIRouter(prefix="/sandboxes/{sandbox_id}/egress", tags=["Egress"], res
 
 
 def policy_status(egress: EgressControl, state: EgressState) -> PolicyStatusResponse:
-    view = NetworkPolicy.model_validate(egress.policies.to_opensandbox(state.document))
+    view = egress.policies.to_opensandbox(state.document)
     mode = "enforcing" if view.egress else ("allow_all" if view.default_action == "allow" else "deny_all")
     return PolicyStatusResponse(mode=mode, policy=view, enforcementMode="proxy")  # type: ignore[arg-type]
 
@@ -108,15 +110,13 @@ def change_policy(
 def replacing(request: Request, body: NetworkPolicy | None) -> PolicyEdit:
     """Replace the whole policy; None (empty body, `null`, `{}`) means deny everything."""
     policies = egress_of(request).policies
-    wanted = body.model_dump(by_alias=True, exclude_none=True) if body else None
-    return lambda current: policies.replace_opensandbox(current, wanted)
+    return lambda current: policies.replace_opensandbox(current, body)
 
 
 def patching(request: Request, rules: list[NetworkRule]) -> PolicyEdit:
     """Merge rules: same target overrides, new rules come first, first duplicate in the body wins."""
     policies = egress_of(request).policies
-    wire = [rule.model_dump() for rule in rules]
-    return lambda current: policies.patch_rules(current, wire)
+    return lambda current: policies.patch_rules(current, rules)
 
 
 def deleting(request: Request, targets: list[str]) -> PolicyEdit:
@@ -194,15 +194,17 @@ def delete_network_policy_rules(
     return change_policy(request, sandbox_id, NETWORK_POLICY_ACTOR, "networkpolicy delete", change, call)
 
 
+# The two routes below answer and take the policy file's JSON (`to_document`): sandgate.policy
+# checks a body and says where it is wrong (file:line style, a 400), not FastAPI (a 422).
 @router.get("/sandgate-policy")
-def get_sandgate_policy(request: Request, sandbox_id: str, actor: Actor) -> dict[str, Any]:
+def get_sandgate_policy(request: Request, sandbox_id: str, actor: Actor) -> dict[str, object]:
     """The sandgate policy document, its revision, and the effective policy (vault bindings added)."""
     egress = egress_of(request)
     state = run(egress.policy, sandbox_id)
     return {
         "revision": state.revision,
-        "policy": state.document,
-        "effective": egress.effective_policy(sandbox_id),
+        "policy": to_document(state.document),
+        "effective": to_document(egress.effective_policy(sandbox_id)),
     }
 
 
@@ -211,19 +213,20 @@ def put_sandgate_policy(
     request: Request,
     sandbox_id: str,
     actor: Actor,
-    policy: Annotated[dict[str, Any], Body(embed=True)],
+    policy: Annotated[PolicyJSON, Body(embed=True)],
     expected_revision: Annotated[int | None, Body(embed=True, alias="expectedRevision")] = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Replace the sandgate policy document (the credential vault's bindings stay on top of it)."""
+    egress = egress_of(request)
     state = run(
-        egress_of(request).change_policy,
+        egress.change_policy,
         sandbox_id,
-        lambda _current: policy,
+        lambda _current: egress.parse_policy(policy),
         actor,
         "sandgate-policy replace",
         expected_revision,
     )
-    return {"revision": state.revision, "policy": state.document}
+    return {"revision": state.revision, "policy": to_document(state.document)}
 
 
 # --- credential vault ---------------------------------------------------------------------------
@@ -247,13 +250,13 @@ def create_vault(
         None,
         must_exist=False,
     )
-    return public_state(state.revision, state.state)
+    return public_state(state.revision, state.document)
 
 
 @router.get("/credential-vault", response_model=CredentialVaultState, response_model_exclude_none=True)
 def get_vault(request: Request, sandbox_id: str, actor: Actor) -> CredentialVaultState:
     state = run(egress_of(request).vault_state, sandbox_id)
-    return public_state(state.revision, state.state)
+    return public_state(state.revision, state.document)
 
 
 @router.patch("/credential-vault", response_model=CredentialVaultState, response_model_exclude_none=True)
@@ -269,7 +272,7 @@ def patch_vault(
         body.expected_revision,
         must_exist=True,
     )
-    return public_state(state.revision, state.state)
+    return public_state(state.revision, state.document)
 
 
 @router.delete("/credential-vault", status_code=204, response_class=Response)
@@ -281,13 +284,13 @@ def delete_vault(request: Request, sandbox_id: str, actor: Actor) -> Response:
 @router.get("/credential-vault/credentials", response_model=CredentialListResponse)
 def list_credentials(request: Request, sandbox_id: str, actor: Actor) -> CredentialListResponse:
     state = run(egress_of(request).vault_state, sandbox_id)
-    return CredentialListResponse(revision=state.revision, credentials=credential_metadata(state.state))
+    return CredentialListResponse(revision=state.revision, credentials=credential_metadata(state.document))
 
 
 @router.get("/credential-vault/credentials/{name}", response_model=CredentialMetadata)
 def get_credential(request: Request, sandbox_id: str, name: str, actor: Actor) -> CredentialMetadata:
     state = run(egress_of(request).vault_state, sandbox_id)
-    return _one(credential_metadata(state.state), name, "credential")
+    return _one(credential_metadata(state.document), name, "credential")
 
 
 @router.get(
@@ -297,7 +300,7 @@ def get_credential(request: Request, sandbox_id: str, name: str, actor: Actor) -
 )
 def list_bindings(request: Request, sandbox_id: str, actor: Actor) -> CredentialBindingListResponse:
     state = run(egress_of(request).vault_state, sandbox_id)
-    return CredentialBindingListResponse(revision=state.revision, bindings=binding_metadata(state.state))
+    return CredentialBindingListResponse(revision=state.revision, bindings=binding_metadata(state.document))
 
 
 @router.get(
@@ -307,7 +310,7 @@ def list_bindings(request: Request, sandbox_id: str, actor: Actor) -> Credential
 )
 def get_binding(request: Request, sandbox_id: str, name: str, actor: Actor) -> CredentialBindingMetadata:
     state = run(egress_of(request).vault_state, sandbox_id)
-    return _one(binding_metadata(state.state), name, "binding")
+    return _one(binding_metadata(state.document), name, "binding")
 
 
 def _one[Item: (CredentialMetadata, CredentialBindingMetadata)](

@@ -4,25 +4,23 @@ The 1.1.1 clients reach these through the 18080 endpoint, which sandgate serves 
 control plane (never inside the sandbox). Rules:
 1. Shapes follow the OpenSandbox egress sidecar; unknown fields are refused (the sidecar's
    schema sets additionalProperties false), so a typo fails loudly instead of being ignored.
+   The binding shape, which the credential-vault state keeps, is in lifecycle/opensandbox_shapes.py.
 2. Credential values are write-only: they appear in requests, never in a response model.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import Field
 
-from sandgate.lifecycle.api.models import NetworkPolicy
-
-HeaderName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$")]
-# Credential names become part of vault entry names, so they use the vault's alphabet.
-Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
-BindingName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^\S+$")]
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+from sandgate.lifecycle.opensandbox_shapes import (
+    CredentialBinding,
+    CredentialMatch,
+    Name,
+    NetworkPolicy,
+    StrictModel,
+)
 
 
 class PolicyStatusResponse(StrictModel):
@@ -41,47 +39,6 @@ class InlineCredentialSource(StrictModel):
 class Credential(StrictModel):
     name: Name
     source: InlineCredentialSource
-
-
-class CredentialMatch(StrictModel):
-    schemes: list[Literal["https", "http"]] = Field(default=["https"])
-    ports: list[Annotated[int, Field(ge=1, le=65535)]] | None = None
-    hosts: list[Annotated[str, StringConstraints(min_length=1)]] = Field(min_length=1)
-    methods: list[str] = Field(default_factory=lambda: ["GET", "POST", "PUT", "PATCH", "DELETE"])
-    paths: list[str] = Field(default_factory=lambda: ["/*"])
-
-
-class CustomHeaderEntry(StrictModel):
-    name: HeaderName
-    credential: Name
-
-
-class CredentialSubstitution(StrictModel):
-    credential: Name
-    placeholder: str = Field(min_length=1)
-    in_: list[Literal["header", "query", "path", "body"]] = Field(alias="in", min_length=1)
-
-
-class CredentialAuth(StrictModel):
-    """One auth style; which fields are required depends on `type` (checked by the service)."""
-
-    type: Literal["bearer", "basic", "apiKey", "customHeaders", "passthrough"]
-    credential: Name | None = None
-    name: HeaderName | None = None
-    headers: list[CustomHeaderEntry] | None = None
-    substitutions: list[CredentialSubstitution] | None = None
-
-    def credential_names(self) -> list[str]:
-        names = [self.credential] if self.credential else []
-        names += [entry.credential for entry in self.headers or []]
-        names += [entry.credential for entry in self.substitutions or []]
-        return names
-
-
-class CredentialBinding(StrictModel):
-    name: BindingName
-    match: CredentialMatch
-    auth: CredentialAuth
 
 
 class CredentialVaultCreateRequest(StrictModel):

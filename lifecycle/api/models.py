@@ -1,7 +1,8 @@
 """Wire models of the OpenSandbox lifecycle API (the shapes the 1.1.1 clients send and parse).
 
 Rules:
-1. Field names on the wire are camelCase (aliases); Python code uses snake_case.
+1. Field names on the wire are camelCase (aliases); Python code uses snake_case (`WireModel`, with
+   the policy shapes the policy book speaks, is in lifecycle/opensandbox_shapes.py).
 2. Responses are serialised with `exclude_none`: the generated client crashes on explicit nulls
    (e.g. `isoparse(None)` for `expiresAt`), so a field without a value is left out.
 3. Requests accept unknown fields (as the reference server does) but validate every known one;
@@ -14,17 +15,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
+
+from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy, WireModel
 
 SandboxState = Literal[
     "Pending", "Running", "Pausing", "Paused", "Resuming", "Stopping", "Terminated", "Failed"
 ]
 SANDBOX_STATES: tuple[str, ...] = SandboxState.__args__  # type: ignore[attr-defined]
-
-
-class WireModel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
 
 class ErrorResponse(WireModel):
@@ -47,18 +45,6 @@ class ImageSpec(WireModel):
 class PlatformSpec(WireModel):
     os: str
     arch: str
-
-
-class NetworkRule(WireModel):
-    action: Literal["allow", "deny"]
-    target: str = Field(min_length=1, description="FQDN, `*.` wildcard, IP or CIDR")
-
-
-class NetworkPolicy(WireModel):
-    """The OpenSandbox egress policy shape (also the sidecar's /policy body)."""
-
-    default_action: Literal["allow", "deny"] | None = None
-    egress: list[NetworkRule] = Field(default_factory=list)
 
 
 class CredentialProxyConfig(WireModel):

@@ -129,9 +129,7 @@ def to_create_request(body: CreateSandboxRequest, host_volumes: HostVolumes) -> 
         platform=body.platform.model_dump() if body.platform else None,
         resource_limits=body.resource_limits or {},
         timeout=body.timeout,
-        network_policy=body.network_policy.model_dump(by_alias=True, exclude_none=True)
-        if body.network_policy
-        else None,
+        network_policy=body.network_policy,
         credential_proxy=bool(body.credential_proxy and body.credential_proxy.enabled),
         binds=tuple(host_volumes.bind(i, dict(volume)) for i, volume in enumerate(body.volumes or [])),
     )

@@ -17,9 +17,7 @@ from __future__ import annotations
 from sandgate.lifecycle.api.egress_models import (
     Credential,
     CredentialAuthMetadata,
-    CredentialBinding,
     CredentialBindingMetadata,
-    CredentialMatch,
     CredentialMetadata,
     CredentialVaultCreateRequest,
     CredentialVaultMutationRequest,
@@ -27,6 +25,7 @@ from sandgate.lifecycle.api.egress_models import (
 )
 from sandgate.lifecycle.credential_state import BindingEntry, CredentialEntry, VaultState
 from sandgate.lifecycle.errors import LifecycleError
+from sandgate.lifecycle.opensandbox_shapes import CredentialBinding
 
 Values = dict[str, str]  # vault entry name -> the value to write
 
@@ -94,11 +93,9 @@ def _build(
             name=credential.name, sourceType=credential.source.type, revision=revision, entry=entry
         )
     for binding in new_bindings:
-        bindings[binding.name] = BindingEntry(
-            name=binding.name, revision=revision, binding=binding.model_dump(by_alias=True, exclude_none=True)
-        )
+        bindings[binding.name] = BindingEntry(name=binding.name, revision=revision, binding=binding)
     for item in bindings.values():
-        auth = CredentialBinding.model_validate(item.binding).auth
+        auth = item.binding.auth
         unresolved = [name for name in auth.credential_names() if name not in credentials]
         if unresolved:
             raise LifecycleError(
@@ -127,13 +124,13 @@ def credential_metadata(state: VaultState) -> list[CredentialMetadata]:
 def binding_metadata(state: VaultState) -> list[CredentialBindingMetadata]:
     out = []
     for item in state.bindings:
-        binding = CredentialBinding.model_validate(item.binding)
+        auth = item.binding.auth
         out.append(
             CredentialBindingMetadata(
                 name=item.name,
                 revision=item.revision,
-                match=CredentialMatch.model_validate(binding.match.model_dump()),
-                auth=CredentialAuthMetadata(type=binding.auth.type, name=binding.auth.name),
+                match=item.binding.match,
+                auth=CredentialAuthMetadata(type=auth.type, name=auth.name),
             )
         )
     return out

@@ -24,7 +24,7 @@ class ConsoleSandbox(BaseModel):
     id: str
     status: str = "Running"
     address: str | None = None
-    policy: dict[str, Any] = Field(default_factory=dict)
+    policy: dict[str, Any] = Field(default_factory=dict)  # the policy file's JSON, shown as YAML
 
     @property
     def rule_count(self) -> int:

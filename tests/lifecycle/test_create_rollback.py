@@ -19,7 +19,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,13 +26,17 @@ from sandgate.lifecycle.cgroups import Limits
 from sandgate.lifecycle.credential_state import CredentialEntry, VaultState
 from sandgate.lifecycle.egress_control import EgressControl, PolicyChange, VaultBuild
 from sandgate.lifecycle.errors import LifecycleError
+from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy, NetworkRule
 from sandgate.lifecycle.policy_book import SandgatePolicies
 from sandgate.lifecycle.runtime.base import EXECD_PORT, SandboxNet, SandboxSpec, ping_execd
 from sandgate.lifecycle.sandbox_store import SandboxStore
 from sandgate.lifecycle.service import CreateRequest, Service
+from sandgate.policy import Policy, to_document
 from sandgate.proxy import SandboxEntry
 
-ALLOW_ONE = {"defaultAction": "deny", "egress": [{"action": "allow", "target": "api.example.test"}]}
+ALLOW_ONE = NetworkPolicy.model_validate(
+    {"defaultAction": "deny", "egress": [{"action": "allow", "target": "api.example.test"}]}
+)
 
 
 class Broken(Exception):
@@ -235,7 +238,7 @@ def rigged(made: Rig) -> Iterator[Rig]:
 
 
 def request(
-    policy: dict[str, Any] | None = ALLOW_ONE,
+    policy: NetworkPolicy | None = ALLOW_ONE,
     entrypoint: tuple[str, ...] = ("sleep", "infinity"),
     **limits: str,
 ) -> CreateRequest:
@@ -302,8 +305,9 @@ def test_a_sandbox_that_dies_at_start_fails_with_its_output(rig: Rig) -> None:
 
 
 def test_an_invalid_policy_is_refused_before_anything_is_built(rig: Rig) -> None:
+    misplaced_wildcard = NetworkRule(action="allow", target="*.*.example.test")
     with pytest.raises(LifecycleError) as raised:
-        rig.service.create(request({"egress": [{"action": "maybe", "target": "x.example.test"}]}))
+        rig.service.create(request(NetworkPolicy(egress=[misplaced_wildcard])))
     assert raised.value.kind == "invalid"
     rig.assert_nothing_left()
 
@@ -313,12 +317,10 @@ def test_a_policy_change_the_proxy_refuses_leaves_the_old_policy(rig: Rig) -> No
     before = rig.egress.policy(record.id)
     rig.proxy.fail = True
     with pytest.raises(Broken):
-        rig.egress.change_policy(
-            record.id, lambda doc: {**doc, "egress": []}, actor="test", what="egress replace"
-        )
+        rig.egress.change_policy(record.id, deny_all, actor="test", what="egress replace")
     after = rig.egress.policy(record.id)
     assert (after.revision, after.document) == (before.revision, before.document)
-    assert rig.proxy.entries[record.address or ""].policy == before.document
+    assert rig.proxy.entries[record.address or ""].policy == to_document(before.document)
 
 
 def test_a_policy_change_the_store_refuses_is_pushed_back(rig: Rig) -> None:
@@ -327,10 +329,14 @@ def test_a_policy_change_the_store_refuses_is_pushed_back(rig: Rig) -> None:
     before = rig.egress.policy(record.id)
     break_inserts(rig.store, "policies")
     with pytest.raises(sqlite3.IntegrityError, match="injected"):
-        rig.egress.change_policy(record.id, lambda doc: {**doc, "egress": []}, actor="test", what="replace")
+        rig.egress.change_policy(record.id, deny_all, actor="test", what="replace")
     assert rig.egress.policy(record.id) == before
-    assert rig.proxy.entries[record.address or ""].policy == before.document
+    assert rig.proxy.entries[record.address or ""].policy == to_document(before.document)
     assert rig.audit == [(record.id, "create")]
+
+
+def deny_all(_current: Policy) -> Policy:
+    return Policy(defaultAction="deny", egress=[])
 
 
 def one_credential(sandbox_id: str) -> VaultBuild:

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.sandbox_store import NotFound, RevisionConflict, SandboxRecord, SandboxStore, utcnow
+from sandgate.policy import Policy
 
 
 def record(sandbox_id: str = "sb1") -> SandboxRecord:
@@ -44,20 +46,53 @@ def test_missing_sandbox_raises_not_found(tmp_path: Path) -> None:
 def test_revisions_increase_and_conflicts_are_refused(tmp_path: Path) -> None:
     store = SandboxStore(tmp_path / "s.db")
     store.put_sandbox(record())
-    assert store.put_policy("sb1", {"defaultAction": "deny"}, expected_revision=0) == 1
-    assert store.put_policy("sb1", {"defaultAction": "allow"}, expected_revision=1) == 2
+    assert store.put_policy("sb1", Policy(defaultAction="deny"), expected_revision=0) == 1
+    assert store.put_policy("sb1", Policy(defaultAction="allow"), expected_revision=1) == 2
     with pytest.raises(RevisionConflict) as raised:
-        store.put_policy("sb1", {"defaultAction": "deny"}, expected_revision=1)
+        store.put_policy("sb1", Policy(defaultAction="deny"), expected_revision=1)
     assert raised.value.current == 2
     stored = store.get_policy("sb1")
-    assert stored is not None and stored.revision == 2 and stored.document == {"defaultAction": "allow"}
+    assert stored is not None and stored.revision == 2 and stored.document == Policy(defaultAction="allow")
+
+
+# Columns as a database written before the documents were typed holds them (to_document's key order).
+OLD_POLICY = (
+    '{"version": 1, "defaultAction": "deny", "mode": "enforce", "egress": [{"action": "allow", '
+    '"target": "api.example.com", "methods": ["GET"]}], "bindings": [{"name": "gh", "match": '
+    '{"hosts": ["api.example.com"], "schemes": ["https"], "ports": [443], "methods": ["GET"], '
+    '"paths": ["/*"]}, "auth": {"type": "bearer", "credential": "tok"}}]}'
+)
+OLD_VAULT = (
+    '{"credentials": [{"name": "tok", "sourceType": "inline", "revision": 1, "entry": "sb.sb1.tok.r1"}], '
+    '"bindings": [{"name": "gh", "revision": 1, "binding": {"name": "gh", "match": {"schemes": ["https"], '
+    '"hosts": ["api.example.com"], "methods": ["GET", "POST", "PUT", "PATCH", "DELETE"], "paths": ["/*"]}, '
+    '"auth": {"type": "bearer", "credential": "tok"}}}]}'
+)
+
+
+def test_documents_of_an_older_database_read_typed_and_write_back_the_same_json(tmp_path: Path) -> None:
+    store = SandboxStore(tmp_path / "s.db")
+    store.put_sandbox(record())
+    with store.transaction() as db:
+        db.execute("INSERT INTO policies VALUES ('sb1', 1, ?, '2026-01-01T00:00:00+00:00')", (OLD_POLICY,))
+        db.execute("INSERT INTO vaults VALUES ('sb1', 1, ?, '2026-01-01T00:00:00+00:00')", (OLD_VAULT,))
+    policy, vault = store.get_policy("sb1"), store.get_vault("sb1")
+    assert policy is not None and policy.document.bindings[0].name == "gh"
+    assert vault is not None and vault.document.entries() == {"tok": "sb.sb1.tok.r1"}
+    store.put_policy("sb1", policy.document, expected_revision=1)
+    store.put_vault("sb1", vault.document, expected_revision=1)
+    with store.transaction() as db:
+        columns = db.execute(
+            "SELECT p.document, v.state FROM policies p JOIN vaults v USING (sandbox_id)"
+        ).fetchone()
+    assert columns == (OLD_POLICY, OLD_VAULT)
 
 
 def test_deleting_a_sandbox_deletes_its_policy_and_vault(tmp_path: Path) -> None:
     store = SandboxStore(tmp_path / "s.db")
     store.put_sandbox(record())
-    store.put_policy("sb1", {}, expected_revision=0)
-    store.put_vault("sb1", {"credentials": []}, expected_revision=0)
+    store.put_policy("sb1", Policy(), expected_revision=0)
+    store.put_vault("sb1", VaultState(), expected_revision=0)
     store.delete_sandbox("sb1")
     assert store.get_policy("sb1") is None and store.get_vault("sb1") is None
 
