@@ -28,6 +28,7 @@ from sandgate.proxy.state import FLOW_KEY, ConnState, ProxyState, RequestState, 
 
 CLOSED = "closed"  # `event` of the record that closes a pass-through connection
 REVOKED = "revoked"  # `event` of the record of a connection a policy change closed
+HEADER_TIMEOUT = "header_timeout"  # `reason` of the security_event of a client too slow to start
 
 
 def addr(address: tuple[str, int] | None) -> str | None:

@@ -18,11 +18,9 @@ import asyncio
 
 from mitmproxy import connection, http
 
-from sandgate.proxy.auditing import security_event
+from sandgate.proxy.auditing import HEADER_TIMEOUT, security_event
 from sandgate.proxy.revocation import cancel_connection
 from sandgate.proxy.state import ProxyState
-
-HEADER_TIMEOUT = "header_timeout"
 
 
 class HeaderDeadlineAddon:

@@ -16,12 +16,18 @@ Rules:
    report-mode would-deny is an allow whose outcome is "report") plus the HTTP status a refusal
    is answered with. The audit record serialises that decision (`proxy/audit.py`).
 4. No I/O here: resolution happens in the addons, which hand the address back to `check_upstream`.
+5. A refused HTTP request is answered by `deny_response` (the verdict's status, reason and rule
+   as JSON), whichever addon refused it: addons share refusals through this module, never
+   through each other.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Any, Literal
+
+from mitmproxy import http
 
 from sandgate.policy import AMBIGUOUS_TARGET, Decision, Outcome, Request, RequestIdentity
 
@@ -70,6 +76,14 @@ class Verdict:
 def refusal(reason: str, rule: str | None = None, status: int = 403) -> Verdict:
     """A refusal the proxy makes itself, after or instead of the policy's decision."""
     return Verdict(Decision("deny", reason, rule), status)
+
+
+def deny_response(verdict: Verdict, host: str | None) -> http.Response:
+    """The answer to a refused HTTP request, whichever addon refused it (rule 5)."""
+    body = {"error": "egress denied", "host": host, "reason": verdict.reason, "rule": verdict.rule}
+    return http.Response.make(
+        verdict.status, json.dumps(body) + "\n", {"content-type": "application/json", "connection": "close"}
+    )
 
 
 def normalise_host(raw: str | None) -> str | None:

@@ -23,7 +23,6 @@ Rules:
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Literal
@@ -44,6 +43,7 @@ from sandgate.proxy.decide import (
     claimed_port,
     decide,
     decide_request,
+    deny_response,
     describe_claims,
     refusal,
 )
@@ -56,13 +56,6 @@ log = logging.getLogger(__name__)
 
 UNRESOLVED = "upstream-unresolvable"
 CREDITED_INTERCEPTED = "no SNI: name credited from this sandbox's DNS answers; intercepted"
-
-
-def deny_response(verdict: Verdict, host: str | None) -> http.Response:
-    body = {"error": "egress denied", "host": host, "reason": verdict.reason, "rule": verdict.rule}
-    return http.Response.make(
-        verdict.status, json.dumps(body) + "\n", {"content-type": "application/json", "connection": "close"}
-    )
 
 
 @dataclass(frozen=True)
@@ -318,4 +311,4 @@ def _absolute_authority(request: http.Request) -> str | None:
     return request.authority or None
 
 
-__all__ = ["IDENTITY_MISMATCH", "EnforcementAddon", "deny_response"]
+__all__ = ["IDENTITY_MISMATCH", "EnforcementAddon"]

@@ -47,9 +47,8 @@ from mitmproxy.proxy.layers.tls import parse_client_hello
 from mitmproxy.proxy.mode_servers import ServerInstance
 from mitmproxy.tls import ClientHello
 
-from sandgate.proxy.auditing import closed, security_event
+from sandgate.proxy.auditing import HEADER_TIMEOUT, closed, security_event
 from sandgate.proxy.config import ConnectionLimits, ProxyConfig
-from sandgate.proxy.deadline import HEADER_TIMEOUT
 from sandgate.proxy.enforcement import EnforcementAddon
 from sandgate.proxy.fairness import REFUSAL_WINDOW, TOO_FAST, Admission, RefusalWindows
 from sandgate.proxy.resolver import normalise_ip

@@ -24,9 +24,8 @@ from collections.abc import Callable
 from mitmproxy import http
 
 from sandgate.proxy.auditing import security_event
-from sandgate.proxy.decide import refusal
-from sandgate.proxy.enforcement import deny_response
-from sandgate.proxy.state import FLOW_KEY, ProxyState, RequestState, Sandbox
+from sandgate.proxy.decide import deny_response, refusal
+from sandgate.proxy.state import BODY_KEY, FLOW_KEY, ProxyState, RequestState, Sandbox
 from sandgate.vault import VaultError
 
 log = logging.getLogger(__name__)
@@ -34,7 +33,6 @@ log = logging.getLogger(__name__)
 NEVER_INJECT = frozenset({"TRACE", "CONNECT"})
 PLACEHOLDER_MISUSE = "placeholder-outside-binding"
 CREDENTIAL_UNAVAILABLE = "credential-unavailable"
-BODY_KEY = "sandgate.body-placeholders"  # flow.metadata: substitute in the body at `request`
 
 
 class InjectionAddon:

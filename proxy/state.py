@@ -35,6 +35,7 @@ from sandgate.proxy.tcpinfo import KernelCounters
 
 FLOW_KEY = "sandgate"  # flow.metadata key of a RequestState
 SCRUB_KEY = "sandgate.scrub"  # flow.metadata: the SandboxCredentials whose values the answer loses
+BODY_KEY = "sandgate.body-placeholders"  # flow.metadata: injection substitutes in the body at `request`
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,8 @@ from mitmproxy.net.http.headers import parse_content_type
 
 from sandgate.proxy.credentials import SandboxCredentials
 from sandgate.proxy.decoding import BodyDecoder, BodyRefused, UnknownCoding, codings
-from sandgate.proxy.injection import BODY_KEY
 from sandgate.proxy.scrubbing import BodyScrub
-from sandgate.proxy.state import FLOW_KEY, SCRUB_KEY, RequestState
+from sandgate.proxy.state import BODY_KEY, FLOW_KEY, SCRUB_KEY, RequestState
 
 BODYLESS_STATUS = (204, 304)
 RANGE_HEADERS = ("range", "if-range")
