@@ -9,10 +9,12 @@ import re
 import secrets
 from urllib.parse import quote, quote_plus
 
+import ahocorasick_rs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandgate.vault import REDACTED, Redactor
+from sandgate.vault.redact import ZERO_RUN, encoded_forms
 from tests.support.tiers import examples
 
 TOKEN = "ghp_R3dact0r-Test+Value/42"
@@ -183,3 +185,69 @@ def test_utf16_forms_survive_any_chunking() -> None:
         stream = r.stream()
         out = b"".join(stream.feed(body[i : i + size]) for i in range(0, len(body), size)) + stream.flush()
         assert out == r.redact(body) and secret.encode("utf-16-le") not in out
+
+
+# -- runs of zero bytes are stepped over (rule 6): the result is one search over the whole -----
+
+
+def one_search(values: list[str], data: bytes) -> bytes:
+    """Redaction by one leftmost-longest search of every form over all of `data`."""
+    forms: dict[bytes, str] = {}
+    for value in values:
+        forms.update(encoded_forms(value))
+    patterns = sorted(forms)
+    automaton = ahocorasick_rs.BytesAhoCorasick(patterns, matchkind=ahocorasick_rs.MatchKind.LeftmostLongest)
+    out, cursor = [], 0
+    for index, start, end in automaton.find_matches_as_indexes(data):
+        out += [data[cursor:start], REDACTED.decode().encode(forms[patterns[index]])]
+        cursor = end
+    return b"".join([*out, data[cursor:]])
+
+
+# characters whose UTF-16 forms hold zero bytes (ASCII, Latin-1, U+0100, U+4E00) and NUL itself
+ZERO_PRONE = st.text(alphabet=st.sampled_from("\x00a0Z/-\u00e9\u0100\u4e00"), min_size=1, max_size=10)
+ZERO_RUNS = st.sampled_from([0, 1, 2, 3, 127, 128, 129, ZERO_RUN - 1, ZERO_RUN, ZERO_RUN + 1, 700])
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    values=st.lists(st.one_of(st.just("bench-secret-7f3a9c2e5d1b"), ZERO_PRONE), min_size=1, max_size=3),
+    parts=st.lists(
+        st.tuples(ZERO_RUNS, st.integers(min_value=0), st.booleans(), st.binary(max_size=8)), max_size=8
+    ),
+    cuts=st.lists(st.integers(min_value=0, max_value=6000), max_size=6),
+)
+def test_zero_runs_change_no_match(
+    values: list[str], parts: list[tuple[int, int, bool, bytes]], cuts: list[int]
+) -> None:
+    """Forms next to, between and inside zero runs of every length around ZERO_RUN are redacted
+    exactly as one search over the whole body would, streamed or not."""
+    r = Redactor(values)
+    forms = sorted({form for value in values for form in encoded_forms(value)})
+    data = b"".join(
+        bytes(zeros) + (forms[pick % len(forms)] if with_form else b"") + filler
+        for zeros, pick, with_form, filler in parts
+    )
+    whole = one_search(values, data)
+    assert r.redact(data) == whole
+    assert chunked(r, data, [c for c in cuts if c <= len(data)]) == whole
+
+
+def test_every_form_against_zero_runs_on_either_side() -> None:
+    values = ["bench-secret-7f3a9c2e5d1b", "tok-\u00e9\u0100-9"]
+    r = Redactor(values)
+    lengths = (0, 1, ZERO_RUN - 1, ZERO_RUN, ZERO_RUN + 1, 3 * ZERO_RUN)
+    for form in {form for value in values for form in encoded_forms(value)}:
+        for before, after in itertools.product(lengths, repeat=2):
+            data = bytes(before) + form + bytes(after) + form
+            assert r.redact(data) == one_search(values, data), (form, before, after)
+            assert form not in r.redact(data)
+
+
+def test_a_form_of_zeros_turns_skipping_off() -> None:
+    """A secret that is all zero bytes (or holds ZERO_RUN // 2 of them in a row) is found
+    inside a zero run too."""
+    for value in ("\x00\x00", "a" + "\x00" * (ZERO_RUN // 2) + "b"):
+        data = bytes(3 * ZERO_RUN) + value.encode() + bytes(3 * ZERO_RUN)
+        assert Redactor([value]).redact(data) == one_search([value], data)
+        assert value.encode() not in Redactor([value]).redact(data)
