@@ -33,6 +33,8 @@ class Scrubber:
         # Every proper prefix of every form: what the tail of a chunk may be the start of.
         self._prefixes = frozenset(form[:n] for form in forms for n in range(1, len(form)))
         self._first_bytes = frozenset(form[0] for form in forms)
+        # Every two bytes in a row in a proper prefix: a prefix of 2+ bytes ends with one of them.
+        self._pairs = frozenset(form[n - 2 : n] for form in forms for n in range(2, len(form)))
         # Early release is only sound for exactly the forms the redactor looks for; should the
         # vault ever derive others, fall back to its own (longer) hold rather than risk a leak.
         self._releases_early = len(forms) == self.redactor.pattern_count
@@ -54,8 +56,10 @@ class Scrubber:
 
     def may_continue(self, tail: bytes) -> bool:
         """Could some suffix of `tail` be the beginning of a secret form?"""
-        if not self._releases_early:
+        if not self._releases_early or tail[-1:] in self._prefixes:
             return True
+        if tail[-2:] not in self._pairs:
+            return False  # the one check most chunks need: no suffix of 2+ bytes can be a prefix
         first_bytes, prefixes = self._first_bytes, self._prefixes
         return any(tail[i] in first_bytes and tail[i:] in prefixes for i in range(len(tail)))
 

@@ -75,6 +75,34 @@ def test_early_release_knows_exactly_the_redactors_forms() -> None:
     )
 
 
+ALL_FORMS = sorted({form for value in (SECRET, "user:pa55word-xyz") for form in secret_forms(value)})
+
+
+@settings(max_examples=examples(500), deadline=None)
+@given(
+    pieces=st.lists(
+        st.one_of(
+            st.binary(max_size=6),
+            st.sampled_from([b"\0", b"\n", b"sk-"]),
+            st.builds(
+                lambda form, n: form[:n], st.sampled_from(ALL_FORMS), st.integers(0, 3) | st.integers(0, 90)
+            ),
+        ),
+        max_size=6,
+    )
+)
+def test_may_continue_is_true_exactly_when_a_suffix_begins_a_form(pieces: list[bytes]) -> None:
+    """The early-release check against its definition, for tails ending in any piece of any form
+    (UTF-16 ones included) or in bytes that begin none."""
+    tail = b"".join(pieces)[-SCRUBBER.hold :]
+    begins_a_form = any(
+        form.startswith(tail[i:]) and len(tail) - i < len(form)
+        for i in range(len(tail))
+        for form in ALL_FORMS
+    )
+    assert SCRUBBER.may_continue(tail) is begins_a_form
+
+
 # -- the channels of issue 15, in process -----------------------------------------------------
 
 import gzip  # noqa: E402
