@@ -8,39 +8,25 @@ Rules:
    the overlay and lives as long as the sandbox.
 2. Files the runtime puts into a sandbox root (resolv.conf, the CA bundle, execd's env file)
    are written by runtime/sandbox_root.py, never through a path an image's symlink can bend.
-3. Every process of a sandbox joins its cgroup before it runs anything (the launch shell writes
-   its PID, then execs nsenter -> bwrap), so delete = kill the cgroup, unmount, remove the dir.
-4. Sandbox processes are uid 0 with a reduced capability set (`SANDBOX_CAPS`): nothing that could
-   undo the isolation (no CAP_SYS_ADMIN to unmount binds, no CAP_NET_ADMIN/NET_RAW to change or
-   spoof addresses, no CAP_MKNOD to reach host devices, no CAP_SYS_PTRACE to read execd, no
-   CAP_SYSLOG), and a seccomp filter denies syslog(2) (`seccomp.DENY_KERNEL_LOG`).
-5. `sandgate/host` is an allowlist, never the host's root minus masks: the host's system dirs
+3. How a sandbox's processes start (cgroup first, capabilities, seccomp, environment, execd's
+   token, the binds of execd's Python) is runtime/launch.py; this runtime adds a seccomp filter
+   that denies syslog(2) (`seccomp.DENY_KERNEL_LOG`). Delete = kill the cgroup, unmount, remove
+   the dir.
+4. `sandgate/host` is an allowlist, never the host's root minus masks: the host's system dirs
    read-only, a curated /etc, private /tmp, /home, /root, /run, /var (see lifecycle/images.py).
-   The Python that runs execd (venv, prefix, the execd package) is bound read-only into every
-   image at the same paths, and so are the operator's `binds`.
-6. Sandboxes outlive the server (own session, no die-with-parent); `adopt` finds them again by
+5. Sandboxes outlive the server (own session, no die-with-parent); `adopt` finds them again by
    their state directories and cgroups and removes the rest.
-7. Nothing of the server's environment enters a sandbox: every hop of the launch chain (sh,
-   nsenter, bwrap, the launcher) starts from `LAUNCH_ENV`, and bwrap gives the launcher only the
-   sandbox's own env (`--clearenv`). No hop's argv holds a secret.
-8. execd's access token never appears in a process's argv or environment: the launch chain's
-   stdin is a pipe that carries it to the launcher, which first makes itself non-dumpable (its
-   memory and /proc entries are then closed to the sandbox's processes, which lack
-   CAP_SYS_PTRACE), reads it, puts /dev/null in its place for the entrypoint, and hands it to
-   execd in-process.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -48,16 +34,9 @@ from pydantic import BaseModel
 from sandgate.lifecycle.cgroups import Limits, SandboxCgroup
 from sandgate.lifecycle.images import HostRoot, Image, ImageStore
 from sandgate.lifecycle.kernel import instance_tag, mount, umount
-from sandgate.lifecycle.runtime.base import (
-    EXECD_PORT,
-    BindMount,
-    RuntimeError_,
-    SandboxNet,
-    SandboxSpec,
-    wait_for_execd,
-)
+from sandgate.lifecycle.runtime.base import BindMount, RuntimeError_, SandboxNet, SandboxSpec, wait_for_execd
+from sandgate.lifecycle.runtime.launch import Launch, hand_over_token, python_paths, start_chain
 from sandgate.lifecycle.runtime.sandbox_root import (
-    DEFAULT_PATH,
     EXECD_ENV_FILE,
     ensure_dir,
     env_file_value,
@@ -66,55 +45,6 @@ from sandgate.lifecycle.runtime.sandbox_root import (
     write_file,
 )
 from sandgate.lifecycle.runtime.seccomp import DENY_KERNEL_LOG, deny_syscalls, filter_fd
-
-SANDBOX_CAPS = (
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FOWNER",
-    "CAP_FSETID",
-    "CAP_KILL",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETPCAP",
-    "CAP_SETFCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT",
-    "CAP_AUDIT_WRITE",
-)
-# The whole environment of the launch chain's host-side hops (sh, nsenter, bwrap): bwrap's PID 1
-# inside the sandbox keeps it, so it must hold nothing of the server's.
-LAUNCH_ENV = {"PATH": DEFAULT_PATH}
-# PR_SET_DUMPABLE(4) 0 comes first: before the token is read and before the entrypoint exists.
-# argv: N, the entrypoint's N words, execd's package parent dir, its site-packages, execd's args;
-# stdin: execd's token (empty for none; passed as --token=T, since a token may start with '-'),
-# then /dev/null for the entrypoint.
-# Starts the entrypoint, then becomes execd in the same interpreter (-I -S: no site, no .pth
-# processing, no second interpreter start-up); `sandgate` is a bare package whose path is the
-# parent of the execd package, so `sandgate.execd` imports from where it is installed.
-LAUNCHER = (
-    "import os,sys,ctypes;ctypes.CDLL(None).prctl(4,0,0,0,0);"
-    "t=os.read(0,4096).decode();os.dup2(os.open('/dev/null',os.O_RDONLY),0);"
-    "n=int(sys.argv[1]);e=sys.argv[2:2+n];p,s,*x=sys.argv[2+n:];"
-    "e and os.posix_spawnp(e[0],e,os.environ);sys.path[:0]=[s];m=type(sys)('sandgate');"
-    "m.__path__=[p];sys.modules['sandgate']=m;from sandgate.execd.__main__ import main;"
-    "main(x+['--token='+t] if t else x)"
-)
-# Prints where execd's Python lives and compiles execd's bytecode (sandboxes see it read-only,
-# so without a precompiled __pycache__ every sandbox would compile execd from source).
-_PYTHON_PATHS = (
-    "import sys,sysconfig,compileall,importlib.util as u;s=u.find_spec('sandgate.execd');"
-    "d=s.submodule_search_locations if s else [];[compileall.compile_dir(p,quiet=2) for p in d];"
-    "print(sysconfig.get_paths()['purelib'],sys.prefix,sys.base_prefix,*d,sep='\\n')"
-)
-
-
-@dataclass(frozen=True)
-class ExecdPython:
-    """Where the Python that runs execd lives; `binds` are made read-only in every sandbox."""
-
-    site_packages: str
-    package_dir: str
-    binds: list[str]
 
 
 class LocalSandboxState(BaseModel):
@@ -149,7 +79,7 @@ class LocalRuntime:
         self.seccomp_bpf = seccomp_bpf
         self.binds = list(binds)
         self._kernel_log_filter = deny_syscalls(DENY_KERNEL_LOG)
-        self.execd_paths = _python_paths(execd_python)
+        self.execd_paths = python_paths(execd_python)
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- the Runtime protocol ---------------------------------------------------------------
@@ -319,50 +249,21 @@ class LocalRuntime:
         try:
             if self.seccomp_bpf:
                 filters.append(os.open(self.seccomp_bpf, os.O_RDONLY))
-            bwrap = self._bwrap_argv(spec, net, host, env, box, filters)
-            joins = " && ".join(f"echo $$ > {shlex.quote(str(path))}" for path in cgroup.procs_files())
-            argv = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sandgate-launch"]
-            argv += ["nsenter", f"--net={net.netns_path}", "--", *bwrap]
-            with open(box / "output.log", "ab") as log:
-                process = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.PIPE,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=LAUNCH_ENV,
-                    cwd="/",  # the shell exports PWD: the server's directory is not the sandbox's business
-                    start_new_session=True,
-                    pass_fds=filters,
-                )
+            launch = Launch(
+                root=box / "root",
+                env=env,
+                ro_binds=host.binds if host is not None else (),
+                binds=(*self.binds, *spec.binds),
+                seccomp_fds=filters,
+                execd_python=self.execd_python,
+                execd=self.execd_paths,
+            )
+            process = start_chain(spec, net, launch, cgroup.procs_files(), box / "output.log")
             self._processes[spec.sandbox_id] = process
-            _hand_over_token(process, spec.execd_token or "")
+            hand_over_token(process, spec.execd_token or "")
         finally:
             for fd in filters:
                 os.close(fd)
-
-    def _bwrap_argv(
-        self,
-        spec: SandboxSpec,
-        net: SandboxNet,
-        host: HostRoot | None,
-        env: dict[str, str],
-        box: Path,
-        seccomp_fds: list[int],
-    ) -> list[str]:
-        argv = ["bwrap", "--bind", str(box / "root"), "/", "--proc", "/proc", "--dev", "/dev"]
-        system = host.binds if host is not None else ()
-        argv += [word for path in (*system, *self.execd_paths.binds) for word in ("--ro-bind", path, path)]
-        argv += [word for bind in (*self.binds, *spec.binds) for word in bind.bwrap_args()]
-        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-        argv += ["--hostname", "sandbox", "--new-session", "--cap-drop", "ALL"]
-        argv += [word for cap in SANDBOX_CAPS for word in ("--cap-add", cap)]
-        argv += ["--chdir", "/workspace", "--clearenv"]
-        argv += [word for key, value in env.items() for word in ("--setenv", key, value)]
-        argv += [word for fd in seccomp_fds for word in ("--add-seccomp-fd", str(fd))]
-        execd = [os.path.dirname(self.execd_paths.package_dir), self.execd_paths.site_packages]
-        execd += ["--host", net.address, "--port", str(EXECD_PORT)]
-        entrypoint = [str(len(spec.entrypoint)), *spec.entrypoint]
-        return [*argv, "--", self.execd_python, "-I", "-S", "-c", LAUNCHER, *entrypoint, *execd]
 
 
 def _mount_overlay(lower: Path, box: Path) -> None:
@@ -376,32 +277,3 @@ def _mount_overlay(lower: Path, box: Path) -> None:
     finally:
         for fd in fds:
             os.close(fd)
-
-
-def _hand_over_token(process: subprocess.Popen[bytes], token: str) -> None:
-    """Write the token into the launch chain's stdin and close it (one write of a few bytes: a
-    pipe takes it at once). A chain that already died is reported by `wait_ready`."""
-    assert process.stdin is not None
-    try:
-        if token:
-            os.write(process.stdin.fileno(), token.encode())
-    except BrokenPipeError:
-        pass
-    finally:
-        process.stdin.close()
-
-
-def _python_paths(python: str) -> ExecdPython:
-    """Ask execd's Python where it lives (venv, prefix, site-packages, the execd package)."""
-    result = subprocess.run([python, "-I", "-c", _PYTHON_PATHS], capture_output=True, text=True, timeout=60)
-    if result.returncode != 0:
-        raise RuntimeError_(
-            f"cannot ask {python} where it lives (is it a Python with sandgate?): {result.stderr}"
-        )
-    paths = [line for line in result.stdout.splitlines() if line]
-    if len(paths) < 4:
-        raise RuntimeError_(f"{python} cannot import sandgate.execd; install sandgate into that Python")
-    site_packages, package_dir, binds = paths[0], paths[3], paths[1:]
-    if not any(Path(site_packages).is_relative_to(path) for path in binds):
-        binds.append(site_packages)
-    return ExecdPython(site_packages, package_dir, list(dict.fromkeys(binds)))
