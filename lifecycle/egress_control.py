@@ -169,11 +169,14 @@ class EgressControl:
         self.proxy.drop_sandbox(address)
 
     def repush(self) -> int:
-        """Push every live sandbox's entry to the proxy (after the proxy (re)started)."""
+        """Push every live sandbox's entry to the proxy (after the proxy (re)started). Under the
+        sandbox's lock (rule 4): an egress change under way persists first and this push reads
+        it, instead of putting back the policy that change replaced."""
         count = 0
         for record in self.store.list_sandboxes():
             if record.address and record.state in LIVE_STATES:
-                self.push(record)
+                with self.locks(record.id):
+                    self.push(record)
                 count += 1
         return count
 

@@ -339,6 +339,34 @@ def deny_all(_current: Policy) -> Policy:
     return Policy(defaultAction="deny", egress=[])
 
 
+def test_a_repush_never_puts_back_the_policy_a_change_replaced(rig: Rig) -> None:
+    """The supervisor's repush after a proxy restart reads a sandbox's policy, and a change of
+    that policy lands before the repush's push does: the proxy must end with the new policy."""
+    record = rig.service.create(request())
+    reached, release = threading.Event(), threading.Event()
+    put = rig.proxy.put_sandbox
+
+    def held_put(entry: SandboxEntry) -> None:
+        if threading.current_thread().name == "repush":
+            reached.set()
+            release.wait(30)
+        put(entry)
+
+    rig.proxy.put_sandbox = held_put  # type: ignore[method-assign]
+    repush = threading.Thread(target=rig.egress.repush, name="repush")
+    change = threading.Thread(target=rig.egress.change_policy, args=(record.id, deny_all, "test", "replace"))
+    repush.start()
+    assert reached.wait(30)
+    change.start()
+    change.join(1.0)  # without the sandbox's lock the change is done here, the repush still held
+    release.set()
+    for thread in (repush, change):
+        thread.join(30)
+    stored = rig.egress.policy(record.id)
+    assert stored.revision == 2
+    assert rig.proxy.entries[record.address or ""].policy == to_document(stored.document)
+
+
 def one_credential(sandbox_id: str) -> VaultBuild:
     """A vault change that writes one credential value (no binding)."""
 
