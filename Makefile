@@ -21,9 +21,13 @@ test: bootstrap
 	$(VENV)/pytest $(PYTEST_ARGS)
 
 # Every test not marked `root` (tests/conftest.py skips those for non-root users anyway), each
-# property with a fifth of its examples (tests/support/tiers.py); `make test` runs them all.
+# property with a fifth of its examples (tests/support/tiers.py); `make test` runs them all, one
+# at a time (the root tests share one network namespace). The fast tier runs in FAST_WORKERS
+# pytest-xdist workers, each test module whole on one worker so its module-scoped servers
+# (execd, chromium) start once; docs/benchmarks.md has the measurements behind the default.
+FAST_WORKERS ?= 2
 test-fast: bootstrap
-	SANDGATE_TEST_TIER=fast $(VENV)/pytest -m "not root" $(PYTEST_ARGS)
+	SANDGATE_TEST_TIER=fast $(VENV)/pytest -m "not root" -n $(FAST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 bench: bootstrap
 	$(VENV)/python -m bench

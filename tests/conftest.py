@@ -11,8 +11,10 @@ In the fast tier (`make test-fast`) properties run fewer examples (tests/support
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -33,6 +35,18 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     os.unshare(os.CLONE_NEWNET)
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+
+
+# A module whose tests all need root says so in one line (`pytestmark = pytest.mark.root`).
+ROOT_MODULE = re.compile(r"^pytestmark = pytest\.mark\.root$", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under `-m "not root"` (make test-fast) a root module is not even imported: all its tests
+    would be deselected, after imports (SDKs, schemathesis, ...) that cost each worker a second."""
+    if config.getoption("markexpr") != "not root" or not collection_path.match("test_*.py"):
+        return None
+    return True if ROOT_MODULE.search(collection_path.read_text()) else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
