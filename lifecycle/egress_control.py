@@ -25,9 +25,9 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sandgate.lifecycle.audit import PolicyChange
 from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.errors import LifecycleError, quietly
 from sandgate.lifecycle.policy_book import PolicyBook, PolicyJSON
@@ -48,21 +48,6 @@ LIVE_STATES = ("Running", "Paused", "Pausing", "Resuming")  # states whose sandb
 
 EgressState = Revisioned[Policy]  # a sandbox's policy and the revision it was stored as
 VaultRevision = Revisioned[VaultState]  # its credential-vault state and that revision
-
-
-@dataclass(frozen=True)
-class PolicyChange:
-    """The detail of one `policy_change` audit record: whole documents (policy or vault state:
-    rule, binding and vault entry names, never a value), so the console can diff them."""
-
-    actor: str
-    change: str
-    old_revision: int
-    revision: int
-    old_digest: str | None
-    new_digest: str
-    old: dict[str, Any] | None  # the audited JSON of a policy or a vault state: the console diffs
-    new: dict[str, Any]  # either as YAML, and reads records written by every earlier version
 
 
 class ProxyControlClient(Protocol):

@@ -13,10 +13,9 @@ Rules:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +24,7 @@ from sandgate.lifecycle.settings import Settings
 if TYPE_CHECKING:
     from fastapi import APIRouter
 
-    from sandgate.lifecycle.audit import AuditIndex, AuditStore
-    from sandgate.lifecycle.egress_control import PolicyChange
+    from sandgate.lifecycle.audit import AuditIndex, AuditStore, PolicyChange
     from sandgate.lifecycle.network import SandboxNetworks
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
     from sandgate.lifecycle.runtime.base import BindMount
@@ -121,7 +119,7 @@ def policy_change_writer(audit_path: Path) -> Callable[[str, str, PolicyChange],
     from sandgate.proxy import AuditRecord, append_record
 
     def write(sandbox_id: str, what: str, change: PolicyChange) -> None:
-        decision = Decision("allow", what, detail=json.dumps(asdict(change), sort_keys=True))
+        decision = Decision("allow", what, detail=change.to_detail())
         append_record(
             audit_path, AuditRecord.of("policy_change", sandbox_id, "control-plane", decision, event=what)
         )

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from sandgate.lifecycle.audit.audit_store import AuditStore
 from sandgate.lifecycle.audit.index import AuditIndex, IngestResult, Retention
 from sandgate.lifecycle.audit.ocsf import OCSF_VERSION, to_ocsf
+from sandgate.lifecycle.audit.policy_change import PolicyChange
 from sandgate.lifecycle.audit.query import AuditFilter, Cursor, Page, QueryError, Summary, parse_time
 from sandgate.lifecycle.audit.reader import Position, RotatingLog
 from sandgate.lifecycle.audit.record import SCHEMA_VERSION, AuditRecord, format_ts, to_micros
@@ -29,6 +30,7 @@ __all__ = [
     "Cursor",
     "IngestResult",
     "Page",
+    "PolicyChange",
     "Position",
     "QueryError",
     "Retention",

@@ -4,6 +4,6 @@ Mount with `console_router(store, verify_key, sandboxes)`; see docs/audit.md.
 """
 
 from sandgate.lifecycle.console.routes import COOKIE, console_router
-from sandgate.lifecycle.console.views import ConsoleSandbox, PolicyChange
+from sandgate.lifecycle.console.views import ConsoleSandbox
 
-__all__ = ["COOKIE", "ConsoleSandbox", "PolicyChange", "console_router"]
+__all__ = ["COOKIE", "ConsoleSandbox", "console_router"]

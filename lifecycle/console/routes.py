@@ -28,9 +28,9 @@ import jinja2
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response, StreamingResponse
 
-from sandgate.lifecycle.audit import AuditFilter, AuditStore, QueryError
+from sandgate.lifecycle.audit import AuditFilter, AuditStore, PolicyChange, QueryError
 from sandgate.lifecycle.audit.routes import sse_events
-from sandgate.lifecycle.console.views import ConsoleSandbox, PolicyChange, policy_diff, policy_yaml
+from sandgate.lifecycle.console.views import ConsoleSandbox, policy_diff, policy_yaml
 from sandgate.lifecycle.visible import visible, visible_record
 from sandgate.policy import OUTCOMES
 from sandgate.proxy.audit import RECORD_KINDS

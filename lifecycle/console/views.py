@@ -1,19 +1,20 @@
 """What the console pages show, computed from the audit index and the sandbox list; no HTTP here.
 
 Rules: pure functions from index/sandbox data to template values. Policy diffs come from
-policy_change records whose `detail` is the JSON summary lifecycle writes (docs/audit.md):
-`{"actor", "revision", "old_digest", "new_digest", "old", "new"}` where old/new are the policy
-documents (they hold rule and binding names, never secret values).
+policy_change records whose `detail` is a `PolicyChange` (lifecycle/audit/policy_change.py,
+docs/audit.md): old/new are the policy or vault-state documents (rule and binding names, never
+secret values).
 """
 
 from __future__ import annotations
 
 import difflib
-import json
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
+
+from sandgate.lifecycle.audit import PolicyChange
 
 
 class ConsoleSandbox(BaseModel):
@@ -37,31 +38,6 @@ class ConsoleSandbox(BaseModel):
         if isinstance(bindings, dict):
             return sorted(bindings)
         return [str(b.get("name")) for b in bindings if isinstance(b, dict)]
-
-
-class PolicyChange(BaseModel):
-    """The parsed `detail` of a policy_change record; tolerant of missing fields."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    actor: str | None = None
-    revision: int | str | None = None
-    old_digest: str | None = None
-    new_digest: str | None = None
-    old: dict[str, Any] | None = None
-    new: dict[str, Any] | None = None
-
-    @property
-    def has_documents(self) -> bool:
-        return self.old is not None or self.new is not None
-
-    @classmethod
-    def from_detail(cls, detail: str | None) -> PolicyChange:
-        try:
-            data = json.loads(detail or "{}")
-        except ValueError:
-            return cls()
-        return cls.model_validate(data) if isinstance(data, dict) else cls()
 
 
 def policy_yaml(document: dict[str, Any] | None) -> str:

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from sandgate.lifecycle.audit import PolicyChange
 from sandgate.lifecycle.cgroups import Limits
 from sandgate.lifecycle.credential_state import CredentialEntry, VaultState
-from sandgate.lifecycle.egress_control import EgressControl, PolicyChange, VaultBuild
+from sandgate.lifecycle.egress_control import EgressControl, VaultBuild
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy, NetworkRule
 from sandgate.lifecycle.policy_book import SandgatePolicies
