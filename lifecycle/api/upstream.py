@@ -11,11 +11,17 @@ Rules:
 2. A connection goes back to the pool only when both messages ended cleanly and h11 agrees it
    can carry another (`start_next_cycle`); anything else (an error, a consumer that stopped
    reading, `Connection: close`) closes it.
-3. Bodies stream both ways, never buffered: the request body as the client sends it, the
-   answer as `Exchange.body()` yields it. A bodyless request that meets a pooled connection the
-   peer has closed meanwhile is sent once more on a new one; a request with a body is not
-   (its body was already consumed), nor is a non-idempotent one (RFC 9110 9.2.2).
-4. Fields are passed as given (order, repeats, case); only Host and the framing of a body whose
+3. Bodies stream both ways: the request body as the client sends it, the answer as
+   `Exchange.body()` yields it.
+4. A pooled connection may have been closed by the sandbox after its last answer without our
+   seeing it yet (a server that closes without `Connection: close`, or its idle timeout racing
+   ours). A request sent on one that ends before a single byte of answer came back is sent once
+   more on a new connection, whatever its method: the server closed the connection without
+   taking the request (RFC 9110 9.2.2, "some means to detect that the original request was
+   never applied"), as browsers resend on a reused connection. So the request must be sendable
+   twice: on a pooled connection a body of known length up to `REPLAYABLE_BYTES` is read first;
+   a longer or unframed one goes on a new connection instead.
+5. Fields are passed as given (order, repeats, case); only Host and the framing of a body whose
    length is unknown (chunked) are added here.
 """
 
@@ -29,7 +35,7 @@ from dataclasses import dataclass, field
 
 import h11
 
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})  # RFC 9110 9.2.2: safe to resend
+REPLAYABLE_BYTES = 64 * 1024  # rule 4
 IDLE_PER_TARGET = 16
 IDLE_SECONDS = 4.0
 CONNECT_TIMEOUT = 10.0
@@ -42,12 +48,17 @@ class UpstreamError(Exception):
     """The sandbox's port did not answer (refused, reset, or closed before a response)."""
 
 
+class ClosedUnanswered(UpstreamError):
+    """The connection ended before a single byte of the answer (rule 4)."""
+
+
 @dataclass
 class Connection:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     protocol: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT, READ_SIZE))
     idle_since: float = 0.0
+    answered: bool = False  # a byte of the current answer arrived
 
     def close(self) -> None:
         self.writer.close()
@@ -57,7 +68,9 @@ class Connection:
             event = self.protocol.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            self.protocol.receive_data(await self.reader.read(READ_SIZE))
+            data = await self.reader.read(READ_SIZE)
+            self.answered = self.answered or bool(data)
+            self.protocol.receive_data(data)
 
 
 @dataclass
@@ -120,6 +133,7 @@ class Pool:
         if reusable and len(idle) < IDLE_PER_TARGET:
             connection.protocol.start_next_cycle()
             connection.idle_since = time.monotonic()
+            connection.answered = False
             idle.append(connection)
         else:
             connection.close()
@@ -153,12 +167,12 @@ class Pool:
         if body is not None and not any(name.lower() == "content-length" for name, _ in fields):
             fields.append(("transfer-encoding", "chunked"))
         request = h11.Request(method=method, target=path, headers=fields)
-        pooled = self._pooled(target)
-        if pooled is not None and body is None and method in IDEMPOTENT:
-            with contextlib.suppress(UpstreamError):
-                return await self._exchange(target, pooled, request, None)
-        elif pooled is not None:
-            return await self._exchange(target, pooled, request, body)
+        pooled = self._pooled(target) if _replayable(fields, body) else None
+        if pooled is not None:  # rule 4
+            whole = [chunk async for chunk in body] if body is not None else []
+            with contextlib.suppress(ClosedUnanswered):
+                return await self._exchange(target, pooled, request, _chunks(whole))
+            body = _chunks(whole) if body is not None else None
         return await self._exchange(target, await self._connect(target), request, body)
 
     async def _exchange(
@@ -177,13 +191,15 @@ class Pool:
                 event = await connection.next_event()
         except (OSError, h11.ProtocolError) as exc:
             connection.close()
-            raise UpstreamError(f"no answer: {exc or type(exc).__name__}") from exc
+            failed = ClosedUnanswered if not connection.answered else UpstreamError
+            raise failed(f"no answer: {exc or type(exc).__name__}") from exc
         except BaseException:
             connection.close()
             raise
         if not isinstance(event, h11.Response):
             connection.close()
-            raise UpstreamError(f"no answer: the connection ended ({type(event).__name__})")
+            failed = ClosedUnanswered if not connection.answered else UpstreamError
+            raise failed(f"no answer: the connection ended ({type(event).__name__})")
         return Exchange(event.status_code, list(event.headers.raw_items()), connection, self, target)
 
     def close(self) -> None:
@@ -191,3 +207,16 @@ class Pool:
             for connection in connections:
                 connection.close()
         self.idle.clear()
+
+
+def _replayable(fields: list[tuple[str, str]], body: AsyncIterator[bytes] | None) -> bool:
+    """Whether the request can be held and sent twice (rule 4)."""
+    if body is None:
+        return True
+    length = next((value for name, value in fields if name.lower() == "content-length"), "")
+    return length.isdigit() and int(length) <= REPLAYABLE_BYTES
+
+
+async def _chunks(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
