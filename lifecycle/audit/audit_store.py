@@ -14,10 +14,10 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from sandgate.lifecycle.audit.index import AuditIndex, Retention
 from sandgate.lifecycle.audit.query import AuditFilter
+from sandgate.lifecycle.audit.record import RecordJSON
 from sandgate.proxy.audit import audit_path
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class AuditStore:
 
     async def follow(
         self, query: AuditFilter, after_seq: int | None = None
-    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    ) -> AsyncIterator[tuple[int, RecordJSON]]:
         """Records matching `query` ingested after `after_seq` (default: from now on), as they come."""
         seq = after_seq if after_seq is not None else await asyncio.to_thread(self.index.last_seq)
         while not self._stop.is_set():

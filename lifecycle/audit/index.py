@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from sandgate.lifecycle.audit.query import MAX_PAGE, AuditFilter, CountRow, Cursor, Page, Summary
 from sandgate.lifecycle.audit.reader import Position, RotatingLog
-from sandgate.lifecycle.audit.record import COLUMNS, AuditRecord, format_ts, from_row, to_row
+from sandgate.lifecycle.audit.record import COLUMNS, AuditRecord, RecordJSON, format_ts, from_row, to_row
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ class AuditIndex:
 
     def after(
         self, seq: int, query: AuditFilter, limit: int = 500, upto: int | None = None
-    ) -> list[tuple[int, dict[str, Any]]]:
+    ) -> list[tuple[int, RecordJSON]]:
         """Records ingested after `seq` (and at most `upto`), oldest first, with their seq."""
         where, params = _where(query, after_seq=seq, upto_seq=upto)
         rows = self._conn().execute(f"{_SELECT}{where} ORDER BY seq LIMIT ?", [*params, limit]).fetchall()
@@ -218,7 +218,7 @@ class AuditIndex:
     def last_seq(self) -> int:
         return int(self._conn().execute("SELECT coalesce(max(seq), 0) FROM records").fetchone()[0])
 
-    def get(self, record_id: str) -> dict[str, Any] | None:
+    def get(self, record_id: str) -> RecordJSON | None:
         row = self._conn().execute(f"{_SELECT} WHERE id = ?", (record_id,)).fetchone()
         return from_row(row[1:]) if row else None
 

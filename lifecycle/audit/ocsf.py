@@ -14,6 +14,7 @@ from datetime import datetime
 from importlib import metadata
 from typing import Any
 
+from sandgate.lifecycle.audit.record import RecordJSON
 from sandgate.proxy.audit import AUDIT_FILE
 
 OCSF_VERSION = "1.3.0"
@@ -65,7 +66,7 @@ def _endpoint(address: str | None) -> dict[str, Any]:
     return {"ip": host, "port": int(port)} if port.isdigit() and host else {"ip": address}
 
 
-def _activity(record: dict[str, Any]) -> tuple[int, str]:
+def _activity(record: RecordJSON) -> tuple[int, str]:
     kind = record["kind"]
     if kind == "request":
         method = (record.get("method") or "").upper()
@@ -79,7 +80,7 @@ def _activity(record: dict[str, Any]) -> tuple[int, str]:
     return 99, record.get("event") or kind
 
 
-def to_ocsf(record: dict[str, Any]) -> dict[str, Any]:
+def to_ocsf(record: RecordJSON) -> dict[str, Any]:
     """One OCSF event for one audit record (the dict form the index and API return)."""
     class_uid, class_name, category_uid, category_name = _CLASS[record["kind"]]
     activity_id, activity_name = _activity(record)
@@ -154,7 +155,7 @@ def to_ocsf(record: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
-def _add_protocol_objects(event: dict[str, Any], record: dict[str, Any]) -> None:
+def _add_protocol_objects(event: dict[str, Any], record: RecordJSON) -> None:
     if record["kind"] == "request":
         url = {
             "scheme": record.get("scheme"),

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sandgate.lifecycle.audit.record import to_micros
+from sandgate.lifecycle.audit.record import RecordJSON, to_micros
 from sandgate.policy import Outcome
 from sandgate.proxy.audit import RecordKind
 
@@ -114,7 +114,7 @@ class Cursor(BaseModel):
 class Page(BaseModel):
     """One page of records, newest first; `next_cursor` is None on the last page."""
 
-    records: list[dict[str, Any]]
+    records: list[RecordJSON]
     next_cursor: str | None = None
 
 

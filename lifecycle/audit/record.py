@@ -16,6 +16,11 @@ from sandgate.proxy.audit import AuditRecord
 
 SCHEMA_VERSION = 1
 
+# A record as it leaves the index: the JSON object of its schema, field for field in schema order
+# (`from_row`). It was validated as an AuditRecord when the proxy wrote it; the API, console, CLI
+# and OCSF mapping read it and shape their own output, without parsing it into a model per read.
+RecordJSON = dict[str, Any]
+
 
 # Index columns in table order; `ts_us` replaces `ts`. Every schema field is a column.
 COLUMNS: tuple[str, ...] = tuple("ts_us" if name == "ts" else name for name in AuditRecord.model_fields)
@@ -49,9 +54,9 @@ def to_row(record: AuditRecord) -> tuple[Any, ...]:
     return tuple(parse_ts(record.ts) if col == "ts_us" else values[col] for col in COLUMNS)
 
 
-def from_row(row: tuple[Any, ...] | Any) -> dict[str, Any]:
+def from_row(row: tuple[Any, ...] | Any) -> RecordJSON:
     """The record as JSON-ready dict, fields in schema order (row is in COLUMNS order)."""
-    out: dict[str, Any] = {}
+    out: RecordJSON = {}
     for col, value in zip(COLUMNS, row, strict=True):
         if col == "ts_us":
             out["ts"] = format_ts(value)

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from sandgate.lifecycle.audit.audit_store import AuditStore
 from sandgate.lifecycle.audit.ocsf import to_ocsf
 from sandgate.lifecycle.audit.query import AuditFilter, Page, QueryError, Summary
+from sandgate.lifecycle.audit.record import RecordJSON
 
 Format = Literal["native", "ocsf"]
 HEARTBEAT_S = 15.0
@@ -65,7 +66,7 @@ def audit_filter(
 Filter = Annotated[AuditFilter, Depends(audit_filter)]
 
 
-def _native(record: dict[str, Any]) -> dict[str, Any]:
+def _native(record: RecordJSON) -> RecordJSON:
     return record
 
 
@@ -73,14 +74,14 @@ async def sse_events(
     store: AuditStore,
     query: AuditFilter,
     after: int | None,
-    shape: Callable[[dict[str, Any]], dict[str, Any]],
+    shape: Callable[[RecordJSON], dict[str, Any]],
     request: Request,
 ) -> AsyncIterator[bytes]:
     """The follow feed as SSE frames (each record through `shape`), with a comment line as
     heartbeat so proxies keep it open."""
     yield b": following\n\n"
     feed = store.follow(query, after).__aiter__()
-    pending: asyncio.Task[tuple[int, dict[str, Any]]] | None = None
+    pending: asyncio.Task[tuple[int, RecordJSON]] | None = None
     try:
         while not await request.is_disconnected():
             pending = pending or asyncio.ensure_future(feed.__anext__())

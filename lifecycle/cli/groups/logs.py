@@ -22,6 +22,7 @@ from sandgate.proxy.audit import RECORD_KINDS
 
 if TYPE_CHECKING:  # the audit package imports FastAPI: at run time only
     from sandgate.lifecycle.audit import Summary
+    from sandgate.lifecycle.audit.record import RecordJSON
 
 DECISION_COLOURS = {"allow": "green", "deny": "red", "report": "yellow"}
 COLUMNS = ("TIME (UTC)", "SANDBOX", "KIND", "DECISION", "REQUEST", "STATUS", "BINDING", "REASON", "RULE")
@@ -30,14 +31,14 @@ FOLLOW_POLL_S = 0.5
 MAX_CANDIDATES = 10  # ids listed when a --sandbox prefix is ambiguous
 
 
-def request_text(record: dict[str, Any]) -> str:
+def request_text(record: RecordJSON) -> str:
     port = record.get("port")
     target = (record.get("host") or "") + (f":{port}" if port and port not in (80, 443) else "")
     text = f"{record.get('method') or ''} {target}{record.get('path') or ''}".strip()
     return f"{text} [{record['event']}]" if record.get("event") else text
 
 
-def table_cells(record: dict[str, Any]) -> list[str]:
+def table_cells(record: RecordJSON) -> list[str]:
     cells = [
         record["ts"][:23].replace("T", " "),
         record["sandbox"],
@@ -63,7 +64,7 @@ class TablePrinter:
         self.color = color
         self.widths: list[int] | None = None
 
-    def print(self, records: list[dict[str, Any]]) -> None:
+    def print(self, records: list[RecordJSON]) -> None:
         rows = [table_cells(r) for r in records]
         if self.widths is None:
             self.widths = [
@@ -80,7 +81,7 @@ class TablePrinter:
             click.echo("  ".join(cells).rstrip(), color=self.color)
 
 
-def emit(records: list[dict[str, Any]], output: str, printer: TablePrinter) -> None:
+def emit(records: list[RecordJSON], output: str, printer: TablePrinter) -> None:
     if output == "table":
         printer.print(records)
         return
