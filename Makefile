@@ -25,9 +25,12 @@ test: bootstrap
 # at a time (the root tests share one network namespace). The fast tier runs in FAST_WORKERS
 # pytest-xdist workers, each test module whole on one worker so its module-scoped servers
 # (execd, chromium) start once; docs/benchmarks.md has the measurements behind the default.
+# Bytecode caches (git-ignored __pycache__) are written even where the environment sets
+# PYTHONDONTWRITEBYTECODE: without them every run compiles and assertion-rewrites every module
+# in each worker and every execd or CLI subprocess, about 12 s of CPU per run.
 FAST_WORKERS ?= 2
 test-fast: bootstrap
-	SANDGATE_TEST_TIER=fast $(VENV)/pytest -m "not root" -n $(FAST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= SANDGATE_TEST_TIER=fast $(VENV)/pytest -m "not root" -n $(FAST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 bench: bootstrap
 	$(VENV)/python -m bench
