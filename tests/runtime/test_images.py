@@ -22,11 +22,17 @@ from tests.runtime.harness import Harness
 BUSYBOX = Path("/bin/busybox")
 
 
-def glibc_rootfs(target: Path) -> Path:
-    """A small root filesystem: busybox plus the host libraries execd's Python loads."""
+def busybox_rootfs(target: Path) -> Path:
+    """The smallest root filesystem with a shell: a static busybox."""
     (target / "bin").mkdir(parents=True)
     shutil.copy2(BUSYBOX, target / "bin/busybox")
     (target / "bin/sh").symlink_to("busybox")
+    return target
+
+
+def glibc_rootfs(target: Path) -> Path:
+    """A small root filesystem: busybox plus the host libraries execd's Python loads."""
+    busybox_rootfs(target)
     prefix = Path(sys.base_prefix)
     objects = [Path(sys.executable).resolve(), *prefix.glob("lib/python3*/lib-dynload/*.so")]
     objects += Path(sys.prefix).glob("lib/python3*/site-packages/**/*.so")
@@ -74,10 +80,8 @@ def docker_save(path: Path, layers: list[bytes], env: list[str]) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def image_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    work = tmp_path_factory.mktemp("image")
-    rootfs = glibc_rootfs(work / "rootfs")
+def layered_image(work: Path, rootfs: Path) -> Path:
+    """A `docker save` archive of two layers: `rootfs` with a few files, then whiteouts of some."""
     lower = layer(
         {"etc/": None, "etc/removed": b"gone", "opt/": None, "opt/old/": None, "opt/old/a": b"a"}, rootfs
     )
@@ -85,16 +89,24 @@ def image_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return docker_save(work / "image.tar", [lower, upper], env=["PATH=/bin", "IMAGE_MARK=from-config"])
 
 
-def test_docker_save_import_applies_layers_and_whiteouts(tmp_path: Path, image_archive: Path) -> None:
+@pytest.fixture(scope="module")
+def image_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An image execd's Python runs in (gathering its libraries takes ldd seconds of CPU)."""
+    work = tmp_path_factory.mktemp("image")
+    return layered_image(work, glibc_rootfs(work / "rootfs"))
+
+
+def test_docker_save_import_applies_layers_and_whiteouts(tmp_path: Path) -> None:
+    archive = layered_image(tmp_path, busybox_rootfs(tmp_path / "rootfs"))
     store = ImageStore(tmp_path / "images")
-    image = store.import_tarball(image_archive, "test/glibc:1")
+    image = store.import_tarball(archive, "test/layers:1")
     assert image.rootfs is not None
     assert (image.rootfs / "bin/busybox").is_file()
     assert not (image.rootfs / "etc/removed").exists()
     assert sorted(p.name for p in (image.rootfs / "opt/old").iterdir()) == ["b"]
     assert "IMAGE_MARK=from-config" in image.env
-    assert [i.name for i in store.list()] == [HOST_IMAGE, "test/glibc:1"]
-    assert store.get("test/glibc:1") == image
+    assert [i.name for i in store.list()] == [HOST_IMAGE, "test/layers:1"]
+    assert store.get("test/layers:1") == image
 
 
 def test_plain_rootfs_tarball_and_unknown_image(tmp_path: Path) -> None:
