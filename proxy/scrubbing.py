@@ -29,7 +29,7 @@ class Scrubber:
         values = list(values)
         forms = {form for value in values for form in secret_forms(value)}
         self.redactor = Redactor(values)
-        self.hold = max(self.redactor.max_pattern_length - 1, 0)  # what RedactingStream may hold
+        self.hold = self.redactor.max_pattern_length  # what RedactingStream may hold
         # Every proper prefix of every form: what the tail of a chunk may be the start of.
         self._prefixes = frozenset(form[:n] for form in forms for n in range(1, len(form)))
         self._first_bytes = frozenset(form[0] for form in forms)

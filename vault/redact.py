@@ -11,10 +11,16 @@ Rules:
 2. Base64 at every alignment: a value inside a larger base64 blob (`Basic base64(user:TOKEN)`)
    encodes differently depending on its offset mod 3; each alignment's stable middle characters
    are a pattern of their own, so the value is found whatever precedes it.
-3. Streams: `stream()` holds back at most (longest pattern - 1) bytes, so a value split across
-   chunks is caught, and the output of any chunking equals `redact()` of the whole.
+3. Streams: `stream()` holds back at most (longest pattern) bytes, so a value split across
+   chunks is caught (and rule 4 sees the form one byte later), and the output of any chunking
+   equals `redact()` of the whole.
 4. A UTF-16 form is replaced by `[REDACTED]` in the same UTF-16 form, so the body stays
-   well-formed UTF-16 (the replacement has an even length: alignment is kept).
+   well-formed UTF-16 (the replacement has an even length: alignment is kept). UTF-16 text has
+   its characters at even offsets: a UTF-16 form matched at an odd offset gives way to a UTF-16
+   form that starts one byte later and reaches at least as far. (A secret of one repeated
+   character, `00000000` after `İ` in UTF-16-BE, also reads as the LE form one byte early; taken
+   there, the replacement split `İ` and left the secret's last character.) Offsets count from
+   the start of the data, or of the stream.
 5. Fail towards redaction: a derived form shorter than MIN_DERIVED_LENGTH is dropped (it would
    blank ordinary text), but a raw value is always redacted, however short.
 6. Runs of zero bytes are stepped over, not searched: the UTF-16 forms hold zero bytes (a
@@ -58,6 +64,7 @@ class Redactor:
         self.replacement = replacement
         # A UTF-16 form is replaced in UTF-16, so the text around it stays well-formed.
         self._replacements = [replacement.decode().encode(forms[pattern]) for pattern in patterns]
+        self._utf16 = [forms[pattern] in UTF16 for pattern in patterns]
         self.pattern_count = len(patterns)
         self.max_pattern_length = max(map(len, patterns), default=0)
         self._automaton = (
@@ -74,7 +81,7 @@ class Redactor:
         return f"Redactor({self.pattern_count} patterns)"
 
     def redact(self, data: bytes) -> bytes:
-        return self._redact_until(data, len(data))[0]
+        return self._redact_until(data, len(data), 0)[0]
 
     def redact_text(self, text: str) -> str:
         # surrogateescape: header text may hold bytes that are not UTF-8 (mitmproxy keeps them
@@ -84,8 +91,9 @@ class Redactor:
     def stream(self) -> RedactingStream:
         return RedactingStream(self)
 
-    def _redact_until(self, data: bytes, settled: int) -> tuple[bytes, int]:
+    def _redact_until(self, data: bytes, settled: int, offset: int) -> tuple[bytes, int]:
         """Redact matches starting before `settled`; returns (output, bytes of `data` consumed).
+        `offset` is where `data` starts in the stream (rule 4 needs its parity).
 
         A match that starts before `settled` is complete when `settled <= len(data) - longest + 1`
         (callers guarantee this), so everything up to the end of the last such match, or up to
@@ -97,7 +105,7 @@ class Redactor:
         out: list[bytes | memoryview] = []
         cursor = 0
         replacements = self._replacements
-        for index, start, end in self._matches(data):
+        for index, start, end in self._aligned(data, offset % 2):
             if start >= settled:
                 break
             out += (view[cursor:start], replacements[index])
@@ -108,14 +116,48 @@ class Redactor:
         out.append(view[cursor:consumed])
         return b"".join(out), consumed
 
-    def _matches(self, data: bytes) -> Iterator[tuple[int, int, int]]:
-        """The automaton's matches in `data`, in order, without searching long zero runs (rule 6)."""
+    def _aligned(self, data: bytes, odd: int) -> Iterator[tuple[int, int, int]]:
+        """The matches to replace, in order: the automaton's, with rule 4's alignment. `odd` is 1
+        when `data` starts at an odd offset."""
+        matches = self._matches(data)
+        pending: tuple[int, int, int] | None = None
+        while (current := pending or next(matches, None)) is not None:
+            pending = None
+            later = self._utf16_one_byte_later(data, *current, odd)
+            if later is None:
+                yield current
+                continue
+            following = next(matches, None)
+            if following is not None and following[1] < later[2]:
+                yield current  # the later form would cut into the next match: keep the automaton's
+                pending = following
+                continue
+            yield later
+            matches = self._matches(data, later[2])  # finds `following` again, from its start
+
+    def _utf16_one_byte_later(
+        self, data: bytes, index: int, start: int, end: int, odd: int
+    ) -> tuple[int, int, int] | None:
+        """For a UTF-16 form at an odd offset, a UTF-16 form starting one byte later and
+        reaching at least as far, if there is one (rule 4)."""
+        if not self._utf16[index] or (start + odd) % 2 == 0:
+            return None
+        for later, later_start, later_end in self._matches(data[: end + self.max_pattern_length], start + 1):
+            if later_start == start + 1 and later_end >= end and self._utf16[later]:
+                return later, later_start, later_end
+            return None
+        return None
+
+    def _matches(self, data: bytes, start: int = 0) -> Iterator[tuple[int, int, int]]:
+        """The automaton's matches in `data` from `start`, in order, without searching long zero
+        runs (rule 6)."""
         assert self._automaton is not None
         margin = self._zero_margin
+        view, size = memoryview(data), len(data)
         if margin is None:
-            yield from self._automaton.find_matches_as_indexes(data)
+            for index, match_start, match_end in self._automaton.find_matches_as_indexes(view[start:]):
+                yield index, start + match_start, start + match_end
             return
-        view, size, start = memoryview(data), len(data), 0
         while start < size:
             run = data.find(_ZEROS[:ZERO_RUN], start)
             end = size if run < 0 else run + margin
@@ -132,7 +174,8 @@ class RedactingStream:
     def __init__(self, redactor: Redactor) -> None:
         self._redactor = redactor
         self._held = b""
-        self._hold = max(redactor.max_pattern_length - 1, 0)
+        self._held_at = 0  # where the held bytes start in the stream
+        self._hold = redactor.max_pattern_length  # rule 3: a match, and rule 4's byte after it
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._held + chunk
@@ -140,12 +183,14 @@ class RedactingStream:
         if settled <= 0:
             self._held = data
             return b""
-        out, consumed = self._redactor._redact_until(data, settled)
+        out, consumed = self._redactor._redact_until(data, settled, self._held_at)
         self._held = data[consumed:]
+        self._held_at += consumed
         return out
 
     def flush(self) -> bytes:
-        out = self._redactor.redact(self._held)
+        out = self._redactor._redact_until(self._held, len(self._held), self._held_at)[0]
+        self._held_at += len(self._held)  # the scrubber flushes mid-body too, then feeds on
         self._held = b""
         return out
 
