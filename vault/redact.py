@@ -127,13 +127,11 @@ class Redactor:
             if later is None:
                 yield current
                 continue
-            following = next(matches, None)
-            if following is not None and following[1] < later[2]:
-                yield current  # the later form would cut into the next match: keep the automaton's
-                pending = following
-                continue
-            yield later
-            matches = self._matches(data, later[2])  # finds `following` again, from its start
+            pending = next(matches, None)
+            # Unless the later form would cut into the next match: then the automaton's stands.
+            # (A next match that starts at or after the later form's end is the one a search from
+            # there finds, so the automaton's matches go on unchanged.)
+            yield current if pending is not None and pending[1] < later[2] else later
 
     def _utf16_one_byte_later(
         self, data: bytes, index: int, start: int, end: int, odd: int
@@ -142,22 +140,21 @@ class Redactor:
         reaching at least as far, if there is one (rule 4)."""
         if not self._utf16[index] or (start + odd) % 2 == 0:
             return None
-        for later, later_start, later_end in self._matches(data[: end + self.max_pattern_length], start + 1):
-            if later_start == start + 1 and later_end >= end and self._utf16[later]:
-                return later, later_start, later_end
+        after = start + 1
+        for later, later_start, later_end in self._matches(data[after : end + self.max_pattern_length]):
+            if later_start == 0 and after + later_end >= end and self._utf16[later]:
+                return later, after, after + later_end
             return None
         return None
 
-    def _matches(self, data: bytes, start: int = 0) -> Iterator[tuple[int, int, int]]:
-        """The automaton's matches in `data` from `start`, in order, without searching long zero
-        runs (rule 6)."""
+    def _matches(self, data: bytes) -> Iterator[tuple[int, int, int]]:
+        """The automaton's matches in `data`, in order, without searching long zero runs (rule 6)."""
         assert self._automaton is not None
         margin = self._zero_margin
-        view, size = memoryview(data), len(data)
         if margin is None:
-            for index, match_start, match_end in self._automaton.find_matches_as_indexes(view[start:]):
-                yield index, start + match_start, start + match_end
+            yield from self._automaton.find_matches_as_indexes(data)
             return
+        view, size, start = memoryview(data), len(data), 0
         while start < size:
             run = data.find(_ZEROS[:ZERO_RUN], start)
             end = size if run < 0 else run + margin
