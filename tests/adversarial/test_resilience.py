@@ -30,6 +30,19 @@ def proxy_pid(server_pid: int) -> int:
     raise AssertionError(f"no sandgate.proxy child of pid {server_pid}")
 
 
+def wait_until_both_reach_the_origin(attacker: Attacker, mark: int) -> None:
+    """The SSE stream and a few of the loop's requests are at the origin: the kill lands while
+    both run. (A fixed 2 s was not enough once: the loop's process started after the proxy had
+    died and come back, so no attempt saw it down.)"""
+    deadline = time.monotonic() + 30
+    while True:
+        paths = [request["path"] for request in attacker.origin_requests_since(mark)]
+        if paths.count("/") >= 3 and any(str(path).startswith("/sse") for path in paths):
+            return
+        assert time.monotonic() < deadline, f"the loop and the stream never reached the origin: {paths}"
+        time.sleep(0.05)
+
+
 def test_proxy_crash_mid_stream_fails_closed_and_restarts(attacker: Attacker) -> None:
     server = attacker.server
     assert server.process is not None
@@ -57,9 +70,10 @@ def test_proxy_crash_mid_stream_fails_closed_and_restarts(attacker: Attacker) ->
 
     stream = threading.Thread(target=stream_events)
     watcher = threading.Thread(target=watch)
+    mark = len(attacker.internet.origin_requests())
     stream.start()
     watcher.start()
-    time.sleep(2.0)
+    wait_until_both_reach_the_origin(attacker, mark)
     killed_at = time.time()
     os.kill(old_pid, signal.SIGKILL)  # by PID: the proxy child found above
     stream.join(30)
