@@ -383,6 +383,7 @@ def connect_loop(
         attempts.append(
             {
                 "t": round(wall, 3),
+                "done": round(time.time(), 3),
                 "connected": result["connected"],
                 "status": status,
                 "error": result.get("error"),
