@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     proxy_explicit_port: int = Field(15002, ge=1, le=65535)
     proxy_dns_port: int = Field(15053, ge=1, le=65535)
     proxy_workers: int = Field(
-        1, ge=0, le=256, description="egress proxy worker processes sharing the listeners (0: one per core)"
+        0, ge=0, le=256, description="egress proxy worker processes sharing the listeners (0: one per core)"
     )
     upstream_dns: list[ResolverAddress] = Field(
         default_factory=list,

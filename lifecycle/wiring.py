@@ -105,8 +105,8 @@ def write_proxy_config(settings: Settings) -> Path:
 
 
 def proxy_start_timeout(workers: int) -> float:
-    """60 s for one proxy process; each further worker starts beside it (its own mitmproxy
-    import and replay), which on a busy machine takes several seconds more. Generous on purpose:
+    """60 s for one proxy process; each further worker is forked from the template and gets
+    every entry replayed, which on a busy machine takes some seconds more. Generous on purpose:
     a proxy that cannot start exits and is seen at once, the timeout only catches a hung one, and
     a start costs about 3-4 s of CPU (imports, CA), which at a load of 12 on 2 cores took more
     than 20 s of wall time (serve then refused to start)."""

@@ -12,16 +12,14 @@ from pydantic import ValidationError
 from sandgate.proxy.config import ProxyConfig
 from sandgate.proxy.frontdoor import ListenError
 from sandgate.proxy.server import run_proxy
-from sandgate.proxy.workers import PoolStartError, WorkerSlot, die_with_pool, run_pool, worker_count
+from sandgate.proxy.template import WorkerSlot
+from sandgate.proxy.workers import PoolStartError, run_pool, worker_count
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sandgate.proxy", description=__doc__)
     parser.add_argument("--config", type=Path, required=True, help="ProxyConfig as JSON")
     parser.add_argument("--log-level", default="WARNING")
-    parser.add_argument("--worker", help="I/N: run as worker I of the pool's N (the pool starts workers)")
-    parser.add_argument("--fds", help="the worker's inherited descriptors: transparent,explicit,audit")
-    parser.add_argument("--pool", type=int, help="the worker's pool (its parent) PID")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -30,17 +28,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sandgate proxy: cannot use config {args.config}: {exc}", file=sys.stderr)
         return 2
     try:
-        if args.worker:
-            die_with_pool(args.pool)
-            run_proxy(config, WorkerSlot.parse(args.worker, args.fds, args.pool))
-        elif worker_count(config) > 1:
-            run_pool(config, args.config, args.log_level)
+        if worker_count(config) > 1:
+            run_pool(config, lambda slot: run_worker(config, slot))
         else:
             run_proxy(config)
     except (ListenError, PoolStartError) as exc:
         print(f"sandgate proxy: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def run_worker(config: ProxyConfig, slot: WorkerSlot) -> None:
+    """A forked worker's life (proxy/template.py): as the one proxy, with the pool's descriptors."""
+    try:
+        run_proxy(config, slot)
+    except ListenError as exc:
+        print(f"sandgate proxy worker {slot.name}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from exc
 
 
 if __name__ == "__main__":

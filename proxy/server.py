@@ -39,7 +39,8 @@ from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.revocation import Revoker
 from sandgate.proxy.state import ProxyState, SandboxTable
 from sandgate.proxy.streaming import StreamingAddon
-from sandgate.proxy.workers import DNS_WORKER, PeerNames, WorkerSlot, worker_socket
+from sandgate.proxy.template import DNS_WORKER, WorkerSlot
+from sandgate.proxy.workers import PeerNames, worker_socket
 from sandgate.vault import open_store
 
 log = logging.getLogger(__name__)

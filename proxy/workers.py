@@ -2,12 +2,12 @@
 
 Rules:
 1. `python -m sandgate.proxy` with `ProxyConfig.workers` other than 1 runs this pool (a small
-   asyncio process, no mitmproxy) and N workers. The pool binds each TCP listener once per
-   worker with SO_REUSEPORT and keeps every one open: the kernel spreads new connections over
-   the workers by a hash of addresses and ports (so one sandbox's connections spread too), and
-   the listener of a dead or restarting worker keeps its queue, which its replacement serves.
-   Worker i runs `python -m sandgate.proxy --config FILE --worker i/N --fds T,E,A` and inherits
-   its two listeners and its audit pipe.
+   asyncio process) and N workers. The pool binds each TCP listener once per worker with
+   SO_REUSEPORT and keeps every one open: the kernel spreads new connections over the workers
+   by a hash of addresses and ports (so one sandbox's connections spread too), and the listener
+   of a dead or restarting worker keeps its queue, which its replacement serves. Workers are
+   forked by the worker template (proxy/template.py), which hands each its two listeners and
+   its audit pipe: a worker starts in a fork, not in a 1.2 s import.
 2. Every worker holds every sandbox's entry. The pool keeps the entries (its table) and serves
    lifecycle's control API (`ProxyControl`, the same routes). A change goes to every running
    worker's own socket and succeeds only if every one took it; a worker that did not (an error,
@@ -17,7 +17,8 @@ Rules:
    table into it, under the lock that orders changes, and sent `POST /serve`. So no connection
    meets a worker that lacks its sandbox's entry: it waits in its listener's queue meanwhile.
 4. A dead worker's connections die with it (the kernel resets them: fail closed); the pool
-   restarts it (backoff 0.5 s doubling to 10 s). Workers die with the pool (PR_SET_PDEATHSIG).
+   restarts it (backoff 0.5 s doubling to 10 s). Workers die with the template and the template
+   with the pool (PR_SET_PDEATHSIG); the pool ends, with an error, when its template ends.
 5. One audit stream: a worker sends each record as one message on a SOCK_SEQPACKET pair (whole or
    not at all: never cut, never interleaved); the pool appends what arrives to the one
    `AuditFile`, which it alone rotates.
@@ -31,12 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import signal
 import socket
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,13 +51,12 @@ from sandgate.proxy.control import ControlServer, VaultChange
 from sandgate.proxy.frontdoor import ListenError, listen_socket
 from sandgate.proxy.metrics import summed
 from sandgate.proxy.resolver import NameMemory
+from sandgate.proxy.template import Template, TemplateGone, WorkerProcess, WorkerSlot
 
 log = logging.getLogger(__name__)
 
-DNS_WORKER = 0
 START_TIMEOUT = 30.0  # a worker must answer on its control socket within this
 CHANGE_TIMEOUT = 4.0  # per worker; below ProxyControl's 5 s, so lifecycle hears why
-PR_SET_PDEATHSIG = 1
 
 
 def worker_count(config: ProxyConfig) -> int:
@@ -71,50 +70,6 @@ def worker_socket(config: ProxyConfig, index: int) -> Path:
 
 
 # ---------------------------------------------------------------------- the worker's side
-
-
-@dataclass(frozen=True)
-class WorkerSlot:
-    """What a worker is told on its command line: which one it is, and its inherited descriptors."""
-
-    index: int
-    count: int
-    fds: tuple[int, int, int]  # transparent listener, explicit listener, audit pipe
-    pool: int  # the pool's PID
-
-    @classmethod
-    def parse(cls, worker: str, fds: str, pool: int) -> WorkerSlot:
-        index, _, count = worker.partition("/")
-        transparent, explicit, audit = (int(fd) for fd in fds.split(","))
-        return cls(int(index), int(count), (transparent, explicit, audit), pool)
-
-    def argv(self) -> list[str]:
-        fds = ",".join(map(str, self.fds))
-        return ["--worker", f"{self.index}/{self.count}", "--fds", fds, "--pool", str(self.pool)]
-
-    @property
-    def serves_dns(self) -> bool:
-        return self.index == DNS_WORKER
-
-    @property
-    def audit_fd(self) -> int:
-        return self.fds[2]
-
-    def listeners(self) -> tuple[socket.socket, socket.socket]:
-        transparent, explicit = (socket.socket(fileno=fd) for fd in self.fds[:2])
-        for sock in (transparent, explicit):
-            sock.setblocking(False)
-        return transparent, explicit
-
-
-def die_with_pool(pool: int) -> None:
-    """A worker gets SIGTERM when the pool ends, however it ends (rule 4); a pool that ended
-    before this was set (the worker was still starting) ends the worker here."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != pool:
-        raise SystemExit(f"sandgate proxy worker: the pool (pid {pool}) is gone")
 
 
 class PeerNames(NameMemory):
@@ -145,7 +100,7 @@ class Worker:
     index: int
     listeners: tuple[socket.socket, socket.socket]
     control: httpx.AsyncClient
-    process: asyncio.subprocess.Process | None = None
+    process: WorkerProcess | None = None
     serving: bool = False  # replayed and accepting: changes go to it
     restarts: int = 0
 
@@ -163,8 +118,7 @@ class PoolStartError(RuntimeError):
 @dataclass
 class WorkerPool:
     config: ProxyConfig
-    config_path: Path
-    log_level: str = "WARNING"
+    template: Template
     entries: dict[str, SandboxEntry] = field(default_factory=dict)
     workers: list[Worker] = field(default_factory=list)
 
@@ -173,10 +127,12 @@ class WorkerPool:
         self.audit = AuditFile(self.config.audit_path, self.config.audit_max_bytes, self.config.audit_backups)
         self.lock = asyncio.Lock()  # orders changes and replays (rules 2 and 3)
         self.stopping = asyncio.Event()
+        self.template_lost = False
 
     async def run(self) -> None:
         """Bind, start every worker, serve the control socket until SIGTERM/SIGINT, then stop
-        the workers. Raises ListenError or PoolStartError if the pool cannot start."""
+        the workers. Raises ListenError or PoolStartError if the pool cannot start, and
+        PoolStartError when its template ends (rule 4)."""
         ports = (self.config.transparent_port, self.config.explicit_port)
         for index in range(worker_count(self.config)):
             transparent, explicit = (listen_socket(self.config, port, reuse_port=True) for port in ports)
@@ -187,6 +143,7 @@ class WorkerPool:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopping.set)
         control = ControlServer(pool_app(self), self.config.socket_path)
+        watcher = asyncio.create_task(self._watch_template())
         try:
             await asyncio.gather(*(self._start(worker) for worker in self.workers))
             await control.start()
@@ -196,8 +153,17 @@ class WorkerPool:
                 keeper.cancel()
             await control.stop()
         finally:
+            watcher.cancel()
             await self._stop_workers()
             self.audit.close()
+        if self.template_lost:
+            raise PoolStartError(f"the worker template (pid {self.template.pid}) ended, and the pool with it")
+
+    async def _watch_template(self) -> None:
+        await self.template.ended()
+        log.error("the worker template (pid %d) ended; stopping the pool", self.template.pid)
+        self.template_lost = True
+        self.stopping.set()
 
     # ------------------------------------------------------------------ workers
 
@@ -206,17 +172,13 @@ class WorkerPool:
         worker_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * PIPE_RECORD_MAX)
         pool_end.setblocking(False)
         asyncio.get_running_loop().add_reader(pool_end.fileno(), self._drain_audit, pool_end)
-        slot = WorkerSlot(
-            worker.index,
-            len(self.workers),
-            (worker.listeners[0].fileno(), worker.listeners[1].fileno(), worker_end.fileno()),
-            os.getpid(),
-        )
-        argv = ["-m", "sandgate.proxy", "--config", str(self.config_path), "--log-level", self.log_level]
-        worker.process = await asyncio.create_subprocess_exec(
-            sys.executable, *argv, *slot.argv(), pass_fds=slot.fds, stdin=asyncio.subprocess.DEVNULL
-        )
-        worker_end.close()  # the worker holds it now; EOF on pool_end when the worker is gone
+        fds = (worker.listeners[0].fileno(), worker.listeners[1].fileno(), worker_end.fileno())
+        try:
+            worker.process = await self.template.fork(worker.index, len(self.workers), fds, START_TIMEOUT)
+        except TemplateGone as exc:
+            raise PoolStartError(str(exc)) from exc
+        finally:
+            worker_end.close()  # the worker holds it now; EOF on pool_end when the worker is gone
         await self._wait_answering(worker)
         async with self.lock:  # rule 3: the whole table, then serve
             for entry in self.entries.values():
@@ -229,16 +191,15 @@ class WorkerPool:
         assert worker.process is not None
         deadline = asyncio.get_running_loop().time() + START_TIMEOUT
         while True:
-            if worker.process.returncode is not None:
+            if not worker.process.running:
                 raise PoolStartError(
-                    f"proxy worker {worker.index} exited with status {worker.process.returncode} "
-                    "while starting (its log is the proxy's)"
+                    f"proxy worker {worker.index} ended while starting (see the proxy's log)"
                 )
             with contextlib.suppress(httpx.HTTPError):
                 if (await worker.control.get("/health")).is_success:
                     return
             if asyncio.get_running_loop().time() > deadline:
-                worker.process.kill()
+                worker.process.send(signal.SIGKILL)
                 raise PoolStartError(f"proxy worker {worker.index} did not answer within {START_TIMEOUT:g} s")
             await asyncio.sleep(0.05)
 
@@ -246,18 +207,19 @@ class WorkerPool:
         answer = await self._call(worker, method, path, body)
         if isinstance(answer, Exception) or answer.status != status:
             assert worker.process is not None
-            worker.process.kill()
+            worker.process.send(signal.SIGKILL)
             raise PoolStartError(f"proxy worker {worker.index} starting: {method} {path} -> {answer!r}")
 
     async def _keep(self, worker: Worker) -> None:
-        """Restart the worker whenever it exits (rule 4)."""
+        """Restart the worker whenever it ends (rule 4)."""
         backoff = 0.5
         while True:
-            assert worker.process is not None
-            status = await worker.process.wait()
+            process = worker.process
+            assert process is not None
+            await process.wait()
+            process.close()
             worker.serving = False
-            pid = worker.process.pid
-            log.error("proxy worker %d (pid %d) exited with status %s; restarting", worker.index, pid, status)
+            log.error("proxy worker %d (pid %d) ended; restarting", worker.index, process.pid)
             while True:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -271,15 +233,15 @@ class WorkerPool:
                 break
 
     async def _stop_workers(self) -> None:
-        running = [w.process for w in self.workers if w.process and w.process.returncode is None]
+        running = [w.process for w in self.workers if w.process and w.process.running]
         for process in running:
-            process.terminate()
+            process.send(signal.SIGTERM)
         try:
             await asyncio.wait_for(asyncio.gather(*(p.wait() for p in running)), 5.0)
         except TimeoutError:
             for process in running:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
+                process.send(signal.SIGKILL)
+        self.template.stop()
 
     def _drain_audit(self, sock: socket.socket) -> None:
         """Append every record waiting on a worker's pipe (rule 5); at EOF the pipe is closed."""
@@ -322,7 +284,7 @@ class WorkerPool:
             for worker, _answer in missing:
                 assert worker.process is not None
                 worker.serving = False
-                worker.process.kill()  # its replacement gets the pool's table (rule 2)
+                worker.process.send(signal.SIGKILL)  # its replacement gets the pool's table (rule 2)
             said = "; ".join(f"worker {worker.index}: {answer!r}" for worker, answer in missing)
             detail = f"{method} {path} was not taken by every proxy worker ({said}); those are restarted"
             return Answer(502, {"detail": detail})
@@ -439,9 +401,11 @@ def pool_app(pool: WorkerPool) -> FastAPI:
     return app
 
 
-def run_pool(config: ProxyConfig, config_path: Path, log_level: str) -> None:
-    """The entry point of `python -m sandgate.proxy` when the config asks for workers."""
-    asyncio.run(WorkerPool(config, config_path, log_level).run())
+def run_pool(config: ProxyConfig, run_worker: Callable[[WorkerSlot], None]) -> None:
+    """The entry point of `python -m sandgate.proxy` when the config asks for workers: fork the
+    template first, while this process has neither an event loop nor a thread."""
+    template = Template.start(run_worker)
+    asyncio.run(WorkerPool(config, template).run())
 
 
 __all__ = ["ListenError", "PeerNames", "PoolStartError", "WorkerSlot", "run_pool", "worker_socket"]

@@ -210,16 +210,3 @@ def test_a_killed_worker_lets_nothing_through_and_comes_back_with_every_entry(
     after = request_decisions(proxy, 1)
     assert after.get("allow", 0) > before.get("allow", 0) and after.get("deny", 0) > before.get("deny", 0)
     assert "sandgate_proxy_worker_restarts_total 1" in proxy.control.metrics()
-
-
-def test_a_worker_whose_pool_is_gone_exits_at_once(tmp_path: Path) -> None:
-    """The pool may die while a worker is still importing, before PR_SET_PDEATHSIG is set."""
-    from sandgate.proxy import ProxyConfig
-
-    config = tmp_path / "proxy.json"
-    config.write_text(ProxyConfig(state_dir=tmp_path).model_dump_json())
-    argv = [sys.executable, "-m", "sandgate.proxy", "--config", str(config), "--worker", "1/2"]
-    done = subprocess.run(
-        [*argv, "--fds", "7,8,9", "--pool", "1"], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode != 0 and "the pool (pid 1) is gone" in done.stderr
