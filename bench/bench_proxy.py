@@ -144,7 +144,7 @@ class Load:
     errors: int
     p95_ms: float | None = None  # only where the rows show it (noisy neighbour)
     cpu_seconds: float | None = None  # the proxy's (with workers: the pool's and theirs), during the run
-    rss_mib: float | None = None  # the proxy's (summed over its processes), at the end of the run
+    pss_mib: float | None = None  # the proxy's (summed over its processes), at the end of the run
     loadgen_cores: float | None = None  # CPU the load generator (and its wrappers) used, in cores
     idle_cores: float | None = None  # CPU nobody used during the run, in cores (the whole machine)
 
@@ -199,6 +199,16 @@ class Proxy:
             raise RuntimeError(f"{key} not in /proc/{self.process.pid}/status")
         return total
 
+    def pss_kib(self) -> int:
+        """Proportional set size summed over the processes: pages a forked worker shares with
+        its template count once in all, where RSS would count them in each process."""
+        total = 0
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+                total += int(rollup.split("\nPss:")[1].split()[0])
+        return total
+
     def reset_peak(self) -> None:
         for pid in self.pids():
             Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := current RSS
@@ -229,7 +239,7 @@ def measured(proxy: Proxy | None, run: Callable[[], Load]) -> Load:
     load.idle_cores = (_idle_seconds() - idle) / elapsed
     if proxy:
         load.cpu_seconds = proxy.cpu_seconds() - cpu
-        load.rss_mib = proxy.memory_kib() / 1024
+        load.pss_mib = proxy.pss_kib() / 1024
     return load
 
 
@@ -869,7 +879,7 @@ def load_rows(topo: Topology, sandgate: Proxy) -> list[Row]:
 
 def report(rows: list[Row], idle: dict[str, float] | None, audit_lines: int | None) -> None:
     columns = [("c", 3), ("req/s", 8), ("p50 ms", 8), ("p99 ms", 8), ("MB/s", 8), ("CPU%", 5)]
-    columns += [("CPU ms/req", 10), ("RSS MiB", 8), ("err", 4), ("LG cores", 8), ("idle", 5)]
+    columns += [("CPU ms/req", 10), ("PSS MiB", 8), ("err", 4), ("LG cores", 8), ("idle", 5)]
     header = f"{'scenario':46} " + " ".join(f"{name:>{width}}" for name, width in columns)
     for section in dict.fromkeys(row.section for row in rows if row.section != NOISY_SECTION):
         print(f"\n{section}\n{header}")
@@ -958,7 +968,7 @@ def _line(row: Row) -> str:
     return (
         f"{row.scenario:46} {row.concurrency:>3} {load.rps:8.0f} {opt(load.p50_ms, 8, 2)} "
         f"{opt(load.p99_ms, 8, 2)} {load.mbps:8.1f} {opt(cpu_percent, 5, 0)} "
-        f"{opt(load.cpu_ms_per_request, 10, 2)} {opt(load.rss_mib, 8, 1)} {load.errors:>4} "
+        f"{opt(load.cpu_ms_per_request, 10, 2)} {opt(load.pss_mib, 8, 1)} {load.errors:>4} "
         f"{opt(load.loadgen_cores, 8, 2)} {opt(load.idle_cores, 5, 2)}"
     )
 
