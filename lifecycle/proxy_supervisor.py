@@ -227,29 +227,34 @@ def _end(process: subprocess.Popen[bytes], timeout: float) -> None:
 
 def proxy_processes(state_dir: Path) -> list[int]:
     """PIDs of proxies started for this state dir (argv `-m sandgate.proxy --config
-    <state_dir>/proxy.json`). Beside the state dir's lock holder, each one is an orphan: the
-    child of a server that was killed (SIGKILL, OOM), still holding the proxy ports."""
+    <state_dir>/proxy.json`), the one a server started, not the worker template and workers a
+    pool forked (they carry the same argv). Beside the state dir's lock holder, each one is an
+    orphan: the child of a server that was killed (SIGKILL, OOM), still holding the proxy ports."""
     config = str(state_dir / "proxy.json").encode()
-    found = []
+    found: dict[int, int] = {}  # pid -> parent
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, IndexError, ValueError):
                 argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
                 if b"sandgate.proxy" in argv and config in argv:
-                    found.append(int(entry))
-    return found
+                    found[int(entry)] = int(
+                        Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()[1]
+                    )
+    return [pid for pid, parent in found.items() if parent not in found]
 
 
 def stop_proxies(state_dir: Path, grace: float = 5.0) -> list[int]:
-    """SIGTERM each proxy of this state dir, SIGKILL what is left after `grace`; returns once
-    all are gone (their ports free), with their pids. Only for the state dir's lock holder."""
+    """SIGTERM each proxy of this state dir (a pool stops its own workers), SIGKILL what is left
+    after `grace` (a pool's workers die with it); returns once every process of theirs is gone
+    (their ports free), with the proxies' pids. Only for the state dir's lock holder."""
     pids = proxy_processes(state_dir)
+    family = [member for pid in pids for member in process_family(pid)]
     for signum in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
         deadline = time.monotonic() + grace
-        while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        while any(_running(pid) for pid in family) and time.monotonic() < deadline:
             time.sleep(0.05)
     return pids
 

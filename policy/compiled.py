@@ -460,15 +460,17 @@ class CompiledPolicy:
     # -- addresses and bindings -----------------------------------------------------------------
 
     def _address_rules(self, address: IPAddress, denied: DeniedRange | None) -> tuple[_Rule, ...]:
-        """IP/CIDR rules containing the address, in order; in an always-denied range an allow rule
-        counts only if it lies inside that range (so `allow 0.0.0.0/0` never opens loopback)."""
+        """IP/CIDR rules containing the address, in order, cut after the first without conditions
+        (as a name's slot: what follows it is unreachable, and must not make a path look checked);
+        in an always-denied range an allow rule counts only if it lies inside that range (so
+        `allow 0.0.0.0/0` never opens loopback)."""
         found = [
             rule
             for length, rule in self._networks.lookup(address)
             if denied is None or length >= denied.network.prefixlen or rule.action == "deny"
         ]
         found.sort(key=lambda rule: rule.position)
-        return tuple(found)
+        return _first_match_order(found)
 
     def _with_binding(
         self, decision: Decision, slot: _HostSlot, port: int, scheme: str, method: str, path: str

@@ -138,7 +138,12 @@ class Template:
             code = 1
             try:
                 die_with_parent(pool)
+                # Ctrl-C reaches the whole process group: the pool stops its workers, and the
+                # template must outlive that, or its death would SIGKILL them mid-stop.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
                 code = _serve_requests(template_end, run_worker)
+            except BaseException:
+                traceback.print_exc()
             finally:
                 os._exit(code)
         template_end.close()
@@ -221,6 +226,7 @@ def _serve_requests(requests: socket.socket, run_worker: Callable[[WorkerSlot], 
         pid = os.fork()
         if pid == 0:
             requests.close()
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             os._exit(_run_worker(slot, run_worker))
         for fd in fds:
             os.close(fd)

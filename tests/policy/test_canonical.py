@@ -302,6 +302,27 @@ def test_soft_ambiguities_are_refused_only_where_a_rule_checks_the_path(path: st
     assert decide("bound.example.com", path) == ("allow", "rule")  # a binding for `/*` checks nothing
 
 
+@pytest.mark.parametrize("host", ["10.1.2.3", "open.example.com"])
+def test_a_path_rule_after_a_rule_without_conditions_checks_nothing(host: str) -> None:
+    """The first rule allows every request to the host, so the later path rule is unreachable and
+    the soft ambiguity changes nothing (an address's rules were not cut there: Hypothesis found
+    `/a%2Fx` to 10.1.2.3 denied as ambiguous)."""
+    target = "10.0.0.0/8" if host[0].isdigit() else host
+    compiled = compile_policy(
+        policy_from_dict(
+            {
+                "defaultAction": "deny",
+                "egress": [
+                    {"action": "allow", "target": target},
+                    {"action": "allow", "target": target, "paths": ["/a"]},
+                ],
+            }
+        )
+    )
+    decision = compiled.decide(Request(host, 80, "http", "GET", "/a%2Fx"))
+    assert (decision.action, decision.reason, decision.rule) == ("allow", "rule", "<api>:egress[0]")
+
+
 def test_an_ambiguous_target_is_refused_even_in_report_mode() -> None:
     compiled = compile_policy(policy_from_dict({**V1_ONLY, "mode": "report"}))
     decision = compiled.decide(Request("api.example.com", 443, "https", "GET", "/v1/..;/admin"))
