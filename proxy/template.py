@@ -116,7 +116,7 @@ class WorkerProcess:
 
 
 class Template:
-    """The pool's handle on its template: `fork_template` before any loop, then `fork` per worker."""
+    """The pool's handle on its template: `start` before any loop or thread, then `fork` per worker."""
 
     def __init__(self, pid: int, requests: socket.socket) -> None:
         self.pid = pid
