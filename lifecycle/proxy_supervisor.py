@@ -77,14 +77,19 @@ def listening(pid: int) -> Listeners:
     return Listeners(frozenset(found["tcp"]), frozenset(found["udp"]))
 
 
+def parent_pid(pid: int | str) -> int:
+    """From /proc/<pid>/stat (after the command name, which may hold spaces and parentheses);
+    raises OSError if the process is gone."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def process_family(pid: int) -> list[int]:
     """`pid` and every process below it."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError, IndexError, ValueError):
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(parent, []).append(int(entry.name))
+                children.setdefault(parent_pid(entry.name), []).append(int(entry.name))
     family, todo = [], [pid]
     while todo:
         member = todo.pop()
@@ -237,9 +242,7 @@ def proxy_processes(state_dir: Path) -> list[int]:
             with contextlib.suppress(OSError, IndexError, ValueError):
                 argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
                 if b"sandgate.proxy" in argv and config in argv:
-                    found[int(entry)] = int(
-                        Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()[1]
-                    )
+                    found[int(entry)] = parent_pid(entry)
     return [pid for pid, parent in found.items() if parent not in found]
 
 

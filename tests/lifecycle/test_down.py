@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from sandgate.lifecycle.proxy_supervisor import parent_pid
 from tests.support.server import SandgateServer
 
 pytestmark = pytest.mark.root
@@ -57,10 +58,6 @@ def traces(server: SandgateServer) -> dict[str, set[str]]:
         },
         "proxy": {pid for pid in os.listdir("/proc") if pid.isdigit() and config in _argv(pid)},
     }
-
-
-def parent(pid: str) -> int:
-    return int(Path("/proc", pid, "stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def _argv(pid: str) -> list[bytes]:
@@ -105,7 +102,7 @@ def test_down_after_sigkill_leaves_no_trace(server: SandgateServer) -> None:
     assert len(left["netns"]) == 2 and len(left["links"]) == 2 and len(left["mounts"]) >= 4
     # The orphaned proxy child: one process the server started (with workers, a pool, whose
     # worker template and workers carry the same argv).
-    [orphan] = [pid for pid in left["proxy"] if str(parent(pid)) not in left["proxy"]]
+    [orphan] = [pid for pid in left["proxy"] if str(parent_pid(pid)) not in left["proxy"]]
     assert left["nft"] and left["cgroups"]
 
     kept = server.down()

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from sandgate.lifecycle.proxy_supervisor import parent_pid
+
 # The pool's side: fork the template, ask for worker 1/2 with three descriptors (two ends of
 # socket pairs stand in for the listeners, the third is the audit pipe), print what it got,
 # read one message the worker writes on the "audit pipe", then wait for a line on stdin:
@@ -61,10 +63,6 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
 def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
@@ -95,7 +93,7 @@ def test_a_worker_is_the_templates_child_with_the_descriptors_it_was_sent(
 ) -> None:
     tree = started(pool)
     template, worker = int(str(tree["template"])), int(str(tree["worker"]))
-    assert parent(template) == tree["pool"] and parent(worker) == template
+    assert parent_pid(template) == tree["pool"] and parent_pid(worker) == template
     assert tree["said"] == {"slot": "1/2", "parent": template, "blocking": False}
     assert pool.stdin is not None
     pool.stdin.write("stop\n")
