@@ -352,8 +352,9 @@ def start_sandgate(
 ) -> tuple[Proxy, object]:
     """`python -m sandgate.proxy --config`, as lifecycle starts it, on `cpus` (`extra`: more
     ProxyConfig fields); returns it and its ProxyControl."""
+    from sandgate.lifecycle.proxy_supervisor import secrets_pipe
     from sandgate.proxy import ProxyConfig, ProxyControl
-    from sandgate.vault import generate_master_key, open_store
+    from sandgate.vault import StoreSecrets, StoreSettings, generate_master_key, open_store
 
     key = generate_master_key()
     vault_dir = topo.workdir / f"{name}-vault"
@@ -362,7 +363,7 @@ def start_sandgate(
         state_dir=topo.workdir / name,
         upstream_dns=[DNS_ADDR],
         upstream_ca=topo.ca_cert,
-        vault={"backend": "local", "state_dir": str(vault_dir), "vault_key": key},
+        vault=StoreSettings(state_dir=vault_dir),
         **ports,
         **extra,  # type: ignore[arg-type]
     )
@@ -370,7 +371,8 @@ def start_sandgate(
     config_file = config.state_dir / "proxy.json"
     config_file.write_text(config.model_dump_json())
     argv = ["taskset", "-c", cpus, sys.executable, "-m", "sandgate.proxy", "--config", str(config_file)]
-    process = topo.spawn(name, argv, cwd=REPO)
+    with secrets_pipe(StoreSecrets(vault_key=key).revealed_json()) as fds:
+        process = topo.spawn(name, argv + [f"--secrets-fd={fd}" for fd in fds], cwd=REPO, pass_fds=fds)
     control = ProxyControl(config.socket_path)
     deadline = time.monotonic() + 30
     while True:

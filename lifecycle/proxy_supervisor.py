@@ -17,6 +17,9 @@ Rules:
 4. The control socket is part of the proxy: when its path no longer names the socket the proxy
    bound (deleted, or replaced by another file or process), lifecycle could no longer push a
    policy, so the proxy is restarted (it binds a fresh socket) and re-fed like after a crash.
+5. The vault's secrets never touch the disk: every start writes them into a fresh pipe whose
+   read end the child inherits (`--secrets-fd`); the config file holds only where the vault is,
+   and the child's environment has none of the server's `SANDGATE_*` settings.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,8 +112,10 @@ class ProxySupervisor:
         start_timeout: float = 20.0,
         listeners: Listeners = Listeners(),
         control_socket: Path | None = None,
+        secrets: bytes | None = None,
     ) -> None:
         self.config_path = config_path
+        self.secrets = secrets  # the vault's StoreSecrets JSON, piped to every start (rule 5)
         self.control_socket = control_socket
         self._socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket it bound
         self.listeners = listeners
@@ -142,12 +147,15 @@ class ProxySupervisor:
             self._watcher.join(timeout)
 
     def _spawn_and_wait(self, timeout: float) -> None:
-        with self.log_path.open("ab") as output:
+        argv = [self.python, "-m", "sandgate.proxy", "--config", str(self.config_path)]
+        with self.log_path.open("ab") as output, secrets_pipe(self.secrets) as fds:
             self._process = subprocess.Popen(
-                [self.python, "-m", "sandgate.proxy", "--config", str(self.config_path)],
+                argv + [arg for fd in fds for arg in ("--secrets-fd", str(fd))],
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                pass_fds=fds,
+                env=proxy_environment(),
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self._stopping.is_set():
@@ -217,6 +225,28 @@ class ProxySupervisor:
             except Exception:
                 log.exception("proxy restart failed; retrying in %.1fs", backoff)
                 backoff, timeout = min(backoff * 2, 10.0), min(timeout * 2, MAX_START_TIMEOUT)
+
+
+def proxy_environment() -> dict[str, str]:
+    """The server's environment less its settings (`SANDGATE_*`: the API key, the vault key and
+    OpenBao credentials among them): the proxy reads no setting, its config file says it all."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("SANDGATE_")}
+
+
+@contextlib.contextmanager
+def secrets_pipe(secrets: bytes | None) -> Iterator[tuple[int, ...]]:
+    """The read end of a pipe that holds `secrets` (written whole and closed: a pipe buffers
+    64 KiB, the secrets are a few hundred bytes), for a child to inherit; closed here after."""
+    if secrets is None:
+        yield ()
+        return
+    read, write = os.pipe()
+    try:
+        with os.fdopen(write, "wb") as pipe:
+            pipe.write(secrets)
+        yield (read,)
+    finally:
+        os.close(read)
 
 
 def _end(process: subprocess.Popen[bytes], timeout: float) -> None:

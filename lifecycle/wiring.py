@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sandgate.lifecycle.settings import Settings
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.runtime.local import LocalRuntime
     from sandgate.lifecycle.service import Service
     from sandgate.proxy import ProxyControl
-    from sandgate.vault import SecretStore
+    from sandgate.vault import SecretStore, StoreSecrets, StoreSettings
 
 
 @dataclass
@@ -48,28 +48,36 @@ class Components:
             close()
 
 
-def vault_values(settings: Settings) -> dict[str, Any]:
-    """The vault settings as plain values (the proxy opens the same store)."""
-    secret = lambda value: value.get_secret_value() if value is not None else None  # noqa: E731
-    return {
-        "backend": settings.vault_backend,
-        "state_dir": str(settings.state_dir),
-        "vault_key": secret(settings.vault_key),
-        "openbao_addr": settings.openbao_addr,
-        "openbao_token": secret(settings.openbao_token),
-        "openbao_role_id": settings.openbao_role_id,
-        "openbao_secret_id": secret(settings.openbao_secret_id),
-        "openbao_mount": settings.openbao_mount,
-        "openbao_prefix": settings.openbao_prefix,
-        "cache_ttl": settings.vault_cache_ttl,
-    }
+def vault_settings(settings: Settings) -> StoreSettings:
+    """Which store the settings name and where (the proxy opens the same store)."""
+    from sandgate.vault import StoreSettings
+
+    return StoreSettings(
+        backend=settings.vault_backend,
+        state_dir=settings.state_dir,
+        openbao_addr=settings.openbao_addr,
+        openbao_role_id=settings.openbao_role_id,
+        openbao_mount=settings.openbao_mount,
+        openbao_prefix=settings.openbao_prefix,
+        cache_ttl=settings.vault_cache_ttl,
+    )
+
+
+def vault_secrets(settings: Settings) -> StoreSecrets:
+    from sandgate.vault import StoreSecrets
+
+    return StoreSecrets(
+        vault_key=settings.vault_key,
+        openbao_token=settings.openbao_token,
+        openbao_secret_id=settings.openbao_secret_id,
+    )
 
 
 def open_vault(settings: Settings) -> SecretStore:
     """The credential store the settings name (the server's, the proxy's and the vault CLI's)."""
-    from sandgate.vault import open_store
+    from sandgate.vault import open_configured
 
-    return open_store(**vault_values(settings))
+    return open_configured(vault_settings(settings), vault_secrets(settings))
 
 
 def audit_index(settings: Settings) -> AuditIndex:
@@ -95,7 +103,8 @@ def write_proxy_config(settings: Settings) -> Path:
         upstream_ca=settings.upstream_ca,
         audit_max_bytes=settings.audit_max_bytes,
         audit_backups=settings.audit_backups,
-        vault=vault_values(settings),
+        max_rules=settings.policy_max_rules,
+        vault=vault_settings(settings),
     )
     path = settings.state_dir / "proxy.json"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -254,6 +263,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
             udp=frozenset({settings.proxy_dns_port}),
         ),
         control_socket=settings.state_dir / "proxy.sock",
+        secrets=vault_secrets(settings).revealed_json(),
     )
     audit, routers = audit_and_console(service, settings, api_key)
     audit.start()

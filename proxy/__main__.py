@@ -1,9 +1,13 @@
-"""`python -m sandgate.proxy --config FILE.json`: the egress proxy child process."""
+"""`python -m sandgate.proxy --config FILE.json [--secrets-fd N]`: the egress proxy child process.
+
+The vault's secrets (`StoreSecrets` JSON) are read from descriptor N, a pipe the control plane
+wrote and closed, so they are in no file and on no command line."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -14,17 +18,23 @@ from sandgate.proxy.frontdoor import ListenError
 from sandgate.proxy.server import run_proxy
 from sandgate.proxy.template import WorkerSlot
 from sandgate.proxy.workers import PoolStartError, run_pool, worker_count
+from sandgate.vault import StoreSecrets
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sandgate.proxy", description=__doc__)
     parser.add_argument("--config", type=Path, required=True, help="ProxyConfig as JSON")
+    parser.add_argument(
+        "--secrets-fd", type=int, help="a pipe carrying the vault's secrets (StoreSecrets JSON)"
+    )
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         config = ProxyConfig.model_validate_json(args.config.read_text())
-    except (OSError, ValidationError) as exc:
+        if args.secrets_fd is not None:
+            config.vault_secrets = read_secrets(args.secrets_fd)
+    except (OSError, ValueError) as exc:
         print(f"sandgate proxy: cannot use config {args.config}: {exc}", file=sys.stderr)
         return 2
     try:
@@ -36,6 +46,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sandgate proxy: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def read_secrets(fd: int) -> StoreSecrets:
+    """The vault's secrets from the pipe; an error names no value (pydantic's would quote it)."""
+    with os.fdopen(fd, "rb") as pipe:
+        data = pipe.read()
+    try:
+        return StoreSecrets.model_validate_json(data)
+    except ValidationError:
+        raise ValueError(f"descriptor {fd} did not carry the vault's secrets as StoreSecrets JSON") from None
 
 
 def run_worker(config: ProxyConfig, slot: WorkerSlot) -> None:

@@ -3,6 +3,9 @@
 Rules: these are the proxy's boundary models. The proxy never reads sandgate settings itself;
 lifecycle builds a `ProxyConfig`, writes it as JSON, and starts `python -m sandgate.proxy
 --config FILE`. Sandbox entries arrive over the control socket as `SandboxEntry` JSON.
+The file holds no secret: `vault` says which store and where, and the secrets that open it
+(`vault_secrets`, never serialised) reach the process through a pipe (`--secrets-fd`), so they
+exist only in the memory of the control plane and the proxy.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from sandgate.policy import DEFAULT_MAX_RULES
 from sandgate.proxy.audit import audit_path
+from sandgate.vault import StoreSecrets, StoreSettings
 
 DNS_PORT = 53
 RESOLVER_FORMS = "an IP address with an optional port: 192.0.2.53, 192.0.2.53:5353, [2001:db8::53]:5353"
@@ -138,9 +143,14 @@ class ProxyConfig(BaseModel):
         100 * 1024 * 1024, ge=1024, description="rotate the audit log past this size"
     )
     audit_backups: int = Field(10, ge=0, description="rotated audit files kept (.1, .2, ...)")
-    vault: dict[str, Any] = Field(
-        default_factory=dict,
-        description="how to open the secret store (see sandgate.vault); empty = no vault",
+    max_rules: int = Field(
+        DEFAULT_MAX_RULES, ge=1, description="egress rules one sandbox policy may have (policy_max_rules)"
+    )
+    vault: StoreSettings | None = Field(None, description="which secret store and where; None = no vault")
+    vault_secrets: StoreSecrets = Field(
+        default_factory=StoreSecrets,
+        exclude=True,
+        description="what opens the store; never written to the config file (read from --secrets-fd)",
     )
     sandboxes: list[SandboxEntry] = Field(
         default_factory=list, description="entries loaded at start (lifecycle normally pushes them instead)"

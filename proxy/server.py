@@ -41,7 +41,7 @@ from sandgate.proxy.state import ProxyState, SandboxTable
 from sandgate.proxy.streaming import StreamingAddon
 from sandgate.proxy.template import DNS_WORKER, WorkerSlot
 from sandgate.proxy.workers import PeerNames, worker_socket
-from sandgate.vault import open_store
+from sandgate.vault import open_configured
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,11 @@ def build_state(config: ProxyConfig, slot: WorkerSlot | None = None) -> ProxySta
     lines to the pool, and asks the DNS worker for names it did not resolve itself."""
     # The proxy keeps values in memory itself (proxy/credentials.py), refreshed when the control
     # plane signals a change: a store-side cache would only serve a stale value after a rotation.
-    store = open_store(**{**config.vault, "cache_ttl": 0}) if config.vault else None
-    table = SandboxTable(store)
+    vault = config.vault
+    store = (
+        open_configured(vault.model_copy(update={"cache_ttl": 0}), config.vault_secrets) if vault else None
+    )
+    table = SandboxTable(store, config.max_rules)
     for entry in config.sandboxes if slot is None else ():
         table.put(entry)
     return ProxyState(
@@ -168,7 +171,9 @@ async def serve(config: ProxyConfig, slot: WorkerSlot | None = None) -> None:
         loop.add_signal_handler(signum, master.shutdown)
     await control.start()
     log.info("sandgate proxy: control socket %s", socket_path)
-    refresher = asyncio.create_task(refresh_vault_values(state, config.vault.get("cache_ttl", 30.0)))
+    refresher = asyncio.create_task(
+        refresh_vault_values(state, config.vault.cache_ttl if config.vault else 30.0)
+    )
     if slot is None:
         front_door.start()
     try:

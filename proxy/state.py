@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sandgate.policy import (
+    DEFAULT_MAX_RULES,
     Binding,
     CompiledPolicy,
     PassthroughAuth,
@@ -48,9 +49,12 @@ class Sandbox:
     credentials: SandboxCredentials
 
     @classmethod
-    def compile(cls, entry: SandboxEntry, values: SecretValues) -> Sandbox:
-        """Parse and compile the entry's policy; raises PolicyError with file:line issues."""
-        policy = compile_policy(parse_policy(entry.policy, f"<sandbox {entry.sandbox_id}>"))
+    def compile(
+        cls, entry: SandboxEntry, values: SecretValues, max_rules: int = DEFAULT_MAX_RULES
+    ) -> Sandbox:
+        """Parse and compile the entry's policy; raises PolicyError with file:line issues (one
+        with more than `max_rules` egress rules included)."""
+        policy = compile_policy(parse_policy(entry.policy, f"<sandbox {entry.sandbox_id}>"), max_rules)
         bindings = {binding.name: binding for binding in policy.policy.bindings}
         placeholders = {
             substitution.placeholder: binding.name
@@ -81,8 +85,9 @@ class SandboxTable:
     reads the entry's credential values from the vault (blocking: the control API calls it from
     a handler thread), so they are scrubbed from the moment the entry is in force."""
 
-    def __init__(self, store: Any = None) -> None:
+    def __init__(self, store: Any = None, max_rules: int = DEFAULT_MAX_RULES) -> None:
         self.values = SecretValues(store)
+        self.max_rules = max_rules
         self._by_address: MappingProxyType[str, Sandbox] = MappingProxyType({})
         self.on_change: list[Callable[[str], None]] = []  # called with the address after each swap
 
@@ -90,7 +95,7 @@ class SandboxTable:
         return self._by_address.get(address)
 
     def put(self, entry: SandboxEntry) -> Sandbox:
-        sandbox = Sandbox.compile(entry, self.values)
+        sandbox = Sandbox.compile(entry, self.values, self.max_rules)
         self.values.load(sandbox.credentials.vault_names)
         self._by_address = MappingProxyType({**self._by_address, entry.address: sandbox})
         self._changed(entry.address)

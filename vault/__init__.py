@@ -6,7 +6,8 @@ proxy's injection path calls `reveal`, and only to render a binding; `values` on
 `Redactor`. No code here logs, prints or raises with a value in it.
 
 - Stores: `LocalStore` (one AES-256-GCM file in the state dir), `OpenBaoStore` (HashiCorp
-  Vault / OpenBao KV v2), both `SecretStore`s; `open_store(...)` builds one from settings values.
+  Vault / OpenBao KV v2), both `SecretStore`s; `open_store(...)` builds one from settings values;
+  `open_configured(StoreSettings, StoreSecrets)` from the two halves a config file and a pipe carry.
 - Rendering: `render(binding, reveal) -> Injection` (headers to set and `Placeholders` to
   substitute), one renderer per auth type in `RENDERERS`.
 - Redaction: `Redactor(values)` with `redact`, `redact_text` and `stream()`.
@@ -29,7 +30,15 @@ from sandgate.vault.render import (
     render_headers,
     reveal_via,
 )
-from sandgate.vault.store import LOCAL_KEY_FILE, LOCAL_VAULT_FILE, SecretStore, open_store
+from sandgate.vault.store import (
+    LOCAL_KEY_FILE,
+    LOCAL_VAULT_FILE,
+    SecretStore,
+    StoreSecrets,
+    StoreSettings,
+    open_configured,
+    open_store,
+)
 
 __all__ = [
     "DEFAULT_SURFACES",
@@ -49,11 +58,14 @@ __all__ = [
     "SecretInfo",
     "SecretNotFound",
     "SecretStore",
+    "StoreSecrets",
+    "StoreSettings",
     "VaultError",
     "VaultKeyError",
     "VaultTampered",
     "decode_master_key",
     "generate_master_key",
+    "open_configured",
     "open_store",
     "render",
     "render_auth",

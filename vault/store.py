@@ -3,13 +3,19 @@
 Rules: a store is write-only from the outside. Names, versions and timestamps may be listed;
 `reveal` exists only for the proxy's injection path and `values` only to build a redactor.
 Nothing here logs, prints or puts a value into an error message.
+How to open a store travels in two parts: `StoreSettings` (what may be written to a config file)
+and `StoreSecrets` (the master key and OpenBao credentials: handed over in memory or through a
+pipe, never written by sandgate; their repr hides the values).
 """
 
 from __future__ import annotations
 
 import builtins
+import json
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, SecretStr
 
 from sandgate.vault.errors import VaultError
 from sandgate.vault.local import LocalStore, decode_master_key
@@ -41,6 +47,55 @@ class SecretStore(Protocol):
     def values(self) -> builtins.list[str]:
         """Every current value, to build a Redactor; never for display."""
         ...
+
+
+class StoreSettings(BaseModel):
+    """Which store and where: everything `open_store` needs except the secrets."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["local", "openbao"] = "local"
+    state_dir: Path
+    openbao_addr: str | None = None
+    openbao_role_id: str | None = None
+    openbao_mount: str = "secret"
+    openbao_prefix: str = "sandgate"
+    cache_ttl: float = 30.0
+
+
+class StoreSecrets(BaseModel):
+    """What opens the store: the local vault's master key (else `vault.key` is used) and the
+    OpenBao token or AppRole secret id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vault_key: SecretStr | None = None
+    openbao_token: SecretStr | None = None
+    openbao_secret_id: SecretStr | None = None
+
+    def revealed(self) -> dict[str, str | None]:
+        return {name: value.get_secret_value() if value else None for name, value in self}
+
+    def revealed_json(self) -> bytes:
+        """The values themselves as JSON (`model_dump_json` would write asterisks), for a pipe."""
+        return json.dumps(self.revealed()).encode()
+
+
+def open_configured(settings: StoreSettings, secrets: StoreSecrets) -> SecretStore:
+    """The store `settings` names, opened with `secrets`."""
+    revealed = secrets.revealed()
+    return open_store(
+        settings.backend,
+        settings.state_dir,
+        vault_key=revealed["vault_key"],
+        openbao_addr=settings.openbao_addr,
+        openbao_token=revealed["openbao_token"],
+        openbao_role_id=settings.openbao_role_id,
+        openbao_secret_id=revealed["openbao_secret_id"],
+        openbao_mount=settings.openbao_mount,
+        openbao_prefix=settings.openbao_prefix,
+        cache_ttl=settings.cache_ttl,
+    )
 
 
 def open_store(

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from sandgate.lifecycle.proxy_supervisor import secrets_pipe
 from sandgate.proxy import ProxyConfig, ProxyControl, SandboxEntry
 from tests.support.internet import DNS_ADDR, Internet, start_internet
 from tests.support.netns import Netns, ip, unique
@@ -66,11 +67,15 @@ def start_proxy(
     config_file = state_dir / "proxy.json"
     config_file.write_text(config.model_dump_json())
     log = (state_dir / "proxy.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sandgate.proxy", "--config", str(config_file), "--log-level", "INFO"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    # The vault's secrets go through a pipe, as lifecycle hands them over (never the config file).
+    with secrets_pipe(config.vault_secrets.revealed_json() if config.vault else None) as fds:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sandgate.proxy", "--config", str(config_file), "--log-level", "INFO"]
+            + [arg for fd in fds for arg in ("--secrets-fd", str(fd))],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            pass_fds=fds,
+        )
     control = ProxyControl(config.socket_path)
     deadline = time.monotonic() + START_TIMEOUT
     while True:

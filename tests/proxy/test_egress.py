@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from sandgate.proxy import ProxyControlError, SandboxEntry
-from sandgate.vault import generate_master_key, open_store
+from sandgate.vault import StoreSecrets, StoreSettings, generate_master_key, open_store
 from tests.proxy.conftest import (
     CLIENT_ADDR,
     EXPLICIT_PORT,
@@ -68,7 +68,8 @@ def proxy(net: Internet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
         tmp_path_factory.mktemp("proxy"),
         net,
         [entry],
-        vault={"backend": "local", "state_dir": str(vault_dir), "vault_key": key},
+        vault=StoreSettings(state_dir=vault_dir),
+        vault_secrets=StoreSecrets(vault_key=key),
     )
     try:
         yield running

@@ -23,6 +23,7 @@ import hvac
 import pytest
 
 from sandgate.proxy import SandboxEntry
+from sandgate.vault import StoreSecrets, StoreSettings
 from tests.proxy.conftest import CLIENT_ADDR, Client, RunningProxy, start_proxy, stop_proxy
 from tests.support.internet import ORIGIN_V4, Internet
 from tests.support.openbao import OpenBao, free_port, openbao_dev_server
@@ -95,13 +96,13 @@ def bao() -> Iterator[OpenBao]:
 def proxy(tmp_path_factory: pytest.TempPathFactory, net: Internet, bao: OpenBao) -> Iterator[RunningProxy]:
     net.set_names({"api.example.com": [ORIGIN_V4], "plain.example.com": [ORIGIN_V4]})
     with slow_relay(int(bao.addr.rsplit(":", 1)[1])) as relay_port:
-        vault = {
-            "backend": "openbao",
-            "state_dir": str(tmp_path_factory.mktemp("vault")),
-            "openbao_addr": f"http://127.0.0.1:{relay_port}",
-            "openbao_token": bao.root_token,
-        }
-        running = start_proxy(Path(tmp_path_factory.mktemp("proxy")), net, vault=vault)
+        vault = StoreSettings(
+            backend="openbao",
+            state_dir=tmp_path_factory.mktemp("vault"),
+            openbao_addr=f"http://127.0.0.1:{relay_port}",
+        )
+        secrets = StoreSecrets(openbao_token=bao.root_token)
+        running = start_proxy(Path(tmp_path_factory.mktemp("proxy")), net, vault=vault, vault_secrets=secrets)
         try:
             yield running
         finally:

@@ -1,0 +1,91 @@
+"""`policy_max_rules` is one limit end to end: the proxy compiles with the setting lifecycle
+checks against (it used to keep its own 4096, so a create of 5,000 rules under a 10,000 limit
+answered 503 and a change 500). At the limit a create and a change are accepted and enforced;
+one rule over it is a 400 naming the limit, and the policy in force stays as it was."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.server import SandgateServer, sandgate_server
+
+pytestmark = pytest.mark.root
+LIMIT = 10_000
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandgateServer]:
+    with sandgate_server(
+        tmp_path_factory.mktemp("limit"), {"SANDGATE_POLICY_MAX_RULES": str(LIMIT)}
+    ) as running:
+        yield running
+
+
+def rules(count: int, start: int = 0) -> list[dict[str, str]]:
+    return [{"action": "allow", "target": f"h{n}.example.test"} for n in range(start, start + count)]
+
+
+def proxy_rule_count(server: SandgateServer, sandbox_id: str) -> int:
+    from sandgate.proxy import ProxyControl
+
+    with ProxyControl(server.state_dir / "proxy.sock") as control:
+        [entry] = [entry for entry in control.list() if entry.sandbox_id == sandbox_id]
+    return len(entry.policy["egress"])
+
+
+def dns_decision(server: SandgateServer, sandbox_id: str, name: str) -> str:
+    """The decision of the proxy's DNS record for `name` (written when the answer is sent)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for line in (server.state_dir / "audit.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            if record["kind"] == "dns" and record["sandbox"] == sandbox_id and record["host"] == name:
+                return str(record["decision"])
+        time.sleep(0.1)
+    raise AssertionError(f"no DNS record for {name}")
+
+
+def test_a_policy_at_the_limit_is_in_force_at_the_proxy(server: SandgateServer) -> None:
+    sandbox_id = server.create_sandbox(networkPolicy={"defaultAction": "deny", "egress": rules(LIMIT)})["id"]
+    assert proxy_rule_count(server, sandbox_id) == LIMIT
+    server.run(sandbox_id, f"getent hosts h{LIMIT - 1}.example.test h{LIMIT}.example.test")
+    assert dns_decision(server, sandbox_id, f"h{LIMIT - 1}.example.test") == "allow"  # the last rule
+    assert dns_decision(server, sandbox_id, f"h{LIMIT}.example.test") == "deny"
+
+
+def test_one_rule_over_the_limit_is_a_400_naming_it(server: SandgateServer) -> None:
+    with server.client() as client:
+        response = client.post(
+            "/v1/sandboxes",
+            json={
+                "image": {"uri": "sandgate/host"},
+                "entrypoint": ["sleep", "infinity"],
+                "resourceLimits": {},
+                "networkPolicy": {"defaultAction": "deny", "egress": rules(LIMIT + 1)},
+            },
+        )
+    assert response.status_code == 400, response.text
+    assert f"limit of {LIMIT}" in response.text and "policy_max_rules" in response.text
+
+
+def test_a_change_up_to_the_limit_is_accepted_and_one_over_it_refused(server: SandgateServer) -> None:
+    sandbox_id = server.create_sandbox(networkPolicy={"defaultAction": "deny", "egress": rules(5_000)})["id"]
+    assert proxy_rule_count(server, sandbox_id) == 5_000
+    with server.client() as client:
+        patched = client.patch(f"/v1/sandboxes/{sandbox_id}/egress/policy", json=rules(LIMIT - 5_000, 5_000))
+        assert patched.status_code == 200, patched.text
+        assert proxy_rule_count(server, sandbox_id) == LIMIT
+        over = client.patch(f"/v1/sandboxes/{sandbox_id}/egress/policy", json=rules(1, LIMIT))
+    assert over.status_code == 400, over.text
+    assert f"limit is {LIMIT}" in over.text or f"limit of {LIMIT}" in over.text
+    assert proxy_rule_count(server, sandbox_id) == LIMIT  # the policy in force is untouched
+
+
+def test_the_limit_is_in_the_proxy_config(server: SandgateServer) -> None:
+    config = Path(server.state_dir / "proxy.json").read_text()
+    assert f'"max_rules": {LIMIT}' in config
