@@ -63,6 +63,8 @@ def command(
         return
     import uvicorn
 
+    from sandgate.lifecycle.api.access_log import redact_access_queries
+
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with running_control_plane(settings) as app:
         server = uvicorn.Server(
@@ -78,6 +80,7 @@ def command(
                 date_header=False,
             )
         )
+        redact_access_queries()  # after uvicorn.Config, which configures its loggers
         base = f"http://{settings.host}:{settings.port}"
         click.echo(f"sandgate: API on {base} (state in {settings.state_dir})")
         click.echo(f"sandgate: console on {base}/console (log in with the API key)")
