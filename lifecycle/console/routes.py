@@ -33,7 +33,7 @@ from sandgate.lifecycle.audit.routes import sse_events
 from sandgate.lifecycle.console.views import ConsoleSandbox, policy_diff, policy_yaml
 from sandgate.lifecycle.visible import visible, visible_record
 from sandgate.policy import OUTCOMES
-from sandgate.proxy.audit import RECORD_KINDS
+from sandgate.proxy import RECORD_KINDS
 
 HERE = Path(__file__).parent
 COOKIE = "sandgate_console"
