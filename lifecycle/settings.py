@@ -23,7 +23,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from sandgate.policy import DEFAULT_MAX_RULES, Policy, load_policy
+from sandgate.policy import DEFAULT_MAX_RULES, Policy, Presets, load_policy
 from sandgate.proxy import ResolverAddress, audit_path
 
 DEFAULT_CONFIG_FILE = Path("/etc/sandgate/config.toml")
@@ -98,6 +98,10 @@ class Settings(BaseSettings):
 
     # policy and audit
     policy_max_rules: int = Field(DEFAULT_MAX_RULES, ge=1)
+    preset_dirs: list[Path] = Field(
+        default_factory=list,
+        description="directories of policy presets (NAME.yaml) a policy may include as preset:NAME",
+    )
     default_policy: Path | None = Field(
         None,
         description="policy file a sandbox created without a networkPolicy gets (unset: deny everything)",
@@ -118,12 +122,19 @@ class Settings(BaseSettings):
     def _default_policy_loads(cls, path: Path | None, info: ValidationInfo) -> Path | None:
         """A default policy that would refuse every create is refused at start, with file:line."""
         if path is not None:
-            default_policy(path, info.data.get("policy_max_rules", DEFAULT_MAX_RULES))
+            presets = Presets(tuple(info.data.get("preset_dirs") or ()))
+            default_policy(path, info.data.get("policy_max_rules", DEFAULT_MAX_RULES), presets)
         return path
+
+    @property
+    def presets(self) -> Presets:
+        return Presets(tuple(self.preset_dirs))
 
     def load_default_policy(self) -> Policy | None:
         """The operator's default policy; None (deny everything) when unset."""
-        return default_policy(self.default_policy, self.policy_max_rules) if self.default_policy else None
+        if self.default_policy is None:
+            return None
+        return default_policy(self.default_policy, self.policy_max_rules, self.presets)
 
     @classmethod
     def settings_customise_sources(
@@ -156,10 +167,10 @@ def config_file() -> Path | None:
     return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
 
 
-def default_policy(path: Path, max_rules: int) -> Policy:
+def default_policy(path: Path, max_rules: int, presets: Presets) -> Policy:
     """The policy file at `path`; ValueError (PolicyError: file:line) if unreadable or invalid, or
     if it has more than `max_rules` rules."""
-    policy = load_policy(path)
+    policy = load_policy(path, presets)
     if len(policy.egress) > max_rules:
         raise ValueError(f"{path} has {len(policy.egress)} rules, over policy_max_rules ({max_rules})")
     return policy

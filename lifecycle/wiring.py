@@ -242,7 +242,9 @@ def build_components(settings: Settings, api_key: str) -> Components:
         store,
         proxy=control,
         vault=open_vault(settings),
-        policies=SandgatePolicies(settings.policy_max_rules, settings.load_default_policy()),
+        policies=SandgatePolicies(
+            settings.policy_max_rules, settings.load_default_policy(), settings.presets
+        ),
         audit=policy_change_writer(settings.audit_log),
     )
     service = Service(
