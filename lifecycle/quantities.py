@@ -39,13 +39,13 @@ def runtime_limits(resource_limits: dict[str, str]) -> Limits:
     """cpu -> CPUs, memory -> bytes, pids -> a count, disk -> bytes; absent keys get the
     runtime's defaults (pids and disk) or stay unlimited."""
     cpu, memory, pids = (resource_limits.get(key) for key in ("cpu", "memory", "pids"))
-    disk_key = next((key for key in DISK_KEYS if key in resource_limits), None)
-    disk = int(parse_quantity(resource_limits[disk_key], disk_key)) if disk_key else None
-    if disk is not None and disk < MIN_DISK_BYTES:
-        raise LifecycleError("invalid", f"resourceLimits.{disk_key}={resource_limits[disk_key]!r} is below 16Mi")
+    disk = next(((key, resource_limits[key]) for key in DISK_KEYS if key in resource_limits), None)
+    disk_bytes = int(parse_quantity(disk[1], disk[0])) if disk else None
+    if disk and disk_bytes is not None and disk_bytes < MIN_DISK_BYTES:
+        raise LifecycleError("invalid", f"resourceLimits.{disk[0]}={disk[1]!r} is below 16Mi")
     return Limits(
         memory_bytes=int(parse_quantity(memory, "memory")) if memory is not None else None,
         pids_max=int(parse_quantity(pids, "pids")) if pids is not None else None,
         cpu_quota=parse_quantity(cpu, "cpu") if cpu is not None else None,
-        disk_bytes=disk,
+        disk_bytes=disk_bytes,
     )

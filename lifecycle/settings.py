@@ -111,7 +111,9 @@ class Settings(BaseSettings):
 
     # per-sandbox caps (docs/runtime.md, "Caps")
     pids_max: int = Field(
-        1024, ge=16, description="processes per sandbox when its resourceLimits names no `pids` (both runtimes)"
+        1024,
+        ge=16,
+        description="processes per sandbox when its resourceLimits names no `pids` (both runtimes)",
     )
     sandbox_disk: ByteQuantity = Field(
         "2Gi",

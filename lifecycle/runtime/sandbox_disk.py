@@ -114,7 +114,11 @@ class SandboxDisks:
         if not self.directory.is_dir():
             return set()
         names = (entry.name for entry in self.directory.iterdir())
-        return {name[len(self.prefix) : -4] for name in names if name.startswith(self.prefix) and name.endswith(".img")}
+        return {
+            name[len(self.prefix) : -4]
+            for name in names
+            if name.startswith(self.prefix) and name.endswith(".img")
+        }
 
     def _admit(self, size_bytes: int) -> None:
         """Rule 2, under the admission lock (two creates must not both take the last room)."""

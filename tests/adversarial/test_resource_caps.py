@@ -146,7 +146,9 @@ def test_a_disk_filler_gets_enospc_at_its_quota_and_the_state_dir_keeps_its_spac
     assert leftovers(capped) == NOTHING
 
 
-def test_delete_and_a_failed_create_leave_no_loop_device_mount_image_or_cgroup(capped: SandgateServer) -> None:
+def test_delete_and_a_failed_create_leave_no_loop_device_mount_image_or_cgroup(
+    capped: SandgateServer,
+) -> None:
     sandbox_id = capped.create_sandbox()["id"]
     disk = capped.state_dir / "sandboxes" / sandbox_id / "disk"
     assert str(disk) in mount_points() and len(leftovers(capped)["loop devices"]) == 1  # type: ignore[arg-type]
@@ -155,7 +157,11 @@ def test_delete_and_a_failed_create_leave_no_loop_device_mount_image_or_cgroup(c
         assert leftovers(capped) == NOTHING
         failed = client.post(
             "/v1/sandboxes",
-            json={"image": {"uri": "sandgate/host"}, "entrypoint": ["/no/such/entrypoint"], "resourceLimits": {}},
+            json={
+                "image": {"uri": "sandgate/host"},
+                "entrypoint": ["/no/such/entrypoint"],
+                "resourceLimits": {},
+            },
         )
     assert failed.status_code >= 400
     assert leftovers(capped) == NOTHING

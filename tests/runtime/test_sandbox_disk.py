@@ -32,13 +32,12 @@ def shared_fs(tmp_path: Path) -> Iterator[Path]:
 def fill(path: Path) -> int:
     """Write until the filesystem refuses; returns the bytes written (ENOSPC asserted)."""
     written = 0
-    with open(path, "wb") as out:
-        with pytest.raises(OSError) as refused:
-            while True:
-                out.write(b"x" * MiB)
-                out.flush()
-                os.fsync(out.fileno())
-                written += MiB
+    with open(path, "wb") as out, pytest.raises(OSError) as refused:
+        while True:
+            out.write(b"x" * MiB)
+            out.flush()
+            os.fsync(out.fileno())
+            written += MiB
     assert refused.value.errno == errno.ENOSPC
     return written
 
