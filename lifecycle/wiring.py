@@ -207,6 +207,7 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
             oci_runtime=settings.docker_oci_runtime,
             binds=binds,
             default_pids_max=settings.pids_max,
+            disks=make_disks(settings, instance),
         )
     from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.runtime.local import LocalRuntime
@@ -223,7 +224,7 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
 
 
 def make_disks(settings: Settings, instance: str) -> SandboxDisks | None:
-    """The local sandboxes' own filesystems (runtime/sandbox_disk.py); None with sandbox_disk '0'."""
+    """The sandboxes' own filesystems (runtime/sandbox_disk.py); None with sandbox_disk '0'."""
     from sandgate.lifecycle.quantities import parse_quantity
     from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
 

@@ -5,8 +5,9 @@ Rules:
    and work dirs (its `/`, /workspace included) and its output log. The filesystem lives in a
    sparse image file `<directory>/sandgate-<instance>-<id>.img` whose size is the sandbox's
    quota, on a loop device with autoclear (unmounting the filesystem detaches the device), mounted
-   at the mount point the runtime names. A write past the quota fails with ENOSPC inside the
-   sandbox: the kernel enforces the cap, nothing polls.
+   at the mount point the runtime names (the local runtime: in the sandbox's directory; Docker,
+   which binds it at /workspace: `mount_point`, beside the image). A write past the quota fails
+   with ENOSPC inside the sandbox: the kernel enforces the cap, nothing polls.
 2. The state dir's filesystem keeps `reserve_bytes` free whatever sandboxes write. When the
    images share that filesystem, a create is admitted only if the unwritten remainder of every
    image (its size minus the blocks it holds) plus the new quota fits into the free space minus
@@ -70,6 +71,10 @@ class SandboxDisks:
     def image(self, sandbox_id: str) -> Path:
         return self.directory / f"{self.prefix}{sandbox_id}.img"
 
+    def mount_point(self, sandbox_id: str) -> Path:
+        """A mount point beside the image, for a runtime with no directory of its own per sandbox."""
+        return self.directory / f"{self.prefix}{sandbox_id}"
+
     def create(self, sandbox_id: str, size_bytes: int | None, mount_point: Path) -> None:
         """Make, attach and mount the sandbox's filesystem of `size_bytes` (None: the default) at
         `mount_point`, which is created."""
@@ -108,6 +113,8 @@ class SandboxDisks:
                 break
             time.sleep(0.005)
         image.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # absent, or still busy (then lazily unmounted, not empty)
+            mount_point.rmdir()
 
     def leftover_ids(self) -> set[str]:
         """Sandbox ids that still have an image file in this instance's directory."""
