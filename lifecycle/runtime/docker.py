@@ -117,7 +117,7 @@ class DockerRuntime:
         if existing is not None:
             if existing.status in LIVE_STATES:
                 return
-            self._remove(existing)
+            self.delete(spec.sandbox_id)  # the container and its filesystem
         try:
             workspace = self._make_workspace(spec)
             container = self.client.containers.create(**self._container_args(spec, net, workspace))

@@ -201,14 +201,15 @@ def test_workspace_is_the_sandboxs_own_filesystem_capped_at_its_quota(
     disks = SandboxDisks(disk_dir, boxes.networks.instance, disk_dir, default_bytes=32 << 20, reserve_bytes=0)
     runtime: DockerRuntime = boxes.runtime  # type: ignore[assignment]
     runtime.disks = disks
+    sandbox_id, _ = boxes.start(["sleep", "3600"])
     try:
-        sandbox_id, _ = boxes.start(["sleep", "3600"])
-        _code, out = run_inside(boxes, sandbox_id, "head -c 64M /dev/zero > /workspace/big; echo rc=$?")
+        dd = "dd if=/dev/zero of=/workspace/big bs=1048576 count=64 2>&1; echo rc=$?"
+        _code, out = run_inside(boxes, sandbox_id, dd)
         assert "No space left on device" in out and "rc=0" not in out, out
         size = int(run_inside(boxes, sandbox_id, "wc -c < /workspace/big")[1])
         assert 24 << 20 < size <= 32 << 20
         assert container(boxes, sandbox_id).attrs["HostConfig"]["PidsLimit"] == 1024  # the default
-        boxes.stop(sandbox_id)
-        assert loop_devices(str(disk_dir)) == {} and list(disk_dir.iterdir()) == []
     finally:
+        boxes.stop(sandbox_id)
         runtime.disks = None
+    assert loop_devices(str(disk_dir)) == {} and list(disk_dir.iterdir()) == []
