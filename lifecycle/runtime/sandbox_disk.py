@@ -42,12 +42,26 @@ LOOP_CTL_GET_FREE = 0x4C82
 LOOP_CONFIGURE = 0x4C0A
 LOOP_CLR_FD = 0x4C01
 LO_FLAGS_AUTOCLEAR = 4
+LO_FLAGS_DIRECT_IO = 16
 # struct loop_config: fd, block_size, struct loop_info64 (5 u64, 4 u32, 64+64+32 bytes, 2 u64), 8 u64.
 _LOOP_CONFIG = struct.Struct("<II5Q4I64s64s32s2Q8Q")
-# No journal (the filesystem dies with its sandbox), nothing reserved for root (the sandbox is
-# root), inode tables left uninitialised (mounted with noinit_itable: a background thread would
-# otherwise write them out and grow the sparse image by tens of MiB).
-MKFS = ("mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0", "-E", "lazy_itable_init=1,nodiscard")
+# 4 KiB blocks (the loop device's logical block size, for direct I/O: no second copy of every
+# block in the page cache), no journal (the filesystem dies with its sandbox), nothing reserved
+# for root (the sandbox is root), inode tables left uninitialised (mounted with noinit_itable:
+# a background thread would otherwise write them out and grow the sparse image by tens of MiB).
+MKFS = (
+    "mkfs.ext4",
+    "-q",
+    "-F",
+    "-b",
+    "4096",
+    "-O",
+    "^has_journal",
+    "-m",
+    "0",
+    "-E",
+    "lazy_itable_init=1,nodiscard",
+)
 MOUNT_OPTIONS = "noinit_itable"
 
 
@@ -171,8 +185,7 @@ def _attach(image: Path) -> tuple[int, str]:
             for _ in range(64):
                 device = f"/dev/loop{fcntl.ioctl(control, LOOP_CTL_GET_FREE)}"
                 loop_fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
-                config = _LOOP_CONFIG.pack(image_fd, 0, 0, 0, 0, 0, 0, 0, 0, 0, LO_FLAGS_AUTOCLEAR,
-                                           b"", b"", b"", 0, 0, *[0] * 8)  # fmt: skip
+                config = _loop_config(image_fd)
                 try:
                     fcntl.ioctl(loop_fd, LOOP_CONFIGURE, config)
                     return loop_fd, device
@@ -197,6 +210,12 @@ def _umount_when_free(mount_point: Path, deadline: float) -> None:
                 umount(mount_point, lazy=True)
                 return
         time.sleep(0.005)
+
+
+def _loop_config(image_fd: int) -> bytes:
+    """struct loop_config for LOOP_CONFIGURE: the image, 4 KiB blocks, autoclear and direct I/O."""
+    info = (0, 0, 0, 0, 0, 0, 0, 0, LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO, b"", b"", b"", 0, 0)
+    return _LOOP_CONFIG.pack(image_fd, 4096, *info, *[0] * 8)
 
 
 def _detach(device: str) -> None:
