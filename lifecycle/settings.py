@@ -117,12 +117,12 @@ class Settings(BaseSettings):
     )
     sandbox_disk: ByteQuantity = Field(
         "2Gi",
-        description="what a local sandbox may write (its / and /workspace) when its resourceLimits names "
-        "no `disk`; '0' turns the per-sandbox filesystems off",
+        description="what a sandbox may write (local: its / and /workspace; docker: /workspace) when its "
+        "resourceLimits names no `disk`; '0' turns the per-sandbox filesystems off",
     )
     sandbox_disk_dir: Path | None = Field(
         None,
-        description="where the local runtime keeps the sandboxes' filesystem images (default "
+        description="where the sandboxes' filesystem images are kept (default "
         "<state_dir>/disks); a filesystem of its own keeps sandboxes off the state dir's disk",
     )
     state_disk_reserve: ByteQuantity = Field(
