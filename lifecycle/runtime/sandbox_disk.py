@@ -180,7 +180,14 @@ def _attach(image: Path) -> tuple[int, str]:
     Another process may take the free device first (EBUSY): ask for the next one."""
     image_fd = os.open(image, os.O_RDWR | os.O_CLOEXEC)
     try:
-        control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise RuntimeError_(
+                "no /dev/loop-control: this host (or container) has no loop devices for the sandboxes' "
+                "filesystems; load the loop module (modprobe loop), or set sandbox_disk = '0' to run "
+                "sandboxes without a disk cap"
+            ) from None
         try:
             for _ in range(64):
                 device = f"/dev/loop{fcntl.ioctl(control, LOOP_CTL_GET_FREE)}"
