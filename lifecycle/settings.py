@@ -13,9 +13,9 @@ import tomllib
 from contextvars import ContextVar
 from ipaddress import IPv4Network
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -23,11 +23,24 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from sandgate.lifecycle.errors import LifecycleError
+from sandgate.lifecycle.quantities import parse_quantity
 from sandgate.policy import DEFAULT_MAX_RULES, Policy, Presets, load_policy
 from sandgate.proxy import ResolverAddress, audit_path
 
 DEFAULT_CONFIG_FILE = Path("/etc/sandgate/config.toml")
 _config_flag: ContextVar[Path | None] = ContextVar("config_flag", default=None)
+
+
+def _byte_quantity(value: str) -> str:
+    try:
+        parse_quantity(value, "")
+    except LifecycleError:
+        raise ValueError(f"{value!r} is not a size (use e.g. '2Gi', '512Mi', '0')") from None
+    return value
+
+
+ByteQuantity = Annotated[str, AfterValidator(_byte_quantity)]
 
 
 class Settings(BaseSettings):
@@ -96,6 +109,26 @@ class Settings(BaseSettings):
         description="sandboxes kept pre-built for the default image (local runtime); 2 is a good start",
     )
 
+    # per-sandbox caps (docs/runtime.md, "Caps")
+    pids_max: int = Field(
+        1024,
+        ge=16,
+        description="processes per sandbox when its resourceLimits names no `pids` (both runtimes)",
+    )
+    sandbox_disk: ByteQuantity = Field(
+        "2Gi",
+        description="what a sandbox may write (local: its / and /workspace; docker: /workspace) when its "
+        "resourceLimits names no `disk`; '0' turns the per-sandbox filesystems off",
+    )
+    sandbox_disk_dir: Path | None = Field(
+        None,
+        description="where the sandboxes' filesystem images are kept (default "
+        "<state_dir>/disks); a filesystem of its own keeps sandboxes off the state dir's disk",
+    )
+    state_disk_reserve: ByteQuantity = Field(
+        "1Gi", description="free space on the state dir's filesystem that sandboxes' disks never take"
+    )
+
     # policy and audit
     policy_max_rules: int = Field(DEFAULT_MAX_RULES, ge=1)
     preset_dirs: list[Path] = Field(
@@ -154,6 +187,10 @@ class Settings(BaseSettings):
     @property
     def database(self) -> Path:
         return self.state_dir / "sandgate.db"
+
+    @property
+    def disk_dir(self) -> Path:
+        return self.sandbox_disk_dir or self.state_dir / "disks"
 
 
 def config_file() -> Path | None:
