@@ -13,11 +13,12 @@ import tomllib
 from contextvars import ContextVar
 from ipaddress import IPv4Network
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -95,6 +96,29 @@ class Settings(BaseSettings):
         le=64,
         description="sandboxes kept pre-built for the default image (local runtime); 2 is a good start",
     )
+
+    # images (docs/images.md): pulls are the control plane's traffic, never a sandbox's
+    registry_mirrors: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="mirror URLs tried in order for docker.io images (env: comma-separated), "
+        "e.g. https://mirror.example.com; an http:// mirror is spoken to over plain HTTP",
+    )
+    insecure_registries: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="registry hosts[:port] allowed over plain HTTP (env: comma-separated); "
+        "loopback always is",
+    )
+    image_pull_policy: Literal["if-not-present", "always", "never"] = Field(
+        "if-not-present", description="when a create pulls its image (local runtime and Docker)"
+    )
+    image_pull_timeout: float = Field(300.0, gt=0, description="seconds one pull may take, then it fails")
+
+    @field_validator("registry_mirrors", "insecure_registries", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     # policy and audit
     policy_max_rules: int = Field(4096, ge=1)

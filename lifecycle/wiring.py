@@ -25,12 +25,13 @@ if TYPE_CHECKING:
     from fastapi import APIRouter
 
     from sandgate.lifecycle.audit import AuditIndex, AuditStore, PolicyChange
+    from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.network import SandboxNetworks
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
     from sandgate.lifecycle.runtime.base import BindMount
     from sandgate.lifecycle.runtime.docker import DockerRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
-    from sandgate.lifecycle.service import Service
+    from sandgate.lifecycle.service import CreateRequest, Service
     from sandgate.proxy import ProxyControl
     from sandgate.vault import SecretStore, StoreSecrets, StoreSettings
 
@@ -203,11 +204,37 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
         return DockerRuntime(
             settings.docker_host, instance=instance, oci_runtime=settings.docker_oci_runtime, binds=binds
         )
-    from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.runtime.local import LocalRuntime
 
-    images = ImageStore(settings.state_dir / "images")
+    images = image_store(settings)
     return LocalRuntime(settings.state_dir, images, instance=instance, binds=binds)
+
+
+def image_store(settings: Settings) -> ImageStore:
+    """The local image store with the registry settings (server and `sandgate image`)."""
+    from sandgate.lifecycle.images import ImageStore
+    from sandgate.lifecycle.registry import RegistryConfig
+
+    registry = RegistryConfig(
+        mirrors=tuple(settings.registry_mirrors),
+        insecure=tuple(settings.insecure_registries),
+        timeout=settings.image_pull_timeout,
+    )
+    return ImageStore(settings.state_dir / "images", registry=registry, pull_policy=settings.image_pull_policy)
+
+
+def image_check(runtime: LocalRuntime | DockerRuntime) -> Callable[[CreateRequest], object]:
+    """What a create runs before anything is built: the image is there, or is pulled now."""
+    from sandgate.lifecycle.images import ImageStore
+    from sandgate.lifecycle.registry import Platform
+
+    def check(request: CreateRequest) -> object:
+        platform = Platform(request.platform["os"], request.platform["arch"]) if request.platform else None
+        if isinstance(runtime.images, ImageStore):
+            return runtime.images.ensure(request.image, credentials=request.image_auth, platform=platform)
+        return runtime.images.get(request.image)
+
+    return check
 
 
 def operator_binds(settings: Settings) -> list[BindMount]:
@@ -248,7 +275,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
         networks=networks,
         runtime=runtime,
         egress=egress,
-        check_image=runtime.images.get,
+        check_image=image_check(runtime),
         ca_cert=ca.cert,
         warm_pool_size=settings.warm_pool_size,
     )

@@ -38,6 +38,7 @@ from sandgate.lifecycle.api.models import (
     SandboxStatus,
 )
 from sandgate.lifecycle.execd_client import execd_headers
+from sandgate.lifecycle.registry import Credentials
 from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, UnsafeBind
 from sandgate.lifecycle.sandbox_store import SandboxRecord
 from sandgate.lifecycle.service import CreateRequest
@@ -132,6 +133,7 @@ def to_create_request(body: CreateSandboxRequest, host_volumes: HostVolumes) -> 
         network_policy=body.network_policy,
         credential_proxy=bool(body.credential_proxy and body.credential_proxy.enabled),
         binds=tuple(host_volumes.bind(i, dict(volume)) for i, volume in enumerate(body.volumes or [])),
+        image_auth=Credentials(body.image.auth.username, body.image.auth.password) if body.image.auth else None,
     )
 
 

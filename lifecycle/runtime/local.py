@@ -32,7 +32,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from sandgate.lifecycle.cgroups import Limits, SandboxCgroup
-from sandgate.lifecycle.images import HostRoot, Image, ImageStore
+from sandgate.lifecycle.images import HOST_IMAGE, HostRoot, Image, ImageStore
 from sandgate.lifecycle.kernel import instance_tag, mount, umount
 from sandgate.lifecycle.runtime.base import BindMount, RuntimeError_, SandboxNet, SandboxSpec, wait_for_execd
 from sandgate.lifecycle.runtime.launch import Launch, hand_over_token, python_paths, start_chain
@@ -55,7 +55,8 @@ class LocalSandboxState(BaseModel):
     netns: str
     address: str
     created: float
-    lower: str | None = None  # the overlay's lower layer, kept while the sandbox runs
+    lower: str | None = None  # the overlay's top lower layer, kept while the sandbox runs
+    lowers: list[str] = []  # all of them, top first (an image's layers stay while it runs)
 
 
 class LocalRuntime:
@@ -80,6 +81,7 @@ class LocalRuntime:
         self.binds = list(binds)
         self._kernel_log_filter = deny_syscalls(DENY_KERNEL_LOG)
         self.execd_paths = python_paths(execd_python)
+        self.execd_in_image = self.execd_paths.in_image(execd_python)
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- the Runtime protocol ---------------------------------------------------------------
@@ -91,11 +93,10 @@ class LocalRuntime:
         image = self.images.get(spec.image)
         self.delete(spec.sandbox_id)
         box = self._dir(spec.sandbox_id)
-        host = self.images.host_root() if image.rootfs is None else None
-        lower = host.lower if host is not None else image.rootfs
-        assert lower is not None  # an imported image always has its rootfs
+        host = self.images.host_root() if image.name == HOST_IMAGE else None
+        lowers = [host.lower] if host is not None else self.images.lowers(image)
         try:
-            env = self._prepare_root(box, image, lower, spec, net)
+            env = self._prepare_root(box, image, lowers, spec, net)
             cgroup = self._cgroup(spec.sandbox_id)
             cgroup.create(Limits(spec.memory_bytes, spec.pids_max, spec.cpu_quota))
             record = LocalSandboxState(
@@ -104,7 +105,8 @@ class LocalRuntime:
                 netns=net.netns,
                 address=net.address,
                 created=time.time(),
-                lower=str(lower),
+                lower=str(lowers[0]),
+                lowers=[str(lower) for lower in lowers],
             )
             (box / "state.json").write_text(record.model_dump_json(), encoding="utf-8")
             self._launch(spec, net, host, env, box, cgroup)
@@ -149,8 +151,7 @@ class LocalRuntime:
                 sandbox_id = state.parent.name
                 if self.alive(sandbox_id):
                     running.append(sandbox_id)
-                    lower = LocalSandboxState.model_validate_json(state.read_text(encoding="utf-8")).lower
-                    lowers.update([Path(lower)] if lower else [])
+                    lowers.update(sandbox_lowers(state))
                 else:
                     self.delete(sandbox_id)
             for box in self.sandboxes_dir.iterdir():
@@ -212,12 +213,12 @@ class LocalRuntime:
         return cgroup
 
     def _prepare_root(
-        self, box: Path, image: Image, lower: Path, spec: SandboxSpec, net: SandboxNet
+        self, box: Path, image: Image, lowers: list[Path], spec: SandboxSpec, net: SandboxNet
     ) -> dict[str, str]:
         """Mount the overlay root and write what the sandbox needs; returns its environment."""
         for name in ("upper", "work", "root"):
             (box / name).mkdir(parents=True, exist_ok=True)
-        _mount_overlay(lower, box)
+        _mount_overlay(lowers, box)
         env = image_env(image)
         root_fd = os.open(box / "root", os.O_PATH | os.O_DIRECTORY)
         try:
@@ -256,7 +257,7 @@ class LocalRuntime:
                 binds=(*self.binds, *spec.binds),
                 seccomp_fds=filters,
                 execd_python=self.execd_python,
-                execd=self.execd_paths,
+                execd=self.execd_paths if host is not None else self.execd_in_image,
             )
             process = start_chain(spec, net, launch, cgroup.procs_files(), box / "output.log")
             self._processes[spec.sandbox_id] = process
@@ -266,14 +267,25 @@ class LocalRuntime:
                 os.close(fd)
 
 
-def _mount_overlay(lower: Path, box: Path) -> None:
+def _mount_overlay(lowers: list[Path], box: Path) -> None:
     """Mount the overlay at box/root, naming its layers by /proc/self/fd paths: the options are
     what mountinfo shows inside the sandbox, and they must not name host directories."""
-    fds = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in (lower, box / "upper", box / "work")]
+    fds = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in (*lowers, box / "upper", box / "work")]
     try:
-        lowerdir, upperdir, workdir = (f"/proc/self/fd/{fd}" for fd in fds)
-        options = f"lowerdir={lowerdir},upperdir={upperdir},workdir={workdir}"
+        *lowerdirs, upperdir, workdir = (f"/proc/self/fd/{fd}" for fd in fds)
+        options = f"lowerdir={':'.join(lowerdirs)},upperdir={upperdir},workdir={workdir}"
         mount("overlay", box / "root", "overlay", 0, options)
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def sandbox_lowers(state: Path) -> set[Path]:
+    """The lower directories a sandbox's `state.json` says it uses (kept from GC while it exists)."""
+    record = LocalSandboxState.model_validate_json(state.read_text(encoding="utf-8"))
+    return {Path(path) for path in [*record.lowers, *([record.lower] if record.lower else [])]}
+
+
+def lowers_in_use(state_dir: Path) -> set[Path]:
+    """Every lower directory a local sandbox of this state dir uses (for `sandgate image prune`)."""
+    return {path for state in (state_dir / "sandboxes").glob("*/state.json") for path in sandbox_lowers(state)}
