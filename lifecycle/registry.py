@@ -48,6 +48,7 @@ TRUST_POLICY = '{"default": [{"type": "insecureAcceptAnything"}]}'
 PullKind = Literal["not-found", "unauthorized", "platform", "unreachable", "invalid"]
 # skopeo's messages -> what went wrong (first match wins).
 FAILURES: tuple[tuple[re.Pattern[str], PullKind], ...] = (
+    (re.compile(r"digest did not match|digest mismatch", re.I), "invalid"),
     (re.compile(r"manifest unknown|name unknown|not found|404", re.I), "not-found"),
     (re.compile(r"unauthorized|authentication required|denied|401|403", re.I), "unauthorized"),
     (re.compile(r"no image found in (?:image index|manifest list)", re.I), "platform"),
@@ -287,7 +288,9 @@ def _failure(
         detail = detail.replace(credentials.password, "[redacted]")
     kind: PullKind = next((k for pattern, k in FAILURES if pattern.search(detail)), "unreachable")
     where = f"registry {source.registry}"
-    if kind == "not-found":
+    if kind == "invalid":
+        message = f"{source} from {where} was refused: a blob does not match its digest ({detail})"
+    elif kind == "not-found":
         message = f"image {source} was not found at {where} (unknown repository or tag): {detail}"
     elif kind == "unauthorized" and credentials is None:
         message = f"{where} wants credentials for {source}: give image.auth (username, password)"

@@ -11,8 +11,9 @@ client sandgate itself pulls with, so what the registry holds went through a rea
 rootfs of `library/python:3.12` comes from sandbox-images/build.py (the host's Python under
 /usr/local, busybox, the libraries they load), not from a second recipe.
 
-Use `registry` (session-scoped) from a conftest: `from tests.support.registry import registry`.
-Another suite pushes its own image with `registry.push(layout, "team/image:1.0")`.
+The session fixture `registry` (tests/conftest.py) starts it once and fills it (`fill`); another
+suite pushes its own image with `registry.push(layout, tag, "team/image")`. A third listener,
+`silent` (port 5002), accepts connections and never answers: a registry that hangs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import subprocess
 import sys
 import tarfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +39,8 @@ from tests.support.netns import Netns, ip, unique
 REPO = Path(__file__).resolve().parents[2]
 OPEN_PORT = 5000
 PRIVATE_PORT = 5001
+SILENT_PORT = 5002
+SILENT = "import socket,time;s=socket.create_server(('0.0.0.0',int(__import__('sys').argv[1])));time.sleep(3600)"
 READY_TIMEOUT = 20.0
 SKOPEO_POLICY = '{"default": [{"type": "insecureAcceptAnything"}]}'
 PYTHON_IMAGE = "library/python:3.12"
@@ -169,6 +171,10 @@ class Registry:
         return f"{self.address}:{PRIVATE_PORT}"
 
     @property
+    def silent(self) -> str:
+        return f"{self.address}:{SILENT_PORT}"
+
+    @property
     def mirror(self) -> str:
         """`registry_mirrors` value that makes `python:3.12` come from `open`."""
         return f"http://{self.open}"
@@ -253,6 +259,7 @@ def start_registry(workdir: Path) -> Iterator[Registry]:
                 processes.append(
                     ns.popen(["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
                 )
+        processes.append(ns.popen([sys.executable, "-c", SILENT, str(SILENT_PORT)]))
         for port in (OPEN_PORT, PRIVATE_PORT):
             _wait_ready(ns, f"http://{address}:{port}/v2/", processes, log_path)
         yield Registry(workdir, ns.name, host_address, address, username, password)
@@ -289,21 +296,3 @@ def fill(registry: Registry) -> None:
     layout.tag("arm-only", layout.index(per_arch[1:]))
     registry.push(layout, "arm-only", "team/arm-only:1.0")
 
-
-try:  # the fixture, for conftests that import it
-    import pytest
-
-    @pytest.fixture(scope="session")
-    def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-        with start_registry(tmp_path_factory.mktemp("registry")) as running:
-            fill(running)
-            yield running
-
-except ImportError:  # pragma: no cover - the module is also imported without pytest
-    pass
-
-
-def v2_catalog(registry: Registry) -> list[str]:
-    """The repositories the open registry holds (through the namespace; for assertions)."""
-    with urllib.request.urlopen(f"http://{registry.open}/v2/_catalog", timeout=5) as response:
-        return list(json.load(response)["repositories"])

@@ -1,0 +1,183 @@
+"""Images by name, as a user meets them: `osb sandbox create --image python:3.12` against a real
+registry (Debian's docker-registry in its own namespace, tests/support/registry.py) named in
+`registry_mirrors`; a private image with `ImageSpec.auth` through the OpenSandbox SDK; every bad
+input answered with a 4xx that names the reference and the registry, and nothing left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from opensandbox import SandboxSync
+from opensandbox.config.connection_sync import ConnectionConfigSync
+from opensandbox.models.sandboxes import SandboxImageAuth, SandboxImageSpec
+from opensandbox_cli.main import cli
+
+from tests.support.registry import OciLayout, Registry, tar_layer
+from tests.support.server import SandgateServer, sandgate_server
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[SandgateServer]:
+    env = {
+        "SANDGATE_REGISTRY_MIRRORS": registry.mirror,
+        "SANDGATE_INSECURE_REGISTRIES": f"{registry.private},{registry.silent}",
+        "SANDGATE_IMAGE_PULL_TIMEOUT": "3",
+    }
+    with sandgate_server(Path(tmp_path_factory.mktemp("images")), env, log_level="info") as running:
+        yield running
+
+
+def osb(server: SandgateServer, *args: str) -> str:
+    argv = ["--no-color", "--config", "/dev/null/none.toml", *args]
+    result = CliRunner().invoke(cli, argv, env=server.env(), catch_exceptions=False)
+    assert result.exit_code == 0, f"osb {' '.join(args)}: {result.exit_code}\n{result.output}"
+    return result.output
+
+
+def create_error(server: SandgateServer, image: dict[str, object], **fields: object) -> httpx.Response:
+    body = {"image": image, "entrypoint": ["sleep", "infinity"], "resourceLimits": {}, **fields}
+    with server.client(timeout=60) as client:
+        return client.post("/v1/sandboxes", json=body)
+
+
+def store_state(server: SandgateServer) -> tuple[set[str], set[str]]:
+    """(image records, unpacked layers) in the server's store."""
+    images = server.state_dir / "images"
+    records = {path.read_text() for path in images.glob("*/image.json")}
+    layers = {path.name for path in (images / "layers").glob("*")} if (images / "layers").is_dir() else set()
+    return records, layers
+
+
+def test_osb_creates_python_3_12_and_runs_python(server: SandgateServer) -> None:
+    """The guide's first session: the image comes from the mirror, `python` is the image's own."""
+    created = json.loads(osb(server, "sandbox", "create", "--image", "python:3.12", "--timeout", "30m", "-o", "json"))
+    sandbox_id = created["id"]
+    out = osb(server, "command", "run", sandbox_id, "-o", "raw", "--", "python", "-c", "print(1 + 1)")
+    assert out.strip() == "2"
+    which = server.run(sandbox_id, "command -v python; python -c 'import sys; print(sys.prefix)'")
+    assert which.stdout.split() == ["/usr/local/bin/python", "/usr/local"]
+    names = [json.loads(path.read_text())["name"] for path in (server.state_dir / "images").glob("*/image.json")]
+    assert "docker.io/library/python:3.12" in names
+    with server.client() as client:
+        assert client.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+
+def test_private_image_with_image_auth_through_the_sdk(server: SandgateServer, registry: Registry) -> None:
+    """ImageSpec.auth reaches the pull; the password is in no log, state file, argv or sandbox."""
+    connection = ConnectionConfigSync(
+        domain=server.domain, api_key=server.api_key, protocol="http",
+        request_timeout=timedelta(seconds=60), disable_metrics=True,
+    )  # fmt: skip
+    image = SandboxImageSpec(
+        f"{registry.private}/team/agent:1.4",
+        auth=SandboxImageAuth(username=registry.username, password=registry.password),
+    )
+    sandbox = SandboxSync.create(
+        image, entrypoint=["sleep", "infinity"], connection_config=connection, ready_timeout=timedelta(seconds=30)
+    )
+    try:
+        execution = sandbox.commands.run("cat /etc/sandgate-test; env; cat /proc/1/cmdline")
+        output = "".join(m.text for m in execution.logs.stdout)
+        assert "private image" in output
+        assert registry.password not in output
+        leaked = subprocess.run(
+            ["grep", "-rl", "--", registry.password, str(server.state_dir), str(server.log_path)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert leaked.stdout == "", f"the registry password is in {leaked.stdout}"
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                assert registry.password.encode() not in cmdline.read_bytes()
+            except OSError:
+                continue
+    finally:
+        sandbox.kill()
+
+
+@pytest.mark.parametrize(
+    ("image", "status", "words"),
+    [
+        ({"uri": "{open}/team/nowhere:1.0"}, 400, ["{open}/team/nowhere:1.0", "not found", "registry {open}"]),
+        ({"uri": "{private}/team/agent:1.4"}, 400, ["registry {private}", "wants credentials"]),
+        (
+            {"uri": "{private}/team/agent:1.4", "auth": {"username": "puller", "password": "wrong-password"}},
+            400,
+            ["refused the credentials of user 'puller'", "{private}"],
+        ),
+        ({"uri": "{open}/team/arm-only:1.0"}, 400, ["linux/amd64", "{open}/team/arm-only:1.0"]),
+        ({"uri": "{silent}/team/agent:1.4"}, 503, ["{silent}"]),
+        ({"uri": "Not A Reference"}, 400, ["Not A Reference"]),
+    ],
+    ids=["unknown-tag", "no-credentials", "wrong-credentials", "platform-mismatch", "registry-hangs", "invalid"],
+)
+def test_bad_images_are_answered_clearly_and_leave_nothing(
+    server: SandgateServer, registry: Registry, image: dict[str, str], status: int, words: list[str]
+) -> None:
+    where = {"open": registry.open, "private": registry.private, "silent": registry.silent}
+    image = {key: value.format(**where) if key == "uri" else value for key, value in image.items()}
+    before = store_state(server)
+    started = time.monotonic()
+    response = create_error(server, image)
+    assert time.monotonic() - started < 20  # the pull timeout is 3 s
+    assert response.status_code == status, response.text
+    message = response.json()["message"]
+    for word in words:
+        assert word.format(**where) in message, message
+    assert "wrong-password" not in message and "wrong-password" not in server.log()
+    assert store_state(server) == before
+    assert not list((server.state_dir / "images").glob(".pull-*"))
+
+
+def test_platform_spec_picks_the_variant_from_the_index(server: SandgateServer, registry: Registry) -> None:
+    """PlatformSpec arm64 on a multi-arch index: the arm64 manifest is pulled (not run: the host
+    is amd64, but execd is the host's Python, so the sandbox starts and shows its files)."""
+    uri = f"{registry.open}/team/multi:1.0"
+    sandbox = server.create_sandbox(image={"uri": uri})
+    assert server.run(sandbox["id"], "/bin/busybox cat /etc/arch").stdout == "amd64"
+    response = create_error(server, {"uri": uri}, platform={"os": "linux", "arch": "arm64"})
+    assert response.status_code == 400 and "linux/amd64, not the requested linux/arm64" in response.text
+
+
+def test_digest_mismatch_is_refused_and_nothing_kept(server: SandgateServer, registry: Registry) -> None:
+    layout = OciLayout(registry.workdir / "corrupt")
+    descriptor = layout.image([tar_layer({"etc/corrupt": b"the original bytes\n"})])
+    layout.tag("corrupt", descriptor)
+    registry.push(layout, "corrupt", "team/corrupt:1.0")
+    manifest = json.loads((layout.path / "blobs/sha256" / str(descriptor["digest"])[7:]).read_bytes())
+    blob = registry.blob_file(manifest["layers"][0]["digest"])
+    blob.write_bytes(blob.read_bytes()[:-8] + b"tampered")
+    before = store_state(server)
+    response = create_error(server, {"uri": f"{registry.open}/team/corrupt:1.0"})
+    assert response.status_code in (400, 503), response.text
+    assert "digest" in response.json()["message"]
+    assert store_state(server) == before
+
+
+def test_concurrent_creates_of_one_image_pull_it_once(server: SandgateServer, registry: Registry) -> None:
+    layout = OciLayout(registry.workdir / "once")
+    layout.tag("once", layout.image([tar_layer({"etc/once": b"1\n"})]))
+    registry.push(layout, "once", "team/once:1.0")
+    log = registry.workdir / "registry.log"
+    mark = log.stat().st_size
+    import concurrent.futures
+
+    uri = {"uri": f"{registry.open}/team/once:1.0"}
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        created = list(pool.map(lambda _: server.create_sandbox(image=uri), range(3)))
+    assert len({box["id"] for box in created}) == 3
+    with log.open("rb") as handle:
+        handle.seek(mark)
+        requests = handle.read().decode(errors="replace")
+    manifest_gets = [line for line in requests.splitlines() if "GET /v2/team/once/manifests/1.0" in line]
+    assert len([line for line in manifest_gets if "response completed" in line]) == 1, manifest_gets
