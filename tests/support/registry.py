@@ -87,6 +87,13 @@ def python_rootfs_layer(workdir: Path) -> bytes:
         path.unlink(missing_ok=True)
 
 
+def tools_layer() -> bytes:
+    """A static busybox with a link per applet in /bin: enough for a shell, `sleep` and `cat`."""
+    applets = subprocess.run(["/bin/busybox", "--list"], capture_output=True, text=True, check=True).stdout
+    links: dict[str, bytes | str | None] = {f"bin/{name}": "busybox" for name in applets.split() if name != "busybox"}
+    return tar_layer({"bin": None, "bin/busybox": Path("/bin/busybox").read_bytes(), **links}, mode=0o755)
+
+
 @dataclass
 class OciLayout:
     """An OCI image layout directory: blobs by digest, `index.json` naming tags."""
@@ -283,8 +290,7 @@ def fill(registry: Registry) -> None:
     layout.tag("python", python)
     registry.push(layout, "python", PYTHON_IMAGE)
     marker = {"etc/sandgate-test": b"private image\n"}
-    busybox = Path("/bin/busybox").read_bytes()
-    tools = tar_layer({"bin": None, "bin/busybox": busybox, "bin/sh": "busybox"}, mode=0o755)
+    tools = tools_layer()
     layout.tag("private", layout.image([tools, tar_layer(marker)]))
     registry.push(layout, "private", "team/agent:1.4", private=True)
     per_arch = [
