@@ -135,6 +135,10 @@ def unpack(stream: IO[bytes], destination: Path, digest: str) -> None:
         if path.name.startswith(WHITEOUT):
             whiteouts.append(path.parent / path.name[len(WHITEOUT) :])
             return None
+        if member.islnk():
+            link = PurePosixPath(member.linkname)
+            if link.is_absolute() or ".." in link.parts:
+                raise LayerError(f"layer {digest}: hard link {member.name} -> {member.linkname} leads out; refused")
         if member.ischr() or member.isblk():
             raise LayerError(f"layer {digest}: {member.name} is a device node; refused")
         if member.issym() and not member.linkname.startswith("/"):
@@ -152,7 +156,7 @@ def unpack(stream: IO[bytes], destination: Path, digest: str) -> None:
     try:
         with tarfile.open(fileobj=stream, mode="r|*") as layer:
             layer.extractall(destination, filter=checked, numeric_owner=True)
-    except (tarfile.TarError, EOFError, OSError) as exc:
+    except (tarfile.TarError, EOFError, OSError, KeyError) as exc:
         raise LayerError(f"layer {digest} is not a readable tar archive: {exc}") from None
     for directory in opaque:
         target = _inside(destination, directory, digest)

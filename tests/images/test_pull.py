@@ -181,3 +181,18 @@ def test_concurrent_creates_of_one_image_pull_it_once(server: SandgateServer, re
         requests = handle.read().decode(errors="replace")
     manifest_gets = [line for line in requests.splitlines() if "GET /v2/team/once/manifests/1.0" in line]
     assert len(manifest_gets) == 1, manifest_gets  # the registry's access log: one line per request
+
+
+def test_an_image_whose_layer_escapes_is_refused_and_nothing_kept(
+    server: SandgateServer, registry: Registry
+) -> None:
+    layout = OciLayout(registry.workdir / "escape")
+    layout.tag("escape", layout.image([tools_layer(), tar_layer({"../../etc/sandgate-escaped": b"out\n"})]))
+    registry.push(layout, "escape", "team/escape:1.0")
+    before = store_state(server)
+    response = create_error(server, {"uri": f"{registry.open}/team/escape:1.0"})
+    assert response.status_code == 400, response.text
+    assert "climbs out with '..'; refused" in response.json()["message"]
+    assert f"{registry.open}/team/escape:1.0" in response.json()["message"]
+    assert store_state(server) == before
+    assert not Path("/etc/sandgate-escaped").exists()
