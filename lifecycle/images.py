@@ -26,6 +26,7 @@ Rules:
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import fcntl
 import hashlib
@@ -203,7 +204,11 @@ class ImageStore:
         started = time.time()
         with self._pull_lock():
             found = self._find(name)
-            if found is not None and found.layers and (self.pull_policy != "always" or found.created >= started):
+            if (
+                found is not None
+                and found.layers
+                and (self.pull_policy != "always" or found.created >= started)
+            ):
                 return _checked_platform(found, platform)  # a concurrent create pulled it meanwhile
             staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=self.root))
             added: list[str] = []
@@ -237,14 +242,16 @@ class ImageStore:
                 added.clear()
                 return image
             except (KeyError, ValueError, json.JSONDecodeError) as exc:
-                raise PullError("invalid", f"{reference}: the registry sent a malformed image: {exc}") from exc
+                raise PullError(
+                    "invalid", f"{reference}: the registry sent a malformed image: {exc}"
+                ) from exc
             except LayerError as exc:
                 raise PullError("invalid", f"{reference}: {exc}") from exc
             finally:
                 self.layers.remove(added)
                 shutil.rmtree(staging, ignore_errors=True)
 
-    def lowers(self, image: Image) -> list[Path]:
+    def lowers(self, image: Image) -> builtins.list[Path]:
         """The overlay lower directories of an image, top first."""
         if image.layers:
             return [self.layers.path(digest) for digest in reversed(image.layers)]
@@ -252,7 +259,7 @@ class ImageStore:
             return [self.host_root().lower]
         return [image.rootfs]
 
-    def prune(self, in_use: set[Path]) -> list[str]:
+    def prune(self, in_use: set[Path]) -> builtins.list[str]:
         """Remove layers no image and no sandbox (`in_use`: their lower dirs) uses."""
         with self._pull_lock():
             keep = set(in_use)
@@ -369,9 +376,14 @@ def _verified(layout: Path, digest: str, source: Reference) -> bytes:
 
 
 def _checked_platform(image: Image, platform: Platform | None) -> Image:
-    if platform is not None and image.platform is not None and image.platform != f"{platform.os}/{platform.architecture}":
+    if (
+        platform is not None
+        and image.platform is not None
+        and image.platform != f"{platform.os}/{platform.architecture}"
+    ):
         raise PullError(
-            "platform", f"image {image.name} in the store is for {image.platform}, not the requested {platform}"
+            "platform",
+            f"image {image.name} in the store is for {image.platform}, not the requested {platform}",
         )
     return image
 

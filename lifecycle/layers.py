@@ -112,7 +112,7 @@ class LayerStore:
 
     def collect(self, keep: set[Path]) -> list[str]:
         """Remove every layer (and leftover staging dir) not in `keep`; returns what went."""
-        removed = []
+        removed: list[str] = []
         if not self.root.is_dir():
             return removed
         for entry in sorted(self.root.iterdir()):
@@ -138,7 +138,9 @@ def unpack(stream: IO[bytes], destination: Path, digest: str) -> None:
         if member.islnk():
             link = PurePosixPath(member.linkname)
             if link.is_absolute() or ".." in link.parts:
-                raise LayerError(f"layer {digest}: hard link {member.name} -> {member.linkname} leads out; refused")
+                raise LayerError(
+                    f"layer {digest}: hard link {member.name} -> {member.linkname} leads out; refused"
+                )
         if member.ischr() or member.isblk():
             raise LayerError(f"layer {digest}: {member.name} is a device node; refused")
         if member.issym() and not member.linkname.startswith("/"):

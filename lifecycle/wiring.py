@@ -220,7 +220,9 @@ def image_store(settings: Settings) -> ImageStore:
         insecure=tuple(settings.insecure_registries),
         timeout=settings.image_pull_timeout,
     )
-    return ImageStore(settings.state_dir / "images", registry=registry, pull_policy=settings.image_pull_policy)
+    return ImageStore(
+        settings.state_dir / "images", registry=registry, pull_policy=settings.image_pull_policy
+    )
 
 
 def image_check(runtime: LocalRuntime | DockerRuntime) -> Callable[[CreateRequest], object]:

@@ -133,7 +133,9 @@ def to_create_request(body: CreateSandboxRequest, host_volumes: HostVolumes) -> 
         network_policy=body.network_policy,
         credential_proxy=bool(body.credential_proxy and body.credential_proxy.enabled),
         binds=tuple(host_volumes.bind(i, dict(volume)) for i, volume in enumerate(body.volumes or [])),
-        image_auth=Credentials(body.image.auth.username, body.image.auth.password) if body.image.auth else None,
+        image_auth=Credentials(body.image.auth.username, body.image.auth.password)
+        if body.image.auth
+        else None,
     )
 
 

@@ -101,8 +101,12 @@ class ExecdPython:
             site_packages=_moved_usr(self.site_packages),
             package_dir=_moved_usr(self.package_dir),
             binds=[path for path in self.binds if _moved_usr(path) == path],
-            interpreter=(_moved_usr(loader), "--library-path", ":".join(map(_moved_usr, libraries)),
-                         _moved_usr(executable)),  # fmt: skip
+            interpreter=(
+                _moved_usr(loader),
+                "--library-path",
+                ":".join(map(_moved_usr, libraries)),
+                _moved_usr(executable),
+            ),
             moved=(("/usr", HOST_USR_MOUNT),),
         )
 

@@ -288,4 +288,6 @@ def sandbox_lowers(state: Path) -> set[Path]:
 
 def lowers_in_use(state_dir: Path) -> set[Path]:
     """Every lower directory a local sandbox of this state dir uses (for `sandgate image prune`)."""
-    return {path for state in (state_dir / "sandboxes").glob("*/state.json") for path in sandbox_lowers(state)}
+    return {
+        path for state in (state_dir / "sandboxes").glob("*/state.json") for path in sandbox_lowers(state)
+    }

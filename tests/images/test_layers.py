@@ -25,7 +25,9 @@ from tests.support.registry import tar_layer
 pytestmark = pytest.mark.root
 
 
-def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", data: bytes = b"x") -> Callable[[tarfile.TarFile], None]:
+def member(
+    name: str, kind: bytes = tarfile.REGTYPE, link: str = "", data: bytes = b"x"
+) -> Callable[[tarfile.TarFile], None]:
     def add(tar: tarfile.TarFile) -> None:
         info = tarfile.TarInfo(name)
         info.type, info.linkname = kind, link
@@ -106,7 +108,9 @@ def test_whiteouts_and_opaque_dirs_in_a_real_overlay(tmp_path: Path) -> None:
     merged = tmp_path / "merged"
     merged.mkdir()
     lowerdir = ":".join(str(store.path(d)) for d in reversed(digests))
-    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={lowerdir}", str(merged)], check=True)
+    subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={lowerdir}", str(merged)], check=True
+    )
     try:
         assert sorted(os.listdir(merged / "etc")) == ["keep"]
         assert sorted(os.listdir(merged / "opt")) == ["new"]
@@ -123,7 +127,9 @@ def test_prune_keeps_what_images_and_sandboxes_use(tmp_path: Path) -> None:
         path.write_bytes(data)
         digests[name] = "sha256:" + hashlib.sha256(data).hexdigest()
         images.layers.add(path, digests[name], "application/vnd.oci.image.layer.v1.tar")
-    record = Image(name="example.test/team/kept:1", rootfs=None, created=0.0, source="test", layers=[digests["kept"]])
+    record = Image(
+        name="example.test/team/kept:1", rootfs=None, created=0.0, source="test", layers=[digests["kept"]]
+    )
     directory = images._dir(record.name)
     directory.mkdir(parents=True)
     (directory / "image.json").write_text(json.dumps(record.model_dump(mode="json")))

@@ -62,13 +62,17 @@ def store_state(server: SandgateServer) -> tuple[set[str], set[str]]:
 
 def test_osb_creates_python_3_12_and_runs_python(server: SandgateServer) -> None:
     """The guide's first session: the image comes from the mirror, `python` is the image's own."""
-    created = json.loads(osb(server, "sandbox", "create", "--image", "python:3.12", "--timeout", "30m", "-o", "json"))
+    created = json.loads(
+        osb(server, "sandbox", "create", "--image", "python:3.12", "--timeout", "30m", "-o", "json")
+    )
     sandbox_id = created["id"]
     out = osb(server, "command", "run", sandbox_id, "-o", "raw", "--", "python", "-c", "print(1 + 1)")
     assert out.strip() == "2"
     which = server.run(sandbox_id, "command -v python; python -c 'import sys; print(sys.prefix)'")
     assert which.stdout.split() == ["/usr/local/bin/python", "/usr/local"]
-    names = [json.loads(path.read_text())["name"] for path in (server.state_dir / "images").glob("*/image.json")]
+    names = [
+        json.loads(path.read_text())["name"] for path in (server.state_dir / "images").glob("*/image.json")
+    ]
     assert "docker.io/library/python:3.12" in names
     with server.client() as client:
         assert client.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
@@ -85,7 +89,10 @@ def test_private_image_with_image_auth_through_the_sdk(server: SandgateServer, r
         auth=SandboxImageAuth(username=registry.username, password=registry.password),
     )
     sandbox = SandboxSync.create(
-        image, entrypoint=["sleep", "infinity"], connection_config=connection, ready_timeout=timedelta(seconds=30)
+        image,
+        entrypoint=["sleep", "infinity"],
+        connection_config=connection,
+        ready_timeout=timedelta(seconds=30),
     )
     try:
         execution = sandbox.commands.run("cat /etc/sandgate-test; env; cat /proc/1/cmdline")
@@ -109,7 +116,11 @@ def test_private_image_with_image_auth_through_the_sdk(server: SandgateServer, r
 @pytest.mark.parametrize(
     ("image", "status", "words"),
     [
-        ({"uri": "{open}/team/nowhere:1.0"}, 400, ["{open}/team/nowhere:1.0", "not found", "registry {open}"]),
+        (
+            {"uri": "{open}/team/nowhere:1.0"},
+            400,
+            ["{open}/team/nowhere:1.0", "not found", "registry {open}"],
+        ),
         ({"uri": "{private}/team/other:1.0"}, 400, ["registry {private}", "wants credentials"]),
         (
             {"uri": "{private}/team/other:1.0", "auth": {"username": "puller", "password": "wrong-password"}},
@@ -120,7 +131,14 @@ def test_private_image_with_image_auth_through_the_sdk(server: SandgateServer, r
         ({"uri": "{silent}/team/other:1.0"}, 503, ["{silent}"]),
         ({"uri": "Not A Reference"}, 400, ["Not A Reference"]),
     ],
-    ids=["unknown-tag", "no-credentials", "wrong-credentials", "platform-mismatch", "registry-hangs", "invalid"],
+    ids=[
+        "unknown-tag",
+        "no-credentials",
+        "wrong-credentials",
+        "platform-mismatch",
+        "registry-hangs",
+        "invalid",
+    ],
 )
 def test_bad_images_are_answered_clearly_and_leave_nothing(
     server: SandgateServer, registry: Registry, image: dict[str, str], status: int, words: list[str]

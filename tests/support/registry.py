@@ -40,7 +40,9 @@ REPO = Path(__file__).resolve().parents[2]
 OPEN_PORT = 5000
 PRIVATE_PORT = 5001
 SILENT_PORT = 5002
-SILENT = "import socket,time;s=socket.create_server(('0.0.0.0',int(__import__('sys').argv[1])));time.sleep(3600)"
+SILENT = (
+    "import socket,time;s=socket.create_server(('0.0.0.0',int(__import__('sys').argv[1])));time.sleep(3600)"
+)
 READY_TIMEOUT = 20.0
 SKOPEO_POLICY = '{"default": [{"type": "insecureAcceptAnything"}]}'
 PYTHON_IMAGE = "library/python:3.12"
@@ -90,7 +92,9 @@ def python_rootfs_layer(workdir: Path) -> bytes:
 def tools_layer() -> bytes:
     """A static busybox with a link per applet in /bin: enough for a shell, `sleep` and `cat`."""
     applets = subprocess.run(["/bin/busybox", "--list"], capture_output=True, text=True, check=True).stdout
-    links: dict[str, bytes | str | None] = {f"bin/{name}": "busybox" for name in applets.split() if name != "busybox"}
+    links: dict[str, bytes | str | None] = {
+        f"bin/{name}": "busybox" for name in applets.split() if name != "busybox"
+    }
     return tar_layer({"bin": None, "bin/busybox": Path("/bin/busybox").read_bytes(), **links}, mode=0o755)
 
 
@@ -301,4 +305,3 @@ def fill(registry: Registry) -> None:
     registry.push(layout, "multi", "team/multi:1.0")
     layout.tag("arm-only", layout.index(per_arch[1:]))
     registry.push(layout, "arm-only", "team/arm-only:1.0")
-
