@@ -228,10 +228,14 @@ def image_store(settings: Settings) -> ImageStore:
 def image_check(runtime: LocalRuntime | DockerRuntime) -> Callable[[CreateRequest], object]:
     """What a create runs before anything is built: the image is there, or is pulled now."""
     from sandgate.lifecycle.images import ImageStore
-    from sandgate.lifecycle.registry import Platform
+    from sandgate.lifecycle.registry import Platform, PullError
 
     def check(request: CreateRequest) -> object:
         platform = Platform(request.platform["os"], request.platform["arch"]) if request.platform else None
+        if platform is not None and str(platform) != str(Platform.host()):
+            raise PullError(
+                "platform", f"platform {platform} was asked for; this host runs {Platform.host()} images only"
+            )
         if isinstance(runtime.images, ImageStore):
             return runtime.images.ensure(request.image, credentials=request.image_auth, platform=platform)
         return runtime.images.get(request.image)

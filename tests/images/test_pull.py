@@ -22,6 +22,8 @@ from opensandbox.config.connection_sync import ConnectionConfigSync
 from opensandbox.models.sandboxes import SandboxImageAuth, SandboxImageSpec
 from opensandbox_cli.main import cli
 
+from sandgate.lifecycle.images import ImageStore
+from sandgate.lifecycle.registry import Platform, RegistryConfig
 from tests.support.registry import OciLayout, Registry, tar_layer, tools_layer
 from tests.support.server import SandgateServer, sandgate_server
 
@@ -158,14 +160,21 @@ def test_bad_images_are_answered_clearly_and_leave_nothing(
     assert not list((server.state_dir / "images").glob(".pull-*"))
 
 
-def test_platform_spec_picks_the_variant_from_the_index(server: SandgateServer, registry: Registry) -> None:
-    """PlatformSpec arm64 on a multi-arch index: the arm64 manifest is pulled (not run: the host
-    is amd64, but execd is the host's Python, so the sandbox starts and shows its files)."""
+def test_platform_spec_picks_the_variant_from_the_index(
+    server: SandgateServer, registry: Registry, tmp_path: Path
+) -> None:
+    """The host's variant of a multi-arch index runs; PlatformSpec arm64 picks the arm64 manifest
+    in the store, and a create for a platform the host cannot run is a 400 saying so."""
     uri = f"{registry.open}/team/multi:1.0"
-    sandbox = server.create_sandbox(image={"uri": uri})
-    assert server.run(sandbox["id"], "/bin/busybox cat /etc/arch").stdout == "amd64"
+    sandbox = server.create_sandbox(image={"uri": uri}, platform={"os": "linux", "arch": "amd64"})
+    assert server.run(sandbox["id"], "cat /etc/arch").stdout == "amd64"
     response = create_error(server, {"uri": uri}, platform={"os": "linux", "arch": "arm64"})
-    assert response.status_code == 400 and "linux/amd64, not the requested linux/arm64" in response.text
+    assert response.status_code == 400
+    assert "platform linux/arm64 was asked for; this host runs linux/amd64" in response.text
+    store = ImageStore(tmp_path / "images", registry=RegistryConfig(mirrors=(registry.mirror,)))
+    image = store.pull(uri, platform=Platform("linux", "arm64"))
+    assert image.platform == "linux/arm64"
+    assert (store.lowers(image)[0] / "etc/arch").read_text() == "arm64"
 
 
 def test_digest_mismatch_is_refused_and_nothing_kept(server: SandgateServer, registry: Registry) -> None:
