@@ -30,7 +30,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -257,7 +257,7 @@ class RegistryClient:
                     "(setting image_pull_timeout); is the registry reachable?",
                 ) from None
             if process.returncode != 0:
-                raise _failure(source, credentials, platform, stderr or stdout)
+                raise classify_failure(source, credentials, platform, _last_message(stderr or stdout))
 
 
 def _communicate(
@@ -280,10 +280,10 @@ def _authfile(home: Path, registry: str, credentials: Credentials) -> Path:
     return path
 
 
-def _failure(
-    source: Reference, credentials: Credentials | None, platform: Platform, output: str
+def classify_failure(
+    source: Reference, credentials: Credentials | None, platform: Platform, detail: str
 ) -> PullError:
-    detail = _last_message(output)
+    """A registry client's failure message as a `PullError` naming reference and registry."""
     if credentials is not None:
         detail = detail.replace(credentials.password, "[redacted]")
     kind: PullKind = next((k for pattern, k in FAILURES if pattern.search(detail)), "unreachable")
@@ -294,12 +294,8 @@ def _failure(
         message = f"image {source} was not found at {where} (unknown repository or tag): {detail}"
     elif kind == "unauthorized" and credentials is None:
         message = f"{where} wants credentials for {source}: give image.auth (username, password)"
-    elif kind == "unauthorized":
-        message = (
-            f"{where} refused the credentials of user {credentials.username!r} for {source}"
-            if credentials
-            else ""
-        )
+    elif kind == "unauthorized" and credentials is not None:
+        message = f"{where} refused the credentials of user {credentials.username!r} for {source}"
     elif kind == "platform":
         message = f"image {source} has no variant for platform {platform}: {detail}"
     elif "HTTP response to HTTPS client" in detail:
@@ -316,17 +312,3 @@ def _last_message(output: str) -> str:
         return "skopeo failed without a message"
     match = re.search(r'msg="(.*)"\s*$', lines[-1])
     return match.group(1).replace('\\"', '"') if match else lines[-1]
-
-
-def available() -> bool:
-    return shutil.which("skopeo") is not None
-
-
-__all__: Sequence[str] = (
-    "Credentials",
-    "Platform",
-    "PullError",
-    "Reference",
-    "RegistryClient",
-    "RegistryConfig",
-)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.network import SandboxNetworks
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
+    from sandgate.lifecycle.registry import RegistryConfig
     from sandgate.lifecycle.runtime.base import BindMount
     from sandgate.lifecycle.runtime.docker import DockerRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
@@ -202,7 +203,12 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
         from sandgate.lifecycle.runtime.docker import DockerRuntime
 
         return DockerRuntime(
-            settings.docker_host, instance=instance, oci_runtime=settings.docker_oci_runtime, binds=binds
+            settings.docker_host,
+            instance=instance,
+            oci_runtime=settings.docker_oci_runtime,
+            binds=binds,
+            registry=registry_config(settings),
+            pull_policy=settings.image_pull_policy,
         )
     from sandgate.lifecycle.runtime.local import LocalRuntime
 
@@ -213,21 +219,25 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
 def image_store(settings: Settings) -> ImageStore:
     """The local image store with the registry settings (server and `sandgate image`)."""
     from sandgate.lifecycle.images import ImageStore
-    from sandgate.lifecycle.registry import RegistryConfig
 
-    registry = RegistryConfig(
-        mirrors=tuple(settings.registry_mirrors),
-        insecure=tuple(settings.insecure_registries),
-        timeout=settings.image_pull_timeout,
-    )
+    registry = registry_config(settings)
     return ImageStore(
         settings.state_dir / "images", registry=registry, pull_policy=settings.image_pull_policy
     )
 
 
+def registry_config(settings: Settings) -> RegistryConfig:
+    from sandgate.lifecycle.registry import RegistryConfig
+
+    return RegistryConfig(
+        mirrors=tuple(settings.registry_mirrors),
+        insecure=tuple(settings.insecure_registries),
+        timeout=settings.image_pull_timeout,
+    )
+
+
 def image_check(runtime: LocalRuntime | DockerRuntime) -> Callable[[CreateRequest], object]:
     """What a create runs before anything is built: the image is there, or is pulled now."""
-    from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.registry import Platform, PullError
 
     def check(request: CreateRequest) -> object:
@@ -236,9 +246,7 @@ def image_check(runtime: LocalRuntime | DockerRuntime) -> Callable[[CreateReques
             raise PullError(
                 "platform", f"platform {platform} was asked for; this host runs {Platform.host()} images only"
             )
-        if isinstance(runtime.images, ImageStore):
-            return runtime.images.ensure(request.image, credentials=request.image_auth, platform=platform)
-        return runtime.images.get(request.image)
+        return runtime.images.ensure(request.image, credentials=request.image_auth, platform=platform)
 
     return check
 

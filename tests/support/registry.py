@@ -202,6 +202,29 @@ class Registry:
         if result.returncode != 0:
             raise RuntimeError(f"skopeo push of {repository} failed: {result.stderr}")
 
+    @contextlib.contextmanager
+    def reachable_from(self, pid: int) -> Iterator[None]:
+        """Let the network namespace of `pid` (a private dockerd's) reach the registry: a veth
+        from the registry's namespace into it, and a route to the registry's address over it."""
+        link = 4 * secrets.randbelow(32)
+        registry_end, other_end = f"192.0.2.{link + 1}", f"192.0.2.{link + 2}"
+        name = unique("tvd")
+        ip("link", "add", name, "netns", self.netns, "type", "veth", "peer", "name", name + "p",
+           "netns", str(pid))  # fmt: skip
+        try:
+            ip("addr", "add", f"{registry_end}/30", "dev", name, netns=self.netns)
+            ip("link", "set", name, "up", netns=self.netns)
+            enter = ["nsenter", f"--net=/proc/{pid}/ns/net", "--", "ip"]
+            for args in (
+                ["addr", "add", f"{other_end}/30", "dev", name + "p"],
+                ["link", "set", name + "p", "up"],
+                ["route", "add", f"{self.address}/32", "via", registry_end],
+            ):
+                subprocess.run([*enter, *args], check=True, capture_output=True)
+            yield
+        finally:
+            subprocess.run(["ip", "-n", self.netns, "link", "del", name], capture_output=True)
+
     def blob_file(self, digest: str, *, private: bool = False) -> Path:
         """Where the registry keeps a blob (tests corrupt it to prove digests are checked)."""
         value = digest.removeprefix("sha256:")
