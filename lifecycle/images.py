@@ -22,6 +22,10 @@ Rules:
    creates of one image pull it once, and a collection never removes a layer a pull just found.
    A pull writes `image.json` last (an atomic replace); a failed pull removes the layers it
    unpacked, so nothing half-done stays for a later create to pick up.
+7. A snapshot is an image, `sandgate/snapshot:<id>`: its sandbox's upper directory (already in
+   overlayfs format) moved into the layer store on top of the image's own layers (or of the
+   host root, for sandgate/host). It is on disk like any image, so it survives restarts, and is
+   never pulled.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from sandgate.lifecycle.runtime.base import RuntimeError_
 
 HOST_IMAGE = "sandgate/host"
 PullPolicy = Literal["if-not-present", "always", "never"]
+SNAPSHOT_REPOSITORY = "sandgate/snapshot"
 IMAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,126}(:[A-Za-z0-9._-]{1,64})?$")
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -113,6 +118,14 @@ class ImageNotFound(ImageError):
         )
 
 
+class SnapshotOf(BaseModel):
+    """What a snapshot image was taken of (the OpenSandbox Snapshot's fields)."""
+
+    id: str
+    sandbox_id: str
+    name: str | None = None
+
+
 class Image(BaseModel):
     """One image: `rootfs` for an imported one, `layers` (digests, bottom first) for a pulled one;
     neither for the built-in host image."""
@@ -126,6 +139,8 @@ class Image(BaseModel):
     layers: list[str] = []
     digest: str | None = None  # the manifest's, for a pulled image
     platform: str | None = None
+    host_base: bool = False  # a snapshot of a sandgate/host sandbox: its layers go on the host root
+    snapshot: SnapshotOf | None = None
 
 
 @dataclass(frozen=True)
@@ -187,7 +202,7 @@ class ImageStore:
         found = self._find(name)
         if found is not None and (self.pull_policy != "always" or name == HOST_IMAGE):
             return _checked_platform(found, platform)
-        if self.pull_policy == "never":
+        if self.pull_policy == "never" or name.startswith(f"{SNAPSHOT_REPOSITORY}:"):
             raise ImageNotFound(name, [image.name for image in self.list()])
         return self.pull(name, credentials=credentials, platform=platform, progress=progress)
 
@@ -253,11 +268,56 @@ class ImageStore:
 
     def lowers(self, image: Image) -> builtins.list[Path]:
         """The overlay lower directories of an image, top first."""
-        if image.layers:
-            return [self.layers.path(digest) for digest in reversed(image.layers)]
-        if image.rootfs is None:
-            return [self.host_root().lower]
-        return [image.rootfs]
+        if image.rootfs is not None:
+            return [image.rootfs]
+        layers = [self.layers.path(digest) for digest in reversed(image.layers)]
+        host = image.host_base or not image.layers
+        return [*layers, self.host_root().lower] if host else layers
+
+    def add_snapshot(self, of: SnapshotOf, base: Image, upper: Path) -> Image:
+        """Record a sandbox's upper directory (moved in; overlayfs format already) as a layer on
+        top of its image's layers: the image `sandgate/snapshot:<id>` (rule 7)."""
+        if base.rootfs is not None:
+            raise ImageError(
+                f"sandbox {of.sandbox_id} runs the imported image {base.name}; snapshots are taken of "
+                "sandboxes from pulled images and sandgate/host"
+            )
+        digest = "sha256:" + hashlib.sha256(f"snapshot {of.id}".encode()).hexdigest()
+        image = Image(
+            name=snapshot_image(of.id),
+            rootfs=None,
+            created=time.time(),
+            source=f"snapshot of sandbox {of.sandbox_id} ({base.name})",
+            env=base.env,
+            cmd=base.cmd,
+            layers=[*base.layers, digest],
+            platform=base.platform,
+            host_base=base.name == HOST_IMAGE or base.host_base,
+            snapshot=of,
+        )
+        with self._pull_lock():
+            self.layers.adopt(upper, digest)
+            target = self._dir(image.name)
+            target.mkdir(parents=True, exist_ok=True)
+            staging = target / ".image.json.new"
+            staging.write_text(image.model_dump_json(indent=2), encoding="utf-8")
+            os.replace(staging, target / "image.json")
+        return image
+
+    def snapshots(self) -> builtins.list[Image]:
+        return [image for image in self.list() if image.snapshot is not None]
+
+    def remove_snapshot(self, snapshot_id: str, in_use: set[Path]) -> bool:
+        """Forget a snapshot and free its layer unless a running sandbox stands on it."""
+        image = self._find(snapshot_image(snapshot_id))
+        if image is None or image.snapshot is None:
+            return False
+        with self._pull_lock():
+            self.remove(image.name)
+            own = self.layers.path(image.layers[-1])
+            if own not in in_use:
+                self.layers.remove([image.layers[-1]])
+        return True
 
     def prune(self, in_use: set[Path]) -> builtins.list[str]:
         """Remove layers no image and no sandbox (`in_use`: their lower dirs) uses."""
@@ -353,6 +413,10 @@ class ImageStore:
 
 
 _THREAD_LOCK = threading.Lock()
+
+
+def snapshot_image(snapshot_id: str) -> str:
+    return f"{SNAPSHOT_REPOSITORY}:{snapshot_id}"
 
 
 def _legacy_key(name: str) -> str:

@@ -38,6 +38,7 @@ from sandgate.lifecycle.api.models import (
     SandboxStatus,
 )
 from sandgate.lifecycle.execd_client import execd_headers
+from sandgate.lifecycle.images import snapshot_image
 from sandgate.lifecycle.registry import Credentials
 from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, UnsafeBind
 from sandgate.lifecycle.sandbox_store import SandboxRecord
@@ -109,10 +110,12 @@ class HostVolumes:
 
 
 def to_create_request(body: CreateSandboxRequest, host_volumes: HostVolumes) -> CreateRequest:
-    if body.snapshot_id or body.template_id:
-        raise ApiError(
-            400, "UNSUPPORTED", "sandgate creates sandboxes from images only (no snapshots/templates)"
-        )
+    if body.template_id:
+        raise ApiError(400, "UNSUPPORTED", "sandgate creates from images and snapshots (no templates)")
+    if body.snapshot_id and body.image is not None:
+        raise ApiError(400, "INVALID_REQUEST", "give image or snapshotId, not both")
+    if body.snapshot_id:
+        body = body.model_copy(update={"image": ImageSpec(uri=snapshot_image(body.snapshot_id))})
     if body.image is None:
         raise ApiError(
             400, "INVALID_REQUEST", "image.uri is required (e.g. {'image': {'uri': 'sandgate/host'}})"

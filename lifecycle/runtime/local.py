@@ -93,8 +93,8 @@ class LocalRuntime:
         image = self.images.get(spec.image)
         self.delete(spec.sandbox_id)
         box = self._dir(spec.sandbox_id)
-        host = self.images.host_root() if image.name == HOST_IMAGE else None
-        lowers = [host.lower] if host is not None else self.images.lowers(image)
+        host = self.images.host_root() if image.name == HOST_IMAGE or image.host_base else None
+        lowers = self.images.lowers(image)
         try:
             env = self._prepare_root(box, image, lowers, spec, net)
             cgroup = self._cgroup(spec.sandbox_id)
@@ -188,6 +188,23 @@ class LocalRuntime:
         except FileNotFoundError:
             return "(no output)"
         return data[-limit:].decode(errors="replace").strip() or "(no output)"
+
+    def copy_upper(self, sandbox_id: str, target: Path) -> None:
+        """Copy what the sandbox changed (its overlay upper dir, whiteouts and xattrs as they are)
+        to `target`, frozen meanwhile so the copy is one moment of it (a snapshot's layer)."""
+        cgroup = self._existing_cgroup(sandbox_id)
+        was_frozen = cgroup.frozen()
+        cgroup.freeze()
+        try:
+            result = subprocess.run(
+                ["cp", "-a", "--", f"{self._dir(sandbox_id) / 'upper'}/.", str(target)],
+                capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+        finally:
+            if not was_frozen:
+                cgroup.thaw()
+        if result.returncode != 0:
+            raise RuntimeError_(f"cannot copy sandbox {sandbox_id}'s files: {result.stderr.strip()}")
 
     def root_path(self, sandbox_id: str) -> Path:
         """The sandbox's merged root as seen from the host (the server's view, not the sandbox's)."""

@@ -50,7 +50,9 @@ def test_osb_creates_python_3_12_on_docker_and_runs_python(
     docker_server: SandgateServer, dockerd: PrivateDockerd
 ) -> None:
     created = json.loads(osb(docker_server, "sandbox", "create", "--image", "python:3.12", "-o", "json"))
-    out = osb(docker_server, "command", "run", created["id"], "-o", "raw", "--", "python", "-c", "print(1 + 1)")
+    out = osb(
+        docker_server, "command", "run", created["id"], "-o", "raw", "--", "python", "-c", "print(1 + 1)"
+    )
     assert out.strip() == "2"
     assert "python:3.12" in [tag for image in dockerd.client.images.list() for tag in image.tags]
     which = docker_server.run(created["id"], "command -v python")
