@@ -52,6 +52,8 @@ def test_a_snapshot_round_trips_and_survives_a_restart(
         client.delete(f"/v1/sandboxes/{copy}")
         assert client.delete(f"/v1/snapshots/{snapshot['id']}").status_code == 204
         assert client.get(f"/v1/snapshots/{snapshot['id']}").status_code == 404
-        missing = client.post("/v1/sandboxes", json={"snapshotId": snapshot["id"], "entrypoint": ["sleep", "1"]})
+        missing = client.post(
+            "/v1/sandboxes", json={"snapshotId": snapshot["id"], "entrypoint": ["sleep", "1"]}
+        )
         assert missing.status_code == 400 and snapshot["id"] in missing.text
     assert len(before - set(layers.iterdir())) == 1  # the snapshot's own layer; the image's stay
