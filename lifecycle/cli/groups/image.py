@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from sandgate.lifecycle.images import HOST_IMAGE, ImageError, ImageStore
-from sandgate.lifecycle.registry import Credentials
+from sandgate.lifecycle.registry import Credentials, PullError
 
 
 def _store(ctx: click.Context) -> ImageStore:
@@ -68,7 +68,7 @@ def pull_image(ctx: click.Context, reference: str, username: str | None) -> None
     started = time.monotonic()
     try:
         image = _store(ctx).pull(reference, credentials=credentials, progress=progress)
-    except ImageError as exc:
+    except (ImageError, PullError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     took = time.monotonic() - started
