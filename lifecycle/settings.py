@@ -112,6 +112,11 @@ class Settings(BaseSettings):
         "if-not-present", description="when a create pulls its image (local runtime and Docker)"
     )
     image_pull_timeout: float = Field(300.0, gt=0, description="seconds one pull may take, then it fails")
+    registry_credentials: dict[str, str] = Field(
+        default_factory=dict,
+        description="registry host[:port] -> name of a vault secret holding 'username:password', "
+        "used when a create gives no image.auth (env: JSON object)",
+    )
 
     @field_validator("registry_mirrors", "insecure_registries", mode="before")
     @classmethod

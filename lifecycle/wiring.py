@@ -13,6 +13,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.network import SandboxNetworks
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
-    from sandgate.lifecycle.registry import RegistryConfig
+    from sandgate.lifecycle.registry import Credentials, RegistryConfig
     from sandgate.lifecycle.runtime.base import BindMount
     from sandgate.lifecycle.runtime.docker import DockerRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
@@ -237,17 +238,47 @@ def registry_config(settings: Settings) -> RegistryConfig:
     )
 
 
-def image_check(runtime: LocalRuntime | DockerRuntime) -> Callable[[CreateRequest], object]:
-    """What a create runs before anything is built: the image is there, or is pulled now."""
-    from sandgate.lifecycle.registry import Platform, PullError
+def registry_login(settings: Settings, vault: SecretStore) -> Callable[[str], Credentials | None]:
+    """The vault's login for a registry (setting `registry_credentials`), read at each pull."""
+    from sandgate.lifecycle.registry import Credentials, PullError
+
+    def login(registry: str) -> Credentials | None:
+        name = settings.registry_credentials.get(registry)
+        if name is None:
+            return None
+        try:
+            username, colon, password = vault.reveal(name).partition(":")
+        except Exception as exc:  # the store's own error names what is missing
+            raise PullError("unauthorized", f"registry {registry}: vault secret {name!r}: {exc}") from None
+        if not colon or not username:
+            raise PullError(
+                "unauthorized", f"registry {registry}: vault secret {name!r} must be 'username:password'"
+            )
+        return Credentials(username, password)
+
+    return login
+
+
+def image_check(
+    runtime: LocalRuntime | DockerRuntime, login: Callable[[str], Credentials | None] = lambda registry: None
+) -> Callable[[CreateRequest], object]:
+    """What a create runs before anything is built: the image is there, or is pulled now (with
+    `image.auth`, else the vault's login for the registry)."""
+    from sandgate.lifecycle.registry import Platform, PullError, Reference
 
     def check(request: CreateRequest) -> object:
+        registry = ""
         platform = Platform(request.platform["os"], request.platform["arch"]) if request.platform else None
         if platform is not None and str(platform) != str(Platform.host()):
             raise PullError(
                 "platform", f"platform {platform} was asked for; this host runs {Platform.host()} images only"
             )
-        return runtime.images.ensure(request.image, credentials=request.image_auth, platform=platform)
+        credentials = request.image_auth
+        if credentials is None:
+            with contextlib.suppress(PullError):  # not a reference: ensure() says so, or finds it
+                registry = Reference.parse(request.image).registry
+            credentials = login(registry) if registry else None
+        return runtime.images.ensure(request.image, credentials=credentials, platform=platform)
 
     return check
 
@@ -278,10 +309,11 @@ def build_components(settings: Settings, api_key: str) -> Components:
     networks.ensure_table()
     runtime = make_runtime(settings, instance)
     store = SandboxStore(settings.database)
+    vault = open_vault(settings)
     egress = EgressControl(
         store,
         proxy=control,
-        vault=open_vault(settings),
+        vault=vault,
         policies=SandgatePolicies(settings.policy_max_rules, settings.load_default_policy()),
         audit=policy_change_writer(settings.audit_log),
     )
@@ -290,7 +322,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
         networks=networks,
         runtime=runtime,
         egress=egress,
-        check_image=image_check(runtime),
+        check_image=image_check(runtime, registry_login(settings, vault)),
         ca_cert=ca.cert,
         warm_pool_size=settings.warm_pool_size,
     )
