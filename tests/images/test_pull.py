@@ -22,7 +22,7 @@ from opensandbox.config.connection_sync import ConnectionConfigSync
 from opensandbox.models.sandboxes import SandboxImageAuth, SandboxImageSpec
 from opensandbox_cli.main import cli
 
-from sandgate.lifecycle.images import ImageStore
+from sandgate.lifecycle.images import ImageNotFound, ImageStore
 from sandgate.lifecycle.registry import Platform, RegistryConfig
 from tests.support.registry import OciLayout, Registry, tar_layer, tools_layer
 from tests.support.server import SandgateServer, sandgate_server
@@ -223,3 +223,30 @@ def test_an_image_whose_layer_escapes_is_refused_and_nothing_kept(
     assert f"{registry.open}/team/escape:1.0" in response.json()["message"]
     assert store_state(server) == before
     assert not Path("/etc/sandgate-escaped").exists()
+
+
+def test_pull_policies(registry: Registry, tmp_path: Path) -> None:
+    """never: the store only; if-not-present: one fetch; always: the manifest each time, the
+    unpacked layers reused (the same directory)."""
+    uri = f"{registry.open}/team/multi:1.0"
+    log = registry.workdir / "registry.log"
+
+    def manifest_gets() -> int:
+        return log.read_text(errors="replace").count("GET /v2/team/multi/manifests/1.0")
+
+    config = RegistryConfig(insecure=(registry.open,))
+    never = ImageStore(tmp_path / "never", registry=config, pull_policy="never")
+    with pytest.raises(ImageNotFound):
+        never.ensure(uri)
+    assert not list((tmp_path / "never").glob("*/image.json"))
+    lazy = ImageStore(tmp_path / "lazy", registry=config)
+    first = manifest_gets()
+    lazy.ensure(uri)
+    lazy.ensure(uri)
+    assert manifest_gets() == first + 1
+    eager = ImageStore(tmp_path / "lazy", registry=config, pull_policy="always")
+    layer = eager.lowers(eager.get(uri))[0]
+    inode = layer.stat().st_ino
+    eager.ensure(uri)
+    assert manifest_gets() == first + 2
+    assert layer.stat().st_ino == inode
