@@ -30,7 +30,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -156,20 +156,27 @@ def mirror_host(url: str) -> str:
     return urlsplit(url if "//" in url else f"//{url}").netloc
 
 
+def candidates(reference: Reference, mirrors: Sequence[str]) -> list[Reference]:
+    """Where to look for an image, in order (rule 4)."""
+    if reference.registry != DOCKER_HUB:
+        return [reference]
+    return [*(reference.on(mirror_host(url)) for url in mirrors), reference]
+
+
+def most_telling(errors: Sequence[PullError]) -> PullError:
+    """Of the candidates' failures, the one to report: a refusal says more than a miss."""
+    order: list[PullKind] = ["unauthorized", "platform", "invalid", "not-found", "unreachable"]
+    return min(errors, key=lambda error: order.index(error.kind))
+
+
 class RegistryClient:
     def __init__(self, config: RegistryConfig) -> None:
         self.config = config
         plain = [mirror_host(url) for url in config.mirrors if url.startswith("http://")]
         self.insecure = frozenset([*config.insecure, *plain])
 
-    def candidates(self, reference: Reference) -> list[Reference]:
-        """Where to look, in order (rule 4)."""
-        if reference.registry != DOCKER_HUB:
-            return [reference]
-        return [*(reference.on(mirror_host(url)) for url in self.config.mirrors), reference]
-
     def plain_http_allowed(self, registry: str) -> bool:
-        host = registry.rsplit(":", 1)[0].strip("[]") if not registry.endswith("]") else registry.strip("[]")
+        host = urlsplit(f"//{registry}").hostname or registry
         if host == "localhost" or registry in self.insecure or host in self.insecure:
             return True
         try:
@@ -190,15 +197,14 @@ class RegistryClient:
         that answered. Tries every candidate (rule 4); raises the most telling `PullError`."""
         platform = platform or Platform.host()
         errors: list[PullError] = []
-        for candidate in self.candidates(reference):
+        for candidate in candidates(reference, self.config.mirrors):
             try:
                 self._copy_one(candidate, destination, credentials, platform, progress)
                 return candidate
             except PullError as exc:
                 errors.append(exc)
                 shutil.rmtree(destination, ignore_errors=True)
-        order: list[PullKind] = ["unauthorized", "platform", "not-found", "unreachable", "invalid"]
-        raise min(errors, key=lambda error: order.index(error.kind))
+        raise most_telling(errors)
 
     def _copy_one(
         self,

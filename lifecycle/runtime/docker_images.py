@@ -33,14 +33,14 @@ import docker.errors
 from docker.types import Mount
 
 from sandgate.lifecycle.registry import (
-    DOCKER_HUB,
     Credentials,
     Platform,
     PullError,
     Reference,
     RegistryConfig,
+    candidates,
     classify_failure,
-    mirror_host,
+    most_telling,
 )
 from sandgate.lifecycle.runtime.base import RuntimeError_
 from sandgate.lifecycle.runtime.launch import ExecdPython, python_paths
@@ -156,11 +156,8 @@ class DockerImages:
         return None
 
     def _pull(self, reference: Reference, credentials: Credentials | None, platform: Platform) -> str:
-        sources = [reference]
-        if reference.registry == DOCKER_HUB:
-            sources = [*(reference.on(mirror_host(url)) for url in self.registry.mirrors), reference]
         errors: list[PullError] = []
-        for source in sources:
+        for source in candidates(reference, self.registry.mirrors):
             try:
                 self._pull_one(source, credentials, platform)
             except PullError as exc:
@@ -174,8 +171,7 @@ class DockerImages:
                     return wanted
                 return str(source)
             return wanted
-        order = ["unauthorized", "platform", "not-found", "unreachable", "invalid"]
-        raise min(errors, key=lambda error: order.index(error.kind))
+        raise most_telling(errors)
 
     def _pull_one(self, source: Reference, credentials: Credentials | None, platform: Platform) -> None:
         repository = f"{source.registry}/{source.repository}"
