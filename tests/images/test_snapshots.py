@@ -6,22 +6,12 @@ layer.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from tests.support.registry import Registry
-from tests.support.server import SandgateServer, sandgate_server
+from tests.support.server import SandgateServer
 
 pytestmark = pytest.mark.root
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[SandgateServer]:
-    env = {"SANDGATE_REGISTRY_MIRRORS": registry.mirror}
-    with sandgate_server(Path(tmp_path_factory.mktemp("snapshots")), env) as running:
-        yield running
 
 
 @pytest.mark.parametrize("image", ["{open}/team/multi:1.0", "sandgate/host"])
