@@ -239,3 +239,21 @@ def test_pull_policies(registry: Registry, tmp_path: Path) -> None:
     eager.ensure(uri)
     assert manifest_gets() == first + 2
     assert layer.stat().st_ino == inode
+
+
+def test_a_pull_does_not_open_the_registry_to_the_sandbox(server: SandgateServer, registry: Registry) -> None:
+    """Pulls are the control plane's traffic: a sandbox from the pulled image, under the default
+    deny-all policy, cannot reach the registry it came from; the registry's log shows nothing."""
+    sandbox = server.create_sandbox(image={"uri": "python:3.12"})
+    log = registry.workdir / "registry.log"
+    mark = log.stat().st_size
+    probe = (
+        "import urllib.request as u\n"
+        f"try: u.urlopen('http://{registry.open}/v2/_catalog', timeout=5); print('reached')\n"
+        "except Exception as e: print('refused', type(e).__name__)"
+    )
+    result = server.run(sandbox["id"], f'python -c "{probe}"')
+    assert result.stdout.startswith("refused"), result
+    with log.open("rb") as handle:
+        handle.seek(mark)
+        assert b"_catalog" not in handle.read()
