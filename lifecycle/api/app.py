@@ -19,7 +19,15 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandgate.lifecycle.api import egress, metrics, sandbox_proxy, sandboxes, snapshots, unsupported
+from sandgate.lifecycle.api import (
+    approvals,
+    egress,
+    metrics,
+    sandbox_proxy,
+    sandboxes,
+    snapshots,
+    unsupported,
+)
 from sandgate.lifecycle.api.auth import OPEN_PATHS, AuthMiddleware
 from sandgate.lifecycle.api.errors import install_error_handlers
 from sandgate.lifecycle.api.sandbox_proxy import ProxyFrontDoor
@@ -88,6 +96,7 @@ def create_app(
             sandbox_proxy.router,
             metrics.router,
             snapshots.router,
+            approvals.router,
             unsupported.router,
         )
         for router in routers:
