@@ -5,17 +5,34 @@ Rules:
    allowlist of the host (`host_root`): the host's system directories (`HOST_SYSTEM_DIRS`) bound
    read-only, a curated copy of /etc (`HOST_ETC`, never keys or sandgate's config), and fresh
    private /tmp, /home, /root, /run, /var. Nothing else of the host is in it. Every other image
-   was imported from a tarball.
+   was imported from a tarball (one flattened `rootfs`) or pulled from a registry (a list of
+   layers in the shared layer store, lifecycle/layers.py; fetched by lifecycle/registry.py).
 2. Import accepts `docker save` archives (manifest.json; layers applied in order with whiteouts),
    OCI image layouts (index.json) and plain root filesystem tarballs. Nothing in an archive may
    write outside the image directory (tarfile's `tar` filter plus whiteout path checks).
 3. An import is built in a temporary directory and renamed into place, so a failed import leaves
    nothing and a reader never sees half an image.
 4. Asking for an image the store lacks raises `ImageNotFound`, which lists the images it has.
+5. Names: a pulled image is stored under its normalised reference (`python:3.12` is
+   `docker.io/library/python:3.12`), and every lookup normalises the same way, so an imported
+   `opensandbox/code-interpreter:v1.1.0` is found by that name and by its docker.io spelling.
+6. Pulls follow `image_pull_policy`: `if-not-present` uses what the store has, `always` asks the
+   registry every time (unpacked layers are reused by digest), `never` only uses the store.
+   Pulls (and layer garbage collection) hold one store-wide lock, across processes: concurrent
+   creates of one image pull it once, and a collection never removes a layer a pull just found.
+   A pull writes `image.json` last (an atomic replace); a failed pull removes the layers it
+   unpacked, so nothing half-done stays for a later create to pick up.
+7. A snapshot is an image, `sandgate/snapshot:<id>`: its sandbox's upper directory (already in
+   overlayfs format) moved into the layer store on top of the image's own layers (or of the
+   host root, for sandgate/host). It is on disk like any image, so it survives restarts, and is
+   never pulled.
 """
 
 from __future__ import annotations
 
+import builtins
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -24,17 +41,29 @@ import shutil
 import stat
 import tarfile
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from pydantic import BaseModel
 
+from sandgate.lifecycle.layers import LayerError, LayerStore
+from sandgate.lifecycle.registry import (
+    Credentials,
+    Platform,
+    PullError,
+    Reference,
+    RegistryClient,
+    RegistryConfig,
+)
 from sandgate.lifecycle.runtime.base import RuntimeError_
 
 HOST_IMAGE = "sandgate/host"
+PullPolicy = Literal["if-not-present", "always", "never"]
+SNAPSHOT_REPOSITORY = "sandgate/snapshot"
 IMAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,126}(:[A-Za-z0-9._-]{1,64})?$")
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -84,12 +113,22 @@ class ImageNotFound(ImageError):
         self.available = available
         super().__init__(
             f"image {name!r} is not in the local image store; it has: {', '.join(available)}. "
-            "Import one with `sandgate image import FILE NAME`."
+            "Pull it (`sandgate image pull NAME`, or image_pull_policy if-not-present) or import "
+            "one with `sandgate image import FILE NAME`."
         )
 
 
+class SnapshotOf(BaseModel):
+    """What a snapshot image was taken of (the OpenSandbox Snapshot's fields)."""
+
+    id: str
+    sandbox_id: str
+    name: str | None = None
+
+
 class Image(BaseModel):
-    """One image: `rootfs` is None for the built-in host image."""
+    """One image: `rootfs` for an imported one, `layers` (digests, bottom first) for a pulled one;
+    neither for the built-in host image."""
 
     name: str
     rootfs: Path | None
@@ -97,6 +136,11 @@ class Image(BaseModel):
     source: str
     env: list[str] = []
     cmd: list[str] = []
+    layers: list[str] = []
+    digest: str | None = None  # the manifest's, for a pulled image
+    platform: str | None = None
+    host_base: bool = False  # a snapshot of a sandgate/host sandbox: its layers go on the host root
+    snapshot: SnapshotOf | None = None
 
 
 @dataclass(frozen=True)
@@ -109,9 +153,19 @@ class HostRoot:
 
 
 class ImageStore:
-    def __init__(self, root: Path, host: Path = Path("/")) -> None:
+    def __init__(
+        self,
+        root: Path,
+        host: Path = Path("/"),
+        *,
+        registry: RegistryConfig | None = None,
+        pull_policy: PullPolicy = "if-not-present",
+    ) -> None:
         self.root = root
         self.host = host
+        self.layers = LayerStore(root / "layers")
+        self.registry = RegistryClient(registry or RegistryConfig())
+        self.pull_policy = pull_policy
 
     def list(self) -> list[Image]:
         source = "an allowlist of the host: its /usr and libraries read-only, a curated /etc"
@@ -122,14 +176,163 @@ class ImageStore:
         return images
 
     def get(self, name: str) -> Image:
-        if name != HOST_IMAGE:
-            meta = self._dir(name) / "image.json"
+        found = self._find(name)
+        if found is None:
+            raise ImageNotFound(name, [image.name for image in self.list()])
+        return found
+
+    def _find(self, name: str) -> Image | None:
+        if name == HOST_IMAGE:
+            return self.list()[0]
+        for directory in (self._dir(name), self.root / _legacy_key(name)):
+            meta = directory / "image.json"
             if meta.is_file():
                 return Image.model_validate_json(meta.read_text(encoding="utf-8"))
-        for image in self.list():
-            if image.name == name:
+        return None
+
+    def ensure(
+        self,
+        name: str,
+        *,
+        credentials: Credentials | None = None,
+        platform: Platform | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> Image:
+        """The image a create asks for, pulled as `image_pull_policy` says (rule 6)."""
+        found = self._find(name)
+        if found is not None and (self.pull_policy != "always" or name == HOST_IMAGE):
+            return _checked_platform(found, platform)
+        if self.pull_policy == "never" or name.startswith(f"{SNAPSHOT_REPOSITORY}:"):
+            raise ImageNotFound(name, [image.name for image in self.list()])
+        return self.pull(name, credentials=credentials, platform=platform, progress=progress)
+
+    def pull(
+        self,
+        name: str,
+        *,
+        credentials: Credentials | None = None,
+        platform: Platform | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> Image:
+        """Fetch `name` from its registry (or a mirror), verify and unpack its layers, record it."""
+        reference = Reference.parse(name)
+        started = time.time()
+        with self._pull_lock():
+            found = self._find(name)
+            if (
+                found is not None
+                and found.layers
+                and (self.pull_policy != "always" or found.created >= started)
+            ):
+                return _checked_platform(found, platform)  # a concurrent create pulled it meanwhile
+            staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=self.root))
+            added: list[str] = []
+            try:
+                layout = staging / "oci"
+                source = self.registry.copy(
+                    reference, layout, credentials=credentials, platform=platform, progress=progress
+                )
+                manifest_digest, manifest, config = _read_layout(layout, source)
+                _checked_platform_config(config, platform or Platform.host(), reference)
+                for layer in manifest["layers"]:
+                    blob = layout / _blob(layer["digest"])
+                    if self.layers.add(blob, layer["digest"], layer["mediaType"]):
+                        added.append(layer["digest"])
+                settings = dict(config.get("config") or {})
+                image = Image(
+                    name=str(reference),
+                    rootfs=None,
+                    created=time.time(),
+                    source=f"{source}@{manifest_digest}" if not source.digest else str(source),
+                    env=settings.get("Env") or [],
+                    cmd=[*(settings.get("Entrypoint") or []), *(settings.get("Cmd") or [])],
+                    layers=[layer["digest"] for layer in manifest["layers"]],
+                    digest=manifest_digest,
+                    platform=f"{config.get('os', '?')}/{config.get('architecture', '?')}",
+                )
+                target = self._dir(name)
+                target.mkdir(parents=True, exist_ok=True)
+                (staging / "image.json").write_text(image.model_dump_json(indent=2), encoding="utf-8")
+                os.replace(staging / "image.json", target / "image.json")
+                added.clear()
                 return image
-        raise ImageNotFound(name, [image.name for image in self.list()])
+            except (KeyError, ValueError, json.JSONDecodeError) as exc:
+                raise PullError(
+                    "invalid", f"{reference}: the registry sent a malformed image: {exc}"
+                ) from exc
+            except LayerError as exc:
+                raise PullError("invalid", f"{reference}: {exc}") from exc
+            finally:
+                self.layers.remove(added)
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def lowers(self, image: Image) -> builtins.list[Path]:
+        """The overlay lower directories of an image, top first."""
+        if image.rootfs is not None:
+            return [image.rootfs]
+        layers = [self.layers.path(digest) for digest in reversed(image.layers)]
+        host = image.host_base or not image.layers
+        return [*layers, self.host_root().lower] if host else layers
+
+    def add_snapshot(self, of: SnapshotOf, base: Image, upper: Path) -> Image:
+        """Record a sandbox's upper directory (moved in; overlayfs format already) as a layer on
+        top of its image's layers: the image `sandgate/snapshot:<id>` (rule 7)."""
+        if base.rootfs is not None:
+            raise ImageError(
+                f"sandbox {of.sandbox_id} runs the imported image {base.name}; snapshots are taken of "
+                "sandboxes from pulled images and sandgate/host"
+            )
+        digest = "sha256:" + hashlib.sha256(f"snapshot {of.id}".encode()).hexdigest()
+        image = Image(
+            name=snapshot_image(of.id),
+            rootfs=None,
+            created=time.time(),
+            source=f"snapshot of sandbox {of.sandbox_id} ({base.name})",
+            env=base.env,
+            cmd=base.cmd,
+            layers=[*base.layers, digest],
+            platform=base.platform,
+            host_base=base.name == HOST_IMAGE or base.host_base,
+            snapshot=of,
+        )
+        with self._pull_lock():
+            self.layers.adopt(upper, digest)
+            target = self._dir(image.name)
+            target.mkdir(parents=True, exist_ok=True)
+            staging = target / ".image.json.new"
+            staging.write_text(image.model_dump_json(indent=2), encoding="utf-8")
+            os.replace(staging, target / "image.json")
+        return image
+
+    def snapshots(self) -> builtins.list[Image]:
+        return [image for image in self.list() if image.snapshot is not None]
+
+    def remove_snapshot(self, snapshot_id: str, in_use: set[Path]) -> bool:
+        """Forget a snapshot and free its layer unless a running sandbox stands on it."""
+        image = self._find(snapshot_image(snapshot_id))
+        if image is None or image.snapshot is None:
+            return False
+        with self._pull_lock():
+            self.remove(image.name)
+            own = self.layers.path(image.layers[-1])
+            if own not in in_use:
+                self.layers.remove([image.layers[-1]])
+        return True
+
+    def prune(self, in_use: set[Path]) -> builtins.list[str]:
+        """Remove layers no image and no sandbox (`in_use`: their lower dirs) uses."""
+        with self._pull_lock():
+            keep = set(in_use)
+            for image in self.list():
+                keep.update(self.lowers(image) if image.layers else [])
+            return self.layers.collect(keep)
+
+    @contextlib.contextmanager
+    def _pull_lock(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with _THREAD_LOCK, open(self.root / ".pull.lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
 
     def import_tarball(self, archive: Path, name: str) -> Image:
         """Import a docker-save, OCI-layout or plain rootfs tarball as `name` (replacing it)."""
@@ -164,8 +367,13 @@ class ImageStore:
                 shutil.rmtree(staging)
         return image
 
-    def remove(self, name: str) -> None:
-        shutil.rmtree(self._dir(name), ignore_errors=True)
+    def remove(self, name: str) -> bool:
+        """Forget an image (its layers go at the next `prune`); False when there was none."""
+        found = False
+        for directory in (self._dir(name), self.root / _legacy_key(name)):
+            found = found or directory.is_dir()
+            shutil.rmtree(directory, ignore_errors=True)
+        return found
 
     def host_root(self) -> HostRoot:
         """The `sandgate/host` root for the host as it is now: one directory per content digest
@@ -197,7 +405,59 @@ class ImageStore:
                 shutil.rmtree(lower, ignore_errors=True)
 
     def _dir(self, name: str) -> Path:
-        return self.root / hashlib.sha256(name.encode()).hexdigest()[:24]
+        try:
+            key = str(Reference.parse(name))
+        except PullError:
+            key = name
+        return self.root / _legacy_key(key)
+
+
+_THREAD_LOCK = threading.Lock()
+
+
+def snapshot_image(snapshot_id: str) -> str:
+    return f"{SNAPSHOT_REPOSITORY}:{snapshot_id}"
+
+
+def _legacy_key(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()[:24]
+
+
+def _read_layout(layout: Path, source: Reference) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The manifest (digest, document) and config skopeo wrote, each checked against its digest."""
+    index = json.loads((layout / "index.json").read_text(encoding="utf-8"))
+    manifest_digest = index["manifests"][0]["digest"]
+    manifest = json.loads(_verified(layout, manifest_digest, source))
+    config = json.loads(_verified(layout, manifest["config"]["digest"], source))
+    return manifest_digest, manifest, config
+
+
+def _verified(layout: Path, digest: str, source: Reference) -> bytes:
+    data = (layout / _blob(digest)).read_bytes()
+    if f"sha256:{hashlib.sha256(data).hexdigest()}" != digest:
+        raise PullError("invalid", f"{source}: blob {digest} does not match its digest; refused")
+    return data
+
+
+def _checked_platform(image: Image, platform: Platform | None) -> Image:
+    if (
+        platform is not None
+        and image.platform is not None
+        and image.platform != f"{platform.os}/{platform.architecture}"
+    ):
+        raise PullError(
+            "platform",
+            f"image {image.name} in the store is for {image.platform}, not the requested {platform}",
+        )
+    return image
+
+
+def _checked_platform_config(config: dict[str, Any], platform: Platform, reference: Reference) -> None:
+    have = (config.get("os"), config.get("architecture"))
+    if have != (platform.os, platform.architecture):
+        raise PullError(
+            "platform", f"image {reference} is for {have[0]}/{have[1]}, not the requested platform {platform}"
+        )
 
 
 def _host_etc_entries(etc: Path) -> Iterator[tuple[str, os.stat_result]]:

@@ -38,6 +38,7 @@ from sandgate.lifecycle.errors import LifecycleError, quietly
 from sandgate.lifecycle.execd_client import new_token, start_entrypoint
 from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy
 from sandgate.lifecycle.quantities import runtime_limits
+from sandgate.lifecycle.registry import Credentials, PullError
 from sandgate.lifecycle.runtime.base import (
     BindMount,
     Runtime,
@@ -85,6 +86,7 @@ class CreateRequest:
     network_policy: NetworkPolicy | None
     credential_proxy: bool
     binds: tuple[BindMount, ...] = ()  # checked host volumes of this sandbox
+    image_auth: Credentials | None = None  # ImageSpec.auth: a registry login for this pull only
 
 
 class Service:
@@ -95,7 +97,7 @@ class Service:
         networks: Networks,
         runtime: Runtime,
         egress: EgressControl,
-        check_image: Callable[[str], object] = lambda image: None,
+        check_image: Callable[[CreateRequest], object] = lambda request: None,
         ca_cert: Path | None = None,
         ready_timeout: float = READY_TIMEOUT,
         warm_pool_size: int = 0,
@@ -125,7 +127,9 @@ class Service:
         except ValueError as exc:  # PolicyError
             raise LifecycleError("invalid", f"policy rejected: {exc}") from exc
         try:
-            self.check_image(request.image)
+            self.check_image(request)  # pulls the image when the store lacks it (pull policy)
+        except PullError as exc:
+            raise LifecycleError("unavailable" if exc.kind == "unreachable" else "invalid", str(exc)) from exc
         except Exception as exc:
             raise LifecycleError("invalid", str(exc)) from exc
         limits = runtime_limits(request.resource_limits)

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -128,6 +129,34 @@ class Settings(BaseSettings):
     state_disk_reserve: ByteQuantity = Field(
         "1Gi", description="free space on the state dir's filesystem that sandboxes' disks never take"
     )
+
+    # images (docs/images.md): pulls are the control plane's traffic, never a sandbox's
+    registry_mirrors: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="mirror URLs tried in order for docker.io images (env: comma-separated), "
+        "e.g. https://mirror.example.com; an http:// mirror is spoken to over plain HTTP",
+    )
+    insecure_registries: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="registry hosts[:port] allowed over plain HTTP (env: comma-separated); "
+        "loopback always is",
+    )
+    image_pull_policy: Literal["if-not-present", "always", "never"] = Field(
+        "if-not-present", description="when a create pulls its image (local runtime and Docker)"
+    )
+    image_pull_timeout: float = Field(300.0, gt=0, description="seconds one pull may take, then it fails")
+    registry_credentials: dict[str, str] = Field(
+        default_factory=dict,
+        description="registry host[:port] -> name of a vault secret holding 'username:password', "
+        "used when a create gives no image.auth (env: JSON object)",
+    )
+
+    @field_validator("registry_mirrors", "insecure_registries", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     # policy and audit
     policy_max_rules: int = Field(DEFAULT_MAX_RULES, ge=1)

@@ -13,6 +13,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,13 +26,15 @@ if TYPE_CHECKING:
     from fastapi import APIRouter
 
     from sandgate.lifecycle.audit import AuditIndex, AuditStore, PolicyChange
+    from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.network import SandboxNetworks
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
+    from sandgate.lifecycle.registry import Credentials, RegistryConfig
     from sandgate.lifecycle.runtime.base import BindMount
     from sandgate.lifecycle.runtime.docker import DockerRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
     from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
-    from sandgate.lifecycle.service import Service
+    from sandgate.lifecycle.service import CreateRequest, Service
     from sandgate.policy import Reason
     from sandgate.proxy import ProxyControl
     from sandgate.vault import SecretStore, StoreSecrets, StoreSettings
@@ -210,11 +213,12 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
             binds=binds,
             default_pids_max=settings.pids_max,
             disks=make_disks(settings, instance),
+            registry=registry_config(settings),
+            pull_policy=settings.image_pull_policy,
         )
-    from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.runtime.local import LocalRuntime
 
-    images = ImageStore(settings.state_dir / "images")
+    images = image_store(settings)
     return LocalRuntime(
         settings.state_dir,
         images,
@@ -237,6 +241,71 @@ def make_disks(settings: Settings, instance: str) -> SandboxDisks | None:
     return SandboxDisks(
         settings.disk_dir, instance, settings.state_dir, default_bytes=size, reserve_bytes=reserve
     )
+
+
+def image_store(settings: Settings) -> ImageStore:
+    """The local image store with the registry settings (server and `sandgate image`)."""
+    from sandgate.lifecycle.images import ImageStore
+
+    registry = registry_config(settings)
+    return ImageStore(
+        settings.state_dir / "images", registry=registry, pull_policy=settings.image_pull_policy
+    )
+
+
+def registry_config(settings: Settings) -> RegistryConfig:
+    from sandgate.lifecycle.registry import RegistryConfig
+
+    return RegistryConfig(
+        mirrors=tuple(settings.registry_mirrors),
+        insecure=tuple(settings.insecure_registries),
+        timeout=settings.image_pull_timeout,
+    )
+
+
+def registry_login(settings: Settings, vault: SecretStore) -> Callable[[str], Credentials | None]:
+    """The vault's login for a registry (setting `registry_credentials`), read at each pull."""
+    from sandgate.lifecycle.registry import Credentials, PullError
+
+    def login(registry: str) -> Credentials | None:
+        name = settings.registry_credentials.get(registry)
+        if name is None:
+            return None
+        try:
+            username, colon, password = vault.reveal(name).partition(":")
+        except Exception as exc:  # the store's own error names what is missing
+            raise PullError("unauthorized", f"registry {registry}: vault secret {name!r}: {exc}") from None
+        if not colon or not username:
+            raise PullError(
+                "unauthorized", f"registry {registry}: vault secret {name!r} must be 'username:password'"
+            )
+        return Credentials(username, password)
+
+    return login
+
+
+def image_check(
+    runtime: LocalRuntime | DockerRuntime, login: Callable[[str], Credentials | None] = lambda registry: None
+) -> Callable[[CreateRequest], object]:
+    """What a create runs before anything is built: the image is there, or is pulled now (with
+    `image.auth`, else the vault's login for the registry)."""
+    from sandgate.lifecycle.registry import Platform, PullError, Reference
+
+    def check(request: CreateRequest) -> object:
+        registry = ""
+        platform = Platform(request.platform["os"], request.platform["arch"]) if request.platform else None
+        if platform is not None and str(platform) != str(Platform.host()):
+            raise PullError(
+                "platform", f"platform {platform} was asked for; this host runs {Platform.host()} images only"
+            )
+        credentials = request.image_auth
+        if credentials is None:
+            with contextlib.suppress(PullError):  # not a reference: ensure() says so, or finds it
+                registry = Reference.parse(request.image).registry
+            credentials = login(registry) if registry else None
+        return runtime.images.ensure(request.image, credentials=credentials, platform=platform)
+
+    return check
 
 
 def operator_binds(settings: Settings) -> list[BindMount]:
@@ -265,10 +334,11 @@ def build_components(settings: Settings, api_key: str) -> Components:
     networks.ensure_table()
     runtime = make_runtime(settings, instance)
     store = SandboxStore(settings.database)
+    vault = open_vault(settings)
     egress = EgressControl(
         store,
         proxy=control,
-        vault=open_vault(settings),
+        vault=vault,
         policies=SandgatePolicies(
             settings.policy_max_rules, settings.load_default_policy(), settings.presets
         ),
@@ -279,7 +349,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
         networks=networks,
         runtime=runtime,
         egress=egress,
-        check_image=runtime.images.get,
+        check_image=image_check(runtime, registry_login(settings, vault)),
         ca_cert=ca.cert,
         warm_pool_size=settings.warm_pool_size,
     )

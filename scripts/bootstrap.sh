@@ -17,15 +17,17 @@ case $stage in
 esac
 
 # Run time: nft + ip for sandbox networks, bwrap for the local runtime, CA bundle for upstream TLS,
-# mkfs.ext4 for each sandbox's own filesystem (the disk cap).
-RUN_PACKAGES=(nftables iproute2 bubblewrap ca-certificates e2fsprogs)
+# mkfs.ext4 for each sandbox's own filesystem (the disk cap), skopeo pulls images by reference
+# for the local runtime (docs/images.md).
+RUN_PACKAGES=(nftables iproute2 bubblewrap ca-certificates e2fsprogs skopeo)
 # Tests and benchmarks: docker.io for the Docker runtime (the tests start a private dockerd),
 # busybox for tiny test images (`make images`), chromium drives the console tests, the test
-# internet's and the benchmarks' servers and load generators, dig for DNS answers seen from inside.
+# internet's and the benchmarks' servers and load generators, dig for DNS answers seen from inside,
+# docker-registry (distribution) and htpasswd (apache2-utils) for the test registry.
 TEST_PACKAGES=(iptables busybox-static docker.io curl chromium nginx-light wrk squid nghttp2-client
-  bind9-dnsutils)
+  bind9-dnsutils docker-registry apache2-utils)
 # The services the test packages would start; disabled again when this run installed them.
-TEST_SERVICES=(squid nginx docker.socket docker containerd)
+TEST_SERVICES=(squid nginx docker.socket docker containerd docker-registry)
 
 missing_packages() {
   local pkg

@@ -21,6 +21,7 @@ import pytest
 
 if TYPE_CHECKING:
     from tests.support.dockerd import PrivateDockerd
+    from tests.support.registry import Registry
 from hypothesis import settings
 
 from tests.support.tiers import FAST, FAST_DEFAULT_EXAMPLES
@@ -74,3 +75,14 @@ def sandbox_images(dockerd: PrivateDockerd) -> str:
     from tests.docker.conftest import load_image_builder
 
     return str(load_image_builder().build_images(dockerd.client))
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """One real OCI registry for the whole session (tests/support/registry.py): `library/python:3.12`
+    and the other test images pushed once; suites push their own with `registry.push(...)`."""
+    from tests.support.registry import fill, start_registry
+
+    with start_registry(tmp_path_factory.mktemp("registry")) as running:
+        fill(running)
+        yield running

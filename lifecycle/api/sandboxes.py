@@ -38,6 +38,8 @@ from sandgate.lifecycle.api.models import (
     SandboxStatus,
 )
 from sandgate.lifecycle.execd_client import execd_headers
+from sandgate.lifecycle.images import snapshot_image
+from sandgate.lifecycle.registry import Credentials
 from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, UnsafeBind
 from sandgate.lifecycle.sandbox_store import SandboxRecord
 from sandgate.lifecycle.service import CreateRequest
@@ -108,10 +110,12 @@ class HostVolumes:
 
 
 def to_create_request(body: CreateSandboxRequest, host_volumes: HostVolumes) -> CreateRequest:
-    if body.snapshot_id or body.template_id:
-        raise ApiError(
-            400, "UNSUPPORTED", "sandgate creates sandboxes from images only (no snapshots/templates)"
-        )
+    if body.template_id:
+        raise ApiError(400, "UNSUPPORTED", "sandgate creates from images and snapshots (no templates)")
+    if body.snapshot_id and body.image is not None:
+        raise ApiError(400, "INVALID_REQUEST", "give image or snapshotId, not both")
+    if body.snapshot_id:
+        body = body.model_copy(update={"image": ImageSpec(uri=snapshot_image(body.snapshot_id))})
     if body.image is None:
         raise ApiError(
             400, "INVALID_REQUEST", "image.uri is required (e.g. {'image': {'uri': 'sandgate/host'}})"
@@ -132,6 +136,9 @@ def to_create_request(body: CreateSandboxRequest, host_volumes: HostVolumes) -> 
         network_policy=body.network_policy,
         credential_proxy=bool(body.credential_proxy and body.credential_proxy.enabled),
         binds=tuple(host_volumes.bind(i, dict(volume)) for i, volume in enumerate(body.volumes or [])),
+        image_auth=Credentials(body.image.auth.username, body.image.auth.password)
+        if body.image.auth
+        else None,
     )
 
 

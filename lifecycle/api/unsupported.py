@@ -1,4 +1,5 @@
-"""The OpenSandbox 1.1.1 lifecycle routes sandgate does not serve: snapshots, templates, pools.
+"""The OpenSandbox 1.1.1 lifecycle routes sandgate does not serve: templates, pools (snapshots are
+api/snapshots.py).
 
 Rules: each is answered as the spec answers a server without the feature (501 with the
 `{code, message}` error shape; the reference server does the same for pools on Docker), never
@@ -15,11 +16,6 @@ from fastapi import APIRouter
 from sandgate.lifecycle.api.errors import ApiError
 from sandgate.lifecycle.api.models import ErrorResponse
 
-SNAPSHOTS = (
-    "sandgate does not snapshot sandboxes: a sandbox keeps its files while it exists (also across "
-    "pause/resume); copy files out with execd's GET /files/download and create sandboxes from an "
-    "image (POST /v1/sandboxes with image.uri)"
-)
 TEMPLATES = (
     "sandgate has no sandbox templates: create from an image (image.uri) and give the egress "
     "policy at create (networkPolicy) or later (PUT /v1/sandboxes/{id}/egress/sandgate-policy)"
@@ -30,10 +26,6 @@ POOLS = (
     "its size and ready count"
 )
 ROUTES = [
-    ("POST", "/sandboxes/{sandbox_id}/snapshots", "Create Snapshot", SNAPSHOTS),
-    ("GET", "/snapshots", "List Snapshots", SNAPSHOTS),
-    ("GET", "/snapshots/{snapshot_id}", "Get Snapshot", SNAPSHOTS),
-    ("DELETE", "/snapshots/{snapshot_id}", "Delete Snapshot", SNAPSHOTS),
     ("POST", "/templates", "Create Template", TEMPLATES),
     ("GET", "/templates", "List Templates", TEMPLATES),
     ("GET", "/templates/{template_id}", "Get Template", TEMPLATES),

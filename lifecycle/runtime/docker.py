@@ -15,7 +15,8 @@ Rules:
    as PID 1, no restart policy (a restarted container would get a fresh, empty netns).
 3. The image's entry script (sandbox-images/base) waits for the address, trusts the proxy CA
    (mounted read-only from the spec's `ca_cert`), starts execd on <address>:44772 and then runs
-   the entrypoint. Images must be built FROM `sandgate/base`.
+   the entrypoint. An image not built FROM `sandgate/base` runs execd from the host, bound in
+   read-only (runtime/docker_images.py, which also pulls images by reference).
 4. Containers carry labels (sandbox id, instance tag, netns name), so `adopt()` re-finds them
    after a server restart; a server only ever touches containers with its own instance tag.
 5. Every operation is idempotent: deleting a missing sandbox, pausing a paused one, do nothing.
@@ -39,6 +40,7 @@ from docker.types import Mount
 from pyroute2 import IPRoute
 
 from sandgate.lifecycle.kernel import MS_BIND, in_fresh_thread, mount, umount
+from sandgate.lifecycle.registry import RegistryConfig
 from sandgate.lifecycle.runtime.base import (
     EXECD_PORT,
     BindMount,
@@ -47,6 +49,7 @@ from sandgate.lifecycle.runtime.base import (
     SandboxSpec,
     wait_for_execd,
 )
+from sandgate.lifecycle.runtime.docker_images import DockerImages
 from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
 
 LABEL_SANDBOX = "io.sandgate.sandbox"
@@ -57,28 +60,6 @@ CA_PATH_INSIDE = "/etc/sandgate/proxy-ca.crt"
 DEFAULT_IMAGE_ALIASES = {"sandgate/host": "sandgate/base:latest"}
 DEFAULT_PIDS_MAX = 1024
 LIVE_STATES = frozenset({"running", "paused"})
-
-
-class DockerImages:
-    """Resolves a requested image name to a local image; there is no registry to pull from."""
-
-    def __init__(self, client: docker.DockerClient, aliases: Mapping[str, str]) -> None:
-        self.client = client
-        self.aliases = dict(aliases)
-
-    def get(self, name: str) -> str:
-        """The local reference for `name`, or RuntimeError_ listing what the engine has."""
-        ref = self.aliases.get(name, name)
-        try:
-            self.client.images.get(ref)
-        except docker.errors.ImageNotFound:
-            have = sorted(tag for image in self.client.images.list() for tag in image.tags)
-            raise RuntimeError_(
-                f"image {name!r} ({ref}) is not in the Docker engine; it has: {', '.join(have) or 'none'}. "
-                "Build the sandbox images with `make images`, or `docker load` / build an image "
-                "FROM sandgate/base."
-            ) from None
-        return ref
 
 
 class DockerRuntime:
@@ -97,11 +78,14 @@ class DockerRuntime:
         tmpfs_size: str = "256m",
         binds: Sequence[BindMount] = (),
         disks: SandboxDisks | None = None,
+        registry: RegistryConfig | None = None,
+        pull_policy: str = "if-not-present",
     ) -> None:
         self.client = _client(client)
         self.disks = disks
         self.binds = list(binds)  # the operator's, in every sandbox (checked by the caller)
-        self.images = DockerImages(self.client, {**DEFAULT_IMAGE_ALIASES, **(images or {})})
+        aliases = {**DEFAULT_IMAGE_ALIASES, **(images or {})}
+        self.images = DockerImages(self.client, aliases, registry=registry, pull_policy=pull_policy)
         self.oci_runtime = oci_runtime
         self.instance = instance
         self.read_only = read_only
@@ -241,6 +225,10 @@ class DockerRuntime:
             args["mem_limit"] = args["memswap_limit"] = spec.memory_bytes
         if spec.cpu_quota:
             args["nano_cpus"] = int(spec.cpu_quota * 1e9)
+        if not self.images.brings_execd(args["image"]):
+            foreign = self.images.foreign_args(spec.entrypoint, net.address, EXECD_PORT)
+            args.update(entrypoint=foreign["entrypoint"], command=foreign["command"])
+            args["mounts"] += foreign["mounts"]
         if spec.ca_cert is not None:
             args["volumes"] = {str(Path(spec.ca_cert).resolve()): {"bind": CA_PATH_INSIDE, "mode": "ro"}}
         return args

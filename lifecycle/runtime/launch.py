@@ -10,6 +10,11 @@ Rules:
    CAP_SYSLOG), and seccomp filters (passed in as fds) deny what the runtime denies.
 3. The Python that runs execd (venv, prefix, the execd package) is bound read-only into every
    image at the same paths (`ExecdPython`), and so are the operator's and the sandbox's binds.
+   In an image that is not `sandgate/host` (`ExecdPython.in_image`), the host's /usr is bound
+   read-only at `/.sandgate/host/usr` instead of over the image's /usr, and execd's Python
+   starts through the host's dynamic loader with the host's library directories
+   (`ld.so --library-path`): execd then never loads the image's glibc, so any image of the
+   host's architecture runs it, and what execd starts is the image's own (no LD_* variable).
 4. Nothing of the server's environment enters a sandbox: every hop of the launch chain (sh,
    nsenter, bwrap, the launcher) starts from `LAUNCH_ENV`, and bwrap gives the launcher only the
    sandbox's own env (`--clearenv`). No hop's argv holds a secret.
@@ -23,6 +28,7 @@ Rules:
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Sequence
@@ -73,13 +79,51 @@ _PYTHON_PATHS = (
 )
 
 
+HOST_USR_MOUNT = "/.sandgate/host/usr"
+
+
 @dataclass(frozen=True)
 class ExecdPython:
-    """Where the Python that runs execd lives; `binds` are made read-only in every sandbox."""
+    """Where the Python that runs execd lives; `binds` are made read-only in every sandbox at the
+    same path, `moved` (host path, sandbox path) elsewhere; `interpreter` starts it."""
 
     site_packages: str
     package_dir: str
     binds: list[str]
+    interpreter: tuple[str, ...] = ()
+    moved: tuple[tuple[str, str], ...] = ()
+
+    def in_image(self, python: str) -> ExecdPython:
+        """The same Python for an image's root (rule 3): /usr moved, the host's loader in front."""
+        executable = os.path.realpath(python)
+        loader, libraries = _loader_and_libraries(executable)
+        return ExecdPython(
+            site_packages=_moved_usr(self.site_packages),
+            package_dir=_moved_usr(self.package_dir),
+            binds=[path for path in self.binds if _moved_usr(path) == path],
+            interpreter=(
+                _moved_usr(loader),
+                "--library-path",
+                ":".join(map(_moved_usr, libraries)),
+                _moved_usr(executable),
+            ),
+            moved=(("/usr", HOST_USR_MOUNT),),
+        )
+
+
+def _moved_usr(path: str) -> str:
+    return HOST_USR_MOUNT + path[len("/usr") :] if path == "/usr" or path.startswith("/usr/") else path
+
+
+def _loader_and_libraries(executable: str) -> tuple[str, list[str]]:
+    """The host's dynamic loader for `executable` and the directories its libraries are in."""
+    listing = subprocess.run(["ldd", executable], capture_output=True, text=True, timeout=30).stdout
+    loader = next((m.group(1) for m in re.finditer(r"^\s*(/\S*ld-linux\S*)", listing, re.M)), None)
+    if loader is None:
+        raise RuntimeError_(f"cannot find the dynamic loader of {executable} (is it a dynamic ELF?)")
+    loader = os.path.realpath(loader)
+    found = [os.path.dirname(os.path.realpath(m)) for m in re.findall(r"=> (/\S+)", listing)]
+    return loader, list(dict.fromkeys([os.path.dirname(loader), *found]))
 
 
 def python_paths(python: str) -> ExecdPython:
@@ -115,6 +159,7 @@ def bwrap_argv(spec: SandboxSpec, net: SandboxNet, launch: Launch) -> list[str]:
     """bwrap's argv, ending in the launcher that starts the entrypoint and becomes execd (rules 2-4)."""
     argv = ["bwrap", "--bind", str(launch.root), "/", "--proc", "/proc", "--dev", "/dev"]
     argv += [word for path in (*launch.ro_binds, *launch.execd.binds) for word in ("--ro-bind", path, path)]
+    argv += [word for source, target in launch.execd.moved for word in ("--ro-bind", source, target)]
     argv += [word for bind in launch.binds for word in bind.bwrap_args()]
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     argv += ["--hostname", "sandbox", "--new-session", "--cap-drop", "ALL"]
@@ -125,7 +170,8 @@ def bwrap_argv(spec: SandboxSpec, net: SandboxNet, launch: Launch) -> list[str]:
     execd = [os.path.dirname(launch.execd.package_dir), launch.execd.site_packages]
     execd += ["--host", net.address, "--port", str(EXECD_PORT)]
     entrypoint = [str(len(spec.entrypoint)), *spec.entrypoint]
-    return [*argv, "--", launch.execd_python, "-I", "-S", "-c", LAUNCHER, *entrypoint, *execd]
+    python = launch.execd.interpreter or (launch.execd_python,)
+    return [*argv, "--", *python, "-I", "-S", "-c", LAUNCHER, *entrypoint, *execd]
 
 
 def start_chain(

@@ -36,7 +36,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from sandgate.lifecycle.cgroups import Limits, SandboxCgroup
-from sandgate.lifecycle.images import HostRoot, Image, ImageStore
+from sandgate.lifecycle.images import HOST_IMAGE, HostRoot, Image, ImageStore
 from sandgate.lifecycle.kernel import instance_tag, mount, umount
 from sandgate.lifecycle.runtime.base import BindMount, RuntimeError_, SandboxNet, SandboxSpec, wait_for_execd
 from sandgate.lifecycle.runtime.launch import Launch, hand_over_token, python_paths, start_chain
@@ -62,7 +62,8 @@ class LocalSandboxState(BaseModel):
     netns: str
     address: str
     created: float
-    lower: str | None = None  # the overlay's lower layer, kept while the sandbox runs
+    lower: str | None = None  # the overlay's top lower layer, kept while the sandbox runs
+    lowers: list[str] = []  # all of them, top first (an image's layers stay while it runs)
 
 
 class LocalRuntime:
@@ -91,6 +92,7 @@ class LocalRuntime:
         self.binds = list(binds)
         self._kernel_log_filter = deny_syscalls(DENY_KERNEL_LOG)
         self.execd_paths = python_paths(execd_python)
+        self.execd_in_image = self.execd_paths.in_image(execd_python)
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- the Runtime protocol ---------------------------------------------------------------
@@ -102,11 +104,10 @@ class LocalRuntime:
         image = self.images.get(spec.image)
         self.delete(spec.sandbox_id)
         box = self._dir(spec.sandbox_id)
-        host = self.images.host_root() if image.rootfs is None else None
-        lower = host.lower if host is not None else image.rootfs
-        assert lower is not None  # an imported image always has its rootfs
+        host = self.images.host_root() if image.name == HOST_IMAGE or image.host_base else None
+        lowers = self.images.lowers(image)
         try:
-            env = self._prepare_root(box, image, lower, spec, net)
+            env = self._prepare_root(box, image, lowers, spec, net)
             cgroup = self._cgroup(spec.sandbox_id)
             cgroup.create(Limits(spec.memory_bytes, spec.pids_max or self.default_pids_max, spec.cpu_quota))
             record = LocalSandboxState(
@@ -115,7 +116,8 @@ class LocalRuntime:
                 netns=net.netns,
                 address=net.address,
                 created=time.time(),
-                lower=str(lower),
+                lower=str(lowers[0]),
+                lowers=[str(lower) for lower in lowers],
             )
             (box / "state.json").write_text(record.model_dump_json(), encoding="utf-8")
             self._launch(spec, net, host, env, box, cgroup)
@@ -162,8 +164,7 @@ class LocalRuntime:
                 sandbox_id = state.parent.name
                 if self.alive(sandbox_id):
                     running.append(sandbox_id)
-                    lower = LocalSandboxState.model_validate_json(state.read_text(encoding="utf-8")).lower
-                    lowers.update([Path(lower)] if lower else [])
+                    lowers.update(sandbox_lowers(state))
                 else:
                     self.delete(sandbox_id)
             for box in self.sandboxes_dir.iterdir():
@@ -203,6 +204,23 @@ class LocalRuntime:
             return "(no output)"
         return data[-limit:].decode(errors="replace").strip() or "(no output)"
 
+    def copy_upper(self, sandbox_id: str, target: Path) -> None:
+        """Copy what the sandbox changed (its overlay upper dir, whiteouts and xattrs as they are)
+        to `target`, frozen meanwhile so the copy is one moment of it (a snapshot's layer)."""
+        cgroup = self._existing_cgroup(sandbox_id)
+        was_frozen = cgroup.frozen()
+        cgroup.freeze()
+        try:
+            result = subprocess.run(
+                ["cp", "-a", "--", f"{self._layers(sandbox_id) / 'upper'}/.", str(target)],
+                capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+        finally:
+            if not was_frozen:
+                cgroup.thaw()
+        if result.returncode != 0:
+            raise RuntimeError_(f"cannot copy sandbox {sandbox_id}'s files: {result.stderr.strip()}")
+
     def root_path(self, sandbox_id: str) -> Path:
         """The sandbox's merged root as seen from the host (the server's view, not the sandbox's)."""
         return self._dir(sandbox_id) / "root"
@@ -232,7 +250,7 @@ class LocalRuntime:
         return cgroup
 
     def _prepare_root(
-        self, box: Path, image: Image, lower: Path, spec: SandboxSpec, net: SandboxNet
+        self, box: Path, image: Image, lowers: list[Path], spec: SandboxSpec, net: SandboxNet
     ) -> dict[str, str]:
         """Mount the overlay root and write what the sandbox needs; returns its environment."""
         layers = self._layers(spec.sandbox_id)
@@ -240,7 +258,7 @@ class LocalRuntime:
             self.disks.create(spec.sandbox_id, spec.disk_bytes, layers)
         for path in (layers / "upper", layers / "work", box / "root"):
             path.mkdir(parents=True, exist_ok=True)
-        _mount_overlay(lower, layers, box / "root")
+        _mount_overlay(lowers, layers, box / "root")
         env = image_env(image)
         root_fd = os.open(box / "root", os.O_PATH | os.O_DIRECTORY)
         try:
@@ -279,7 +297,7 @@ class LocalRuntime:
                 binds=(*self.binds, *spec.binds),
                 seccomp_fds=filters,
                 execd_python=self.execd_python,
-                execd=self.execd_paths,
+                execd=self.execd_paths if host is not None else self.execd_in_image,
             )
             log = self._layers(spec.sandbox_id) / "output.log"
             process = start_chain(spec, net, launch, cgroup.procs_files(), log)
@@ -290,14 +308,27 @@ class LocalRuntime:
                 os.close(fd)
 
 
-def _mount_overlay(lower: Path, layers: Path, root: Path) -> None:
+def _mount_overlay(lowers: list[Path], layers: Path, root: Path) -> None:
     """Mount the overlay at root, naming its layers by /proc/self/fd paths: the options are
     what mountinfo shows inside the sandbox, and they must not name host directories."""
-    fds = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in (lower, layers / "upper", layers / "work")]
+    fds = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in (*lowers, layers / "upper", layers / "work")]
     try:
-        lowerdir, upperdir, workdir = (f"/proc/self/fd/{fd}" for fd in fds)
-        options = f"lowerdir={lowerdir},upperdir={upperdir},workdir={workdir}"
+        *lowerdirs, upperdir, workdir = (f"/proc/self/fd/{fd}" for fd in fds)
+        options = f"lowerdir={':'.join(lowerdirs)},upperdir={upperdir},workdir={workdir}"
         mount("overlay", root, "overlay", 0, options)
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def sandbox_lowers(state: Path) -> set[Path]:
+    """The lower directories a sandbox's `state.json` says it uses (kept from GC while it exists)."""
+    record = LocalSandboxState.model_validate_json(state.read_text(encoding="utf-8"))
+    return {Path(path) for path in [*record.lowers, *([record.lower] if record.lower else [])]}
+
+
+def lowers_in_use(state_dir: Path) -> set[Path]:
+    """Every lower directory a local sandbox of this state dir uses (for `sandgate image prune`)."""
+    return {
+        path for state in (state_dir / "sandboxes").glob("*/state.json") for path in sandbox_lowers(state)
+    }

@@ -62,17 +62,17 @@ LIFECYCLE = _routes(
     GET,POST,PUT,PATCH,DELETE {SANDBOX}/proxy/{{port}}
     GET,POST,PUT,PATCH,DELETE {SANDBOX}/proxy/{{port}}/{{full_path}}
     POST /metrics/events
-    """,
-) + _routes(
-    "lifecycle",
-    f"""
     POST {SANDBOX}/snapshots
     GET /snapshots
     GET,DELETE /snapshots/{{snapshot_id}}
+    """,
+) + _routes(
+    "lifecycle",
+    """
     POST,GET /templates
-    GET,DELETE /templates/{{template_id}}
+    GET,DELETE /templates/{template_id}
     POST,GET /pools
-    GET,PUT,DELETE /pools/{{pool_name}}
+    GET,PUT,DELETE /pools/{pool_name}
     """,
     supported=False,
 )

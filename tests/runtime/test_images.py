@@ -121,6 +121,16 @@ def test_plain_rootfs_tarball_and_unknown_image(tmp_path: Path) -> None:
     assert "sandgate/host, busybox" in str(missing.value)
 
 
+def test_an_imported_image_is_found_by_its_reference_in_any_spelling(tmp_path: Path) -> None:
+    """What another suite does with a prebuilt image: import it as the name the guide uses; a
+    create naming it (either spelling) finds it and pulls nothing (no registry is configured)."""
+    archive = layered_image(tmp_path, busybox_rootfs(tmp_path / "rootfs"))
+    store = ImageStore(tmp_path / "images")
+    store.import_tarball(archive, "opensandbox/code-interpreter:v1.1.0")
+    for spelling in ("opensandbox/code-interpreter:v1.1.0", "docker.io/opensandbox/code-interpreter:v1.1.0"):
+        assert store.ensure(spelling).name == "opensandbox/code-interpreter:v1.1.0"
+
+
 def test_a_whiteout_cannot_delete_through_a_symlink(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()

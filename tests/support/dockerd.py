@@ -32,6 +32,7 @@ import docker.errors
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
+REGISTRY_RANGE = "192.0.2.0/24"  # where tests/support/registry.py puts its registries (plain HTTP)
 
 
 class PrivateDockerd:
@@ -61,6 +62,7 @@ class PrivateDockerd:
             f"--cgroup-parent={self.cgroup_parent}",
             "--bridge=none", "--iptables=false", "--ip6tables=false",
             "--ip-forward=false", "--ip-masq=false",
+            f"--insecure-registry={REGISTRY_RANGE}",  # the test registry (tests/support/registry.py)
         ]  # fmt: skip
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
