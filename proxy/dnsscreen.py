@@ -30,7 +30,7 @@ import dataclasses
 import ipaddress
 from collections.abc import Callable
 
-from dnslib import DNSError, HTTPS
+from dnslib import HTTPS, DNSError
 from dnslib.buffer import Buffer, BufferError
 from mitmproxy import dns
 

@@ -16,7 +16,13 @@ Rules:
    (`sandgate.policy.request_identity`) from the target as received; the policy judges it, the
    injection and the audit record use it. An ambiguous target (an HTTP/1 absolute-form target
    naming another authority than the connection's, dot segments, double encoding, ...) is a 400.
-3. The proxy dials only what it resolved itself for the agreed name, after `check_upstream`:
+3. Before any name in a ClientHello is believed, the hello itself is checked (`clienthello`): one
+   a conforming server must reject (an extension twice, a server_name list that is not exactly
+   one valid host name) is refused as `malformed-clienthello`; one carrying ECH is refused
+   (`ech-refused`), intercepted or passed through as `ProxyConfig.ech` says, on pass-through and
+   intercepted hosts alike. Both paths with a ClientHello (mitmproxy's hook, on the transparent
+   and the explicit CONNECT listener, and the front door) call `judge_clienthello`.
+4. The proxy dials only what it resolved itself for the agreed name, after `check_upstream`:
    the request's `host` is set to that name (so upstream connections are keyed by it, and TLS
    upstream uses it as SNI) and `server_connect` pins the socket to the checked address.
 """
@@ -32,6 +38,13 @@ from mitmproxy.proxy import mode_specs, server_hooks
 
 from sandgate.policy import AmbiguousTarget, RequestIdentity, request_identity
 from sandgate.proxy.auditing import addr, record_decision
+from sandgate.proxy.clienthello import (
+    ECH_REFUSED,
+    MALFORMED_CLIENTHELLO,
+    EchMode,
+    encrypted_hello,
+    hello_fault,
+)
 from sandgate.proxy.decide import (
     AMBIGUOUS,
     GONE,
@@ -67,8 +80,9 @@ class ClientHelloVerdict:
 
 
 class EnforcementAddon:
-    def __init__(self, state: ProxyState) -> None:
+    def __init__(self, state: ProxyState, ech: EchMode = "refuse") -> None:
         self.state = state
+        self.ech = ech  # what an ECH-carrying ClientHello means (clienthello rule 2)
 
     # ------------------------------------------------------------------ connection level
 
@@ -99,9 +113,9 @@ class EnforcementAddon:
             return
         server_address = data.context.server.address
         assert server_address is not None
-        sni = data.client_hello.sni
-        judged = await self.judge_clienthello(conn, sandbox, sni, server_address)
-        self.settle_clienthello(conn, sandbox, client.peername, sni, server_address[1], judged)
+        hello = data.client_hello
+        judged = await self.judge_clienthello(conn, sandbox, hello, server_address)
+        self.settle_clienthello(conn, sandbox, client.peername, hello.sni, server_address[1], judged)
         if not judged.verdict.allowed:
             data.ignore_connection = True  # then killed in server_connect: no certificate is ever shown
         elif not judged.verdict.inspect:
@@ -109,11 +123,13 @@ class EnforcementAddon:
             data.ignore_connection = True
 
     async def judge_clienthello(
-        self, conn: ConnState, sandbox: Sandbox, sni: str | None, server_address: tuple[str, int]
+        self, conn: ConnState, sandbox: Sandbox, hello: tls.ClientHello, server_address: tuple[str, int]
     ) -> ClientHelloVerdict:
         """The connection-level decision on a ClientHello (for mitmproxy's hook and the front door
         alike); a pass-through verdict comes with the checked upstream address, pinned in `conn`."""
-        port = server_address[1]
+        port, sni = server_address[1], hello.sni
+        if fault := hello_fault(hello.extensions):
+            return ClientHelloVerdict(refusal(MALFORMED_CLIENTHELLO), sni, fault, None)
         name, agreed = agreed_name(sni, conn.connect_host)
         if not agreed:
             verdict, detail = MISMATCH, describe_claims({"sni": sni, "connect": conn.connect_host})
@@ -126,10 +142,27 @@ class EnforcementAddon:
                 # The name is only DNS's guess, not the client's claim: pass-through would relay
                 # whatever is inside unchecked, so intercept and judge every request's Host.
                 verdict, detail = verdict.inspected(), CREDITED_INTERCEPTED
+            verdict, detail = self._judge_ech(hello, verdict, detail)
         upstream = None
         if verdict.allowed and not verdict.inspect:
             verdict, upstream = await self._pin(conn, sandbox, name or "", port, "https", verdict)
         return ClientHelloVerdict(verdict, name, detail, upstream)
+
+    def _judge_ech(
+        self, hello: tls.ClientHello, verdict: Verdict, detail: str | None
+    ) -> tuple[Verdict, str | None]:
+        """An allowed hello that carries ECH: refused, intercepted or passed as `self.ech` says."""
+        extension = encrypted_hello(hello.extensions)
+        if extension is None or not verdict.allowed:
+            return verdict, detail
+        if self.ech == "refuse":
+            why = f"{extension}: the SNI is only the outer name, not the destination (ech=refuse)"
+            return refusal(ECH_REFUSED, verdict.rule), why
+        if self.ech == "intercept" or verdict.inspect:
+            verdict, note = verdict.inspected(), f"{extension}: intercepted, the proxy's TLS takes no ECH"
+        else:
+            note = f"{extension}: passed through, judged by the outer name"
+        return verdict, "; ".join(filter(None, (detail, f"{note} (ech={self.ech})")))
 
     def settle_clienthello(
         self,
