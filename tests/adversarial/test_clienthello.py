@@ -1,0 +1,146 @@
+"""ClientHellos that show the proxy one name and a server another: an extension twice (two
+server_name), a server_name list with two names, one whose lengths lie, a name of another type,
+and an ECH-carrying hello, whose SNI is only the outer name. Sent from inside the sandbox on
+every path in (transparent to a pass-through host, to an intercepted host, and inside an explicit
+CONNECT); proven from the other side: the origin's namespace never receives a TCP SYN on port
+443 for any of them (an nft counter there, which the valid control hello does move), and the
+audit file has the refusal with its reason.
+
+The hellos are OpenSSL's own (`attacks.openssl_hello`); only the variants are hand edits of its
+extension list, each described in `attacks.HELLO_EDITS` (no TLS stack here sends them: OpenSSL
+makes no ECH, and nothing conforming makes the malformed ones).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.adversarial.conftest import BOUND_HOST, DENIED_HOST, OPEN_HOST, Attacker
+from tests.support.internet import ORIGIN_V4
+
+pytestmark = pytest.mark.root
+
+WITNESS = "sandgate_hello_witness"
+MALFORMED = ["two_server_name", "two_names", "bad_list_length", "other_name_type", "repeated_extension"]
+
+
+class OriginSyns:
+    """An nft counter in the internet's namespace: TCP SYNs that reach port 443 there."""
+
+    def __init__(self, netns: str) -> None:
+        self.netns = netns
+
+    def nft(self, *args: str, stdin: str | None = None) -> str:
+        return subprocess.run(
+            ["ip", "netns", "exec", self.netns, "nft", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    def count(self) -> int:
+        listing = json.loads(self.nft("-j", "list", "table", "inet", WITNESS))
+        return sum(
+            expr["counter"]["packets"]
+            for item in listing["nftables"]
+            if "rule" in item
+            for expr in item["rule"]["expr"]
+            if "counter" in expr
+        )
+
+
+@pytest.fixture(scope="module")
+def origin_syns(attacker: Attacker) -> Iterator[OriginSyns]:
+    syns = OriginSyns(attacker.internet.netns_name)
+    syns.nft(
+        "-f",
+        "-",
+        stdin=f"table inet {WITNESS} {{ chain input {{ type filter hook input priority 0; "
+        "tcp dport 443 tcp flags & (syn | ack) == syn counter; }; }",
+    )
+    try:
+        yield syns
+    finally:
+        syns.nft("delete", "table", "inet", WITNESS)
+
+
+def send(attacker: Attacker, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    results = attacker.attack("batch", calls=[["clienthello", call] for call in calls])["results"]
+    return [dict(result, **call) for result, call in zip(results, calls, strict=True)]
+
+
+def test_a_valid_hello_reaches_the_origin(attacker: Attacker, origin_syns: OriginSyns) -> None:
+    """The control: OpenSSL's hello as it is reaches the origin on each path (so the counter
+    can tell), and the origin answers with its ServerHello."""
+    before = origin_syns.count()
+    results = send(
+        attacker,
+        [
+            {"host": ORIGIN_V4, "port": 443, "sni": OPEN_HOST, "edit": "none"},
+            {
+                "host": OPEN_HOST,
+                "port": 443,
+                "sni": OPEN_HOST,
+                "edit": "none",
+                "connect_port": attacker.ports.explicit,
+            },
+        ],
+    )
+    assert [r["reply"] for r in results] == ["server_hello", "server_hello"], results
+    assert origin_syns.count() - before == 2
+
+
+def test_hellos_a_server_must_reject_never_leave_the_proxy(
+    attacker: Attacker, origin_syns: OriginSyns
+) -> None:
+    before = origin_syns.count()
+    calls = [
+        {"host": ORIGIN_V4, "port": 443, "sni": sni, "edit": edit, "other": DENIED_HOST}
+        for edit in MALFORMED
+        for sni in (OPEN_HOST, BOUND_HOST)  # pass-through (spliced at the front door), intercepted
+    ]
+    calls += [
+        {"host": OPEN_HOST, "port": 443, "sni": OPEN_HOST, "edit": edit, "other": DENIED_HOST,
+         "connect_port": attacker.ports.explicit}
+        for edit in MALFORMED
+    ]  # fmt: skip
+    results = send(attacker, calls)
+    assert all(r["reply"] == "closed" for r in results), [r for r in results if r["reply"] != "closed"]
+    assert origin_syns.count() == before  # not one reached the origin
+    records = attacker.wait_audit(lambda r: r["reason"] == "malformed-clienthello")
+    deadline_records = [r for r in records if r["decision"] == "deny" and r["kind"] == "connection"]
+    assert len(deadline_records) >= len(calls), records
+    details = {r["detail"] for r in deadline_records}
+    assert {"extension 0x0000 more than once", "server_name holds 2 names; one is allowed"} <= details
+
+
+def test_an_ech_hello_is_refused_by_default_on_every_path(
+    attacker: Attacker, origin_syns: OriginSyns
+) -> None:
+    before = origin_syns.count()
+    calls = [
+        {"host": ORIGIN_V4, "port": 443, "sni": OPEN_HOST, "edit": "ech"},
+        {"host": ORIGIN_V4, "port": 443, "sni": BOUND_HOST, "edit": "ech"},
+        {
+            "host": OPEN_HOST,
+            "port": 443,
+            "sni": OPEN_HOST,
+            "edit": "ech",
+            "connect_port": attacker.ports.explicit,
+        },
+    ]
+    results = send(attacker, calls)
+    assert [r["reply"] for r in results] == ["closed"] * 3, results
+    assert origin_syns.count() == before
+    records = attacker.wait_audit(lambda r: r["reason"] == "ech-refused")
+    assert len(records) >= 3 and all(r["decision"] == "deny" for r in records), records
+    assert {r["sni"] for r in records} >= {OPEN_HOST, BOUND_HOST}
+    assert all(
+        r["detail"].startswith("encrypted_client_hello: the SNI is only the outer name") for r in records
+    )
