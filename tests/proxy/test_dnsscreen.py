@@ -25,14 +25,16 @@ from sandgate.proxy.dnsscreen import (
 )
 
 POLICY = compile_policy(
-    parse_policy({
-        "defaultAction": "deny",
-        "egress": [
-            {"action": "allow", "target": "svc.example.com"},
-            {"action": "allow", "target": "*.cdn.example.com"},
-            {"action": "allow", "target": "10.9.0.0/16"},  # a CIDR rule that allows a private range
-        ],
-    })
+    parse_policy(
+        {
+            "defaultAction": "deny",
+            "egress": [
+                {"action": "allow", "target": "svc.example.com"},
+                {"action": "allow", "target": "*.cdn.example.com"},
+                {"action": "allow", "target": "10.9.0.0/16"},  # a CIDR rule that allows a private range
+            ],
+        }
+    )
 )
 
 
@@ -73,7 +75,12 @@ def test_hints_are_judged_like_address_answers() -> None:
     # metadata, loopback and an IPv4-mapped metadata address go; the private range a CIDR rule
     # allows stays, as it would in an A answer
     assert zone == "1 . alpn=h2 ipv4hint=198.51.100.10,10.9.1.1 ipv6hint=2001:db8::10"
-    assert removed == ["ipv4hint 169.254.169.254", "ipv4hint 127.0.0.1", "ipv6hint ::1", "ipv6hint ::ffff:169.254.169.254"]
+    assert removed == [
+        "ipv4hint 169.254.169.254",
+        "ipv4hint 127.0.0.1",
+        "ipv6hint ::1",
+        "ipv6hint ::ffff:169.254.169.254",
+    ]
     for address in ("169.254.169.254", "127.0.0.1", "::1"):
         assert not address_allowed(address)  # the very function the A/AAAA answers are judged by
 
@@ -93,7 +100,9 @@ def test_unknown_keys_go_and_known_ones_stay_byte_for_byte() -> None:
 def test_targets_the_policy_would_not_resolve_drop_the_record() -> None:
     assert screen("0 svc.edge.cdn.example.com.") == ("0 svc.edge.cdn.example.com.", [])
     dropped, removed = screen("0 metadata.example.test.")
-    assert dropped is None and removed == ["SVCB/HTTPS record for target metadata.example.test (not allowed) dropped"]
+    assert dropped is None and removed == [
+        "SVCB/HTTPS record for target metadata.example.test (not allowed) dropped"
+    ]
     assert screen("1 elsewhere.example.test. alpn=h2")[0] is None  # ServiceMode too
 
 
@@ -125,14 +134,18 @@ def test_malformed_records_are_dropped() -> None:
 
 def test_address_records_in_any_section_are_judged() -> None:
     def record(rtype: int, address: str) -> dns.ResourceRecord:
-        return dns.ResourceRecord("x.example.com", rtype, dns.classes.IN, 5, ipaddress.ip_address(address).packed)
+        return dns.ResourceRecord(
+            "x.example.com", rtype, dns.classes.IN, 5, ipaddress.ip_address(address).packed
+        )
 
     records = [
         record(dns.types.A, "169.254.169.254"),
         record(dns.types.A, "198.51.100.10"),
         record(dns.types.AAAA, "::1"),
         dns.ResourceRecord("x.example.com", dns.types.TXT, dns.classes.IN, 5, b"\x03abc"),
-        dns.ResourceRecord("x.example.com", dns.types.SVCB, dns.classes.IN, 5, rdata("1 . echconfig=AEX+DQBB")),
+        dns.ResourceRecord(
+            "x.example.com", dns.types.SVCB, dns.classes.IN, 5, rdata("1 . echconfig=AEX+DQBB")
+        ),
         dns.ResourceRecord("x.example.com", dns.types.A, dns.classes.IN, 5, b"\x01\x02"),
     ]
     kept, removed = screen_records(records, address_allowed, name_allowed)
@@ -167,7 +180,9 @@ def test_no_rdata_makes_the_screen_raise(data: bytes) -> None:
     st.lists(st.sampled_from(range(8)), max_size=6, unique=True).map(sorted),
     st.lists(st.ip_addresses(v=4), min_size=1, max_size=4),
 )
-def test_well_formed_records_keep_every_allowed_hint(keys: list[int], hints: list[ipaddress.IPv4Address]) -> None:
+def test_well_formed_records_keep_every_allowed_hint(
+    keys: list[int], hints: list[ipaddress.IPv4Address]
+) -> None:
     values = {0: b"", 1: b"\x02h2", 2: b"", 3: b"\x01\xbb", 4: b"".join(h.packed for h in hints),
               5: b"\x00\x01", 6: ipaddress.ip_address("2001:db8::10").packed, 7: b"/q{?dns}"}  # fmt: skip
     params = [(key, values[key]) for key in keys if key != MANDATORY]
