@@ -23,8 +23,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from sandgate.proxy.audit import audit_path
-from sandgate.proxy.config import ResolverAddress
+from sandgate.proxy import ResolverAddress, audit_path
 
 DEFAULT_CONFIG_FILE = Path("/etc/sandgate/config.toml")
 _config_flag: ContextVar[Path | None] = ContextVar("config_flag", default=None)

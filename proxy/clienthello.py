@@ -2,7 +2,7 @@
 
 Rules:
 1. A hello a conforming server must reject is refused before any policy is asked
-   (`MALFORMED_CLIENTHELLO`): an extension type more than once (RFC 8446 4.2, RFC 5246 7.4.1.4);
+   (`Reason.MALFORMED_CLIENTHELLO`): an extension type more than once (RFC 8446 4.2, RFC 5246 7.4.1.4);
    a server_name extension whose lengths do not add up, that holds no name, more than one name
    (RFC 6066 3 allows one per name type, and host_name is the only type there is), a name of
    another type, or a name that is not a valid host name. Each is a way to show the proxy one
@@ -11,7 +11,7 @@ Rules:
 2. An ECH-carrying hello (`encrypted_client_hello`, 0xfe0d, or the draft ESNI extension 0xffce)
    names its real destination only inside the encrypted inner hello: its SNI is the outer,
    public name of whoever terminates ECH. `EchMode` (the proxy setting `ech`) says what such a
-   hello means: `refuse` (default; audited as `ECH_REFUSED`), `intercept` (the proxy terminates
+   hello means: `refuse` (default; audited as `Reason.ECH_REFUSED`), `intercept` (the proxy terminates
    TLS itself, which ignores ECH, so the client talks to the outer name or gives up, and every
    request's Host is judged; GREASE ECH, as browsers send on every hello, then works) or
    `passthrough` (the outer name is judged and trusted, as pass-through trusts SNI: the
@@ -26,15 +26,13 @@ from collections import Counter
 
 from mitmproxy.net import check
 
-from sandgate.proxy.config import EchMode
+from sandgate.proxy.contract.config import EchMode
 
-MALFORMED_CLIENTHELLO = "malformed-clienthello"
-ECH_REFUSED = "ech-refused"
 SERVER_NAME = 0x0000
 HOST_NAME = 0
 ENCRYPTED_HELLO = {0xFE0D: "encrypted_client_hello", 0xFFCE: "encrypted_server_name"}
 
-__all__ = ["ECH_REFUSED", "MALFORMED_CLIENTHELLO", "EchMode", "encrypted_hello", "hello_fault"]
+__all__ = ["EchMode", "encrypted_hello", "hello_fault"]
 
 
 def hello_fault(extensions: list[tuple[int, bytes]]) -> str | None:

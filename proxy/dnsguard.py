@@ -11,7 +11,7 @@ Rules:
 3. Every other type (TXT, SRV, HTTPS, MX, CNAME, NULL, ANY...) of an allowed name is asked
    upstream by the proxy itself with a freshly built question-only query (`dnswire.forward`),
    never the client's message; mitmproxy never forwards anything. Only single-question QUERYs in
-   class IN from registered sandboxes are served; anything else is REFUSED.
+   class IN from registered sandboxes are served; anything else is Reason.RESPONSE_REFUSED.
 4. A forwarded answer is screened before it is relayed (`dnsscreen`): A/AAAA records in any
    section and SVCB/HTTPS address hints are judged like rule 2's answers, SVCB/HTTPS `ech` and
    unknown parameters are removed, and records whose target is a name the policy would not
@@ -151,12 +151,11 @@ def screened(reply: dns.DNSMessage, sandbox: Sandbox) -> tuple[dns.DNSMessage, l
     def name_allowed(name: str) -> bool:
         return decide_name(sandbox, name).allowed
 
-    removed: list[str] = []
-    sections = {}
-    for section in ("answers", "authorities", "additionals"):
-        sections[section], notes = screen_records(getattr(reply, section), address_allowed, name_allowed)
-        removed += notes
-    return dataclasses.replace(reply, **sections), removed
+    answers, in_answers = screen_records(reply.answers, address_allowed, name_allowed)
+    authorities, in_authorities = screen_records(reply.authorities, address_allowed, name_allowed)
+    additionals, in_additionals = screen_records(reply.additionals, address_allowed, name_allowed)
+    screened = dataclasses.replace(reply, answers=answers, authorities=authorities, additionals=additionals)
+    return screened, [*in_answers, *in_authorities, *in_additionals]
 
 
 def _failed(request: dns.DNSMessage, code: int, ede: tuple[int, str] | None = None) -> dns.DNSMessage:

@@ -36,19 +36,12 @@ from typing import Literal
 from mitmproxy import connection, http, tls
 from mitmproxy.proxy import mode_specs, server_hooks
 
-from sandgate.policy import AmbiguousTarget, RequestIdentity, request_identity
+from sandgate.policy import AmbiguousTarget, Reason, RequestIdentity, request_identity
 from sandgate.proxy.auditing import addr, record_decision
-from sandgate.proxy.clienthello import (
-    ECH_REFUSED,
-    MALFORMED_CLIENTHELLO,
-    EchMode,
-    encrypted_hello,
-    hello_fault,
-)
+from sandgate.proxy.clienthello import EchMode, encrypted_hello, hello_fault
 from sandgate.proxy.decide import (
     AMBIGUOUS,
     GONE,
-    IDENTITY_MISMATCH,
     MISMATCH,
     Verdict,
     agreed_name,
@@ -67,7 +60,6 @@ from sandgate.proxy.tcpinfo import KernelCounters
 
 log = logging.getLogger(__name__)
 
-UNRESOLVED = "upstream-unresolvable"
 CREDITED_INTERCEPTED = "no SNI: name credited from this sandbox's DNS answers; intercepted"
 
 
@@ -129,7 +121,7 @@ class EnforcementAddon:
         alike); a pass-through verdict comes with the checked upstream address, pinned in `conn`."""
         port, sni = server_address[1], hello.sni
         if fault := hello_fault(hello.extensions):
-            return ClientHelloVerdict(refusal(MALFORMED_CLIENTHELLO), sni, fault, None)
+            return ClientHelloVerdict(refusal(Reason.MALFORMED_CLIENTHELLO), sni, fault, None)
         name, agreed = agreed_name(sni, conn.connect_host)
         if not agreed:
             verdict, detail = MISMATCH, describe_claims({"sni": sni, "connect": conn.connect_host})
@@ -157,7 +149,7 @@ class EnforcementAddon:
             return verdict, detail
         if self.ech == "refuse":
             why = f"{extension}: the SNI is only the outer name, not the destination (ech=refuse)"
-            return refusal(ECH_REFUSED, verdict.rule), why
+            return refusal(Reason.ECH_REFUSED, verdict.rule), why
         if self.ech == "intercept" or verdict.inspect:
             verdict, note = verdict.inspected(), f"{extension}: intercepted, the proxy's TLS takes no ECH"
         else:
@@ -285,7 +277,7 @@ class EnforcementAddon:
                 candidates = await self.state.resolver.addresses(name)
             except ResolveError as exc:
                 log.info("%s", exc)
-                return refusal(UNRESOLVED, verdict.rule, status=502), None
+                return refusal(Reason.UNRESOLVED, verdict.rule, status=502), None
         refused: Verdict | None = None
         for candidate in candidates:
             address_verdict = check_upstream(sandbox.policy, candidate, port, scheme)
@@ -344,4 +336,4 @@ def _absolute_authority(request: http.Request) -> str | None:
     return request.authority or None
 
 
-__all__ = ["IDENTITY_MISMATCH", "EnforcementAddon"]
+__all__ = ["EnforcementAddon"]

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from mitmproxy import tls
 from mitmproxy.proxy.layers.tls import parse_client_hello
 
-from sandgate.proxy import AuditLog, SandboxEntry
+from sandgate.proxy import SandboxEntry
+from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.clienthello import encrypted_hello, hello_fault, server_name_fault
 from sandgate.proxy.enforcement import EnforcementAddon
 from sandgate.proxy.metrics import Metrics
