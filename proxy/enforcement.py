@@ -18,7 +18,8 @@ Rules:
    naming another authority than the connection's, dot segments, double encoding, ...) is a 400.
 3. Before any name in a ClientHello is believed, the hello itself is checked (`clienthello`): one
    a conforming server must reject (an extension twice, a server_name list that is not exactly
-   one valid host name) is refused as `malformed-clienthello`; one carrying ECH is refused
+   one valid host name) is refused as `malformed-clienthello`, and so is, in the record, one that
+   does not parse at all (mitmproxy closes it; `tls_failed_client` says why); one carrying ECH is refused
    (`ech-refused`), intercepted or passed through as `ProxyConfig.ech` says, on pass-through and
    intercepted hosts alike. Both paths with a ClientHello (mitmproxy's hook, on the transparent
    and the explicit CONNECT listener, and the front door) call `judge_clienthello`.
@@ -60,6 +61,7 @@ from sandgate.proxy.tcpinfo import KernelCounters
 
 log = logging.getLogger(__name__)
 
+UNPARSEABLE_HELLO = "Cannot parse ClientHello"  # mitmproxy's error for bytes that are no ClientHello
 CREDITED_INTERCEPTED = "no SNI: name credited from this sandbox's DNS answers; intercepted"
 
 
@@ -113,6 +115,27 @@ class EnforcementAddon:
         elif not judged.verdict.inspect:
             conn.counters = KernelCounters.of(client)
             data.ignore_connection = True
+
+    def tls_failed_client(self, data: tls.TlsData) -> None:
+        """A ClientHello mitmproxy cannot parse at all: nothing was dialled, but say why (rule 3)."""
+        if not (data.conn.error or "").startswith(UNPARSEABLE_HELLO):
+            return  # other handshake failures (a client that distrusts the CA) are the client's
+        conn, sandbox = self._lookup(data.context.client)
+        if conn is None or sandbox is None:
+            return
+        conn.denied = True
+        server = data.context.server.address
+        record_decision(
+            self.state,
+            "connection",
+            sandbox,
+            refusal(Reason.MALFORMED_CLIENTHELLO),
+            data.context.client.peername,
+            host=conn.connect_host,
+            port=server[1] if server else None,
+            scheme="https",
+            detail="the ClientHello does not parse",
+        )
 
     async def judge_clienthello(
         self, conn: ConnState, sandbox: Sandbox, hello: tls.ClientHello, server_address: tuple[str, int]

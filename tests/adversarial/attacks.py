@@ -467,6 +467,8 @@ HELLO_EDITS: dict[str, Callable[[list[tuple[int, bytes]], bytes, bytes], list[tu
     "bad_list_length": lambda exts, sni, other: _replace_sni(exts, server_name(sni, list_length=3)),
     # a name of a type that is not host_name
     "other_name_type": lambda exts, sni, other: _replace_sni(exts, server_name(sni, name_type=1)),
+    # two bytes after the server_name list inside its extension: mitmproxy's parser gives up
+    "trailing_bytes": lambda exts, sni, other: _replace_sni(exts, server_name(sni) + b"\0\0"),
     # supported_groups (10) twice
     "repeated_extension": lambda exts, sni, other: [*exts, next(e for e in exts if e[0] == 10)],
     # encrypted_client_hello appended, as browsers send it (GREASE) on every TLS 1.3 hello

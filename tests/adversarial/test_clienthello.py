@@ -26,7 +26,14 @@ from tests.support.internet import ORIGIN_V4
 pytestmark = pytest.mark.root
 
 WITNESS = "sandgate_hello_witness"
-MALFORMED = ["two_server_name", "two_names", "bad_list_length", "other_name_type", "repeated_extension"]
+MALFORMED = [
+    "two_server_name",
+    "two_names",
+    "bad_list_length",
+    "other_name_type",
+    "repeated_extension",
+    "trailing_bytes",  # no parser reads it: mitmproxy closes it, the addon records it
+]
 
 
 class OriginSyns:
@@ -114,10 +121,14 @@ def test_hellos_a_server_must_reject_never_leave_the_proxy(
     assert all(r["reply"] == "closed" for r in results), [r for r in results if r["reply"] != "closed"]
     assert origin_syns.count() == before  # not one reached the origin
     records = attacker.wait_audit(lambda r: r["reason"] == "malformed-clienthello")
-    deadline_records = [r for r in records if r["decision"] == "deny" and r["kind"] == "connection"]
-    assert len(deadline_records) >= len(calls), records
-    details = {r["detail"] for r in deadline_records}
-    assert {"extension 0x0000 more than once", "server_name holds 2 names; one is allowed"} <= details
+    refusals = [r for r in records if r["decision"] == "deny" and r["kind"] == "connection"]
+    assert len(refusals) >= len(calls), records
+    details = {r["detail"] for r in refusals}
+    assert {
+        "extension 0x0000 more than once",
+        "server_name holds 2 names; one is allowed",
+        "the ClientHello does not parse",
+    } <= details
 
 
 def test_an_ech_hello_is_refused_by_default_on_every_path(

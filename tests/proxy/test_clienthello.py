@@ -14,12 +14,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mitmproxy import tls
+from mitmproxy.options import Options
+from mitmproxy.proxy import context as proxy_context
 from mitmproxy.proxy.layers.tls import parse_client_hello
+from mitmproxy.proxy.mode_specs import ProxyMode
+from mitmproxy.test import tflow
 
 from sandgate.proxy import SandboxEntry
 from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.clienthello import encrypted_hello, hello_fault, server_name_fault
 from sandgate.proxy.enforcement import EnforcementAddon
+from sandgate.proxy.identity import IdentityAddon
 from sandgate.proxy.metrics import Metrics
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.state import ConnState, ProxyState, SandboxTable
@@ -55,7 +60,10 @@ FAULTS = {
 }
 
 
-@pytest.mark.parametrize("edit", sorted(HELLO_EDITS))
+UNPARSEABLE = "trailing_bytes"  # mitmproxy cannot parse it; the addon's tls_failed_client records it
+
+
+@pytest.mark.parametrize("edit", sorted(set(HELLO_EDITS) - {UNPARSEABLE}))
 def test_what_a_conforming_server_must_reject_is_named(edit: str) -> None:
     parsed = hello(edit)
     assert hello_fault(parsed.extensions) == FAULTS.get(edit)
@@ -89,6 +97,31 @@ def test_no_extension_list_makes_the_checks_raise(extensions: list[tuple[int, by
         body = dict(extensions)[0]
         assert body[2] == 0 and int.from_bytes(body[3:5], "big") == len(body) - 5
     encrypted_hello(extensions)
+
+
+def test_a_hello_mitmproxy_cannot_parse_is_recorded_as_malformed(state: ProxyState) -> None:
+    head, extensions = hello_extensions(openssl_hello(PASSTHROUGH))
+    record = hello_record(head, HELLO_EDITS[UNPARSEABLE](extensions, PASSTHROUGH.encode(), b""))
+    with pytest.raises(ValueError):
+        parse_client_hello(record)
+    client = tflow.tclient_conn()
+    client.peername, client.proxy_mode = (SANDBOX, 40002), ProxyMode.parse("transparent")
+    IdentityAddon(state).client_connected(client)
+    client.error = "Cannot parse ClientHello: " + record.hex()  # as mitmproxy's TLS layer sets it
+    context = proxy_context.Context(client, Options())
+    context.server.address = (ORIGIN, 443)
+    addon = EnforcementAddon(state)
+    addon.tls_failed_client(tls.TlsData(client, context))
+    last = json.loads(state.audit.path.read_text().splitlines()[-1])
+    assert (last["decision"], last["reason"], last["detail"]) == (
+        "deny",
+        "malformed-clienthello",
+        "the ClientHello does not parse",
+    )
+    assert state.connections[client.id].denied
+    client.error = "The client does not trust the proxy's certificate for x (unknown ca)"
+    addon.tls_failed_client(tls.TlsData(client, context))  # not a hello fault: nothing recorded
+    assert len(state.audit.path.read_text().splitlines()) == 1  # ours, once
 
 
 # ------------------------------------------------------------------ the addon's judgement
