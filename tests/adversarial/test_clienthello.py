@@ -13,19 +13,18 @@ makes no ECH, and nothing conforming makes the malformed ones).
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.adversarial.conftest import BOUND_HOST, DENIED_HOST, OPEN_HOST, Attacker
+from tests.support import witness
 from tests.support.internet import ORIGIN_V4
+from tests.support.witness import SynCounter
 
 pytestmark = pytest.mark.root
 
-WITNESS = "sandgate_hello_witness"
 MALFORMED = [
     "two_server_name",
     "two_names",
@@ -36,45 +35,10 @@ MALFORMED = [
 ]
 
 
-class OriginSyns:
-    """An nft counter in the internet's namespace: TCP SYNs that reach port 443 there."""
-
-    def __init__(self, netns: str) -> None:
-        self.netns = netns
-
-    def nft(self, *args: str, stdin: str | None = None) -> str:
-        return subprocess.run(
-            ["ip", "netns", "exec", self.netns, "nft", *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-
-    def count(self) -> int:
-        listing = json.loads(self.nft("-j", "list", "table", "inet", WITNESS))
-        return sum(
-            expr["counter"]["packets"]
-            for item in listing["nftables"]
-            if "rule" in item
-            for expr in item["rule"]["expr"]
-            if "counter" in expr
-        )
-
-
 @pytest.fixture(scope="module")
-def origin_syns(attacker: Attacker) -> Iterator[OriginSyns]:
-    syns = OriginSyns(attacker.internet.netns_name)
-    syns.nft(
-        "-f",
-        "-",
-        stdin=f"table inet {WITNESS} {{ chain input {{ type filter hook input priority 0; "
-        "tcp dport 443 tcp flags & (syn | ack) == syn counter; }; }",
-    )
-    try:
-        yield syns
-    finally:
-        syns.nft("delete", "table", "inet", WITNESS)
+def origin_syns(attacker: Attacker) -> Iterator[SynCounter]:
+    with witness.origin_syns(attacker.internet.netns_name) as counter:
+        yield counter
 
 
 def send(attacker: Attacker, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -82,7 +46,7 @@ def send(attacker: Attacker, calls: list[dict[str, Any]]) -> list[dict[str, Any]
     return [dict(result, **call) for result, call in zip(results, calls, strict=True)]
 
 
-def test_a_valid_hello_reaches_the_origin(attacker: Attacker, origin_syns: OriginSyns) -> None:
+def test_a_valid_hello_reaches_the_origin(attacker: Attacker, origin_syns: SynCounter) -> None:
     """The control: OpenSSL's hello as it is reaches the origin on each path (so the counter
     can tell), and the origin answers with its ServerHello."""
     before = origin_syns.count()
@@ -104,7 +68,7 @@ def test_a_valid_hello_reaches_the_origin(attacker: Attacker, origin_syns: Origi
 
 
 def test_hellos_a_server_must_reject_never_leave_the_proxy(
-    attacker: Attacker, origin_syns: OriginSyns
+    attacker: Attacker, origin_syns: SynCounter
 ) -> None:
     before = origin_syns.count()
     calls = [
@@ -132,7 +96,7 @@ def test_hellos_a_server_must_reject_never_leave_the_proxy(
 
 
 def test_an_ech_hello_is_refused_by_default_on_every_path(
-    attacker: Attacker, origin_syns: OriginSyns
+    attacker: Attacker, origin_syns: SynCounter
 ) -> None:
     before = origin_syns.count()
     calls = [

@@ -1,0 +1,67 @@
+"""The non-default ECH settings on a real proxy: an ECH-carrying ClientHello (OpenSSL's hello with
+a GREASE encrypted_client_hello added, as browsers send it; tests/adversarial/attacks.py) to a
+pass-through host. With `ech = "intercept"` the proxy answers the handshake itself and no
+connection reaches the origin (lazy upstream: nothing is dialled before a request); with
+`ech = "passthrough"` the hello is relayed to the origin, which answers it. The origin's side is
+an nft SYN counter in the test internet's namespace. The default (`refuse`) is proven from a real
+sandbox in tests/adversarial/test_clienthello.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandgate.proxy import SandboxEntry
+from tests.proxy.conftest import CLIENT_ADDR, Client, RunningProxy, start_proxy, stop_proxy
+from tests.support.internet import ORIGIN_V4, Internet
+from tests.support.witness import origin_syns
+
+pytestmark = pytest.mark.root
+
+ATTACKS = Path(__file__).parents[1] / "adversarial" / "attacks.py"
+HOST = "open.example.com"
+POLICY = {"defaultAction": "deny", "egress": [{"action": "allow", "target": HOST}]}
+
+
+@pytest.fixture(scope="module", params=["intercept", "passthrough"])
+def proxy(
+    request: pytest.FixtureRequest, net: Internet, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningProxy]:
+    net.set_names({HOST: [ORIGIN_V4]})
+    entry = SandboxEntry(sandbox_id="sbx-ech", address=CLIENT_ADDR, policy=POLICY)
+    running = start_proxy(tmp_path_factory.mktemp("proxy"), net, [entry], ech=request.param)
+    try:
+        yield running
+    finally:
+        stop_proxy(running)
+
+
+def hello(client: Client, edit: str) -> str:
+    arguments = json.dumps({"host": ORIGIN_V4, "port": 443, "sni": HOST, "edit": edit})
+    result = client.run([sys.executable, str(ATTACKS), "clienthello", arguments])
+    assert result.returncode == 0, result.stderr
+    reply: str = json.loads(result.stdout.splitlines()[-1])["reply"]
+    return reply
+
+
+def test_an_ech_hello_is_intercepted_or_relayed_as_set(
+    proxy: RunningProxy, client: Client, net: Internet
+) -> None:
+    mode = proxy.config.ech
+    with origin_syns(net.netns_name) as syns:
+        assert hello(client, "none") == "server_hello"  # the control: passed through to the origin
+        assert syns.count() == 1
+        assert hello(client, "ech") == "server_hello"  # answered, by the proxy or by the origin
+        assert syns.count() == (1 if mode == "intercept" else 2)
+    records = proxy.wait_audit(2, kind="connection")
+    ech = [r for r in records if (r.get("detail") or "").startswith("encrypted_client_hello")]
+    assert ech and ech[-1]["decision"] == "allow" and ech[-1]["sni"] == HOST, records
+    if mode == "intercept":
+        assert ech[-1]["inspect"] is True
+        assert ech[-1]["detail"].endswith("intercepted, the proxy's TLS takes no ECH (ech=intercept)")
+    else:
+        assert ech[-1]["detail"].endswith("passed through, judged by the outer name (ech=passthrough)")
