@@ -64,7 +64,7 @@ def test_a_valid_hello_reaches_the_origin(attacker: Attacker, origin_syns: SynCo
         ],
     )
     assert [r["reply"] for r in results] == ["server_hello", "server_hello"], results
-    assert origin_syns.count() - before == 2
+    assert origin_syns.count() - before >= 2  # one per path (more only if a SYN was retransmitted)
 
 
 def test_hellos_a_server_must_reject_never_leave_the_proxy(

@@ -54,9 +54,10 @@ def test_an_ech_hello_is_intercepted_or_relayed_as_set(
     mode = proxy.config.ech
     with origin_syns(net.netns_name) as syns:
         assert hello(client, "none") == "server_hello"  # the control: passed through to the origin
-        assert syns.count() == 1
+        after_control = syns.count()
+        assert after_control >= 1  # (more than one only if a SYN was retransmitted)
         assert hello(client, "ech") == "server_hello"  # answered, by the proxy or by the origin
-        assert syns.count() == (1 if mode == "intercept" else 2)
+        assert (syns.count() > after_control) == (mode == "passthrough")
     records = proxy.wait_audit(2, kind="connection")
     ech = [r for r in records if (r.get("detail") or "").startswith("encrypted_client_hello")]
     assert ech and ech[-1]["decision"] == "allow" and ech[-1]["sni"] == HOST, records
