@@ -2,19 +2,19 @@
 
 Rules:
 1. A hello a conforming server must reject is refused before any policy is asked
-   (`Reason.MALFORMED_CLIENTHELLO`): an extension type more than once (RFC 8446 4.2, RFC 5246 7.4.1.4);
-   a server_name extension whose lengths do not add up, that holds no name, more than one name
-   (RFC 6066 3 allows one per name type, and host_name is the only type there is), a name of
-   another type, or a name that is not a valid host name. Each is a way to show the proxy one
-   name and a lenient server another (mitmproxy reads the first valid server_name; a server may
-   read the last).
+   (`Reason.MALFORMED_CLIENTHELLO`): an extension type more than once (RFC 8446 4.2,
+   RFC 5246 7.4.1.4); a server_name extension whose lengths do not add up, that holds no name,
+   more than one name (RFC 6066 3 allows one per name type, and host_name is the only type there
+   is), a name of another type, or a name that is not a valid host name. Each is a way to show
+   the proxy one name and a lenient server another (mitmproxy reads the first valid
+   server_name; a server may read the last).
 2. An ECH-carrying hello (`encrypted_client_hello`, 0xfe0d, or the draft ESNI extension 0xffce)
    names its real destination only inside the encrypted inner hello: its SNI is the outer,
    public name of whoever terminates ECH. `EchMode` (the proxy setting `ech`) says what such a
-   hello means: `refuse` (default; audited as `Reason.ECH_REFUSED`), `intercept` (the proxy terminates
-   TLS itself, which ignores ECH, so the client talks to the outer name or gives up, and every
-   request's Host is judged; GREASE ECH, as browsers send on every hello, then works) or
-   `passthrough` (the outer name is judged and trusted, as pass-through trusts SNI: the
+   hello means: `refuse` (default; audited as `Reason.ECH_REFUSED`), `intercept` (the proxy
+   terminates TLS itself, which ignores ECH, so the client talks to the outer name or gives up,
+   and every request's Host is judged; GREASE ECH, as browsers send on every hello, then works)
+   or `passthrough` (the outer name is judged and trusted, as pass-through trusts SNI: the
    domain-fronting trade-off of docs/security.md, widened to every ECH service behind it).
 3. Pure: the hello's (type, body) extension list in, a finding out.
 """
@@ -32,7 +32,7 @@ SERVER_NAME = 0x0000
 HOST_NAME = 0
 ENCRYPTED_HELLO = {0xFE0D: "encrypted_client_hello", 0xFFCE: "encrypted_server_name"}
 
-__all__ = ["EchMode", "encrypted_hello", "hello_fault"]
+__all__ = ["EchMode", "encrypted_hello", "hello_fault", "server_name_fault"]
 
 
 def hello_fault(extensions: list[tuple[int, bytes]]) -> str | None:

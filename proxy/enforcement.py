@@ -18,11 +18,12 @@ Rules:
    naming another authority than the connection's, dot segments, double encoding, ...) is a 400.
 3. Before any name in a ClientHello is believed, the hello itself is checked (`clienthello`): one
    a conforming server must reject (an extension twice, a server_name list that is not exactly
-   one valid host name) is refused as `malformed-clienthello`, and so is, in the record, one that
-   does not parse at all (mitmproxy closes it; `tls_failed_client` says why); one carrying ECH is refused
-   (`ech-refused`), intercepted or passed through as `ProxyConfig.ech` says, on pass-through and
-   intercepted hosts alike. Both paths with a ClientHello (mitmproxy's hook, on the transparent
-   and the explicit CONNECT listener, and the front door) call `judge_clienthello`.
+   one valid host name) is refused as `malformed-clienthello`, and one that does not parse at
+   all is recorded so (mitmproxy closes it; `tls_failed_client` says why); one carrying ECH is
+   refused (`ech-refused`), intercepted or passed through as `ProxyConfig.ech` says, on
+   pass-through and intercepted hosts alike. Both paths with a ClientHello (mitmproxy's hook, on
+   the transparent and the explicit CONNECT listener, and the front door) call
+   `judge_clienthello`.
 4. The proxy dials only what it resolved itself for the agreed name, after `check_upstream`:
    the request's `host` is set to that name (so upstream connections are keyed by it, and TLS
    upstream uses it as SNI) and `server_connect` pins the socket to the checked address.
