@@ -143,8 +143,8 @@ class EnforcementAddon:
     ) -> ClientHelloVerdict:
         """The connection-level decision on a ClientHello (for mitmproxy's hook and the front door
         alike); a pass-through verdict comes with the checked upstream address, pinned in `conn`."""
-        port, sni = server_address[1], hello.sni
-        if fault := hello_fault(hello.extensions):
+        port, sni, extensions = server_address[1], hello.sni, hello.extensions
+        if fault := hello_fault(extensions):
             return ClientHelloVerdict(refusal(Reason.MALFORMED_CLIENTHELLO), sni, fault, None)
         name, agreed = agreed_name(sni, conn.connect_host)
         if not agreed:
@@ -158,17 +158,17 @@ class EnforcementAddon:
                 # The name is only DNS's guess, not the client's claim: pass-through would relay
                 # whatever is inside unchecked, so intercept and judge every request's Host.
                 verdict, detail = verdict.inspected(), CREDITED_INTERCEPTED
-            verdict, detail = self._judge_ech(hello, verdict, detail)
+            verdict, detail = self._judge_ech(extensions, verdict, detail)
         upstream = None
         if verdict.allowed and not verdict.inspect:
             verdict, upstream = await self._pin(conn, sandbox, name or "", port, "https", verdict)
         return ClientHelloVerdict(verdict, name, detail, upstream)
 
     def _judge_ech(
-        self, hello: tls.ClientHello, verdict: Verdict, detail: str | None
+        self, extensions: list[tuple[int, bytes]], verdict: Verdict, detail: str | None
     ) -> tuple[Verdict, str | None]:
         """An allowed hello that carries ECH: refused, intercepted or passed as `self.ech` says."""
-        extension = encrypted_hello(hello.extensions)
+        extension = encrypted_hello(extensions)
         if extension is None or not verdict.allowed:
             return verdict, detail
         if self.ech == "refuse":
