@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     proxy_ech: Literal["refuse", "intercept", "passthrough"] = Field(
         "refuse",
         description="a ClientHello carrying ECH: refuse (default: its SNI is not the real destination), "
-        "intercept (decrypt; browsers' GREASE ECH then works) or passthrough (trust the outer name)",
+        "intercept (decrypt; Chromium's GREASE ECH then works) or passthrough (trust the outer name)",
     )
     upstream_dns: list[ResolverAddress] = Field(
         default_factory=list,

@@ -13,7 +13,7 @@ Rules:
    public name of whoever terminates ECH. `EchMode` (the proxy setting `ech`) says what such a
    hello means: `refuse` (default; audited as `Reason.ECH_REFUSED`), `intercept` (the proxy
    terminates TLS itself, which ignores ECH, so the client talks to the outer name or gives up,
-   and every request's Host is judged; GREASE ECH, as browsers send on every hello, then works)
+   and every request's Host is judged; GREASE ECH, as Chromium sends without a config, then works)
    or `passthrough` (the outer name is judged and trusted, as pass-through trusts SNI: the
    domain-fronting trade-off of docs/security.md, widened to every ECH service behind it).
 3. Pure: the hello's (type, body) extension list in, a finding out.

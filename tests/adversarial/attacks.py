@@ -471,7 +471,7 @@ HELLO_EDITS: dict[str, Callable[[list[tuple[int, bytes]], bytes, bytes], list[tu
     "trailing_bytes": lambda exts, sni, other: _replace_sni(exts, server_name(sni) + b"\0\0"),
     # supported_groups (10) twice
     "repeated_extension": lambda exts, sni, other: [*exts, next(e for e in exts if e[0] == 10)],
-    # encrypted_client_hello appended, as browsers send it (GREASE) on every TLS 1.3 hello
+    # encrypted_client_hello appended, as Chromium sends it (GREASE) when it knows no ECH config
     "ech": lambda exts, sni, other: [*exts, (ECH_OUTER, grease_ech())],
 }
 
