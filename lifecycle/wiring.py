@@ -242,7 +242,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
         store,
         proxy=control,
         vault=open_vault(settings),
-        policies=SandgatePolicies(settings.policy_max_rules),
+        policies=SandgatePolicies(settings.policy_max_rules, settings.load_default_policy()),
         audit=policy_change_writer(settings.audit_log),
     )
     service = Service(

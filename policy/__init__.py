@@ -44,6 +44,7 @@ from sandgate.policy.models import (
 )
 from sandgate.policy.names import path_matches
 from sandgate.policy.reasons import Reason
+from sandgate.policy.suggest import Suggestion, suggest_policy
 from sandgate.policy.updates import delete_targets, patch_rules, replace_policy, to_document, to_opensandbox
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "Request",
     "RequestIdentity",
     "Substitution",
+    "Suggestion",
     "compile_policy",
     "delete_targets",
     "denied_range",
@@ -88,6 +90,7 @@ __all__ = [
     "policy_from_dict",
     "replace_policy",
     "request_identity",
+    "suggest_policy",
     "to_document",
     "to_opensandbox",
 ]
