@@ -189,11 +189,13 @@ class EnforcementAddon:
         port: int,
         judged: ClientHelloVerdict,
     ) -> None:
-        """Record the decision (a CONNECT record already written stands) and mark `conn` denied
-        or pass-through (then `conn.decision_record` is what its closing record repeats)."""
+        """Record the decision (a CONNECT record already written stands, unless the hello adds
+        something to say, as an ECH note) and mark `conn` denied or pass-through (then
+        `conn.decision_record` is what its closing record repeats)."""
         verdict, name = judged.verdict, judged.name
         dialled = addr((judged.upstream, port)) if judged.upstream else None
-        record = conn.connect_record if name == conn.connect_host and verdict.allowed else None
+        stands = name == conn.connect_host and verdict.allowed and judged.detail is None
+        record = conn.connect_record if stands else None
         if record is None:
             record = record_decision(
                 self.state,

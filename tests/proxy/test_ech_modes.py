@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sandgate.proxy import SandboxEntry
-from tests.proxy.conftest import CLIENT_ADDR, Client, RunningProxy, start_proxy, stop_proxy
+from tests.proxy.conftest import CLIENT_ADDR, EXPLICIT_PORT, Client, RunningProxy, start_proxy, stop_proxy
 from tests.support.internet import ORIGIN_V4, Internet
 from tests.support.witness import origin_syns
 
@@ -40,8 +40,10 @@ def proxy(
         stop_proxy(running)
 
 
-def hello(client: Client, edit: str) -> str:
-    arguments = json.dumps({"host": ORIGIN_V4, "port": 443, "sni": HOST, "edit": edit})
+def hello(client: Client, edit: str, connect: bool = False) -> str:
+    """The reply to one hello, sent transparently to the origin's address or inside a CONNECT."""
+    target = {"host": HOST, "connect_port": EXPLICIT_PORT} if connect else {"host": ORIGIN_V4}
+    arguments = json.dumps({**target, "port": 443, "sni": HOST, "edit": edit})
     result = client.run([sys.executable, str(ATTACKS), "clienthello", arguments])
     assert result.returncode == 0, result.stderr
     reply: str = json.loads(result.stdout.splitlines()[-1])["reply"]
@@ -58,11 +60,18 @@ def test_an_ech_hello_is_intercepted_or_relayed_as_set(
         assert after_control >= 1  # (more than one only if a SYN was retransmitted)
         assert hello(client, "ech") == "server_hello"  # answered, by the proxy or by the origin
         assert (syns.count() > after_control) == (mode == "passthrough")
-    records = proxy.wait_audit(2, kind="connection")
+        after_transparent = syns.count()
+        assert hello(client, "ech", connect=True) == "server_hello"  # the same inside a CONNECT
+        assert (syns.count() > after_transparent) == (mode == "passthrough")
+    records = proxy.wait_audit(3, kind="connection")
     ech = [r for r in records if (r.get("detail") or "").startswith("encrypted_client_hello")]
-    assert ech and ech[-1]["decision"] == "allow" and ech[-1]["sni"] == HOST, records
-    if mode == "intercept":
-        assert ech[-1]["inspect"] is True
-        assert ech[-1]["detail"].endswith("intercepted, the proxy's TLS takes no ECH (ech=intercept)")
-    else:
-        assert ech[-1]["detail"].endswith("passed through, judged by the outer name (ech=passthrough)")
+    assert ech and all(r["decision"] == "allow" and r["sni"] == HOST for r in ech), records
+    tunnel = [r for r in records if r.get("method") == "CONNECT"][-1]["client"]
+    inside_connect = [r for r in ech if r["client"] == tunnel]  # the hello inside the CONNECT
+    assert inside_connect and len(ech) > len(inside_connect), records  # and the transparent one
+    for record in ech:
+        if mode == "intercept":
+            assert record["inspect"] is True
+            assert record["detail"].endswith("intercepted, the proxy's TLS takes no ECH (ech=intercept)")
+        else:
+            assert record["detail"].endswith("passed through, judged by the outer name (ech=passthrough)")
