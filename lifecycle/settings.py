@@ -93,6 +93,11 @@ class Settings(BaseSettings):
     proxy_workers: int = Field(
         0, ge=0, le=256, description="egress proxy worker processes sharing the listeners (0: one per core)"
     )
+    proxy_ech: Literal["refuse", "intercept", "passthrough"] = Field(
+        "refuse",
+        description="a ClientHello carrying ECH: refuse (default: its SNI is not the real destination), "
+        "intercept (decrypt; Chromium's GREASE ECH then works) or passthrough (trust the outer name)",
+    )
     upstream_dns: list[ResolverAddress] = Field(
         default_factory=list,
         description="resolvers the proxy asks: `ip`, `ip:port` or `[v6]:port` (default: /etc/resolv.conf)",

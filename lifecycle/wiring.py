@@ -104,6 +104,7 @@ def write_proxy_config(settings: Settings) -> Path:
         explicit_port=settings.proxy_explicit_port,
         dns_port=settings.proxy_dns_port,
         workers=settings.proxy_workers,
+        ech=settings.proxy_ech,
         upstream_dns=settings.upstream_dns,
         upstream_ca=settings.upstream_ca,
         audit_max_bytes=settings.audit_max_bytes,

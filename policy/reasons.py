@@ -29,6 +29,8 @@ class Reason(StrEnum):
     PATH_NOT_ALLOWED = "path_not_allowed"
     # The proxy's own refusals (sandgate.proxy).
     IDENTITY_MISMATCH = "identity-mismatch"  # SNI, Host, :authority or port disagree (421)
+    MALFORMED_CLIENTHELLO = "malformed-clienthello"  # a ClientHello a conforming server must reject
+    ECH_REFUSED = "ech-refused"  # a ClientHello carrying ECH: its SNI is only the outer name
     UNKNOWN_SANDBOX = "unknown-sandbox"  # the sandbox's entry was dropped
     UNKNOWN_SOURCE = "unknown-source"  # a connection from an address that names no sandbox
     UNRESOLVED = "upstream-unresolvable"  # the proxy could not resolve the allowed name (502)

@@ -12,7 +12,11 @@ Rules:
    upstream by the proxy itself with a freshly built question-only query (`dnswire.forward`),
    never the client's message; mitmproxy never forwards anything. Only single-question QUERYs in
    class IN from registered sandboxes are served; anything else is Reason.RESPONSE_REFUSED.
-4. One `dns` audit record per query.
+4. A forwarded answer is screened before it is relayed (`dnsscreen`): A/AAAA records in any
+   section and SVCB/HTTPS address hints are judged like rule 2's answers, SVCB/HTTPS `ech` and
+   unknown parameters are removed, and records whose target is a name the policy would not
+   resolve are dropped. What was removed is said in the audit record's detail.
+5. One `dns` audit record per query.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from mitmproxy import dns
 
 from sandgate.proxy.auditing import record_decision
 from sandgate.proxy.decide import Verdict, check_upstream, decide_name
+from sandgate.proxy.dnsscreen import screen_records
 from sandgate.proxy.dnswire import (
     EDE_BLOCKED,
     EDE_NOT_SUPPORTED,
@@ -81,7 +86,7 @@ class DnsAddon:
             self.state.names.remember(sandbox.address, name, answered)
             detail += f" answers={','.join(answered)}" if answered else ""
         else:
-            flow.response, outcome = await self._forward(request, name, question.type)
+            flow.response, outcome = await self._forward(request, sandbox, name, question.type)
             detail += f" {outcome}"
         if flow.client_conn.transport_protocol == "udp":
             flow.response = fit_udp(request, flow.response)
@@ -92,19 +97,24 @@ class DnsAddon:
     def _blocked(self, request: dns.DNSMessage, verdict: Verdict) -> dns.DNSMessage:
         return _failed(request, dns.response_codes.NXDOMAIN, (EDE_BLOCKED, blocked_text(verdict)))
 
-    async def _forward(self, request: dns.DNSMessage, name: str, qtype: int) -> tuple[dns.DNSMessage, str]:
-        """Upstream's answer to a question-only query (rule 3), and what happened, for the record."""
+    async def _forward(
+        self, request: dns.DNSMessage, sandbox: Sandbox, name: str, qtype: int
+    ) -> tuple[dns.DNSMessage, str]:
+        """Upstream's answer to a question-only query (rule 3), screened (rule 4), and what
+        happened, for the record."""
         try:
             reply = await forward(self.state.resolver.servers, name, qtype)
         except ForwardError as exc:
             return _failed(request, dns.response_codes.SERVFAIL), f"forwarded: {exc}"
+        reply, removed = screened(reply, sandbox)
         answer = relay_answer(request, reply)
         try:
             answer.packed  # noqa: B018  # a name mitmproxy decoded but cannot encode again
         except (ValueError, struct.error) as exc:
             return _failed(request, dns.response_codes.SERVFAIL), f"forwarded: unrepresentable answer: {exc}"
         rcode = dns.response_codes.to_str(reply.response_code)
-        return answer, f"forwarded rcode={rcode} answers={len(reply.answers)}"
+        outcome = f"forwarded rcode={rcode} answers={len(reply.answers)}"
+        return answer, outcome + (f" removed: {'; '.join(removed)}" if removed else "")
 
     async def _answer(
         self, request: dns.DNSMessage, sandbox: Sandbox, name: str, qtype: int, verdict: Verdict
@@ -130,6 +140,22 @@ class DnsAddon:
             for a in usable
         ]
         return verdict, with_edns(request, request.succeed(records)), usable
+
+
+def screened(reply: dns.DNSMessage, sandbox: Sandbox) -> tuple[dns.DNSMessage, list[str]]:
+    """Upstream's answer with every section screened by the sandbox's policy (rule 4)."""
+
+    def address_allowed(address: str) -> bool:
+        return check_upstream(sandbox.policy, address).allowed
+
+    def name_allowed(name: str) -> bool:
+        return decide_name(sandbox, name).allowed
+
+    answers, in_answers = screen_records(reply.answers, address_allowed, name_allowed)
+    authorities, in_authorities = screen_records(reply.authorities, address_allowed, name_allowed)
+    additionals, in_additionals = screen_records(reply.additionals, address_allowed, name_allowed)
+    screened = dataclasses.replace(reply, answers=answers, authorities=authorities, additionals=additionals)
+    return screened, [*in_answers, *in_authorities, *in_additionals]
 
 
 def _failed(request: dns.DNSMessage, code: int, ede: tuple[int, str] | None = None) -> dns.DNSMessage:

@@ -16,7 +16,15 @@ Rules:
    (`sandgate.policy.request_identity`) from the target as received; the policy judges it, the
    injection and the audit record use it. An ambiguous target (an HTTP/1 absolute-form target
    naming another authority than the connection's, dot segments, double encoding, ...) is a 400.
-3. The proxy dials only what it resolved itself for the agreed name, after `check_upstream`:
+3. Before any name in a ClientHello is believed, the hello itself is checked (`clienthello`): one
+   a conforming server must reject (an extension twice, a server_name list that is not exactly
+   one valid host name) is refused as `malformed-clienthello`, and one that does not parse at
+   all is recorded so (mitmproxy closes it; `tls_failed_client` says why); one carrying ECH is
+   refused (`ech-refused`), intercepted or passed through as `ProxyConfig.ech` says, on
+   pass-through and intercepted hosts alike. Both paths with a ClientHello (mitmproxy's hook, on
+   the transparent and the explicit CONNECT listener, and the front door) call
+   `judge_clienthello`.
+4. The proxy dials only what it resolved itself for the agreed name, after `check_upstream`:
    the request's `host` is set to that name (so upstream connections are keyed by it, and TLS
    upstream uses it as SNI) and `server_connect` pins the socket to the checked address.
 """
@@ -33,6 +41,7 @@ from mitmproxy.proxy import mode_specs, server_hooks
 from sandgate.policy import AmbiguousTarget, Reason, RequestIdentity, request_identity
 from sandgate.proxy.approvals import Held
 from sandgate.proxy.auditing import addr, record_decision, security_event
+from sandgate.proxy.clienthello import EchMode, encrypted_hello, hello_fault
 from sandgate.proxy.decide import (
     AMBIGUOUS,
     GONE,
@@ -54,6 +63,7 @@ from sandgate.proxy.tcpinfo import KernelCounters
 
 log = logging.getLogger(__name__)
 
+UNPARSEABLE_HELLO = "Cannot parse ClientHello"  # mitmproxy's error for bytes that are no ClientHello
 CREDITED_INTERCEPTED = "no SNI: name credited from this sandbox's DNS answers; intercepted"
 
 
@@ -66,8 +76,9 @@ class ClientHelloVerdict:
 
 
 class EnforcementAddon:
-    def __init__(self, state: ProxyState) -> None:
+    def __init__(self, state: ProxyState, ech: EchMode = "refuse") -> None:
         self.state = state
+        self.ech = ech  # what an ECH-carrying ClientHello means (clienthello rule 2)
 
     # ------------------------------------------------------------------ connection level
 
@@ -98,21 +109,44 @@ class EnforcementAddon:
             return
         server_address = data.context.server.address
         assert server_address is not None
-        sni = data.client_hello.sni
-        judged = await self.judge_clienthello(conn, sandbox, sni, server_address)
-        self.settle_clienthello(conn, sandbox, client.peername, sni, server_address[1], judged)
+        hello = data.client_hello
+        judged = await self.judge_clienthello(conn, sandbox, hello, server_address)
+        self.settle_clienthello(conn, sandbox, client.peername, hello.sni, server_address[1], judged)
         if not judged.verdict.allowed:
             data.ignore_connection = True  # then killed in server_connect: no certificate is ever shown
         elif not judged.verdict.inspect:
             conn.counters = KernelCounters.of(client)
             data.ignore_connection = True
 
+    def tls_failed_client(self, data: tls.TlsData) -> None:
+        """A ClientHello mitmproxy cannot parse at all: nothing was dialled, but say why (rule 3)."""
+        if not (data.conn.error or "").startswith(UNPARSEABLE_HELLO):
+            return  # other handshake failures (a client that distrusts the CA) are the client's
+        conn, sandbox = self._lookup(data.context.client)
+        if conn is None or sandbox is None:
+            return
+        conn.denied = True
+        server = data.context.server.address
+        record_decision(
+            self.state,
+            "connection",
+            sandbox,
+            refusal(Reason.MALFORMED_CLIENTHELLO),
+            data.context.client.peername,
+            host=conn.connect_host,
+            port=server[1] if server else None,
+            scheme="https",
+            detail="the ClientHello does not parse",
+        )
+
     async def judge_clienthello(
-        self, conn: ConnState, sandbox: Sandbox, sni: str | None, server_address: tuple[str, int]
+        self, conn: ConnState, sandbox: Sandbox, hello: tls.ClientHello, server_address: tuple[str, int]
     ) -> ClientHelloVerdict:
         """The connection-level decision on a ClientHello (for mitmproxy's hook and the front door
         alike); a pass-through verdict comes with the checked upstream address, pinned in `conn`."""
-        port = server_address[1]
+        port, sni, extensions = server_address[1], hello.sni, hello.extensions
+        if fault := hello_fault(extensions):
+            return ClientHelloVerdict(refusal(Reason.MALFORMED_CLIENTHELLO), sni, fault, None)
         name, agreed = agreed_name(sni, conn.connect_host)
         if not agreed:
             verdict, detail = MISMATCH, describe_claims({"sni": sni, "connect": conn.connect_host})
@@ -125,10 +159,27 @@ class EnforcementAddon:
                 # The name is only DNS's guess, not the client's claim: pass-through would relay
                 # whatever is inside unchecked, so intercept and judge every request's Host.
                 verdict, detail = verdict.inspected(), CREDITED_INTERCEPTED
+            verdict, detail = self._judge_ech(extensions, verdict, detail)
         upstream = None
         if verdict.allowed and not verdict.inspect:
             verdict, upstream = await self._pin(conn, sandbox, name or "", port, "https", verdict)
         return ClientHelloVerdict(verdict, name, detail, upstream)
+
+    def _judge_ech(
+        self, extensions: list[tuple[int, bytes]], verdict: Verdict, detail: str | None
+    ) -> tuple[Verdict, str | None]:
+        """An allowed hello that carries ECH: refused, intercepted or passed as `self.ech` says."""
+        extension = encrypted_hello(extensions)
+        if extension is None or not verdict.allowed:
+            return verdict, detail
+        if self.ech == "refuse":
+            why = f"{extension}: the SNI is only the outer name, not the destination (ech=refuse)"
+            return refusal(Reason.ECH_REFUSED, verdict.rule), why
+        if self.ech == "intercept" or verdict.inspect:
+            verdict, note = verdict.inspected(), f"{extension}: intercepted, the proxy's TLS takes no ECH"
+        else:
+            note = f"{extension}: passed through, judged by the outer name"
+        return verdict, "; ".join(filter(None, (detail, f"{note} (ech={self.ech})")))
 
     def settle_clienthello(
         self,
@@ -139,11 +190,13 @@ class EnforcementAddon:
         port: int,
         judged: ClientHelloVerdict,
     ) -> None:
-        """Record the decision (a CONNECT record already written stands) and mark `conn` denied
-        or pass-through (then `conn.decision_record` is what its closing record repeats)."""
+        """Record the decision (a CONNECT record already written stands, unless the hello adds
+        something to say, as an ECH note) and mark `conn` denied or pass-through (then
+        `conn.decision_record` is what its closing record repeats)."""
         verdict, name = judged.verdict, judged.name
         dialled = addr((judged.upstream, port)) if judged.upstream else None
-        record = conn.connect_record if name == conn.connect_host and verdict.allowed else None
+        stands = name == conn.connect_host and verdict.allowed and judged.detail is None
+        record = conn.connect_record if stands else None
         if record is None:
             record = record_decision(
                 self.state,

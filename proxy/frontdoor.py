@@ -219,7 +219,7 @@ class FrontDoor:
             return False
         destination = platform.original_addr(sock)  # type: ignore[misc]
         conn = ConnState(sandbox_address=source, sandbox_id=sandbox.id, client=peer)
-        judged = await self.enforcement.judge_clienthello(conn, sandbox, hello.sni, destination)
+        judged = await self.enforcement.judge_clienthello(conn, sandbox, hello, destination)
         if judged.verdict.allowed and judged.verdict.inspect:
             return False
         self.enforcement.settle_clienthello(conn, sandbox, peer, hello.sni, destination[1], judged)

@@ -117,7 +117,7 @@ def addons(state: ProxyState, config: ProxyConfig) -> list[object]:
         errorcheck.ErrorCheck(),
         IdentityAddon(state),
         HeaderDeadlineAddon(state, config.header_timeout),
-        EnforcementAddon(state),
+        EnforcementAddon(state, config.ech),
         InjectionAddon(state),
         StreamingAddon(),
         DnsAddon(state),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -23,6 +23,7 @@ from sandgate.proxy.contract.names import audit_path, control_socket
 from sandgate.vault import StoreSecrets, StoreSettings
 
 DNS_PORT = 53
+EchMode = Literal["refuse", "intercept", "passthrough"]  # what an ECH hello means (proxy/clienthello.py)
 RESOLVER_FORMS = "an IP address with an optional port: 192.0.2.53, 192.0.2.53:5353, [2001:db8::53]:5353"
 
 
@@ -143,6 +144,12 @@ class ProxyConfig(BaseModel):
         default=True,
         description="decide TLS at the front door (ClientHello by MSG_PEEK) and relay pass-through "
         "connections in the kernel (splice), not through mitmproxy",
+    )
+    ech: EchMode = Field(
+        default="refuse",
+        description="what a ClientHello carrying ECH (encrypted_client_hello) means: refuse (its SNI is "
+        "only the outer name), intercept (TLS terminated here, which takes no ECH; every request judged) "
+        "or passthrough (judged and trusted by the outer name)",
     )
     workers: int = Field(
         default=1,

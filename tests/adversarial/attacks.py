@@ -7,6 +7,7 @@ count and time. Only the standard library and what the sandbox's Python already 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -393,6 +394,122 @@ def connect_loop(
     return {"attempts": attempts}
 
 
+# ------------------------------------------------------------------------------ ClientHellos
+# A real ClientHello comes from OpenSSL (the `ssl` module over memory BIOs); only the variants a
+# conforming server must reject, and the ECH extension OpenSSL cannot make, are edits of its
+# extension list, each named in HELLO_EDITS and described there.
+
+ECH_OUTER = 0xFE0D  # encrypted_client_hello
+
+
+def openssl_hello(sni: str) -> bytes:
+    """The ClientHello record OpenSSL sends for `sni` (TLS 1.2-1.3, the default context)."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname=sni)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def hello_extensions(record: bytes) -> tuple[bytes, list[tuple[int, bytes]]]:
+    """(the hello's body up to its extensions, [(type, body), ...]) of one ClientHello record."""
+    body = record[9:]  # record header (5), handshake header (4)
+    offset = 2 + 32  # version, random
+    offset += 1 + body[offset]  # session id
+    offset += 2 + struct.unpack_from(">H", body, offset)[0]  # cipher suites
+    offset += 1 + body[offset]  # compression methods
+    end = offset + 2 + struct.unpack_from(">H", body, offset)[0]
+    extensions, cursor = [], offset + 2
+    while cursor < end:
+        kind, length = struct.unpack_from(">HH", body, cursor)
+        extensions.append((kind, body[cursor + 4 : cursor + 4 + length]))
+        cursor += 4 + length
+    return body[:offset], extensions
+
+
+def hello_record(head: bytes, extensions: list[tuple[int, bytes]]) -> bytes:
+    block = b"".join(struct.pack(">HH", kind, len(data)) + data for kind, data in extensions)
+    body = head + struct.pack(">H", len(block)) + block
+    handshake = b"\x01" + len(body).to_bytes(3, "big") + body
+    return b"\x16\x03\x01" + struct.pack(">H", len(handshake)) + handshake
+
+
+def server_name(*names: bytes, name_type: int = 0, list_length: int | None = None) -> bytes:
+    entries = b"".join(bytes([name_type]) + struct.pack(">H", len(name)) + name for name in names)
+    return struct.pack(">H", len(entries) if list_length is None else list_length) + entries
+
+
+def grease_ech() -> bytes:
+    """An outer encrypted_client_hello as a client without an ECH config sends it (GREASE, ECH
+    draft 6.2): outer type, HKDF-SHA256 / AES-128-GCM, a config id, an X25519 key share, payload."""
+    return (
+        b"\x00\x00\x01\x00\x01"
+        + os.urandom(1)
+        + struct.pack(">H", 32)
+        + os.urandom(32)
+        + (struct.pack(">H", 144) + os.urandom(144))
+    )
+
+
+def _replace_sni(extensions: list[tuple[int, bytes]], *bodies: bytes) -> list[tuple[int, bytes]]:
+    at = next(i for i, (kind, _) in enumerate(extensions) if kind == 0)
+    return [*extensions[:at], *((0, body) for body in bodies), *extensions[at + 1 :]]
+
+
+HELLO_EDITS: dict[str, Callable[[list[tuple[int, bytes]], bytes, bytes], list[tuple[int, bytes]]]] = {
+    # as OpenSSL wrote it: the control
+    "none": lambda exts, sni, other: exts,
+    # a second server_name extension naming another host, right after the first
+    "two_server_name": lambda exts, sni, other: _replace_sni(exts, server_name(sni), server_name(other)),
+    # one server_name list holding two host names
+    "two_names": lambda exts, sni, other: _replace_sni(exts, server_name(sni, other)),
+    # a list length that does not match the extension (mitmproxy still reads the name)
+    "bad_list_length": lambda exts, sni, other: _replace_sni(exts, server_name(sni, list_length=3)),
+    # a name of a type that is not host_name
+    "other_name_type": lambda exts, sni, other: _replace_sni(exts, server_name(sni, name_type=1)),
+    # two bytes after the server_name list inside its extension: mitmproxy's parser gives up
+    "trailing_bytes": lambda exts, sni, other: _replace_sni(exts, server_name(sni) + b"\0\0"),
+    # supported_groups (10) twice
+    "repeated_extension": lambda exts, sni, other: [*exts, next(e for e in exts if e[0] == 10)],
+    # encrypted_client_hello appended, as Chromium sends it (GREASE) when it knows no ECH config
+    "ech": lambda exts, sni, other: [*exts, (ECH_OUTER, grease_ech())],
+}
+
+
+def clienthello(
+    host: str, port: int, sni: str, edit: str, other: str = "", connect_port: int = 0
+) -> dict[str, Any]:
+    """Send OpenSSL's ClientHello for `sni`, edited by HELLO_EDITS[edit], straight to host:port
+    (the transparent path) or through a CONNECT on the explicit proxy port; report what came back:
+    "server_hello", "alert", or "closed" (nothing: the proxy closed it)."""
+    head, extensions = hello_extensions(openssl_hello(sni))
+    record = hello_record(head, HELLO_EDITS[edit](extensions, sni.encode(), other.encode()))
+    try:
+        if connect_port:
+            sock = socket.create_connection((gateway(), connect_port), TIMEOUT)
+            sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+            connect_reply = sock.recv(4096)
+            if not connect_reply.startswith(b"HTTP/1.1 200"):
+                sock.close()
+                return {"connected": True, "connect_reply": text(connect_reply), "reply": "refused"}
+        else:
+            sock = socket.create_connection((host, port), TIMEOUT)
+    except OSError as exc:
+        return {"connected": False, **failure(exc)}
+    with sock:
+        try:
+            sock.sendall(record)
+            reply = read_all(sock, 3.0)
+        except OSError as exc:
+            return {"connected": True, "reply": "closed", **failure(exc)}
+    kind = "closed"
+    if reply[:1] == b"\x16" and reply[5:6] == b"\x02":
+        kind = "server_hello"
+    elif reply[:1] == b"\x15":
+        kind = "alert"
+    return {"connected": True, "reply": kind, "bytes": len(reply)}
+
+
 def batch(calls: list[list[Any]]) -> dict[str, Any]:
     """Several attacks in one process ([[name, {args}], ...]), in order: one result each."""
     return {"results": [ATTACKS[name](**arguments) for name, arguments in calls]}
@@ -410,6 +527,7 @@ ATTACKS: dict[str, Callable[..., dict[str, Any]]] = {
     "icmp": icmp,
     "slowloris": slowloris,
     "connect_loop": connect_loop,
+    "clienthello": clienthello,
 }
 
 if __name__ == "__main__":

@@ -3,9 +3,13 @@ DoH), and rebinding an allowed name onto loopback, metadata, RFC1918 or another 
 
 from __future__ import annotations
 
+import base64
 import secrets
+from collections.abc import Iterator
 
 import pytest
+from dnslib import HTTPS, DNSRecord
+from dnslib.buffer import Buffer
 
 from tests.adversarial.conftest import (
     BOUND_HOST,
@@ -130,3 +134,82 @@ def test_dig_inside_the_sandbox_tells_a_block_from_a_typo(attacker: Attacker) ->
     allowed = attacker.sh(f"dig +short +tries=1 +time=5 A {OPEN_HOST}")
     assert allowed.stdout.split() == [ORIGIN_V4], allowed
     assert not [q for q in attacker.internet.dns_queries() if EXFIL_ZONE in q["name"]]
+
+
+# ------------------------------------------------------------------------------ SVCB/HTTPS, ANY
+
+ECH_CONFIG = base64.b64encode(b"\xfe\x0d\x00\x41" + bytes(range(65))).decode()  # any bytes: never relayed
+HINTED = f"hints.{REBIND_ZONE}"
+SVCB_NAME = f"_dns.svcb.{REBIND_ZONE}"
+ALIASED = f"alias.{REBIND_ZONE}"
+ANY_NAME = f"any.{REBIND_ZONE}"
+
+
+def generic(name: str, rtype: str, zone: str) -> str:
+    """A zone line for `rtype` (SVCB: dnslib knows no text form) in RFC 3597's generic form,
+    the RDATA packed by dnslib's HTTPS class (one wire format for both types)."""
+    buffer = Buffer()
+    HTTPS.fromZone(zone.split()).pack(buffer)
+    return f"{name}. 5 IN {rtype} \\# {len(buffer.data)} {bytes(buffer.data).hex()}"
+
+
+SVCB_RECORDS = [
+    f"{HINTED}. 5 IN HTTPS 1 . alpn=h2 ipv4hint={METADATA_ADDR},127.0.0.1,{ORIGIN_V4} "
+    f"echconfig={ECH_CONFIG} ipv6hint=::1,::ffff:a9fe:a9fe",  # keys in increasing order (RFC 9460)
+    generic(
+        SVCB_NAME, "SVCB", f"1 . alpn=dot port=853 ipv4hint={PRIVATE_ADDR} echconfig={ECH_CONFIG} key65000=x"
+    ),
+    f"{ALIASED}. 5 IN HTTPS 0 metadata.{EXFIL_ZONE}.",
+    f"{ANY_NAME}. 5 IN A {METADATA_ADDR}",
+    f"{ANY_NAME}. 5 IN A {ORIGIN_V4}",
+    f'{ANY_NAME}. 5 IN TXT "any-text"',
+]
+
+
+@pytest.fixture
+def svcb_zone(attacker: Attacker) -> Iterator[None]:
+    attacker.internet.set_records(SVCB_RECORDS)
+    try:
+        yield
+    finally:
+        attacker.internet.set_records([])
+
+
+def upstream_answer(name: str, qtype: str) -> list[str]:
+    """What the test internet's resolver itself answers (asked from the test, not the sandbox)."""
+    reply = DNSRecord.parse(DNSRecord.question(name, qtype).send(DNS_ADDR, 53, timeout=5))
+    return [rr.rdata.toZone() for rr in reply.rr]
+
+
+def test_svcb_and_https_answers_hold_no_refused_hint_no_ech_and_no_foreign_target(
+    attacker: Attacker, canaries: Canaries, svcb_zone: None
+) -> None:
+    """dig inside the sandbox (a real resolver client, through the sandbox's own resolver) gets
+    the records with metadata, loopback and RFC1918 hints, the ECH config, an unknown key and a
+    target outside the policy taken out, while upstream answers them whole."""
+    upstream = upstream_answer(HINTED, "HTTPS")
+    assert METADATA_ADDR in upstream[0] and "echconfig=" in upstream[0], upstream  # not vacuous
+    assert upstream_answer(SVCB_NAME, "SVCB") != []
+
+    def dig(qtype: str, name: str) -> list[str]:
+        # one marked line per record: the command's output comes back without its line breaks
+        result = attacker.sh(f"dig +noall +answer +tries=1 +time=5 {qtype} {name} | sed 's/$/<EOL>/'")
+        assert result.exit_code == 0, result
+        return [" ".join(line.split()[3:]) for line in result.stdout.split("<EOL>") if line.strip()]
+
+    assert dig("HTTPS", HINTED) == [f'HTTPS 1 . alpn="h2" ipv4hint={ORIGIN_V4}']
+    assert dig("SVCB", SVCB_NAME) == ['SVCB 1 . alpn="dot" port=853']
+    assert dig("HTTPS", ALIASED) == []  # the alias to a name the policy would not resolve is dropped
+    assert dig("ANY", ANY_NAME) == [f"A {ORIGIN_V4}", 'TXT "any-text"']  # metadata A in an ANY answer
+    received = attacker.sh(f"dig +tries=1 +time=5 HTTPS {HINTED}").stdout
+    for gone in (METADATA_ADDR, "127.0.0.1", "::1", "ech=", "a9fe"):
+        assert gone not in received, (gone, received)
+    assert canaries.hits() == []
+    records = attacker.wait_audit(
+        lambda r: r["kind"] == "dns" and r["host"] == HINTED and "removed:" in r["detail"]
+    )
+    assert records and records[-1]["decision"] == "allow", records
+    detail = records[-1]["detail"]
+    assert f"ipv4hint {METADATA_ADDR}" in detail and "ipv6hint ::1" in detail and "ech" in detail, detail
+    aliased = attacker.wait_audit(lambda r: r["kind"] == "dns" and r["host"] == ALIASED)
+    assert aliased and f"target metadata.{EXFIL_ZONE} (not allowed) dropped" in aliased[-1]["detail"]
