@@ -94,7 +94,7 @@ class Settings(BaseSettings):
         0, ge=0, le=256, description="egress proxy worker processes sharing the listeners (0: one per core)"
     )
     proxy_ech: Literal["refuse", "intercept", "passthrough"] = Field(
-        "refuse",
+        "intercept",
         description="a ClientHello carrying ECH: refuse (default: its SNI is not the real destination), "
         "intercept (decrypt; Chromium's GREASE ECH then works) or passthrough (trust the outer name)",
     )

@@ -3,9 +3,9 @@
 Rules: only decisions of the policy count (request, connection and DNS records; never security
 events or policy changes). A request record is an intercepted request (method and path known);
 a connection record of an intercepted connection adds nothing (its requests have records of
-their own); a DNS record counts only for a name nothing connected to. A refusal the policy
-makes whatever the rules say (`ALWAYS_ENFORCED`) or an explicit deny rule is not something to
-allow: it is returned as refused, with its reason, for the reviewer.
+their own); a DNS record counts only for a name nothing connected to. Only a denial a policy
+could have allowed (`LEARNABLE`) is learned from; any other (an explicit deny rule, an
+always-denied address, the proxy's own refusals) is returned as refused, with its reason.
 """
 
 from __future__ import annotations
@@ -13,9 +13,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from sandgate.lifecycle.audit.record import RecordJSON
-from sandgate.policy import ALWAYS_ENFORCED, Reason, Request
+from sandgate.policy import Reason, Request
 
 SCHEME_PORT = {"http": 80, "https": 443}
+# Denials a policy could have allowed: no rule matched, or a rule for the host but not this port,
+# scheme, method or path, or an `ask` nobody answered. Every other denial (an explicit deny rule, a
+# reviewer's refusal, always-denied addresses, the proxy's own refusals: identity, hellos...) stays.
+LEARNABLE = frozenset({
+    Reason.DEFAULT, Reason.PORT_NOT_ALLOWED, Reason.SCHEME_NOT_ALLOWED, Reason.METHOD_NOT_ALLOWED,
+    Reason.PATH_NOT_ALLOWED, Reason.IP_LITERAL_NEEDS_CIDR_RULE, Reason.ASK,
+    Reason.APPROVAL_TIMEOUT, Reason.APPROVAL_QUEUE_FULL,
+})  # fmt: skip
 
 
 def observed(records: Iterable[RecordJSON]) -> tuple[list[Request], list[tuple[Request, str]]]:
@@ -27,8 +35,7 @@ def observed(records: Iterable[RecordJSON]) -> tuple[list[Request], list[tuple[R
         request = _request(record)
         if request is None:
             continue
-        explicit_deny = record["decision"] == "deny" and record["reason"] == Reason.RULE
-        if record["reason"] in ALWAYS_ENFORCED or explicit_deny:
+        if record["decision"] == "deny" and record["reason"] not in LEARNABLE:
             refused.append((request, f"{record['reason']} ({record.get('rule') or 'always'})"))
         elif record["kind"] == "dns":
             dns_only.setdefault(request.host, request)

@@ -146,7 +146,7 @@ class ProxyConfig(BaseModel):
         "connections in the kernel (splice), not through mitmproxy",
     )
     ech: EchMode = Field(
-        default="refuse",
+        default="intercept",
         description="what a ClientHello carrying ECH (encrypted_client_hello) means: refuse (its SNI is "
         "only the outer name), intercept (TLS terminated here, which takes no ECH; every request judged) "
         "or passthrough (judged and trusted by the outer name)",
