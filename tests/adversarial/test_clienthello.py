@@ -117,7 +117,9 @@ def test_an_ech_hello_is_answered_by_the_proxy_by_default_on_every_path(
     assert [r["reply"] for r in results] == ["server_hello"] * 3, results  # the proxy's own TLS
     assert origin_syns.count() == before
     ech = "encrypted_client_hello"
-    records = attacker.wait_audit(lambda r: (r.get("detail") or "").startswith(ech) and r["kind"] == "connection")
+    records = attacker.wait_audit(
+        lambda r: (r.get("detail") or "").startswith(ech) and r["kind"] == "connection"
+    )
     assert len(records) >= 3 and all(r["inspect"] for r in records), records
     assert {r["sni"] for r in records} >= {OPEN_HOST, BOUND_HOST}
     assert all(r["detail"].endswith("(ech=intercept)") for r in records), records
