@@ -20,9 +20,11 @@ esac
 RUN_PACKAGES=(nftables iproute2 bubblewrap ca-certificates)
 # Tests and benchmarks: docker.io for the Docker runtime (the tests start a private dockerd),
 # busybox for tiny test images (`make images`), chromium drives the console tests, the test
-# internet's and the benchmarks' servers and load generators, dig for DNS answers seen from inside.
+# internet's and the benchmarks' servers and load generators, dig for DNS answers seen from inside,
+# runsc for the `gvisor` isolation (bookworm's build, ptrace platform: measured in docs/runtime.md;
+# a server that offers gvisor needs it at run time too).
 TEST_PACKAGES=(iptables busybox-static docker.io curl chromium nginx-light wrk squid nghttp2-client
-  bind9-dnsutils)
+  bind9-dnsutils runsc)
 # The services the test packages would start; disabled again when this run installed them.
 TEST_SERVICES=(squid nginx docker.socket docker containerd)
 
