@@ -15,7 +15,7 @@ from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -28,6 +28,31 @@ from sandgate.proxy.config import ResolverAddress
 
 DEFAULT_CONFIG_FILE = Path("/etc/sandgate/config.toml")
 _config_flag: ContextVar[Path | None] = ContextVar("config_flag", default=None)
+
+
+class SecureRuntime(BaseModel):
+    """OpenSandbox's `[secure_runtime]` TOML table, read where it maps onto `isolation`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = Field("", description="'' (none) or 'gvisor'; kata and firecracker have no mapping here")
+    docker_runtime: str | None = None  # OpenSandbox's runtime name; sandgate registers its own
+    k8s_runtime_class: str | None = None  # no Kubernetes here: accepted, unused
+
+    @model_validator(mode="after")
+    def _maps(self) -> SecureRuntime:
+        self.isolation()
+        return self
+
+    def isolation(self) -> Literal["standard", "gvisor"]:
+        if self.type in ("", "none"):
+            return "standard"
+        if self.type == "gvisor":
+            return "gvisor"
+        raise ValueError(
+            f"[secure_runtime] type = {self.type!r} has no sandgate isolation: use 'gvisor' or '' "
+            "(Kata and Firecracker need VMX, which sandgate does not use)"
+        )
 
 
 class Settings(BaseSettings):
@@ -43,6 +68,18 @@ class Settings(BaseSettings):
     runtime: Literal["local", "docker"] = Field("local", description="sandbox runtime")
     docker_host: str | None = Field(None, description="Docker engine URL (default: DOCKER_HOST)")
     docker_oci_runtime: str | None = Field(None, description="OCI runtime for sandbox containers, e.g. runsc")
+    isolation: Literal["standard", "gvisor"] = Field(
+        "standard",
+        description="default sandbox isolation: 'standard' (bubblewrap / runc) or 'gvisor' (runsc); "
+        "a create may ask for either with the extension `sandgate.isolation`",
+    )
+    runsc: str = Field("runsc", description="gVisor's runsc: a name on PATH or a path (gvisor isolation)")
+    gvisor_platform: Literal["ptrace", "systrap", "kvm"] = Field(
+        "ptrace", description="runsc --platform for gvisor sandboxes (systrap needs runsc >= 2023)"
+    )
+    secure_runtime: SecureRuntime | None = Field(
+        None, description="OpenSandbox's [secure_runtime] table; `type` sets `isolation` unless that is set"
+    )
     binds: list[str] = Field(
         default_factory=list,
         description="host paths shown in every sandbox, 'source:target[:ro|rw]' (read-only by default)",
@@ -108,6 +145,12 @@ class Settings(BaseSettings):
     audit_max_rows: int | None = Field(
         None, ge=1, description="the audit index keeps at most this many newest records"
     )
+
+    @model_validator(mode="after")
+    def _isolation_from_secure_runtime(self) -> Settings:
+        if self.secure_runtime is not None and "isolation" not in self.model_fields_set:
+            self.isolation = self.secure_runtime.isolation()
+        return self
 
     @classmethod
     def settings_customise_sources(

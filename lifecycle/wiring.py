@@ -207,7 +207,14 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
     from sandgate.lifecycle.runtime.local import LocalRuntime
 
     images = ImageStore(settings.state_dir / "images")
-    return LocalRuntime(settings.state_dir, images, instance=instance, binds=binds)
+    return LocalRuntime(
+        settings.state_dir,
+        images,
+        instance=instance,
+        binds=binds,
+        runsc=settings.runsc,
+        gvisor_platform=settings.gvisor_platform,
+    )
 
 
 def operator_binds(settings: Settings) -> list[BindMount]:
@@ -251,6 +258,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
         check_image=runtime.images.get,
         ca_cert=ca.cert,
         warm_pool_size=settings.warm_pool_size,
+        isolation=settings.isolation,
     )
     supervisor = ProxySupervisor(
         write_proxy_config(settings),

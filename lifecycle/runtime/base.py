@@ -113,6 +113,7 @@ class SandboxSpec:
     execd_token: str | None = None
     ca_cert: Path | None = None  # the proxy CA certificate (never the key) to trust inside
     binds: tuple[BindMount, ...] = ()  # checked binds of this sandbox (besides the runtime's)
+    isolation: str = "standard"  # "gvisor": on gVisor's kernel (runtime/gvisor.py)
 
 
 class RuntimeError_(Exception):
@@ -121,6 +122,7 @@ class RuntimeError_(Exception):
 
 class Runtime(Protocol):
     name: str
+    isolations: tuple[str, ...]  # what `SandboxSpec.isolation` may ask of it on this host
 
     def create(self, spec: SandboxSpec, net: SandboxNet) -> None:
         """Start entrypoint and execd (listening on net.address:EXECD_PORT) inside net."""

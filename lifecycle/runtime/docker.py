@@ -79,6 +79,7 @@ class DockerImages:
 
 class DockerRuntime:
     name = "docker"
+    isolations: tuple[str, ...] = ("standard",)
 
     def __init__(
         self,

@@ -35,6 +35,7 @@ from sandgate.lifecycle.cgroups import Limits, SandboxCgroup
 from sandgate.lifecycle.images import HostRoot, Image, ImageStore
 from sandgate.lifecycle.kernel import instance_tag, mount, umount
 from sandgate.lifecycle.runtime.base import BindMount, RuntimeError_, SandboxNet, SandboxSpec, wait_for_execd
+from sandgate.lifecycle.runtime.gvisor import Gvisor, Platform, find_runsc, require
 from sandgate.lifecycle.runtime.launch import Launch, hand_over_token, python_paths, start_chain
 from sandgate.lifecycle.runtime.sandbox_root import (
     EXECD_ENV_FILE,
@@ -56,6 +57,7 @@ class LocalSandboxState(BaseModel):
     address: str
     created: float
     lower: str | None = None  # the overlay's lower layer, kept while the sandbox runs
+    isolation: str = "standard"  # or "gvisor" (runtime/gvisor.py)
 
 
 class LocalRuntime:
@@ -70,6 +72,8 @@ class LocalRuntime:
         instance: str | None = None,
         seccomp_bpf: Path | None = None,
         binds: Sequence[BindMount] = (),
+        runsc: str = "runsc",
+        gvisor_platform: Platform = "ptrace",
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.sandboxes_dir = self.state_dir / "sandboxes"
@@ -81,6 +85,9 @@ class LocalRuntime:
         self._kernel_log_filter = deny_syscalls(DENY_KERNEL_LOG)
         self.execd_paths = python_paths(execd_python)
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        runsc_path = find_runsc(runsc)
+        self.gvisor = Gvisor(runsc_path, gvisor_platform) if runsc_path else None
+        self.isolations: tuple[str, ...] = ("standard", "gvisor") if runsc_path else ("standard",)
 
     # -- the Runtime protocol ---------------------------------------------------------------
 
@@ -89,6 +96,7 @@ class LocalRuntime:
         if self.alive(spec.sandbox_id):
             return
         image = self.images.get(spec.image)
+        require(spec.isolation, self.gvisor and self.gvisor.runsc)
         self.delete(spec.sandbox_id)
         box = self._dir(spec.sandbox_id)
         host = self.images.host_root() if image.rootfs is None else None
@@ -105,6 +113,7 @@ class LocalRuntime:
                 address=net.address,
                 created=time.time(),
                 lower=str(lower),
+                isolation=spec.isolation,
             )
             (box / "state.json").write_text(record.model_dump_json(), encoding="utf-8")
             self._launch(spec, net, host, env, box, cgroup)
@@ -245,9 +254,10 @@ class LocalRuntime:
         box: Path,
         cgroup: SandboxCgroup,
     ) -> None:
-        filters = [filter_fd(self._kernel_log_filter)]
+        gvisor = self.gvisor if spec.isolation == "gvisor" else None
+        filters = [] if gvisor else [filter_fd(self._kernel_log_filter)]
         try:
-            if self.seccomp_bpf:
+            if self.seccomp_bpf and not gvisor:
                 filters.append(os.open(self.seccomp_bpf, os.O_RDONLY))
             launch = Launch(
                 root=box / "root",
@@ -258,7 +268,8 @@ class LocalRuntime:
                 execd_python=self.execd_python,
                 execd=self.execd_paths,
             )
-            process = start_chain(spec, net, launch, cgroup.procs_files(), box / "output.log")
+            isolator = gvisor.isolator(spec, net, launch, box) if gvisor else None
+            process = start_chain(spec, net, launch, cgroup.procs_files(), box / "output.log", isolator)
             self._processes[spec.sandbox_id] = process
             hand_over_token(process, spec.execd_token or "")
         finally:
