@@ -36,8 +36,8 @@ from sandgate.lifecycle.cgroups import Limits
 from sandgate.lifecycle.egress_control import EgressControl, existing
 from sandgate.lifecycle.errors import LifecycleError, quietly
 from sandgate.lifecycle.execd_client import new_token, start_entrypoint
-from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy
 from sandgate.lifecycle.isolation import ISOLATION_KEY, choose
+from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy
 from sandgate.lifecycle.quantities import runtime_limits
 from sandgate.lifecycle.runtime.base import (
     BindMount,

@@ -41,14 +41,14 @@ BUNDLE = "bundle"  # the OCI bundle (config.json only: its root is the overlay a
 # The kernel's own file systems inside: gVisor's proc, a /dev with its devices and a pts.
 KERNEL_MOUNTS: list[dict[str, Any]] = [
     {"destination": "/proc", "type": "proc", "source": "proc"},
-    {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755"]},
+    {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755"]},
     {
         "destination": "/dev/pts",
         "type": "devpts",
         "source": "devpts",
         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"],
     },
-    {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "nodev", "mode=1777"]},
+    {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "mode=1777"]},
 ]
 
 
