@@ -18,8 +18,9 @@ Rules:
    (`--root`) and the bundle in the sandbox's directory, which delete removes.
 3. The container's process is the standard launcher (uid 0, `SANDBOX_CAPS` only, no new
    privileges, the sandbox's env and nothing else, execd's token over stdin, non-dumpable).
-   Writes go through to the overlay (`--overlay2=none`), so the host's view of the root and the
-   files API agree. syslog(2) is gVisor's own (its boot lines), so the host kernel log filter of
+   Writes go through to the overlay (`--overlay2=none`) and gVisor revalidates what it cached
+   (`--file-access=shared`: the host may write into the root too, as a warm-pool claim does; no
+   measurable cost at start-up here), so the host's and the sandbox's view of the root agree. syslog(2) is gVisor's own (its boot lines), so the host kernel log filter of
    the standard isolation is not needed.
 """
 
@@ -76,6 +77,7 @@ class Gvisor:
             "--network=host",
             "--ignore-cgroups",
             "--overlay2=none",
+            "--file-access=shared",
         ]
         return [self.runsc, *flags, "run", f"--bundle={bundle}", spec.sandbox_id]
 
