@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     runtime: Literal["local", "docker"] = Field("local", description="sandbox runtime")
     docker_host: str | None = Field(None, description="Docker engine URL (default: DOCKER_HOST)")
     docker_oci_runtime: str | None = Field(None, description="OCI runtime for sandbox containers, e.g. runsc")
+    docker_gvisor_runtime: str = Field(
+        "sandgate-runsc", description="the engine's runtime name for gvisor sandboxes (docs/runtime.md)"
+    )
     isolation: Literal["standard", "gvisor"] = Field(
         "standard",
         description="default sandbox isolation: 'standard' (bubblewrap / runc) or 'gvisor' (runsc); "

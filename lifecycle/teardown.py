@@ -91,7 +91,9 @@ def footprint(settings: Settings, instance: str) -> Footprint:
             "veth": frozenset(_host_links(settings.iface_prefix)),
             "mount": frozenset(mounts),
             "cgroup": frozenset(SandboxCgroup.names(f"sandgate-{instance}-")),
-            "runsc process": frozenset(map(str, runsc_processes([settings.state_dir.resolve() / "sandboxes"]))),
+            "runsc process": frozenset(
+                map(str, runsc_processes([settings.state_dir.resolve() / "sandboxes"]))
+            ),
         }
     )
 

@@ -201,7 +201,11 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
         from sandgate.lifecycle.runtime.docker import DockerRuntime
 
         return DockerRuntime(
-            settings.docker_host, instance=instance, oci_runtime=settings.docker_oci_runtime, binds=binds
+            settings.docker_host,
+            instance=instance,
+            oci_runtime=settings.docker_oci_runtime,
+            binds=binds,
+            gvisor_runtime=settings.docker_gvisor_runtime,
         )
     from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.runtime.local import LocalRuntime

@@ -20,8 +20,9 @@ Rules:
    privileges, the sandbox's env and nothing else, execd's token over stdin, non-dumpable).
    Writes go through to the overlay (`--overlay2=none`) and gVisor revalidates what it cached
    (`--file-access=shared`: the host may write into the root too, as a warm-pool claim does; no
-   measurable cost at start-up here), so the host's and the sandbox's view of the root agree. syslog(2) is gVisor's own (its boot lines), so the host kernel log filter of
-   the standard isolation is not needed.
+   measurable cost at start-up here), so the host's and the sandbox's view of the root agree.
+   syslog(2) is gVisor's own (its boot lines), so the host kernel log filter of the standard
+   isolation is not needed.
 """
 
 from __future__ import annotations
