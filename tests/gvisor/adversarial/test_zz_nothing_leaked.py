@@ -1,0 +1,12 @@
+"""After the attacks (this module runs last): no secret in any log, no canary ever reached."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.adversarial.test_zz_nothing_leaked import (  # noqa: F401 (collected here on gvisor)
+    test_no_canary_was_ever_reached,
+    test_the_secret_is_in_no_log_line_and_no_state_file,
+)
+
+pytestmark = pytest.mark.root
