@@ -96,7 +96,7 @@ class LocalRuntime:
         if self.alive(spec.sandbox_id):
             return
         image = self.images.get(spec.image)
-        require(spec.isolation, self.gvisor and self.gvisor.runsc)
+        require(spec.isolation, self.gvisor.runsc if self.gvisor else None)
         self.delete(spec.sandbox_id)
         box = self._dir(spec.sandbox_id)
         host = self.images.host_root() if image.rootfs is None else None
