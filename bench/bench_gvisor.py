@@ -36,14 +36,14 @@ def _child() -> None:
     from tests.support.internet import DNS_ADDR, ORIGIN_V4, start_internet
     from tests.support.server import sandgate_server
 
-    with (
-        tempfile.TemporaryDirectory(prefix="sandgate-bench-gvisor-") as temp,
-        start_internet(Path(temp)) as net,
-    ):
-        net.set_names({DOWNLOAD_HOST: [ORIGIN_V4]})
-        extra = {"SANDGATE_UPSTREAM_DNS": f'["{DNS_ADDR}"]', "SANDGATE_UPSTREAM_CA": str(net.ca_cert)}
-        with sandgate_server(Path(temp) / "serve", extra) as server:
-            results = {isolation: _measure(server, isolation) for isolation in ISOLATIONS}
+    with tempfile.TemporaryDirectory(prefix="sandgate-bench-gvisor-") as temp:
+        for name in ("internet", "serve"):
+            (Path(temp) / name).mkdir()
+        with start_internet(Path(temp) / "internet") as net:
+            net.set_names({DOWNLOAD_HOST: [ORIGIN_V4]})
+            extra = {"SANDGATE_UPSTREAM_DNS": f'["{DNS_ADDR}"]', "SANDGATE_UPSTREAM_CA": str(net.ca_cert)}
+            with sandgate_server(Path(temp) / "serve", extra) as server:
+                results = {isolation: _measure(server, isolation) for isolation in ISOLATIONS}
     _report(results)
 
 
