@@ -78,7 +78,8 @@ class Settings(BaseSettings):
     )
     runsc: str = Field("runsc", description="gVisor's runsc: a name on PATH or a path (gvisor isolation)")
     gvisor_platform: Literal["ptrace", "systrap", "kvm"] = Field(
-        "ptrace", description="runsc --platform for gvisor sandboxes (systrap needs runsc >= 2023)"
+        "systrap",
+        description="runsc --platform for gvisor sandboxes (docs/runtime.md: systrap was the faster here)",
     )
     secure_runtime: SecureRuntime | None = Field(
         None, description="OpenSandbox's [secure_runtime] table; `type` sets `isolation` unless that is set"

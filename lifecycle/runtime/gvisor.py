@@ -62,7 +62,7 @@ def find_runsc(name: str = "runsc") -> str | None:
 class Gvisor:
     """Builds the OCI bundle and the runsc argv of one sandbox."""
 
-    def __init__(self, runsc: str, platform: Platform = "ptrace") -> None:
+    def __init__(self, runsc: str, platform: Platform = "systrap") -> None:
         self.runsc = runsc
         self.platform = platform
 

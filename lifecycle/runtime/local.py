@@ -73,7 +73,7 @@ class LocalRuntime:
         seccomp_bpf: Path | None = None,
         binds: Sequence[BindMount] = (),
         runsc: str = "runsc",
-        gvisor_platform: Platform = "ptrace",
+        gvisor_platform: Platform = "systrap",
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.sandboxes_dir = self.state_dir / "sandboxes"

@@ -16,7 +16,7 @@ Rules:
 
 dockerd's daemon.json registers it with runsc's flags, e.g.
 `"runtimes": {"sandgate-runsc": {"path": "<venv>/bin/sandgate-runsc",
-"runtimeArgs": ["--platform=ptrace", "--network=host"]}}`.
+"runtimeArgs": ["--platform=systrap", "--network=host"]}}`.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ class PrivateDockerd:
 
     def start(self) -> None:
         config = self.root / "daemon.json"
-        runtime = {"path": str(RUNSC_WRAPPER), "runtimeArgs": ["--platform=ptrace", "--network=host"]}
+        runtime = {"path": str(RUNSC_WRAPPER), "runtimeArgs": ["--platform=systrap", "--network=host"]}
         config.write_text(json.dumps({"runtimes": {GVISOR_RUNTIME: runtime}}))
         argv = [
             "unshare", "--net", "--",
