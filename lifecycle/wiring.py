@@ -246,6 +246,12 @@ def build_components(settings: Settings, api_key: str) -> Components:
     networks = make_networks(settings, instance)
     networks.ensure_table()
     runtime = make_runtime(settings, instance)
+    if settings.isolation not in runtime.isolations:  # every create would be refused
+        raise ValueError(
+            f"setting `isolation` (SANDGATE_ISOLATION) is {settings.isolation!r}, which this host's "
+            f"{runtime.name} runtime cannot give (it offers {', '.join(runtime.isolations)}): install runsc "
+            "(`apt-get install runsc`; on Docker, register sandgate-runsc, docs/runtime.md)"
+        )
     store = SandboxStore(settings.database)
     egress = EgressControl(
         store,

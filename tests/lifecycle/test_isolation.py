@@ -11,7 +11,7 @@ import pytest
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.isolation import ISOLATION_KEY, choose
 from sandgate.lifecycle.settings import load_settings
-from tests.support.server import sandgate_server
+from tests.support.server import SandgateServer, sandgate_server
 
 
 def test_the_extension_wins_over_the_servers_default() -> None:
@@ -57,3 +57,18 @@ def test_a_server_without_runsc_refuses_gvisor_and_says_what_to_install(tmp_path
         records = [json.loads(line) for line in server.state_dir.glob("audit*.jsonl").__next__().open()]
         [create] = [r for r in records if r["event"] == "create" and r["sandbox"] == created["id"]]
         assert json.loads(create["detail"])["isolation"] == "standard"
+
+
+@pytest.mark.root
+def test_a_server_defaulting_to_gvisor_without_runsc_refuses_to_start(tmp_path: Path) -> None:
+    server = SandgateServer(
+        tmp_path / "state", {"SANDGATE_ISOLATION": "gvisor", "SANDGATE_RUNSC": "/nonexistent/runsc"}
+    )
+    try:
+        with pytest.raises(
+            RuntimeError, match=r"setting `isolation` .* is 'gvisor', which this host's local runtime"
+        ):
+            server.start()
+    finally:
+        server.stop()
+        server.remove_leftovers()
