@@ -1,5 +1,5 @@
 """The OpenSandbox clients' conformance scenarios (tests/conformance/scenarios.py), unchanged, on
-gvisor sandboxes: every client on the local runtime, the Python SDK on Docker too (the engine's
+gvisor sandboxes: every client on the local runtime, the Python SDK and osb on Docker too (the engine's
 sandgate-runsc runtime). Like tests/docker/test_conformance.py, with SANDGATE_ISOLATION=gvisor."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ CLIENTS: dict[str, Callable[[SandgateServer, str], dict[str, Result]]] = {
     "mcp": run_mcp,
 }
 # (runtime, client, mode): every client through the server's proxy, the SDK's direct mode too,
-# and the SDK on Docker; enough to prove the guarantees without the whole matrix twice.
+# and the SDK and osb on Docker; enough to prove the guarantees without the whole matrix twice.
 RUNS = [
     ("local", "python", "direct"),
     ("local", "python", "server_proxy"),
@@ -38,6 +38,7 @@ RUNS = [
     ("local", "osb", "server_proxy"),
     ("local", "mcp", "server_proxy"),
     ("docker", "python", "server_proxy"),
+    ("docker", "osb", "server_proxy"),
 ]
 
 
