@@ -19,7 +19,10 @@ Rules:
 4. Containers carry labels (sandbox id, instance tag, netns name), so `adopt()` re-finds them
    after a server restart; a server only ever touches containers with its own instance tag.
 5. Every operation is idempotent: deleting a missing sandbox, pausing a paused one, do nothing.
-6. A `gvisor` sandbox runs under the engine's `gvisor_runtime` (sandgate-runsc, registered in
+6. With `disks` (runtime/sandbox_disk.py), /workspace is the sandbox's own filesystem, bound in,
+   instead of a Docker volume (which no dockerd option can size): writes past its quota fail
+   with ENOSPC. The root is read-only and /tmp, /run are sized tmpfs, so that caps every write.
+7. A `gvisor` sandbox runs under the engine's `gvisor_runtime` (sandgate-runsc, registered in
    daemon.json: runtime/runsc_wrapper.py), which boots runsc inside the sandbox's netns itself
    (the container's env names it), so rule 1's move is skipped: gVisor reads the interfaces
    only at boot. The isolation is offered only when the engine has that runtime.
@@ -49,6 +52,7 @@ from sandgate.lifecycle.runtime.base import (
     wait_for_execd,
 )
 from sandgate.lifecycle.runtime.runsc_wrapper import NETNS_VAR
+from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
 
 LABEL_SANDBOX = "io.sandgate.sandbox"
 LABEL_INSTANCE = "io.sandgate.instance"
@@ -98,9 +102,11 @@ class DockerRuntime:
         default_pids_max: int = DEFAULT_PIDS_MAX,
         tmpfs_size: str = "256m",
         binds: Sequence[BindMount] = (),
+        disks: SandboxDisks | None = None,
         gvisor_runtime: str | None = None,
     ) -> None:
         self.client = _client(client)
+        self.disks = disks
         self.binds = list(binds)  # the operator's, in every sandbox (checked by the caller)
         self.images = DockerImages(self.client, {**DEFAULT_IMAGE_ALIASES, **(images or {})})
         self.oci_runtime = oci_runtime
@@ -121,17 +127,22 @@ class DockerRuntime:
         if existing is not None:
             if existing.status in LIVE_STATES:
                 return
-            self._remove(existing)
+            self.delete(spec.sandbox_id)  # the container and its filesystem
         if spec.isolation == "gvisor" and self.gvisor_runtime is None:
             raise RuntimeError_(
                 "isolation 'gvisor' needs the engine to know the runtime sandgate-runsc (register it "
                 "in daemon.json, see docs/runtime.md) and runsc installed (`apt-get install runsc`)"
             )
-        container = self.client.containers.create(**self._container_args(spec, net))
+        try:
+            workspace = self._make_workspace(spec)
+            container = self.client.containers.create(**self._container_args(spec, net, workspace))
+        except BaseException:
+            self.delete(spec.sandbox_id)
+            raise
         try:
             container.start()
             if spec.isolation == "gvisor":
-                return  # booted inside net by the runtime wrapper (rule 6)
+                return  # booted inside net by the runtime wrapper (rule 7)
             container.reload()
             container_ns = self._open_netns(spec.sandbox_id, container)
             try:
@@ -140,13 +151,15 @@ class DockerRuntime:
             finally:
                 os.close(container_ns)
         except BaseException:
-            self._remove(container)
+            self.delete(spec.sandbox_id)
             raise
 
     def delete(self, sandbox_id: str) -> None:
         container = self._container(sandbox_id)
         if container is not None:
             self._remove(container)
+        if self.disks is not None:
+            self.disks.remove(sandbox_id, self.disks.mount_point(sandbox_id))
 
     def pause(self, sandbox_id: str) -> None:
         container = self._existing(sandbox_id)
@@ -170,6 +183,8 @@ class DockerRuntime:
                 alive.append(container.labels[LABEL_SANDBOX])
             else:
                 self._remove(container)
+        for sandbox_id in (self.disks.leftover_ids() if self.disks else set()) - set(alive):
+            self.delete(sandbox_id)
         return sorted(alive)
 
     # -- beyond the protocol ----------------------------------------------------------------
@@ -193,7 +208,16 @@ class DockerRuntime:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _container_args(self, spec: SandboxSpec, net: SandboxNet) -> dict[str, Any]:
+    def _make_workspace(self, spec: SandboxSpec) -> Mount:
+        """/workspace: the sandbox's own filesystem (rule 6), else a Docker volume."""
+        if self.disks is None:
+            return Mount(target="/workspace", source=None, type="volume")
+        mount_point = self.disks.mount_point(spec.sandbox_id)
+        self.disks.create(spec.sandbox_id, spec.disk_bytes, mount_point)
+        (mount_point / "workspace").mkdir(exist_ok=True)  # not the filesystem's root: no lost+found
+        return Mount(target="/workspace", source=str(mount_point / "workspace"), type="bind")
+
+    def _container_args(self, spec: SandboxSpec, net: SandboxNet, workspace: Mount) -> dict[str, Any]:
         env = {
             **spec.env,
             "SANDGATE_SANDBOX_ID": spec.sandbox_id,
@@ -219,7 +243,7 @@ class DockerRuntime:
             "read_only": self.read_only,
             "tmpfs": {"/tmp": tmpfs_options, "/run": tmpfs_options},
             "mounts": [
-                Mount(target="/workspace", source=None, type="volume"),
+                workspace,
                 *(
                     Mount(b.target, b.source, type="bind", read_only=b.read_only)
                     for b in (*self.binds, *spec.binds)
@@ -231,7 +255,7 @@ class DockerRuntime:
             "runtime": self.oci_runtime,
         }
         if spec.isolation == "gvisor":
-            env[NETNS_VAR] = net.netns  # read and removed by sandgate-runsc (rule 6)
+            env[NETNS_VAR] = net.netns  # read and removed by sandgate-runsc (rule 7)
             args |= {"runtime": self.gvisor_runtime, "sysctls": None}  # the netns has IPv6 off already
         if spec.memory_bytes:
             args["mem_limit"] = args["memswap_limit"] = spec.memory_bytes
