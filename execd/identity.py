@@ -12,8 +12,8 @@ Rules:
    call sets the whole identity first and restores execd's own after, and a thread whose
    restore cannot be verified is never reused for another call.
 3. A `uid`/`gid` that is not a decimal integer in 0..4294967294 is a 400; an execd that is not
-   root can act only as itself (anything else is a 403). Both are answered before the body is
-   read, so a refused request changes nothing.
+   root can act only as itself (anything else is a 403); a kernel without setfsuid(2) (gVisor's)
+   is a 501. All are answered before the body is read, so a refused request changes nothing.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def parse_id(raw: str, name: str) -> int:
 def identity_of(request: Request) -> FsIdentity:
     uid = parse_id(request.path_params["uid"], "uid")
     gid = parse_id(request.path_params["gid"], "gid")
+    require_file_credentials()
     if os.geteuid() != 0 and (uid, gid) != (os.geteuid(), os.getegid()):
         raise ApiError(
             403,
@@ -63,6 +64,23 @@ def identity_of(request: Request) -> FsIdentity:
             f"execd runs as uid {os.geteuid()} gid {os.getegid()} and cannot act as {uid}:{gid}",
         )
     return FsIdentity(uid, gid, supplementary_groups(uid, gid))
+
+
+@cache
+def _kernel_has_file_credentials() -> bool:
+    syscall, (_, setfsuid, _) = libc_syscall()
+    return bool(syscall(setfsuid, -1) != -1)  # -1 (ENOSYS) where setfsuid is not implemented
+
+
+def require_file_credentials() -> None:
+    """501 on a kernel without per-thread file credentials (gVisor implements no setfsuid)."""
+    if not _kernel_has_file_credentials():
+        raise ApiError(
+            501,
+            "NOT_SUPPORTED",
+            "file identities need setfsuid(2), which this sandbox's kernel does not implement "
+            "(gVisor); use the plain file routes, or a sandbox with isolation 'standard'",
+        )
 
 
 def supplementary_groups(uid: int, gid: int) -> tuple[int, ...]:

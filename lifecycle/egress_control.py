@@ -243,8 +243,10 @@ class EgressControl:
         old: Policy | VaultState | None,
         new: Policy | VaultState | None,
         what: Reason,
+        isolation: str | None = None,
     ) -> None:
-        """One policy_change record; a failure to write it is logged, never undoes the change."""
+        """One policy_change record (a create's names the sandbox's isolation); a failure to
+        write it is logged, never undoes the change."""
         old_json, new_json = audited(old), audited(new)
         change = PolicyChange(
             actor=actor,
@@ -255,6 +257,7 @@ class EgressControl:
             new_digest=digest(new_json),
             old=old_json if old_revision else None,
             new=new_json,
+            isolation=isolation,
         )
         try:
             self.audit(sandbox_id, what, change)

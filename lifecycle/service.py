@@ -36,6 +36,7 @@ from sandgate.lifecycle.cgroups import Limits
 from sandgate.lifecycle.egress_control import EgressControl, existing
 from sandgate.lifecycle.errors import LifecycleError, quietly
 from sandgate.lifecycle.execd_client import new_token, start_entrypoint
+from sandgate.lifecycle.isolation import ISOLATION_KEY, choose
 from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy
 from sandgate.lifecycle.quantities import runtime_limits
 from sandgate.lifecycle.registry import Credentials, PullError
@@ -101,8 +102,10 @@ class Service:
         ca_cert: Path | None = None,
         ready_timeout: float = READY_TIMEOUT,
         warm_pool_size: int = 0,
+        isolation: str = "standard",
     ) -> None:
         self.store = store
+        self.isolation = isolation
         self.networks = networks
         self.runtime = runtime
         self.egress = egress
@@ -133,6 +136,8 @@ class Service:
         except Exception as exc:
             raise LifecycleError("invalid", str(exc)) from exc
         limits = runtime_limits(request.resource_limits)
+        isolation = choose(request.extensions, self.isolation, self.runtime.isolations)
+        request = replace(request, extensions={**request.extensions, ISOLATION_KEY: isolation})
         if self._fits_pool(request, limits) and (claimed := self._claim(request, document, limits, actor)):
             return claimed
         record = self._new_record(request, str(uuid.uuid4()), execd_token=new_token())
@@ -144,6 +149,7 @@ class Service:
             execd_token=record.execd_token,
             ca_cert=self.ca_cert,
             binds=request.binds,
+            isolation=isolation,
             **asdict(limits),
         )
         undo: list[Callable[[], object]] = []
@@ -164,7 +170,7 @@ class Service:
             if isinstance(exc, LifecycleError):
                 raise
             raise LifecycleError("unavailable", f"sandbox could not be started: {exc}") from exc
-        self.egress.audit_change(record.id, actor, 0, 1, None, document, Reason.CREATE)
+        self.egress.audit_change(record.id, actor, 0, 1, None, document, Reason.CREATE, isolation=isolation)
         return record
 
     @staticmethod
@@ -296,6 +302,7 @@ class Service:
         return (
             self.pool is not None
             and request.image == POOL_IMAGE
+            and request.extensions[ISOLATION_KEY] == "standard"  # members run standard
             and not request.binds
             and limits.disk_bytes is None
             and not any(key.startswith("EXECD_") for key in request.env)
@@ -329,7 +336,7 @@ class Service:
             quietly(lambda: self.egress.drop(net.address))
             self._discard_pool_member(sandbox_id)
             return None
-        self.egress.audit_change(sandbox_id, actor, 0, 1, None, document, Reason.CREATE)
+        self.egress.audit_change(sandbox_id, actor, 0, 1, None, document, Reason.CREATE, isolation="standard")
         return record
 
     def _build_pool_member(self, sandbox_id: str) -> Member:

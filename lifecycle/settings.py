@@ -15,7 +15,17 @@ from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -44,6 +54,31 @@ def _byte_quantity(value: str) -> str:
 ByteQuantity = Annotated[str, AfterValidator(_byte_quantity)]
 
 
+class SecureRuntime(BaseModel):
+    """OpenSandbox's `[secure_runtime]` TOML table, read where it maps onto `isolation`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = Field("", description="'' (none) or 'gvisor'; kata and firecracker have no mapping here")
+    docker_runtime: str | None = None  # OpenSandbox's runtime name; sandgate registers its own
+    k8s_runtime_class: str | None = None  # no Kubernetes here: accepted, unused
+
+    @model_validator(mode="after")
+    def _maps(self) -> SecureRuntime:
+        self.isolation()
+        return self
+
+    def isolation(self) -> Literal["standard", "gvisor"]:
+        if self.type in ("", "none"):
+            return "standard"
+        if self.type == "gvisor":
+            return "gvisor"
+        raise ValueError(
+            f"[secure_runtime] type = {self.type!r} has no sandgate isolation: use 'gvisor' or '' "
+            "(Kata and Firecracker need VMX, which sandgate does not use)"
+        )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SANDGATE_", extra="forbid")
 
@@ -57,6 +92,22 @@ class Settings(BaseSettings):
     runtime: Literal["local", "docker"] = Field("local", description="sandbox runtime")
     docker_host: str | None = Field(None, description="Docker engine URL (default: DOCKER_HOST)")
     docker_oci_runtime: str | None = Field(None, description="OCI runtime for sandbox containers, e.g. runsc")
+    docker_gvisor_runtime: str = Field(
+        "sandgate-runsc", description="the engine's runtime name for gvisor sandboxes (docs/runtime.md)"
+    )
+    isolation: Literal["standard", "gvisor"] = Field(
+        "standard",
+        description="default sandbox isolation: 'standard' (bubblewrap / runc) or 'gvisor' (runsc); "
+        "a create may ask for either with the extension `sandgate.isolation`",
+    )
+    runsc: str = Field("runsc", description="gVisor's runsc: a name on PATH or a path (gvisor isolation)")
+    gvisor_platform: Literal["ptrace", "systrap", "kvm"] = Field(
+        "systrap",
+        description="runsc --platform for gvisor sandboxes (docs/runtime.md: systrap was the faster here)",
+    )
+    secure_runtime: SecureRuntime | None = Field(
+        None, description="OpenSandbox's [secure_runtime] table; `type` sets `isolation` unless that is set"
+    )
     binds: list[str] = Field(
         default_factory=list,
         description="host paths shown in every sandbox, 'source:target[:ro|rw]' (read-only by default)",
@@ -183,6 +234,12 @@ class Settings(BaseSettings):
     audit_max_rows: int | None = Field(
         None, ge=1, description="the audit index keeps at most this many newest records"
     )
+
+    @model_validator(mode="after")
+    def _isolation_from_secure_runtime(self) -> Settings:
+        if self.secure_runtime is not None and "isolation" not in self.model_fields_set:
+            self.isolation = self.secure_runtime.isolation()
+        return self
 
     @field_validator("default_policy")
     @classmethod

@@ -6,8 +6,9 @@ Rules:
 2. Only what this state dir's instance owns, found by its names: the nft table `nft_table`,
    netns `sg-<instance>-*`, host veths `<iface_prefix><n>`, mounts under the state dir and the
    netns pins, cgroups `sandgate-<instance>-*`, the sandboxes' filesystems and their loop devices
-   (`<disk_dir>/sandgate-<instance>-*`), and a proxy child a killed server left behind
-   (its argv names this state dir's proxy.json).
+   (`<disk_dir>/sandgate-<instance>-*`), a proxy child a killed server left behind (its argv
+   names this state dir's proxy.json), and gvisor sandboxes' runsc processes (runsc, its sandbox
+   and gofer: their `--root` lies in this state dir; they die with their cgroup).
 3. Fail closed: a sandbox that still runs keeps its network and the nft table (without the
    table its veth would be an open route). Running sandboxes are stopped only with
    `stop_sandboxes`; their records and vault entries then go too. Unclaimed warm-pool sandboxes
@@ -30,6 +31,7 @@ from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.kernel import instance_tag, mount_points
 from sandgate.lifecycle.network import RUN_NETNS
 from sandgate.lifecycle.proxy_supervisor import proxy_processes, stop_proxies
+from sandgate.lifecycle.runtime.gvisor import processes as runsc_processes
 from sandgate.lifecycle.runtime.sandbox_disk import image_prefix, loop_devices
 from sandgate.lifecycle.sandbox_store import SandboxStore
 from sandgate.lifecycle.settings import Settings
@@ -37,7 +39,12 @@ from sandgate.proxy import control_socket
 from sandgate.vault import SecretStore
 
 log = logging.getLogger(__name__)
-VERBS = {"proxy process": "stopped", "mount": "unmounted", "loop device": "detached"}  # the rest: "removed"
+VERBS = {  # the rest: "removed"
+    "proxy process": "stopped",
+    "runsc process": "stopped",
+    "mount": "unmounted",
+    "loop device": "detached",
+}
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,9 @@ def footprint(settings: Settings, instance: str) -> Footprint:
             "mount": frozenset(mounts),
             "cgroup": frozenset(SandboxCgroup.names(f"sandgate-{instance}-")),
             "loop device": frozenset(loop_devices(disks)),
+            "runsc process": frozenset(
+                map(str, runsc_processes([settings.state_dir.resolve() / "sandboxes"]))
+            ),
         }
     )
 

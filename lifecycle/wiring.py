@@ -216,6 +216,7 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
             disks=make_disks(settings, instance),
             registry=registry_config(settings),
             pull_policy=settings.image_pull_policy,
+            gvisor_runtime=settings.docker_gvisor_runtime,
         )
     from sandgate.lifecycle.runtime.local import LocalRuntime
 
@@ -227,6 +228,8 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
         binds=binds,
         disks=make_disks(settings, instance),
         default_pids_max=settings.pids_max,
+        runsc=settings.runsc,
+        gvisor_platform=settings.gvisor_platform,
     )
 
 
@@ -334,6 +337,12 @@ def build_components(settings: Settings, api_key: str) -> Components:
     networks = make_networks(settings, instance)
     networks.ensure_table()
     runtime = make_runtime(settings, instance)
+    if settings.isolation not in runtime.isolations:  # every create would be refused
+        raise ValueError(
+            f"setting `isolation` (SANDGATE_ISOLATION) is {settings.isolation!r}, which this host's "
+            f"{runtime.name} runtime cannot give (it offers {', '.join(runtime.isolations)}): install runsc "
+            "(`apt-get install runsc`; on Docker, register sandgate-runsc, docs/runtime.md)"
+        )
     store = SandboxStore(settings.database)
     vault = open_vault(settings)
     egress = EgressControl(
@@ -353,6 +362,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
         check_image=image_check(runtime, registry_login(settings, vault)),
         ca_cert=ca.cert,
         warm_pool_size=settings.warm_pool_size,
+        isolation=settings.isolation,
     )
     supervisor = ProxySupervisor(
         write_proxy_config(settings),

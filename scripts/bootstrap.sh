@@ -26,6 +26,10 @@ RUN_PACKAGES=(nftables iproute2 bubblewrap ca-certificates e2fsprogs skopeo)
 # docker-registry (distribution) and htpasswd (apache2-utils) for the test registry.
 TEST_PACKAGES=(iptables busybox-static docker.io curl chromium nginx-light wrk squid nghttp2-client
   bind9-dnsutils docker-registry apache2-utils)
+# gVisor's runsc for the `gvisor` isolation (tests; a server that offers gvisor needs it too).
+# Bookworm's 0.0~20221219 fails statx(2) as Debian 12's coreutils call it (`ls /` inside says
+# "Invalid argument"), so it comes from bookworm-backports (docs/runtime.md has the measurements).
+RUNSC_MIN_VERSION=0.0~20240729
 # The services the test packages would start; disabled again when this run installed them.
 TEST_SERVICES=(squid nginx docker.socket docker containerd docker-registry)
 
@@ -60,6 +64,31 @@ apt_install() {
   [[ -n $own_policy ]] && rm -f /usr/sbin/policy-rc.d
   ((status == 0)) || exit "$status"
   printf '%s\n' "${missing[@]}"
+}
+
+# runsc >= RUNSC_MIN_VERSION from bookworm-backports, whose source is added (priority 100: nothing
+# else is taken from it) on the mirror this host already uses for bookworm.
+install_runsc() {
+  local have mirror
+  have=$(dpkg-query -W -f='${Version}' runsc 2>/dev/null || true)
+  [[ -n $have ]] && dpkg --compare-versions "$have" ge "$RUNSC_MIN_VERSION" && return 0
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "bootstrap: runsc >= $RUNSC_MIN_VERSION is missing; run as root or install it" >&2
+    exit 1
+  fi
+  if ! apt-get indextargets --format '$(RELEASE)' | grep -qx bookworm-backports; then
+    mirror=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' | awk '$2 == "bookworm" {print $1; exit}')
+    if [[ -z $mirror ]]; then
+      echo "bootstrap: no bookworm apt source to add bookworm-backports beside;" \
+        "install runsc >= $RUNSC_MIN_VERSION yourself" >&2
+      exit 1
+    fi
+    printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: %s\n' \
+      "$mirror" /usr/share/keyrings/debian-archive-keyring.gpg >/etc/apt/sources.list.d/sandgate-backports.sources
+  fi
+  echo "bootstrap: installing runsc from bookworm-backports" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends -t bookworm-backports runsc >/dev/null
 }
 
 # On a systemd host, the test services are disabled (they would start at the next boot) and
@@ -130,6 +159,7 @@ test_stage() {
   run_stage
   local installed
   installed=$(apt_install "${TEST_PACKAGES[@]}")
+  install_runsc
   [[ -n $installed ]] && quiet_test_services
   check_no_test_listeners
   pip_install '.[dev]' .venv/.sandgate-installed

@@ -28,6 +28,7 @@ class PolicyChange(BaseModel):
     new_digest: str | None = None
     old: dict[str, Any] | None = None  # rule 1: the stored JSON of either document kind, as the
     new: dict[str, Any] | None = None  # server that wrote the record stored it
+    isolation: str | None = None  # a create's: the sandbox's isolation (lifecycle/isolation.py)
 
     @property
     def has_documents(self) -> bool:

@@ -114,6 +114,7 @@ class SandboxSpec:
     execd_token: str | None = None
     ca_cert: Path | None = None  # the proxy CA certificate (never the key) to trust inside
     binds: tuple[BindMount, ...] = ()  # checked binds of this sandbox (besides the runtime's)
+    isolation: str = "standard"  # "gvisor": on gVisor's kernel (runtime/gvisor.py)
 
 
 class RuntimeError_(Exception):
@@ -122,6 +123,7 @@ class RuntimeError_(Exception):
 
 class Runtime(Protocol):
     name: str
+    isolations: tuple[str, ...]  # what `SandboxSpec.isolation` may ask of it on this host
 
     def create(self, spec: SandboxSpec, net: SandboxNet) -> None:
         """Start entrypoint and execd (listening on net.address:EXECD_PORT) inside net."""

@@ -167,21 +167,32 @@ def bwrap_argv(spec: SandboxSpec, net: SandboxNet, launch: Launch) -> list[str]:
     argv += ["--chdir", "/workspace", "--clearenv"]
     argv += [word for key, value in launch.env.items() for word in ("--setenv", key, value)]
     argv += [word for fd in launch.seccomp_fds for word in ("--add-seccomp-fd", str(fd))]
+    return [*argv, "--", *launcher_argv(spec, net, launch)]
+
+
+def launcher_argv(spec: SandboxSpec, net: SandboxNet, launch: Launch) -> list[str]:
+    """The sandbox's first process: the launcher that starts the entrypoint and becomes execd."""
     execd = [os.path.dirname(launch.execd.package_dir), launch.execd.site_packages]
     execd += ["--host", net.address, "--port", str(EXECD_PORT)]
     entrypoint = [str(len(spec.entrypoint)), *spec.entrypoint]
     python = launch.execd.interpreter or (launch.execd_python,)
-    return [*argv, "--", *python, "-I", "-S", "-c", LAUNCHER, *entrypoint, *execd]
+    return [*python, "-I", "-S", "-c", LAUNCHER, *entrypoint, *execd]
 
 
 def start_chain(
-    spec: SandboxSpec, net: SandboxNet, launch: Launch, cgroup_procs: Sequence[Path], log_path: Path
+    spec: SandboxSpec,
+    net: SandboxNet,
+    launch: Launch,
+    cgroup_procs: Sequence[Path],
+    log_path: Path,
+    isolator: Sequence[str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start sh -> nsenter -> bwrap in a session of its own (sandboxes outlive the server), its
-    output appended to `log_path`; then call `hand_over_token` (rule 5)."""
+    """Start sh -> nsenter -> bwrap (or the given `isolator` argv, e.g. runsc) in a session of
+    its own (sandboxes outlive the server), its output appended to `log_path`; then call
+    `hand_over_token` (rule 5)."""
     joins = " && ".join(f"echo $$ > {shlex.quote(str(path))}" for path in cgroup_procs)
     argv = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sandgate-launch"]
-    argv += ["nsenter", f"--net={net.netns_path}", "--", *bwrap_argv(spec, net, launch)]
+    argv += ["nsenter", f"--net={net.netns_path}", "--", *(isolator or bwrap_argv(spec, net, launch))]
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             argv,

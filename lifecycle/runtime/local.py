@@ -39,6 +39,7 @@ from sandgate.lifecycle.cgroups import Limits, SandboxCgroup
 from sandgate.lifecycle.images import HOST_IMAGE, HostRoot, Image, ImageStore
 from sandgate.lifecycle.kernel import instance_tag, mount, umount
 from sandgate.lifecycle.runtime.base import BindMount, RuntimeError_, SandboxNet, SandboxSpec, wait_for_execd
+from sandgate.lifecycle.runtime.gvisor import Gvisor, Platform, find_runsc, require
 from sandgate.lifecycle.runtime.launch import Launch, hand_over_token, python_paths, start_chain
 from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
 from sandgate.lifecycle.runtime.sandbox_root import (
@@ -64,6 +65,7 @@ class LocalSandboxState(BaseModel):
     created: float
     lower: str | None = None  # the overlay's top lower layer, kept while the sandbox runs
     lowers: list[str] = []  # all of them, top first (an image's layers stay while it runs)
+    isolation: str = "standard"  # or "gvisor" (runtime/gvisor.py)
 
 
 class LocalRuntime:
@@ -80,6 +82,8 @@ class LocalRuntime:
         binds: Sequence[BindMount] = (),
         disks: SandboxDisks | None = None,
         default_pids_max: int = DEFAULT_PIDS_MAX,
+        runsc: str = "runsc",
+        gvisor_platform: Platform = "systrap",
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.disks = disks
@@ -94,6 +98,9 @@ class LocalRuntime:
         self.execd_paths = python_paths(execd_python)
         self.execd_in_image = self.execd_paths.in_image(execd_python)
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        runsc_path = find_runsc(runsc)
+        self.gvisor = Gvisor(runsc_path, gvisor_platform) if runsc_path else None
+        self.isolations: tuple[str, ...] = ("standard", "gvisor") if runsc_path else ("standard",)
 
     # -- the Runtime protocol ---------------------------------------------------------------
 
@@ -102,6 +109,7 @@ class LocalRuntime:
         if self.alive(spec.sandbox_id):
             return
         image = self.images.get(spec.image)
+        require(spec.isolation, self.gvisor.runsc if self.gvisor else None)
         self.delete(spec.sandbox_id)
         box = self._dir(spec.sandbox_id)
         host = self.images.host_root() if image.name == HOST_IMAGE or image.host_base else None
@@ -118,6 +126,7 @@ class LocalRuntime:
                 created=time.time(),
                 lower=str(lowers[0]),
                 lowers=[str(lower) for lower in lowers],
+                isolation=spec.isolation,
             )
             (box / "state.json").write_text(record.model_dump_json(), encoding="utf-8")
             self._launch(spec, net, host, env, box, cgroup)
@@ -286,9 +295,10 @@ class LocalRuntime:
         box: Path,
         cgroup: SandboxCgroup,
     ) -> None:
-        filters = [filter_fd(self._kernel_log_filter)]
+        gvisor = self.gvisor if spec.isolation == "gvisor" else None
+        filters = [] if gvisor else [filter_fd(self._kernel_log_filter)]
         try:
-            if self.seccomp_bpf:
+            if self.seccomp_bpf and not gvisor:
                 filters.append(os.open(self.seccomp_bpf, os.O_RDONLY))
             launch = Launch(
                 root=box / "root",
@@ -300,7 +310,8 @@ class LocalRuntime:
                 execd=self.execd_paths if host is not None else self.execd_in_image,
             )
             log = self._layers(spec.sandbox_id) / "output.log"
-            process = start_chain(spec, net, launch, cgroup.procs_files(), log)
+            isolator = gvisor.isolator(spec, net, launch, box) if gvisor else None
+            process = start_chain(spec, net, launch, cgroup.procs_files(), log, isolator)
             self._processes[spec.sandbox_id] = process
             hand_over_token(process, spec.execd_token or "")
         finally:

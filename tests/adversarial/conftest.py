@@ -18,6 +18,7 @@ Rules:
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 import secrets
@@ -242,14 +243,27 @@ def proxy_ports() -> ProxyPorts:
 def server(
     tmp_path_factory: pytest.TempPathFactory, internet: Internet, canaries: Canaries, proxy_ports: ProxyPorts
 ) -> Iterator[SandgateServer]:
-    extra = {
+    with adversarial_server(tmp_path_factory, internet, proxy_ports) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def adversarial_server(
+    tmp_path_factory: pytest.TempPathFactory,
+    internet: Internet,
+    proxy_ports: ProxyPorts,
+    extra: dict[str, str] | None = None,
+) -> Iterator[SandgateServer]:
+    """The suite's server (`extra`: more settings, e.g. tests/gvisor's SANDGATE_ISOLATION)."""
+    env = {
         "SANDGATE_UPSTREAM_DNS": json.dumps([DNS_ADDR]),
         "SANDGATE_UPSTREAM_CA": str(internet.ca_cert),
         "SANDGATE_PROXY_TRANSPARENT_PORT": str(proxy_ports.transparent),
         "SANDGATE_PROXY_EXPLICIT_PORT": str(proxy_ports.explicit),
         "SANDGATE_PROXY_DNS_PORT": str(proxy_ports.dns),
+        **(extra or {}),
     }
-    with sandgate_server(Path(tmp_path_factory.mktemp("sandgate")), extra) as running:
+    with sandgate_server(Path(tmp_path_factory.mktemp("sandgate")), env) as running:
         yield running
 
 

@@ -44,6 +44,12 @@ def state_files(root: Path) -> list[Path]:
 
 
 def test_the_secret_is_in_no_log_line_and_no_state_file(attacker: Attacker) -> None:
+    assert_the_secret_is_nowhere(attacker, min_records=100)
+
+
+def assert_the_secret_is_nowhere(attacker: Attacker, min_records: int) -> None:
+    """No form of the secret in serve's log, any state file or any audit record, after at least
+    `min_records` records (the attacks ran)."""
     server = attacker.server
     scanned = []
     for path in [server.log_path, *state_files(server.state_dir)]:
@@ -52,7 +58,7 @@ def test_the_secret_is_in_no_log_line_and_no_state_file(attacker: Attacker) -> N
         assert find_leak(data) is None, f"the secret is in {path}"
     assert "audit.jsonl" in scanned and "proxy.log" in scanned
     records = attacker.audit()
-    assert len(records) > 100 and not [r for r in records if SECRET in str(r)]
+    assert len(records) > min_records and not [r for r in records if SECRET in str(r)]
 
 
 def test_no_canary_was_ever_reached(canaries: Canaries) -> None:

@@ -23,6 +23,7 @@ from sandgate.lifecycle.network import ProxyPorts
 from sandgate.lifecycle.runtime.base import SandboxNet
 from sandgate.lifecycle.runtime.docker import DockerRuntime
 from tests.runtime.harness import PROBE, Harness, Listeners
+from tests.support.dockerd import GVISOR_RUNTIME
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIMES = ["local", "docker"]
@@ -43,9 +44,26 @@ def load_image_builder() -> ModuleType:
 class DockerHarness(Harness):
     """The same harness with sandboxes as containers of the private dockerd."""
 
-    def __init__(self, state_dir: Path, client: docker.DockerClient, ports: ProxyPorts | None = None) -> None:
-        super().__init__(state_dir, ports)
-        self.runtime = DockerRuntime(client, instance=self.networks.instance)  # type: ignore[assignment]
+    def __init__(
+        self,
+        state_dir: Path,
+        client: docker.DockerClient,
+        ports: ProxyPorts | None = None,
+        isolation: str = "standard",
+    ) -> None:
+        super().__init__(state_dir, ports, isolation)
+        self.runtime = DockerRuntime(  # type: ignore[assignment]
+            client, instance=self.networks.instance, gvisor_runtime=GVISOR_RUNTIME
+        )
+
+    def workspace(self, sandbox_id: str) -> Path:
+        """The /workspace volume on the host (a gVisor container's files are not under its
+        init's /proc/<pid>/root: that is runsc's sandbox process)."""
+        if self.isolation != "gvisor":
+            return super().workspace(sandbox_id)
+        container = self.runtime._container(sandbox_id)  # type: ignore[attr-defined]
+        [mount] = [m for m in container.attrs["Mounts"] if m["Destination"] == "/workspace"]
+        return Path(mount["Source"])
 
     def probe(self, phases: list[list[tuple[str, str, int]]], **spec: object) -> tuple[str, SandboxNet]:
         # The image's entry script is a shell, so `/proc/self/exe` would name busybox: say python3.

@@ -1,6 +1,7 @@
 """The new execd routes inside a real sandbox, reached the way clients reach them once execd sits
 behind the host: through a real `sandgate serve` and its reverse proxy
-(`/v1/sandboxes/{id}/proxy/44772/...`). One server and one sandbox for the module."""
+(`/v1/sandboxes/{id}/proxy/44772/...`). One server and one sandbox per isolation (standard,
+and gvisor: code contexts, files and the PTY on gVisor's kernel)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ from .test_pty import STDIN, next_json, read_until
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandgateServer]:
-    with sandgate_server(Path(tmp_path_factory.mktemp("sandgate"))) as running:
+@pytest.fixture(scope="module", params=["standard", "gvisor"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SandgateServer]:
+    extra = {"SANDGATE_ISOLATION": request.param}
+    with sandgate_server(Path(tmp_path_factory.mktemp("sandgate")), extra) as running:
         yield running
 
 
@@ -63,6 +67,9 @@ def test_files_with_identity_in_the_sandbox(server: SandgateServer, execd_url: s
             content=body,
             headers={"content-type": f"multipart/form-data; boundary={boundary}"},
         )
+        if server.server_env()["SANDGATE_ISOLATION"] == "gvisor":  # no setfsuid(2) in gVisor
+            assert upload.status_code == 501 and "setfsuid" in upload.json()["message"], upload.text
+            return
         assert upload.status_code == 200, upload.text
         info = client.get(f"{execd_url}/files/info", params={"path": "/tmp/as-nobody.txt"}).json()
         assert info["/tmp/as-nobody.txt"]["owner"] in ("nobody", "65534")

@@ -79,6 +79,7 @@ class ExecdRuntime:
     """Each sandbox is a real execd process listening on the sandbox's loopback address."""
 
     name = "execd-process"
+    isolations = ("standard",)
 
     def __init__(self, root: Path) -> None:
         self.root = root

@@ -1,7 +1,8 @@
 """`sandgate down` after a server died by SIGKILL leaves no trace of it in the kernel.
 
 What the server made is read with the operator's own tools (`ip netns`, `ip link`, `nft list
-tables`, /proc/self/mountinfo, the cgroup hierarchies, /proc for its proxy child), filtered to
+tables`, /proc/self/mountinfo, the cgroup hierarchies, /proc for its proxy child and for the runsc
+processes of its gvisor sandbox), filtered to
 this server's names (its instance tag, veth prefix, nft table, state dir: other servers may run
 on the machine meanwhile). Before the server started none existed; after `down --sandboxes`
 none may be left. Between: down refuses beside a running server, and without --sandboxes keeps
@@ -57,6 +58,11 @@ def traces(server: SandgateServer) -> dict[str, set[str]]:
             if name.startswith(f"sandgate-{tag}-")
         },
         "proxy": {pid for pid in os.listdir("/proc") if pid.isdigit() and config in _argv(pid)},
+        "runsc": {  # a gvisor sandbox's runsc, its sandbox and gofer (their --root is in the state dir)
+            pid
+            for pid in os.listdir("/proc")
+            if pid.isdigit() and any(arg.startswith(f"--root={state_dir}/".encode()) for arg in _argv(pid))
+        },
     }
 
 
@@ -83,7 +89,7 @@ def test_down_after_sigkill_leaves_no_trace(server: SandgateServer) -> None:
     assert before == {kind: set() for kind in before}
     server.start()
     running = server.create_sandbox()["id"]
-    paused = server.create_sandbox()["id"]
+    paused = server.create_sandbox(extensions={"sandgate.isolation": "gvisor"})["id"]  # runsc's too
     with server.client() as client:
         assert client.post(f"/v1/sandboxes/{paused}/pause").status_code == 202
 
@@ -103,7 +109,7 @@ def test_down_after_sigkill_leaves_no_trace(server: SandgateServer) -> None:
     # The orphaned proxy child: one process the server started (with workers, a pool, whose
     # worker template and workers carry the same argv).
     [orphan] = [pid for pid in left["proxy"] if str(parent_pid(pid)) not in left["proxy"]]
-    assert left["nft"] and left["cgroups"]
+    assert left["nft"] and left["cgroups"] and len(left["runsc"]) >= 3
 
     kept = server.down()
     assert kept.returncode == 0, kept.stderr
@@ -116,7 +122,7 @@ def test_down_after_sigkill_leaves_no_trace(server: SandgateServer) -> None:
     removed = server.down("--sandboxes")
     assert removed.returncode == 0, removed.stderr
     assert traces(server) == before
-    for name in (*left["netns"], *left["links"], *left["mounts"]):
+    for name in (*left["netns"], *left["links"], *left["mounts"], *left["runsc"]):
         assert name in removed.stdout
     for sandbox_id in (running, paused):
         assert f"stopped sandbox {sandbox_id}" in removed.stdout

@@ -115,7 +115,8 @@ class Closing:
 
 
 class Harness(Closing):
-    def __init__(self, state_dir: Path, ports: ProxyPorts | None = None) -> None:
+    def __init__(self, state_dir: Path, ports: ProxyPorts | None = None, isolation: str = "standard") -> None:
+        self.isolation = isolation  # what `start` asks for unless told otherwise
         self.ports = ports or ProxyPorts(transparent=free_port(), dns=free_port(), explicit=free_port())
         self.networks = SandboxNetworks(
             table=f"sgtest_{secrets.token_hex(3)}",
@@ -135,6 +136,7 @@ class Harness(Closing):
         net = self.networks.create(sandbox_id)
         self.nets[sandbox_id] = net
         image = str(spec.pop("image", "sandgate/host"))
+        spec.setdefault("isolation", self.isolation)
         self.runtime.create(SandboxSpec(sandbox_id, image, entrypoint, **spec), net)
         if ready:
             self.runtime.wait_ready(sandbox_id, net, timeout=30)

@@ -8,6 +8,8 @@ Rules:
   --ip6tables=false --ip-forward=false --ip-masq=false`: no docker0, no iptables rules, no
   forwarding sysctl, anywhere. Sandbox containers use network mode none and get their network
   from sandgate, so the engine needs none.
+- It knows sandgate's gVisor runtime, `sandgate-runsc` (the venv's wrapper around runsc, on the
+  ptrace platform with host networking inside the sandbox's netns; lifecycle/runtime/runsc_wrapper.py).
 - Stop is by PID (SIGTERM, then SIGKILL), after removing every container; then any process still
   holding the temp dir (containerd, shims) is killed by PID, mounts under the temp dir are
   unmounted, the cgroup parent is removed and the temp dir deleted.
@@ -16,11 +18,13 @@ Rules:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,6 +34,8 @@ import docker
 import docker.errors
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+GVISOR_RUNTIME = "sandgate-runsc"
+RUNSC_WRAPPER = Path(sys.executable).with_name("sandgate-runsc")
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
 REGISTRY_RANGE = "192.0.2.0/24"  # where tests/support/registry.py puts its registries (plain HTTP)
@@ -52,12 +58,16 @@ class PrivateDockerd:
         return self._client
 
     def start(self) -> None:
+        config = self.root / "daemon.json"
+        runtime = {"path": str(RUNSC_WRAPPER), "runtimeArgs": ["--platform=systrap", "--network=host"]}
+        config.write_text(json.dumps({"runtimes": {GVISOR_RUNTIME: runtime}}))
         argv = [
             "unshare", "--net", "--",
             "dockerd",
             f"--data-root={self.root / 'data'}",
             f"--exec-root={self.root / 'exec'}",
             f"--pidfile={self.root / 'dockerd.pid'}",
+            f"--config-file={config}",
             f"--host={self.url}",
             f"--cgroup-parent={self.cgroup_parent}",
             "--bridge=none", "--iptables=false", "--ip6tables=false",

@@ -15,7 +15,8 @@ from sandgate.lifecycle.cli import Refused
 def command(obj: Any, sandboxes: bool) -> None:
     """Remove what a stopped or killed server left in the kernel.
 
-    The nft table, namespaces, veths, mounts, cgroups and proxy child of this state dir.
+    The nft table, namespaces, veths, mounts, cgroups, proxy child and gvisor sandboxes' runsc
+    processes of this state dir.
 
     Refused while a server of this state dir runs (stop it first). Sandboxes that still run keep
     their networks and the nft table unless --sandboxes stops them.

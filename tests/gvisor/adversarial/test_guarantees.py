@@ -1,0 +1,54 @@
+"""The adversarial suite's proofs of the egress and isolation guarantees, on gvisor sandboxes."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.adversarial.conftest import Attacker
+from tests.adversarial.test_credentials import (  # noqa: F401 (collected here on gvisor)
+    test_echoed_credential_is_scrubbed_in_headers_and_chunked_bodies,
+    test_redirects_never_carry_the_credential_elsewhere,
+)
+from tests.adversarial.test_identity import (  # noqa: F401
+    test_forged_destination_is_ignored_the_proxy_dials_its_own_resolution,
+    test_ip_literal_urls_are_refused,
+    test_ipv6_has_no_route_and_v4_mapped_literals_are_ip_literals,
+)
+from tests.adversarial.test_network import (  # noqa: F401
+    test_another_sandbox_is_unreachable,
+    test_icmp_gets_no_answer,
+    test_the_hosts_other_services_are_out_of_reach,
+    test_the_state_dir_and_control_socket_are_not_in_the_sandbox,
+    test_udp_and_quic_go_nowhere,
+    victim,
+)
+from tests.adversarial.test_resilience import test_proxy_crash_mid_stream_fails_closed_and_restarts  # noqa: F401
+
+pytestmark = pytest.mark.root
+
+
+def test_the_attacker_runs_on_gvisor(attacker: Attacker) -> None:
+    """The control for everything above: these sandboxes really run on gVisor's kernel."""
+    assert attacker.sh("uname -r").stdout.strip() != platform.release()
+    assert "Starting gVisor" in attacker.sh("dmesg").stdout
+    with attacker.server.client() as client:
+        info = client.get(f"/v1/sandboxes/{attacker.sandbox.id}").json()
+    assert info["extensions"]["sandgate.isolation"] == "gvisor"
+
+
+def test_ipv6_is_off_in_the_sandboxs_netns(attacker: Attacker) -> None:
+    """gVisor's network is the netns's own (--network=host) and its /proc/sys shows no ipv6 tree:
+    the netns itself (where the sockets live) has IPv6 off."""
+    tag = (attacker.server.state_dir / "instance-tag").read_text().strip()
+    [netns] = Path("/run/netns").glob(f"sg-{tag}-*-{attacker.sandbox.id}")
+    sysctl = ["cat", "/proc/sys/net/ipv6/conf/all/disable_ipv6"]
+    inside = subprocess.run(["nsenter", f"--net={netns}", "--", *sysctl], capture_output=True, text=True)
+    assert inside.stdout.strip() == "1"
+    probe = (
+        "import socket; s = socket.socket(socket.AF_INET6); s.settimeout(2); s.connect(('2001:db8::10', 80))"
+    )
+    assert attacker.sh(f'python3 -c "{probe}"').exit_code != 0
