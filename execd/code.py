@@ -10,7 +10,8 @@ Rules:
    `execute_input`), `stdout`/`stderr` (`stream`), one `result` per `execute_result` or
    `display_data` with every MIME type of its bundle (`text/plain` sent as `text`, as the Go
    execd does, since that is the field the SDK reads), then `execution_complete`, or `error`
-   with the kernel's `ename`, `evalue`, `traceback` in its place. The run ends at the kernel's
+   with the kernel's `ename`, `evalue`, `traceback` (terminal colours removed) in its place.
+   The run ends at the kernel's
    `idle` status for that request.
 3. Runs in one context are serial: a second concurrent run gets a 409. An interrupt
    (`DELETE /code?id=`) is a kernel interrupt (SIGINT to its process group, or an
@@ -32,6 +33,7 @@ import asyncio
 import atexit
 import os
 import queue
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -53,8 +55,10 @@ if TYPE_CHECKING:
 READY_TIMEOUT_S = 60.0  # a kernel's start on a loaded machine (ipykernel imports IPython)
 INTERRUPT_GRACE_S = 2.0
 LIVENESS_POLL_S = 0.5
+REPLY_WAIT_S = 2.0  # for the execute_reply, which a kernel sends around its idle status
 STARTUP_LOG_TAIL = 4096
 UNSUPPORTED_LANGUAGE = "UNSUPPORTED_LANGUAGE"
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 CREATE_CONTEXT = {"language": Field("str", required=True, min_length=1), "cwd": Field("str")}
@@ -179,7 +183,8 @@ class Context:
                 continue
             kind, content = message["msg_type"], message["content"]
             if kind == "status" and content.get("execution_state") == "idle":
-                return error
+                aborted = await self.aborted(msg_id)  # read always: replies must not pile up
+                return error or aborted
             if kind == "execute_input":
                 await queue_.put(event("execution_count", execution_count=content.get("execution_count")))
             elif kind == "stream":
@@ -189,7 +194,26 @@ class Context:
                 count = content.get("execution_count")
                 await queue_.put(event("result", results=results, execution_count=count))
             elif kind == "error":
-                error = {key: content.get(key) for key in ("ename", "evalue", "traceback")}
+                error = plain_error(content)
+
+    async def aborted(self, msg_id: str) -> dict[str, Any] | None:
+        """An error for a cell the kernel aborted without an error message (bash_kernel's answer
+        to an interrupt), read from its `execute_reply`; None for any other reply."""
+        deadline = time.monotonic() + REPLY_WAIT_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                reply = await self.client.get_shell_msg(timeout=left)
+            except queue.Empty:
+                return None
+            if reply["parent_header"].get("msg_id") == msg_id:
+                if reply["content"].get("status") in ("abort", "aborted"):
+                    return {
+                        "ename": "KeyboardInterrupt",
+                        "evalue": "the kernel aborted the cell",
+                        "traceback": [],
+                    }
+                return None
+        return None
 
 
 class CodeContexts:
@@ -356,6 +380,16 @@ class CodeContexts:
 def wire_bundle(data: dict[str, Any]) -> dict[str, Any]:
     """The Go execd's result shape: `text/plain` is sent as `text` (what the SDK reads)."""
     return {("text" if mime == "text/plain" else mime): value for mime, value in data.items()}
+
+
+def plain_error(content: dict[str, Any]) -> dict[str, Any]:
+    """The kernel's error without terminal colours (IPython colours its tracebacks for a
+    notebook; an agent or a log reads plain text)."""
+    return {
+        "ename": ANSI_ESCAPE.sub("", str(content.get("ename") or "")),
+        "evalue": ANSI_ESCAPE.sub("", str(content.get("evalue") or "")),
+        "traceback": [ANSI_ESCAPE.sub("", str(line)) for line in content.get("traceback") or []],
+    }
 
 
 def startup_log(files: str) -> str:

@@ -10,6 +10,8 @@ Rules:
    dir, `own_kernelspecs`): ipykernel and bash_kernel under execd's Python, Deno's kernel
    (`deno jupyter --kernel`) from the `deno` next to execd's Python or on the sandbox's PATH.
    This is what a `sandgate/host` sandbox runs (execd's Python is the host venv, bound read-only).
+   Deno's kernel implements no interrupt (neither SIGINT nor `interrupt_request`): SIGINT ends
+   it, so an interrupted javascript/typescript context ends, and a new one starts fresh.
 3. A language none of them serves is `NoKernel`, whose message says what to install.
 4. This module imports jupyter_client only when a context is created (execd starts without it).
 """
