@@ -62,7 +62,7 @@ def run_example(server: SandgateServer, *argv: str, **env: str) -> str:
 def test_the_guides_code_interpreter_example_runs_verbatim(
     server: SandgateServer, code_interpreter: str
 ) -> None:
-    lines = run_example(server, "examples/code_interpreter.py").splitlines()
+    lines = run_example(server, "examples/code-interpreter/guide.py").splitlines()
     assert lines[0] == "Hello OpenSandbox!"
     assert lines[1] == "Content: Hello World"
     assert lines[2] == "4"

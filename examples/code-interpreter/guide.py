@@ -1,7 +1,7 @@
 # The code-interpreter example of OpenSandbox's guide, verbatim, against sandgate.
 # Connection settings come from the environment, as the OpenSandbox SDK reads them:
 #   export OPEN_SANDBOX_DOMAIN=127.0.0.1:8080 OPEN_SANDBOX_API_KEY=$(cat /var/lib/sandgate/api_key)
-#   .venv/bin/python examples/code_interpreter.py
+#   .venv/bin/python examples/code-interpreter/guide.py
 # It needs the opensandbox/code-interpreter image (`make images`, then for the local runtime
 # `sandgate image import <the archive it names> opensandbox/code-interpreter:v1.1.0`).
 import asyncio
