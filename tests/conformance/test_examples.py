@@ -122,18 +122,54 @@ def events(client: httpx.Client, context_id: str, code: str, **extra: Any) -> li
 
 
 @pytest.fixture(scope="module")
-def execd(server: SandgateServer, code_interpreter: str) -> Iterator[httpx.Client]:
+def sandbox_id(server: SandgateServer, code_interpreter: str) -> Iterator[str]:
+    """A code-interpreter sandbox (its entrypoint running) whose policy allows api.example.com
+    with TLS intercepted, so its HTTP clients meet the proxy's CA."""
     created = server.create_sandbox(
         image={"uri": code_interpreter}, entrypoint=["/opt/code-interpreter/code-interpreter.sh"]
     )
+    policy = {"version": 1, "defaultAction": "deny", "egress": [{"action": "allow", "target": API_HOST}]}
+    policy["egress"][0]["inspect"] = "always"
     with server.client() as api:
-        found = api.get(f"/v1/sandboxes/{created['id']}/endpoints/44772").json()
+        put = api.put(f"/v1/sandboxes/{created['id']}/egress/sandgate-policy", json={"policy": policy})
+        assert put.status_code == 200, put.text
+    yield created["id"]
+    with server.client() as api:
+        api.delete(f"/v1/sandboxes/{created['id']}")
+
+
+@pytest.fixture(scope="module")
+def execd(server: SandgateServer, sandbox_id: str) -> Iterator[httpx.Client]:
+    with server.client() as api:
+        found = api.get(f"/v1/sandboxes/{sandbox_id}/endpoints/44772").json()
     with httpx.Client(
         base_url=f"http://{found['endpoint']}", headers=found["headers"], timeout=120, trust_env=False
     ) as client:
         yield client
-    with server.client() as api:
-        api.delete(f"/v1/sandboxes/{created['id']}")
+
+
+# one HTTPS GET per HTTP stack of the image, each printing the origin's body
+TRUST_CHECKS = {
+    "curl": f"curl -sS https://{API_HOST}/",
+    "requests": f"python3 -c \"import requests; print(requests.get('https://{API_HOST}/').text)\"",
+    "urllib": f"python3 -c \"import urllib.request as u; print(u.urlopen('https://{API_HOST}/').read().decode())\"",
+    "certifi": 'python3 -c "import certifi, ssl, urllib.request as u; '
+    f"c = ssl.create_default_context(cafile=certifi.where()); "
+    f"print(u.urlopen('https://{API_HOST}/', context=c).read().decode())\"",
+    "deno fetch": f"deno eval \"console.log(await (await fetch('https://{API_HOST}/')).text())\"",
+}
+
+
+def test_every_http_stack_in_the_image_trusts_the_proxy_ca(
+    server: SandgateServer, internet: Internet, sandbox_id: str
+) -> None:
+    for name, command in TRUST_CHECKS.items():
+        done = server.run(sandbox_id, command, timeout=120)
+        assert (done.exit_code, done.stdout.strip()) == (0, "hello from origin"), (name, done)
+    # pip: the origin has no index, but its request reaches the origin only once TLS is verified
+    pip = server.run(sandbox_id, f"pip download --no-deps -d /tmp/p --index-url https://{API_HOST}/simple/ x")
+    assert "No matching distribution found for x" in pip.stderr, pip
+    assert "/simple/x/" in [r["path"] for r in internet.origin_requests()]
 
 
 def test_plots_and_frames_keep_their_mime_types_on_the_wire(execd: httpx.Client) -> None:
