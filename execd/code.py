@@ -156,7 +156,7 @@ class Context:
         if self.pid:
             kill_group(self.pid)
         self.client.stop_channels()
-        asyncio.get_running_loop().create_task(self.manager.shutdown_kernel(now=True))
+        asyncio.ensure_future(self.manager.shutdown_kernel(now=True))
 
     async def exit_status(self) -> int | None:
         """The kernel's exit status if it has exited, else None."""
@@ -374,7 +374,7 @@ class CodeContexts:
             cell.cancel()
             context.end(f"a cell ran past its {timeout_ms} ms timeout and ignored the interrupt")
         interrupted = cell.result() if done else None
-        return timeout_error(timeout_ms or 0, done, interrupted)
+        return timeout_error(timeout_ms or 0, bool(done), interrupted)
 
 
 def wire_bundle(data: dict[str, Any]) -> dict[str, Any]:
