@@ -73,6 +73,9 @@ ROOTFS_IMAGE = "sandgate/rootfs"
 CODE_INTERPRETER = HERE / "code-interpreter"
 CODE_INTERPRETER_IMAGE = "opensandbox/code-interpreter"
 CODE_INTERPRETER_TAGS = ("v1.1.0", "latest")  # the tags OpenSandbox's SDK and guide name
+# Its packages are downloaded here first (`--wheels-only`, which bootstrap runs): the build itself
+# then installs offline, so it also works where only the tests' own namespaces are (no index).
+WHEELHOUSE = Path(os.environ.get("SANDGATE_WHEELHOUSE", DEFAULT_CACHE.parent / "code-interpreter-wheels"))
 
 # Parts of the stdlib a sandbox never needs (tests alone are half of it; config-* holds libpython.a).
 STDLIB_SKIP = re.compile(
@@ -399,7 +402,35 @@ def pinned_to_this_environment() -> str:
     return "".join(f"{d.metadata['Name']}=={d.version}\n" for d in distribution_closure(EXECD_REQUIREMENTS))
 
 
+def download_code_interpreter_wheels(wheelhouse: Path = WHEELHOUSE) -> Path:
+    """The code-interpreter's packages in `wheelhouse` (pip download from the index), once per
+    change of the requirements or of the pinned versions (a stamp names both)."""
+    constraints = pinned_to_this_environment()
+    requirements = (CODE_INTERPRETER / "requirements.txt").read_text(encoding="utf-8")
+    wanted = hashlib.sha256(f"{requirements}\0{constraints}\0{python_version()}".encode()).hexdigest()
+    stamp = wheelhouse / ".complete"
+    if stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted:
+        return wheelhouse
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as pins:
+        pins.write(constraints)
+        pins.flush()
+        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check"]
+        pip += [
+            "--only-binary",
+            ":all:",
+            "-d",
+            str(wheelhouse),
+            "-r",
+            str(CODE_INTERPRETER / "requirements.txt"),
+        ]
+        subprocess.run([*pip, "-c", pins.name], check=True)
+    stamp.write_text(wanted, encoding="utf-8")
+    return wheelhouse
+
+
 def _build_code_interpreter(client: docker.DockerClient, digest: str, cache_dir: Path) -> None:
+    wheelhouse = download_code_interpreter_wheels()
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="code-interpreter-context-", dir=cache_dir) as temp:
         context = Path(temp) / "context"
@@ -407,9 +438,18 @@ def _build_code_interpreter(client: docker.DockerClient, digest: str, cache_dir:
         constraints = Path(temp) / "constraints.txt"
         constraints.write_text(pinned_to_this_environment(), encoding="utf-8")
         site = context / "site"
-        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        pip += ["--no-compile", "--target", str(site), "-r", str(CODE_INTERPRETER / "requirements.txt")]
-        subprocess.run([*pip, "-c", str(constraints)], check=True)
+        pip = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-compile",
+        ]
+        pip += ["--no-index", "--find-links", str(wheelhouse), "--target", str(site)]
+        pip += ["-r", str(CODE_INTERPRETER / "requirements.txt"), "-c", str(constraints)]
+        subprocess.run(pip, check=True)
         # console scripts name this environment's Python: only Deno's binary is kept, in /usr/local/bin
         (context / "bin").mkdir()
         (site / "bin" / "deno").rename(context / "bin" / "deno")
@@ -432,7 +472,15 @@ def main(argv: list[str] | None = None) -> int:
         "--docker-host", help="daemon to build in (default: DOCKER_HOST or the system socket)"
     )
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where built images are saved")
+    parser.add_argument(
+        "--wheels-only",
+        action="store_true",
+        help=f"only download the code-interpreter image's packages into {WHEELHOUSE} (bootstrap runs this)",
+    )
     args = parser.parse_args(argv)
+    if args.wheels_only:
+        print(download_code_interpreter_wheels())
+        return 0
     try:
         client = docker.DockerClient(base_url=args.docker_host) if args.docker_host else docker.from_env()
         client.ping()

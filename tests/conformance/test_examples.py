@@ -59,14 +59,19 @@ def run_example(server: SandgateServer, *argv: str, **env: str) -> str:
     return done.stdout
 
 
-def test_the_guides_code_interpreter_example_runs_verbatim(
-    server: SandgateServer, code_interpreter: str
-) -> None:
+def run_the_guides_example(server: SandgateServer) -> None:
+    """examples/code-interpreter/guide.py against `server`, and what the guide says it prints."""
     lines = run_example(server, "examples/code-interpreter/guide.py").splitlines()
     assert lines[0] == "Hello OpenSandbox!"
     assert lines[1] == "Content: Hello World"
     assert lines[2] == "4"
     assert lines[3].startswith(f"{sys.version_info.major}.{sys.version_info.minor}.")  # the image's Python
+
+
+def test_the_guides_code_interpreter_example_runs_verbatim(
+    server: SandgateServer, code_interpreter: str
+) -> None:
+    run_the_guides_example(server)
 
 
 @pytest.fixture
