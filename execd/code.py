@@ -37,7 +37,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .commands import EVENT_QUEUE
@@ -135,6 +135,12 @@ class Context:
     client: AsyncKernelClient
     running: bool = False
     ended: str = ""
+    # the tasks it started (held here: the event loop keeps only weak references)
+    tasks: set[asyncio.Future[Any]] = field(default_factory=set)
+
+    def keep(self, task: asyncio.Future[Any]) -> None:
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def describe(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language}
@@ -156,7 +162,7 @@ class Context:
         if self.pid:
             kill_group(self.pid)
         self.client.stop_channels()
-        asyncio.ensure_future(self.manager.shutdown_kernel(now=True))
+        self.keep(asyncio.ensure_future(self.manager.shutdown_kernel(now=True)))
 
     async def exit_status(self) -> int | None:
         """The kernel's exit status if it has exited, else None."""
@@ -332,7 +338,7 @@ class CodeContexts:
             return
         context.running = True
         events = RunEvents(EVENT_QUEUE)
-        asyncio.get_running_loop().create_task(self._execute(context, req, events))
+        context.keep(asyncio.ensure_future(self._execute(context, req, events)))
         finished = False
         try:
             async for chunk in with_pings(events):
@@ -342,7 +348,7 @@ class CodeContexts:
             if not finished:  # the client went away: stop the cell, keep the context
                 events.detach()
                 if context.running:
-                    asyncio.get_running_loop().create_task(context.interrupt())
+                    context.keep(asyncio.ensure_future(context.interrupt()))
 
     async def _execute(self, context: Context, req: RunCodeRequest, events: RunEvents) -> None:
         started = time.monotonic()
