@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 READY_TIMEOUT_S = 60.0  # a kernel's start on a loaded machine (ipykernel imports IPython)
 INTERRUPT_GRACE_S = 2.0
 LIVENESS_POLL_S = 0.5
+LATE_OUTPUT_GRACE_S = {"javascript": 0.1, "typescript": 0.1}  # see Context.late_output
 REPLY_WAIT_S = 2.0  # for the execute_reply, which a kernel sends around its idle status
 STARTUP_LOG_TAIL = 4096
 UNSUPPORTED_LANGUAGE = "UNSUPPORTED_LANGUAGE"
@@ -173,7 +174,7 @@ class Context:
     async def execute(self, code: str, queue_: RunEvents) -> dict[str, Any] | None:
         """Run one cell, putting its output events on `queue_`; returns its error or None."""
         msg_id = self.client.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
-        error = None
+        error: list[dict[str, Any]] = []
         while True:
             try:
                 message = await self.client.get_iopub_msg(timeout=LIVENESS_POLL_S)
@@ -187,20 +188,39 @@ class Context:
                 continue
             if message["parent_header"].get("msg_id") != msg_id:
                 continue
-            kind, content = message["msg_type"], message["content"]
-            if kind == "status" and content.get("execution_state") == "idle":
+            content = message["content"]
+            if message["msg_type"] == "status" and content.get("execution_state") == "idle":
                 aborted = await self.aborted(msg_id)  # read always: replies must not pile up
-                return error or aborted
-            if kind == "execute_input":
-                await queue_.put(event("execution_count", execution_count=content.get("execution_count")))
-            elif kind == "stream":
-                await queue_.put(event(content.get("name", "stdout"), content.get("text", "")))
-            elif kind in ("execute_result", "display_data"):
-                results = wire_bundle(content.get("data") or {})
-                count = content.get("execution_count")
-                await queue_.put(event("result", results=results, execution_count=count))
-            elif kind == "error":
-                error = plain_error(content)
+                await self.late_output(msg_id, queue_, error)
+                return error[-1] if error else aborted
+            await self.relay(message["msg_type"], content, queue_, error)
+
+    async def relay(
+        self, kind: str, content: dict[str, Any], queue_: RunEvents, error: list[dict[str, Any]]
+    ) -> None:
+        """One iopub message of the cell as its event (an error is kept in `error` for the end)."""
+        if kind == "execute_input":
+            await queue_.put(event("execution_count", execution_count=content.get("execution_count")))
+        elif kind == "stream":
+            await queue_.put(event(content.get("name", "stdout"), content.get("text", "")))
+        elif kind in ("execute_result", "display_data"):
+            results = wire_bundle(content.get("data") or {})
+            await queue_.put(event("result", results=results, execution_count=content.get("execution_count")))
+        elif kind == "error":
+            error.append(plain_error(content))
+
+    async def late_output(self, msg_id: str, queue_: RunEvents, error: list[dict[str, Any]]) -> None:
+        """Output of the cell that comes after its idle status: Deno's kernel publishes a cell's
+        output from another task than its status, so under load some of it arrives after idle;
+        for its languages execd waits until `LATE_OUTPUT_GRACE_S` pass without a message."""
+        grace = LATE_OUTPUT_GRACE_S.get(self.language, 0.0)
+        while True:
+            try:
+                message = await self.client.get_iopub_msg(timeout=grace)
+            except queue.Empty:
+                return
+            if message["parent_header"].get("msg_id") == msg_id:
+                await self.relay(message["msg_type"], message["content"], queue_, error)
 
     async def aborted(self, msg_id: str) -> dict[str, Any] | None:
         """An error for a cell the kernel aborted without an error message (bash_kernel's answer

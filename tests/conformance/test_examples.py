@@ -25,7 +25,8 @@ from tests.docker.conftest import load_image_builder
 from tests.support.internet import ORIGIN_V4, Internet
 from tests.support.server import SandgateServer
 
-pytestmark = pytest.mark.root
+# the first test to need the image may build it (several minutes on a loaded 2-core machine)
+pytestmark = [pytest.mark.root, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "opensandbox/code-interpreter:v1.1.0"
 LLM_HOST = "llm.example.com"

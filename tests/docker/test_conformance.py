@@ -61,6 +61,7 @@ def test_sdk_through_server_proxy_on_docker(docker_server: SandgateServer) -> No
     sdk_scenarios.test_sdk_through_server_proxy(docker_server)
 
 
+@pytest.mark.timeout(1800)  # it may build the image (several minutes on a loaded 2-core machine)
 def test_the_guides_code_interpreter_example_on_docker(
     docker_server: SandgateServer, dockerd: PrivateDockerd, sandbox_images: str
 ) -> None:

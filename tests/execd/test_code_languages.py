@@ -97,9 +97,7 @@ def test_sdk_javascript_and_typescript_contexts_on_denos_kernel(codes: CodesAdap
 
     typed = codes.create_context(SupportedLanguageSync.TYPESCRIPT)
     assert typed.language == "typescript"
-    shown = codes.run(
-        "const n: number = 20;\ninterface P { x: number }\n({ x: n + 1 } as P).x * 2", context=typed
-    )
+    shown = codes.run("interface P { x: number }\nconst p: P = { x: 1 };\np.x + 41", context=typed)
     assert shown.error is None and [r.text for r in shown.result] == ["42"]
     codes.delete_context(typed.id)
 
