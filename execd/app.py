@@ -60,7 +60,7 @@ ROUTES: list[Route] = [
     ("GET", "/metrics/watch", "metrics:watch_metrics"),
     *FILE_ROUTES,
     *[(method, IDENTITY_PREFIX + path, to, "identity:as_identity") for method, path, to in FILE_ROUTES],
-    # code contexts (code.py; each context runs repl_driver.py)
+    # code contexts (code.py; each context is a Jupyter kernel, see kernels.py)
     ("POST", "/code/context", "code:create_context"),
     ("GET", "/code/contexts", "code:list_contexts"),
     ("DELETE", "/code/contexts", "code:delete_contexts"),
@@ -138,6 +138,8 @@ class ExecdState:
     def shutdown(self) -> None:
         """Kill every run and session, remove the state directory (only what was ever made)."""
         made = self.__dict__
+        if "code_contexts" in made:
+            made["code_contexts"].shutdown()
         if "sessions" in made:
             self.sessions.shutdown()
         if "commands" in made:

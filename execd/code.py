@@ -1,69 +1,65 @@
-"""`/code/context`, `/code/contexts`, `/code`: stateful code contexts for the code-interpreter SDK.
+"""`/code/context`, `/code/contexts`, `/code`: code contexts on real Jupyter kernels.
 
 Rules:
-1. A context is one persistent driver process per language, all speaking one protocol (see
-   repl_driver.py's docstring): `python` runs `repl_driver.py` under the sandbox's `python3`
-   (the first on the child's PATH, else execd's own Python); `javascript` runs `repl_driver.js`
-   under the sandbox's `node`; `bash` runs `bash_driver.py` (execd's own Python) around the
-   sandbox's `bash`. Each runs in its own process group with stdin at /dev/null. Its stdout and
-   stderr are pipes that execd reads; a socketpair carries the framed control protocol. No
-   Jupyter is needed.
-2. A run streams `init` (text = the context id, which is also the id to interrupt), then
-   `execution_count`, then stdout/stderr text as it is written (each event carries its own line
-   endings, as Jupyter's streams do), then one `result` per value shown, then
-   `execution_complete`. On failure `error{ename, evalue, traceback}` replaces
-   `execution_complete`. Result bundles name `text/plain` `text`, as the Go execd does, because
-   that is the field the SDK reads.
+1. A context is one Jupyter kernel, started and driven with jupyter_client (kernels.py says
+   which kernel serves which language). It runs in its own process group with the context's
+   cwd and the sandbox's environment (execd's env file included); its connection file and its
+   start-up output live in execd's state dir. jupyter_client is imported on the first context.
+2. A run is one `execute_request`. Its iopub messages become the SDK's events: `init` (text =
+   the context id, which is also the id to interrupt), `execution_count` (from
+   `execute_input`), `stdout`/`stderr` (`stream`), one `result` per `execute_result` or
+   `display_data` with every MIME type of its bundle (`text/plain` sent as `text`, as the Go
+   execd does, since that is the field the SDK reads), then `execution_complete`, or `error`
+   with the kernel's `ename`, `evalue`, `traceback` (terminal colours removed) in its place.
+   The run ends at the kernel's
+   `idle` status for that request.
 3. Runs in one context are serial: a second concurrent run gets a 409. An interrupt
-   (`DELETE /code?id=`) sends SIGINT to the context's process group. The cell fails (Python:
-   KeyboardInterrupt; JavaScript: "Script execution was interrupted"; bash: status 130) and the
-   context keeps its state. A client that goes away interrupts its
-   cell in the same way.
+   (`DELETE /code?id=`) is a kernel interrupt (SIGINT to its process group, or an
+   `interrupt_request` for a kernel whose spec asks for messages); the cell fails and the
+   context keeps its state. A client that goes away interrupts its cell in the same way.
 4. A run's optional `timeout` (ms, an execd extension) interrupts the cell. If the cell is still
-   running `INTERRUPT_GRACE_S` after the SIGINT, the context is killed. A killed context, or one
-   whose process died, has ended: later runs get a 410. Deleting a context kills its process
-   group.
-5. `python`, `bash` and `javascript` are supported. Creating or running any other language is
-   a 400 that lists the supported ones. Listing or deleting by another language matches
-   nothing. A run without a context id uses the language's default context, which is created
-   on first use.
+   running `INTERRUPT_GRACE_S` after that, the kernel is killed. A killed kernel, or one that
+   died (checked every `LIVENESS_POLL_S` while a cell waits), has ended its context: the run
+   gets an error saying so, later runs a 410, and a new context starts a new kernel. Deleting
+   a context kills its kernel's process group.
+5. `python`, `bash`, `javascript` and `typescript` are the languages; creating or running any
+   other is a 400 that lists them. Listing or deleting by another language matches nothing. A
+   run without a context id uses the language's default context, created on first use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import codecs
-import json
 import os
-import secrets
-import shutil
-import signal
-import socket
-import sys
+import queue
+import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .commands import EVENT_QUEUE
 from .errors import CONFLICT, ApiError, bad_request, not_found
 from .events import event, frame, sse_response, with_pings
-from .process import READ_CHUNK, child_env, drain_after_exit, exit_code, expand_cwd, kill_group
+from .kernels import SUPPORTED_LANGUAGES, NoKernel, kernel_manager_specs, kernel_name
+from .process import child_env, exit_code, expand_cwd, kill_group
 from .requests import Field, check, parse_body
 from .web import Request, Response, json_response
 
-DRIVER = Path(__file__).with_name("repl_driver.py")
-BASH_DRIVER = Path(__file__).with_name("bash_driver.py")
-JS_DRIVER = Path(__file__).with_name("repl_driver.js")
-HEADER_BYTES = 4
-MAX_FRAME = 64 * 1024 * 1024  # the driver's limit too
-HELD_RESULTS_BYTES = 16 * 1024 * 1024
-READY_TIMEOUT_S = 15.0
+if TYPE_CHECKING:
+    from jupyter_client.asynchronous.client import AsyncKernelClient
+    from jupyter_client.manager import AsyncKernelManager
+
+READY_TIMEOUT_S = 60.0  # a kernel's start on a loaded machine (ipykernel imports IPython)
 INTERRUPT_GRACE_S = 2.0
+LIVENESS_POLL_S = 0.5
+LATE_OUTPUT_GRACE_S = {"javascript": 0.1, "typescript": 0.1}  # see Context.late_output
+REPLY_WAIT_S = 2.0  # for the execute_reply, which a kernel sends around its idle status
+STARTUP_LOG_TAIL = 4096
 UNSUPPORTED_LANGUAGE = "UNSUPPORTED_LANGUAGE"
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 CREATE_CONTEXT = {"language": Field("str", required=True, min_length=1), "cwd": Field("str")}
@@ -128,148 +124,135 @@ class RunEvents(asyncio.Queue[Event | None]):
             self.get_nowait()
 
 
-@dataclass
-class CellOutcome:
-    """What the driver reported for one cell; `error` None means success."""
-
-    results: list[dict[str, Any]] = field(default_factory=list)
-    error: dict[str, Any] | None = None
+class KernelEnded(Exception):
+    """The context's kernel is gone (it died or was killed); `Context.ended` says why."""
 
 
 @dataclass
 class Context:
     id: str
     language: str
-    process: asyncio.subprocess.Process
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    marker: bytes
-    execution_count: int = 0
+    manager: AsyncKernelManager
+    client: AsyncKernelClient
     running: bool = False
     ended: str = ""
-    run_task: asyncio.Task[None] | None = None
+    # the tasks it started (held here: the event loop keeps only weak references)
+    tasks: set[asyncio.Future[Any]] = field(default_factory=set)
+
+    def keep(self, task: asyncio.Future[Any]) -> None:
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def describe(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language}
 
-    def interrupt(self) -> None:
-        kill_group(self.process.pid, signal.SIGINT)
+    @property
+    def pid(self) -> int:
+        process = getattr(self.manager.provisioner, "process", None)
+        return process.pid if process is not None else 0
+
+    async def interrupt(self) -> None:
+        if not self.ended:
+            await self.manager.interrupt_kernel()
 
     def end(self, why: str) -> None:
-        self.ended = self.ended or why
-        kill_group(self.process.pid)
-        self.writer.close()
-
-    async def send(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message).encode()
-        self.writer.write(len(data).to_bytes(HEADER_BYTES, "big") + data)
-        await self.writer.drain()
-
-    async def receive(self) -> tuple[dict[str, Any], int] | None:
-        """The next frame from the driver and its size; None once it has gone (or broke the protocol)."""
-        try:
-            size = int.from_bytes(await self.reader.readexactly(HEADER_BYTES), "big")
-            if size > MAX_FRAME:
-                self.end(f"its driver sent a {size}-byte frame (limit {MAX_FRAME})")
-                return None
-            message: dict[str, Any] = json.loads(await self.reader.readexactly(size))
-            return message, size
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
-            return None
-
-    async def collect(self, overflow: Callable[[dict[str, Any]], Awaitable[None]]) -> CellOutcome | None:
-        """The current cell's results and error, or None if the driver went away mid-cell.
-
-        Results are held so that they follow the cell's output, up to `HELD_RESULTS_BYTES`;
-        beyond that each goes to `overflow` as it comes, so memory stays bounded.
-        """
-        outcome, held = CellOutcome(), 0
-        while (received := await self.receive()) is not None:
-            message, size = received
-            if message.get("op") == "result":
-                held += size
-                data = message.get("data") or {}
-                if held <= HELD_RESULTS_BYTES:
-                    outcome.results.append(data)
-                else:
-                    await overflow(data)
-            elif message.get("op") == "done":
-                outcome.error = message.get("error")
-                return outcome
-        return None
-
-
-def held_back(data: bytes, marker: bytes) -> int:
-    """How many trailing bytes of `data` could be the start of `marker` (kept for the next read)."""
-    for size in range(min(len(marker) - 1, len(data)), 0, -1):
-        if data.endswith(marker[:size]):
-            return size
-    return 0
-
-
-async def stream_until_marker(
-    reader: asyncio.StreamReader, marker: bytes, kind: str, queue: RunEvents, progress: list[int]
-) -> None:
-    """Emit `kind` events with the text read up to `marker` (or EOF), as soon as it arrives."""
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    pending = b""
-    while True:
-        chunk = await reader.read(READ_CHUNK)
-        data = pending + chunk
-        found = data.find(marker)
-        done = found >= 0 or not chunk
-        keep = 0 if done else held_back(data, marker)
-        text = decoder.decode(data[: found if found >= 0 else len(data) - keep], final=done)
-        if text:
-            progress[0] += 1
-            await queue.put(event(kind, text))
-        if done:
+        """Kill the kernel's process group now; its files are removed in the background."""
+        if self.ended:
             return
-        pending = data[len(data) - keep :]
+        self.ended = why
+        if self.pid:
+            kill_group(self.pid)
+        self.client.stop_channels()
+        self.keep(asyncio.ensure_future(self.manager.shutdown_kernel(now=True)))
 
+    async def exit_status(self) -> int | None:
+        """The kernel's exit status if it has exited, else None."""
+        provisioner = self.manager.provisioner
+        status = await provisioner.poll() if provisioner is not None else 0
+        return None if status is None else exit_code(status)
 
-def sandbox_python(env: dict[str, str]) -> str:
-    return shutil.which("python3", path=env.get("PATH", os.defpath)) or sys.executable
+    async def execute(self, code: str, queue_: RunEvents) -> dict[str, Any] | None:
+        """Run one cell, putting its output events on `queue_`; returns its error or None."""
+        msg_id = self.client.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
+        error: list[dict[str, Any]] = []
+        while True:
+            try:
+                message = await self.client.get_iopub_msg(timeout=LIVENESS_POLL_S)
+            except queue.Empty:
+                if self.ended:
+                    raise KernelEnded from None
+                status = await self.exit_status()
+                if status is not None:
+                    self.end(f"its {self.language} kernel exited with status {status}")
+                    raise KernelEnded from None
+                continue
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            content = message["content"]
+            if message["msg_type"] == "status" and content.get("execution_state") == "idle":
+                aborted = await self.aborted(msg_id)  # read always: replies must not pile up
+                await self.late_output(msg_id, queue_, error)
+                return error[-1] if error else aborted
+            await self.relay(message["msg_type"], content, queue_, error)
 
+    async def relay(
+        self, kind: str, content: dict[str, Any], queue_: RunEvents, error: list[dict[str, Any]]
+    ) -> None:
+        """One iopub message of the cell as its event (an error is kept in `error` for the end)."""
+        if kind == "execute_input":
+            await queue_.put(event("execution_count", execution_count=content.get("execution_count")))
+        elif kind == "stream":
+            await queue_.put(event(content.get("name", "stdout"), content.get("text", "")))
+        elif kind in ("execute_result", "display_data"):
+            results = wire_bundle(content.get("data") or {})
+            await queue_.put(event("result", results=results, execution_count=content.get("execution_count")))
+        elif kind == "error":
+            error.append(plain_error(content))
 
-def python_driver(env: dict[str, str]) -> list[str]:
-    return [sandbox_python(env), str(DRIVER)]
+    async def late_output(self, msg_id: str, queue_: RunEvents, error: list[dict[str, Any]]) -> None:
+        """Output of the cell that comes after its idle status: Deno's kernel publishes a cell's
+        output from another task than its status, so under load some of it arrives after idle;
+        for its languages execd waits until `LATE_OUTPUT_GRACE_S` pass without a message."""
+        grace = LATE_OUTPUT_GRACE_S.get(self.language, 0.0)
+        while True:
+            try:
+                message = await self.client.get_iopub_msg(timeout=grace)
+            except queue.Empty:
+                return
+            if message["parent_header"].get("msg_id") == msg_id:
+                await self.relay(message["msg_type"], message["content"], queue_, error)
 
-
-def bash_driver(env: dict[str, str]) -> list[str]:
-    return [sys.executable, "-I", str(BASH_DRIVER)]  # execd's own Python drives the sandbox's bash
-
-
-def javascript_driver(env: dict[str, str]) -> list[str]:
-    node = shutil.which("node", path=env.get("PATH", os.defpath))
-    if node is None:
-        raise ApiError(
-            500,
-            "RUNTIME_ERROR",
-            "javascript contexts need Node.js: no `node` on the sandbox's PATH; install it in the image",
-        )
-    return [node, str(JS_DRIVER)]
-
-
-# each language's driver command (the socket fd and the marker are appended)
-DRIVERS: dict[str, Callable[[dict[str, str]], list[str]]] = {
-    "python": python_driver,
-    "bash": bash_driver,
-    "javascript": javascript_driver,
-}
-SUPPORTED_LANGUAGES = tuple(DRIVERS)
+    async def aborted(self, msg_id: str) -> dict[str, Any] | None:
+        """An error for a cell the kernel aborted without an error message (bash_kernel's answer
+        to an interrupt), read from its `execute_reply`; None for any other reply."""
+        deadline = time.monotonic() + REPLY_WAIT_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                reply = await self.client.get_shell_msg(timeout=left)
+            except queue.Empty:
+                return None
+            if reply["parent_header"].get("msg_id") == msg_id:
+                if reply["content"].get("status") in ("abort", "aborted"):
+                    return {
+                        "ename": "KeyboardInterrupt",
+                        "evalue": "the kernel aborted the cell",
+                        "traceback": [],
+                    }
+                return None
+        return None
 
 
 class CodeContexts:
     """Every code context of this execd: created, run, interrupted and ended on request."""
 
-    def __init__(self, default_cwd: str) -> None:
+    def __init__(self, default_cwd: str, state_dir: str) -> None:
         self.default_cwd = default_cwd
+        self.state_dir = state_dir
         self.contexts: dict[str, Context] = {}
         self.defaults: dict[str, str] = {}
         self.default_lock = asyncio.Lock()
-        # Contexts end with execd: when its event loop shuts down it cancels this task, which
-        # kills and reaps every context; atexit covers an exit that skips the loop's shutdown.
+        # Kernels end with execd: when its event loop shuts down it cancels this task, which
+        # kills every kernel; atexit covers an exit that skips the loop's shutdown.
         self.closer = asyncio.get_running_loop().create_task(self._end_all_when_cancelled())
         atexit.register(self.shutdown)
 
@@ -310,67 +293,53 @@ class CodeContexts:
 
     def shutdown(self) -> None:
         for context in self.contexts.values():
-            kill_group(context.process.pid)
+            if context.pid:
+                kill_group(context.pid)
 
     async def _end_all_when_cancelled(self) -> None:
         try:
             await asyncio.Event().wait()
         finally:
-            for context in self.contexts.values():
-                context.end("execd stopped")
-            waits = [c.process.wait() for c in self.contexts.values()]
-            await asyncio.wait_for(asyncio.gather(*waits, return_exceptions=True), 5)
+            self.shutdown()
 
     # -- creation -------------------------------------------------------------------------------
 
     async def create(self, language: str, cwd: str | None) -> Context:
+        from jupyter_client.manager import AsyncKernelManager
+
         env = child_env(None, None)
         directory = expand_cwd(cwd, env, self.default_cwd)
-        marker = f"\x1e__SANDGATE_CELL_END_{secrets.token_hex(16)}__\x1e"
-        driver = DRIVERS[language](env)
-        ours, theirs = socket.socketpair()
+        specs = kernel_manager_specs(env, self.state_dir)
         try:
-            process = await asyncio.create_subprocess_exec(
-                *driver,
-                str(theirs.fileno()),
-                marker,
-                cwd=directory,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-                pass_fds=(theirs.fileno(),),
-            )
-        except OSError as exc:
-            ours.close()
-            raise ApiError(500, "RUNTIME_ERROR", f"cannot start a {language} code context: {exc}") from None
-        finally:
-            theirs.close()
-        reader, writer = await asyncio.open_unix_connection(sock=ours)
-        context = Context(uuid.uuid4().hex, language, process, reader, writer, marker.encode())
-        await self._wait_ready(context)
+            name = kernel_name(language, specs)
+        except NoKernel as exc:
+            raise ApiError(500, "RUNTIME_ERROR", str(exc)) from None
+        context_id = uuid.uuid4().hex
+        files = os.path.join(self.state_dir, f"kernel-{context_id}")
+        manager = AsyncKernelManager(
+            kernel_name=name, kernel_spec_manager=specs, connection_file=files + ".json"
+        )
+        with open(files + ".log", "wb") as log:
+            try:
+                await manager.start_kernel(env=env, cwd=directory, stdout=log, stderr=log)
+            except Exception as exc:
+                raise ApiError(
+                    500, "RUNTIME_ERROR", f"cannot start the {language} kernel ({name}): {exc}"
+                ) from None
+        client = manager.client()
+        client.start_channels()
+        context = Context(context_id, language, manager, client)
+        try:
+            await client.wait_for_ready(timeout=READY_TIMEOUT_S)
+        except (RuntimeError, TimeoutError) as exc:
+            context.end("it did not start")
+            raise ApiError(
+                500,
+                "RUNTIME_ERROR",
+                f"the {language} kernel ({name}) did not start: {exc}; its output: {startup_log(files)}",
+            ) from None
         self.contexts[context.id] = context
         return context
-
-    async def _wait_ready(self, context: Context) -> None:
-        try:
-            ready = await asyncio.wait_for(context.receive(), READY_TIMEOUT_S)
-        except TimeoutError:
-            ready = None
-        if ready is not None and ready[0].get("op") == "ready":
-            return
-        context.end("it did not start")
-        assert context.process.stderr is not None
-        try:
-            why = await asyncio.wait_for(context.process.stderr.read(4096), 1.0)
-        except TimeoutError:
-            why = b"no answer within %d s" % READY_TIMEOUT_S
-        raise ApiError(
-            500,
-            "RUNTIME_ERROR",
-            f"the {context.language} code context did not start: {why.decode(errors='replace').strip()}",
-        )
 
     async def default(self, language: str) -> Context:
         async with self.default_lock:
@@ -388,79 +357,75 @@ class CodeContexts:
             yield frame(event("error", error=busy_error(context)))
             return
         context.running = True
-        queue = RunEvents(EVENT_QUEUE)
-        context.run_task = asyncio.create_task(self._execute(context, req, queue))
+        events = RunEvents(EVENT_QUEUE)
+        context.keep(asyncio.ensure_future(self._execute(context, req, events)))
         finished = False
         try:
-            async for chunk in with_pings(queue):
+            async for chunk in with_pings(events):
                 yield chunk
             finished = True
         finally:
             if not finished:  # the client went away: stop the cell, keep the context
-                queue.detach()
-                context.interrupt()
+                events.detach()
+                if context.running:
+                    context.keep(asyncio.ensure_future(context.interrupt()))
 
-    async def _execute(self, context: Context, req: RunCodeRequest, queue: RunEvents) -> None:
+    async def _execute(self, context: Context, req: RunCodeRequest, events: RunEvents) -> None:
         started = time.monotonic()
         try:
-            context.execution_count += 1
-            count = context.execution_count
-            await queue.put(event("execution_count", execution_count=count))
-            await context.send({"op": "run", "code": req.code, "count": count})
-            assert context.process.stdout is not None and context.process.stderr is not None
-            progress = [0]
-            readers = [
-                asyncio.create_task(stream_until_marker(pipe, context.marker, kind, queue, progress))
-                for pipe, kind in ((context.process.stdout, "stdout"), (context.process.stderr, "stderr"))
-            ]
-
-            async def show(data: dict[str, Any]) -> None:
-                await queue.put(event("result", results=wire_bundle(data), execution_count=count))
-
-            outcome = await self._await_cell(context, req.timeout, show)
-            # while the client still has events to take, the readers are making progress
-            await drain_after_exit(readers, lambda: (progress[0], queue.qsize() > 0 and time.monotonic()))
-            for data in outcome.results:
-                await show(data)
-            if outcome.error is None:
+            error = await self._await_cell(context, req, events)
+            if error is None:
                 elapsed = int((time.monotonic() - started) * 1000)
-                await queue.put(event("execution_complete", execution_time=elapsed))
+                await events.put(event("execution_complete", execution_time=elapsed))
             else:
-                await queue.put(event("error", error=outcome.error))
-        except ConnectionError:
-            context.end("its python is gone")
-            await queue.put(event("error", error=ended_error(context)))
+                await events.put(event("error", error=error))
+        except KernelEnded:
+            await events.put(event("error", error=ended_error(context)))
         finally:
             context.running = False
-            await queue.put(None)
+            await events.put(None)
 
     async def _await_cell(
-        self, context: Context, timeout_ms: int | None, show: Callable[[dict[str, Any]], Awaitable[None]]
-    ) -> CellOutcome:
-        """The cell's outcome; a timeout interrupts it, then kills the context if it will not stop."""
-        reply = asyncio.ensure_future(context.collect(show))
-        done, _ = await asyncio.wait([reply], timeout=timeout_ms / 1000 if timeout_ms else None)
+        self, context: Context, req: RunCodeRequest, events: RunEvents
+    ) -> dict[str, Any] | None:
+        """The cell's error or None; a timeout interrupts it, then kills the kernel if it will not stop."""
+        cell = asyncio.ensure_future(context.execute(req.code, events))
+        timeout_ms = req.timeout
+        done, _ = await asyncio.wait([cell], timeout=timeout_ms / 1000 if timeout_ms else None)
+        if done:
+            return cell.result()
+        await context.interrupt()
+        done, _ = await asyncio.wait([cell], timeout=INTERRUPT_GRACE_S)
         if not done:
-            context.interrupt()
-            done, _ = await asyncio.wait([reply], timeout=INTERRUPT_GRACE_S)
-            if not done:
-                context.end(f"a cell ran past its {timeout_ms} ms timeout and ignored SIGINT")
-            outcome = await reply
-            return CellOutcome(
-                results=outcome.results if outcome else [],
-                error=timeout_error(timeout_ms or 0, outcome),
-            )
-        outcome = await reply
-        if outcome is None:
-            code = exit_code(await context.process.wait())
-            context.end(f"its python exited with status {code}")
-            return CellOutcome(error=ended_error(context))
-        return outcome
+            cell.cancel()
+            context.end(f"a cell ran past its {timeout_ms} ms timeout and ignored the interrupt")
+        interrupted = cell.result() if done else None
+        return timeout_error(timeout_ms or 0, bool(done), interrupted)
 
 
 def wire_bundle(data: dict[str, Any]) -> dict[str, Any]:
     """The Go execd's result shape: `text/plain` is sent as `text` (what the SDK reads)."""
     return {("text" if mime == "text/plain" else mime): value for mime, value in data.items()}
+
+
+def plain_error(content: dict[str, Any]) -> dict[str, Any]:
+    """The kernel's error without terminal colours (IPython colours its tracebacks for a
+    notebook; an agent or a log reads plain text)."""
+    return {
+        "ename": ANSI_ESCAPE.sub("", str(content.get("ename") or "")),
+        "evalue": ANSI_ESCAPE.sub("", str(content.get("evalue") or "")),
+        "traceback": [ANSI_ESCAPE.sub("", str(line)) for line in content.get("traceback") or []],
+    }
+
+
+def startup_log(files: str) -> str:
+    try:
+        with open(files + ".log", "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - STARTUP_LOG_TAIL))
+            return log.read().decode(errors="replace").strip() or "(none)"
+    except OSError:
+        return "(none)"
 
 
 def ended_error(context: Context) -> dict[str, Any]:
@@ -479,15 +444,18 @@ def busy_error(context: Context) -> dict[str, Any]:
     }
 
 
-def timeout_error(timeout_ms: int, outcome: CellOutcome | None) -> dict[str, Any]:
-    if outcome is None:
-        what = f"did not stop within {INTERRUPT_GRACE_S:g} s of SIGINT; the context was killed and has ended"
-    else:
+def timeout_error(timeout_ms: int, stopped: bool, interrupted: dict[str, Any] | None) -> dict[str, Any]:
+    if stopped:
         what = "was interrupted; the context keeps its state"
+    else:
+        what = (
+            f"did not stop within {INTERRUPT_GRACE_S:g} s of the interrupt; "
+            "its kernel was killed and the context has ended"
+        )
     return {
         "ename": "ExecutionTimeout",
         "evalue": f"the cell ran past its {timeout_ms} ms timeout and {what}",
-        "traceback": (outcome.error or {}).get("traceback", []) if outcome else [],
+        "traceback": (interrupted or {}).get("traceback") or [],
     }
 
 
@@ -497,7 +465,7 @@ def timeout_error(timeout_ms: int, outcome: CellOutcome | None) -> dict[str, Any
 def contexts_of(request: Request) -> CodeContexts:
     state = request.state
     if not hasattr(state, "code_contexts"):
-        state.code_contexts = CodeContexts(state.default_cwd)
+        state.code_contexts = CodeContexts(state.default_cwd, state.state_dir)
     contexts: CodeContexts = state.code_contexts
     return contexts
 
@@ -549,5 +517,5 @@ async def interrupt_code(request: Request) -> Response:
         )
     context = contexts_of(request).get(context_id)
     if context.running:
-        context.interrupt()
+        await context.interrupt()
     return Response(200)

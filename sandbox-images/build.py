@@ -29,9 +29,11 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -51,11 +53,29 @@ HOST_PROGRAMS = (Path("/usr/bin/curl"), Path("/usr/bin/bash"))
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 DEFAULT_CACHE = Path(os.environ.get("SANDGATE_IMAGE_CACHE", Path.home() / ".cache" / "sandgate" / "images"))
 
-# What execd imports besides the stdlib; their dependency closure is copied in.
-EXECD_REQUIREMENTS = ("fastapi", "uvicorn", "pydantic", "python-multipart")
+# What execd imports besides the stdlib, and the kernels its code contexts run (execd/kernels.py);
+# their dependency closure is copied in.
+EXECD_REQUIREMENTS = (
+    "fastapi",
+    "uvicorn",
+    "pydantic",
+    "python-multipart",
+    "h11",
+    "jupyter_client",
+    "ipykernel",
+    "bash_kernel",
+)
 # Recipes in build order: image name -> folder holding its Dockerfile (built FROM the previous).
 RECIPES = {"sandgate/base": HERE / "base", "sandgate/python": HERE / "python"}
 ROOTFS_IMAGE = "sandgate/rootfs"
+# OpenSandbox's code-interpreter image, built FROM sandgate/python with packages from the index
+# (its requirements.txt, pinned to this environment's versions where execd already has them).
+CODE_INTERPRETER = HERE / "code-interpreter"
+CODE_INTERPRETER_IMAGE = "opensandbox/code-interpreter"
+CODE_INTERPRETER_TAGS = ("v1.1.0", "latest")  # the tags OpenSandbox's SDK and guide name
+# Its packages are downloaded here first (`--wheels-only`, which bootstrap runs): the build itself
+# then installs offline, so it also works where only the tests' own namespaces are (no index).
+WHEELHOUSE = Path(os.environ.get("SANDGATE_WHEELHOUSE", DEFAULT_CACHE.parent / "code-interpreter-wheels"))
 
 # Parts of the stdlib a sandbox never needs (tests alone are half of it; config-* holds libpython.a).
 STDLIB_SKIP = re.compile(
@@ -300,16 +320,21 @@ class CachedImages:
     def save(self, client: docker.DockerClient) -> None:
         for old in self.cache_dir.glob("sandgate-images-*"):
             old.unlink()  # one cached set at a time; a digest change makes the old one useless
-        # The SDK saves one image per call; the engine's endpoint takes several (shared layers once).
-        api = client.api
-        url = f"{api.base_url}/v{api.api_version}/images/get"
-        partial = self.archive.with_suffix(".partial")
-        with api.get(url, params={"names": image_names(self.digest)}, stream=True) as response:
-            response.raise_for_status()
-            with partial.open("wb") as f:
-                for chunk in response.iter_content(1 << 20):
-                    f.write(chunk)
-        partial.replace(self.archive)
+        save_images(client, image_names(self.digest), self.archive)
+
+
+def save_images(client: docker.DockerClient, names: list[str], archive: Path) -> None:
+    """`docker save` of `names` into `archive` (written whole or not at all)."""
+    # The SDK saves one image per call; the engine's endpoint takes several (shared layers once).
+    api = client.api
+    url = f"{api.base_url}/v{api.api_version}/images/get"
+    partial = archive.with_suffix(".partial")
+    with api.get(url, params={"names": names}, stream=True) as response:
+        response.raise_for_status()
+        with partial.open("wb") as f:
+            for chunk in response.iter_content(1 << 20):
+                f.write(chunk)
+    partial.replace(archive)
 
 
 def _build(client: docker.DockerClient, entries: list[Entry], digest: str, cache_dir: Path) -> None:
@@ -334,6 +359,110 @@ def _build(client: docker.DockerClient, entries: list[Entry], digest: str, cache
     client.images.remove(f"{ROOTFS_IMAGE}:{digest}", noprune=True)
 
 
+# ---------------------------------------------------------------- opensandbox/code-interpreter
+
+
+def code_interpreter_archive(cache_dir: Path, digest: str) -> Path:
+    return cache_dir / f"code-interpreter-{digest}.tar"
+
+
+def build_code_interpreter(client: docker.DockerClient, digest: str, cache_dir: Path = DEFAULT_CACHE) -> Path:
+    """Make `opensandbox/code-interpreter` (`:<digest>` and `CODE_INTERPRETER_TAGS`) exist in the
+    daemon, FROM `sandgate/python:<digest>` (build_images first). Returns its `docker save`
+    archive, which is also what the local runtime's image store imports. Order of preference:
+    already there, load the cached archive, build (pip reaches the package index; docker does not).
+    """
+    ref = f"{CODE_INTERPRETER_IMAGE}:{digest}"
+    archive = code_interpreter_archive(cache_dir, digest)
+    if not has_image(client, ref) and archive.exists():
+        with archive.open("rb") as f:
+            client.images.load(f)
+    if not has_image(client, ref):
+        _build_code_interpreter(client, digest, cache_dir)
+    if not archive.exists():
+        for old in cache_dir.glob("code-interpreter-*.tar"):
+            old.unlink()  # one cached build at a time
+        save_images(client, [ref], archive)
+    for tag in CODE_INTERPRETER_TAGS:
+        client.images.get(ref).tag(CODE_INTERPRETER_IMAGE, tag)
+    return archive
+
+
+def has_image(client: docker.DockerClient, ref: str) -> bool:
+    try:
+        client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def pinned_to_this_environment() -> str:
+    """Constraints `name==version` for what the base image already has (execd's closure), so the
+    code-interpreter layer never holds a second version of a package beside the base's."""
+    return "".join(f"{d.metadata['Name']}=={d.version}\n" for d in distribution_closure(EXECD_REQUIREMENTS))
+
+
+def download_code_interpreter_wheels(wheelhouse: Path = WHEELHOUSE) -> Path:
+    """The code-interpreter's packages in `wheelhouse` (pip download from the index), once per
+    change of the requirements or of the pinned versions (a stamp names both)."""
+    constraints = pinned_to_this_environment()
+    requirements = (CODE_INTERPRETER / "requirements.txt").read_text(encoding="utf-8")
+    wanted = hashlib.sha256(f"{requirements}\0{constraints}\0{python_version()}".encode()).hexdigest()
+    stamp = wheelhouse / ".complete"
+    if stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted:
+        return wheelhouse
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as pins:
+        pins.write(constraints)
+        pins.flush()
+        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check"]
+        pip += [
+            "--only-binary",
+            ":all:",
+            "-d",
+            str(wheelhouse),
+            "-r",
+            str(CODE_INTERPRETER / "requirements.txt"),
+        ]
+        subprocess.run([*pip, "-c", pins.name], check=True)
+    stamp.write_text(wanted, encoding="utf-8")
+    return wheelhouse
+
+
+def _build_code_interpreter(client: docker.DockerClient, digest: str, cache_dir: Path) -> None:
+    wheelhouse = download_code_interpreter_wheels()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="code-interpreter-context-", dir=cache_dir) as temp:
+        context = Path(temp) / "context"
+        shutil.copytree(CODE_INTERPRETER, context)
+        constraints = Path(temp) / "constraints.txt"
+        constraints.write_text(pinned_to_this_environment(), encoding="utf-8")
+        site = context / "site"
+        pip = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-compile",
+        ]
+        pip += ["--no-index", "--find-links", str(wheelhouse), "--target", str(site)]
+        pip += ["-r", str(CODE_INTERPRETER / "requirements.txt"), "-c", str(constraints)]
+        subprocess.run(pip, check=True)
+        # console scripts name this environment's Python: only Deno's binary is kept, in /usr/local/bin
+        (context / "bin").mkdir()
+        (site / "bin" / "deno").rename(context / "bin" / "deno")
+        shutil.rmtree(site / "bin")
+        args = {"FROM_IMAGE": f"sandgate/python:{digest}", "PY_VERSION": python_version()}
+        ref = f"{CODE_INTERPRETER_IMAGE}:{digest}"
+        try:
+            client.images.build(path=str(context), tag=ref, buildargs=args, network_mode="none", rm=True)
+        except docker.errors.BuildError as exc:
+            log = "".join(str(chunk.get("stream", chunk.get("error", ""))) for chunk in exc.build_log)
+            raise RuntimeError(f"docker build of {ref} from {CODE_INTERPRETER} failed:\n{log}") from exc
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -343,7 +472,15 @@ def main(argv: list[str] | None = None) -> int:
         "--docker-host", help="daemon to build in (default: DOCKER_HOST or the system socket)"
     )
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where built images are saved")
+    parser.add_argument(
+        "--wheels-only",
+        action="store_true",
+        help=f"only download the code-interpreter image's packages into {WHEELHOUSE} (bootstrap runs this)",
+    )
     args = parser.parse_args(argv)
+    if args.wheels_only:
+        print(download_code_interpreter_wheels())
+        return 0
     try:
         client = docker.DockerClient(base_url=args.docker_host) if args.docker_host else docker.from_env()
         client.ping()
@@ -352,7 +489,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return _build_in_private_daemon(args.cache)
     digest = build_images(client, args.cache)
-    print(json.dumps({"digest": digest, "images": [*image_names(digest), *(f"{n}:latest" for n in RECIPES)]}))
+    archive = build_code_interpreter(client, digest, args.cache)
+    tags = [f"{CODE_INTERPRETER_IMAGE}:{tag}" for tag in CODE_INTERPRETER_TAGS]
+    images = [*image_names(digest), *(f"{n}:latest" for n in RECIPES), *tags]
+    print(json.dumps({"digest": digest, "images": images, "code_interpreter_archive": str(archive)}))
+    print(f"local runtime: sandgate image import {archive} {tags[0]}", file=sys.stderr)
     return 0
 
 
@@ -362,8 +503,11 @@ def _build_in_private_daemon(cache: Path) -> int:
 
     with private_dockerd() as daemon:
         digest = build_images(daemon.client, cache)
+        code_interpreter = build_code_interpreter(daemon.client, digest, cache)
     saved = CachedImages(cache, digest).archive
     print(f"no Docker daemon reachable: built in a private one and saved {saved}; `docker load -i` it")
+    tag = f"{CODE_INTERPRETER_IMAGE}:{CODE_INTERPRETER_TAGS[0]}"
+    print(f"{code_interpreter}: `docker load -i` it, or `sandgate image import {code_interpreter} {tag}`")
     return 0
 
 

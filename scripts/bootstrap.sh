@@ -164,6 +164,13 @@ test_stage() {
   check_no_test_listeners
   pip_install '.[dev]' .venv/.sandgate-installed
   js_test_clients
+  code_interpreter_wheels
+}
+
+# The opensandbox/code-interpreter image's packages (sandbox-images/code-interpreter), downloaded
+# now: the tests build the image inside network namespaces that reach no package index.
+code_interpreter_wheels() {
+  .venv/bin/python sandbox-images/build.py --wheels-only >/dev/null
 }
 
 # The OpenSandbox JS SDK the conformance tests drive (tests/js: its package.json and lockfile),

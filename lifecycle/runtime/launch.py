@@ -58,15 +58,20 @@ LAUNCH_ENV = {"PATH": DEFAULT_PATH}
 # PR_SET_DUMPABLE(4) 0 comes first: before the token is read and before the entrypoint exists.
 # argv: N, the entrypoint's N words, execd's package parent dir, its site-packages, execd's args;
 # stdin: execd's token (empty for none; passed as --token=T, since a token may start with '-'),
-# then /dev/null for the entrypoint.
+# then /dev/null for the entrypoint. An entrypoint that cannot start (missing, not executable)
+# ends the sandbox with one line naming it and exit status 127, the shell's, never a traceback
+# of this source.
 # Starts the entrypoint, then becomes execd in the same interpreter (-I -S: no site, no .pth
 # processing, no second interpreter start-up); `sandgate` is a bare package whose path is the
 # parent of the execd package, so `sandgate.execd` imports from where it is installed.
 LAUNCHER = (
     "import os,sys,ctypes;ctypes.CDLL(None).prctl(4,0,0,0,0);"
     "t=os.read(0,4096).decode();os.dup2(os.open('/dev/null',os.O_RDONLY),0);"
-    "n=int(sys.argv[1]);e=sys.argv[2:2+n];p,s,*x=sys.argv[2+n:];"
-    "e and os.posix_spawnp(e[0],e,os.environ);sys.path[:0]=[s];m=type(sys)('sandgate');"
+    "n=int(sys.argv[1]);e=sys.argv[2:2+n];p,s,*x=sys.argv[2+n:]\n"
+    "try:e and os.posix_spawnp(e[0],e,os.environ)\n"
+    "except OSError as f:os.write(2,f'sandgate: the entrypoint {e[0]} cannot start: {f.strerror}"
+    " (errno {f.errno}); exit status 127\\n'.encode());os._exit(127)\n"
+    "sys.path[:0]=[s];m=type(sys)('sandgate');"
     "m.__path__=[p];sys.modules['sandgate']=m;from sandgate.execd.__main__ import main;"
     "main(x+['--token='+t] if t else x)"
 )

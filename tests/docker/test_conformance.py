@@ -18,10 +18,12 @@ import pytest
 from tests.conformance import test_sdk as sdk_scenarios
 from tests.conformance.conftest import API_HOST
 from tests.conformance.scenarios import MODES, SCENARIOS, Result, check
+from tests.conformance.test_examples import run_the_guides_example
 from tests.conformance.test_js_sdk import run_js
 from tests.conformance.test_mcp_scenarios import run_mcp
 from tests.conformance.test_osb_scenarios import run_osb
 from tests.conformance.test_sdk_scenarios import run_python
+from tests.docker.conftest import load_image_builder
 from tests.lifecycle.test_execd_token import check_execd_needs_the_sandboxs_token
 from tests.support.dockerd import PrivateDockerd
 from tests.support.internet import DNS_ADDR, ORIGIN_V4, Internet, start_internet
@@ -57,6 +59,16 @@ def test_sdk_create_run_files_egress_vault_kill_on_docker(docker_server: Sandgat
 
 def test_sdk_through_server_proxy_on_docker(docker_server: SandgateServer) -> None:
     sdk_scenarios.test_sdk_through_server_proxy(docker_server)
+
+
+@pytest.mark.timeout(1800)  # it may build the image (several minutes on a loaded 2-core machine)
+def test_the_guides_code_interpreter_example_on_docker(
+    docker_server: SandgateServer, dockerd: PrivateDockerd, sandbox_images: str
+) -> None:
+    """opensandbox/code-interpreter:v1.1.0 in the private dockerd (loaded from the build cache or
+    built), then the guide's example verbatim, as on the local runtime."""
+    load_image_builder().build_code_interpreter(dockerd.client, sandbox_images)
+    run_the_guides_example(docker_server)
 
 
 def test_execd_needs_the_sandboxs_token_on_docker(docker_server: SandgateServer) -> None:

@@ -81,7 +81,9 @@ def start_execd(
         argv += ["--root", str(root)]
     if token is not None:
         argv += ["--token", token]
-    process = subprocess.Popen(argv, env={**os.environ, **(env or {})}, cwd=root or None)
+    # as in a sandbox, nothing of pytest's: ipykernel skips capturing fd output under pytest
+    inherited = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    process = subprocess.Popen(argv, env={**inherited, **(env or {})}, cwd=root or None)
     execd = Execd(process, port, root, token)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

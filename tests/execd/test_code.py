@@ -1,4 +1,5 @@
-"""Code contexts (`/code/context`, `/code/contexts`, `/code`) against a real execd.
+"""Code contexts (`/code/context`, `/code/contexts`, `/code`) on real Jupyter kernels
+(ipykernel from the venv, as a `sandgate/host` sandbox has them) against a real execd.
 
 They are driven directly with httpx (the wire format) and through the real code-interpreter SDK
 (`opensandbox-code-interpreter==1.1.1`, `CodesAdapterSync` pointed straight at execd).
@@ -6,7 +7,9 @@ They are driven directly with httpx (the wire format) and through the real code-
 
 from __future__ import annotations
 
+import base64
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +26,10 @@ from opensandbox.models.execd_sync import ExecutionHandlersSync
 from .conftest import Execd, start_execd, stop_execd
 
 Event = dict[str, Any]
+# a 1x1 PNG, shown through IPython.display.Image
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
 
 
 def events_of(response: httpx.Response) -> Iterator[Event]:
@@ -113,6 +120,34 @@ def test_cells_keep_state_and_stream_events_like_the_go_execd(client: httpx.Clie
     assert stdout_text(child) == "from a child\n"  # fd-level output is captured too
 
 
+GUIDE_CELL = """
+            import sys
+            print(sys.version)
+            result = 2 + 2
+            result
+            """
+
+
+def test_the_guides_indented_cell_magics_and_every_mime_type(client: httpx.Client, context_id: str) -> None:
+    guide = run_cell(client, context_id, GUIDE_CELL)  # indented as in the guide: IPython dedents it
+    assert stdout_text(guide).startswith(sys.version.split()[0])
+    assert only(guide, "result")["results"] == {"text": "4"}
+    rich = run_cell(
+        client,
+        context_id,
+        "from IPython.display import HTML, JSON, Image, display\n"
+        f"display(HTML('<b>hi</b>'), JSON({{'a': 1}}), Image(data={PNG!r}))\n"
+        "!echo from-a-shell-line\n"
+        "%cd /tmp\n"
+        "%pwd",
+    )
+    results = [e["results"] for e in rich if e["type"] == "result"]
+    assert results[0]["text/html"] == "<b>hi</b>" and results[1]["application/json"] == {"a": 1}
+    assert base64.b64decode(results[2]["image/png"]) == PNG and results[2]["text"].startswith("<IPython")
+    assert results[-1] == {"text": "'/tmp'"}
+    assert "from-a-shell-line" in stdout_text(rich)
+
+
 def test_stdout_streams_while_the_cell_runs(client: httpx.Client, context_id: str, tmp_path: Path) -> None:
     # The cell waits for a file that the test writes only after it has seen the first line.
     # If output were held back until the cell ended, the cell would time out instead.
@@ -141,15 +176,14 @@ def test_exception_is_an_error_with_traceback_and_state_survives(
     assert kinds(events) == ["init", "execution_count", "stdout", "error"]  # no complete after an error
     error = events[-1]["error"]
     assert error["ename"] == "ZeroDivisionError" and error["evalue"] == "division by zero"
-    assert error["traceback"][0] == "Traceback (most recent call last):"
-    assert any('File "<cell 1>", line 5' in line for line in error["traceback"])
-    assert any("return 1 / 0" in line for line in error["traceback"])
+    text = "\n".join(error["traceback"])  # IPython's traceback, without its terminal colours
+    assert "Traceback (most recent call last)" in text and "\x1b[" not in text
+    assert "Cell In[1], line 5" in text and "return 1 / 0" in text
     assert error["traceback"][-1] == "ZeroDivisionError: division by zero"
-    assert not any("repl_driver" in line for line in error["traceback"])
 
     syntax = run_cell(client, context_id, "def broken(:")
     assert syntax[-1]["error"]["ename"] == "SyntaxError"
-    assert syntax[-1]["error"]["traceback"][0] == '  File "<cell 2>", line 1'
+    assert "Cell In[2], line 1" in syntax[-1]["error"]["traceback"][0]
     exits = run_cell(client, context_id, "raise SystemExit(3)")
     assert exits[-1]["error"]["ename"] == "SystemExit"
     after = run_cell(client, context_id, "before")
@@ -182,8 +216,8 @@ def test_interrupt_stops_the_cell_and_keeps_the_context(
 def test_interrupting_a_cell_that_floods_results_keeps_the_protocol_intact(
     client: httpx.Client, context_id: str, execd: Execd
 ) -> None:
-    many = run_cell(client, context_id, "for i in range(2000):\n    display('x' * 10000)")
-    assert [len(e["results"]["text"]) for e in many if e["type"] == "result"] == [10002] * 2000
+    many = run_cell(client, context_id, "for i in range(300):\n    display('x' * 10000)")
+    assert [len(e["results"]["text"]) for e in many if e["type"] == "result"] == [10002] * 300
     assert kinds(many)[-1] == "execution_complete"
 
     def interrupt(item: Event) -> None:
@@ -199,8 +233,9 @@ def test_interrupting_a_cell_that_floods_results_keeps_the_protocol_intact(
         interrupt,
     )
     assert flood[-1]["error"]["ename"] == "KeyboardInterrupt"
+    # in order, each once (the kernel's iopub may drop messages past its high-water mark)
     shown = [int(e["results"]["text"]) for e in flood if e["type"] == "result"]
-    assert shown == list(range(len(shown))) and shown
+    assert shown and shown == sorted(set(shown))
     after = run_cell(client, context_id, "n >= len([1])")
     assert [e["results"] for e in after if e["type"] == "result"] == [{"text": "True"}]
 
@@ -290,11 +325,11 @@ def test_list_get_and_delete_contexts(client: httpx.Client) -> None:
 
 
 def test_bad_requests_are_refused(client: httpx.Client) -> None:
-    for language in ("go", "typescript", ""):
+    for language in ("go", "java", ""):
         refused = client.post("/code/context", json={"language": language})
         assert refused.status_code == 400
     unsupported = client.post("/code/context", json={"language": "go"}).json()
-    supported = "supported: python, bash, javascript"
+    supported = "supported: python, bash, javascript, typescript"
     assert unsupported["code"] == "UNSUPPORTED_LANGUAGE" and supported in unsupported["message"]
     run_go = client.post("/code", json={"context": {"language": "go"}, "code": "1"})
     assert run_go.status_code == 400 and supported in run_go.json()["message"]
@@ -378,7 +413,8 @@ def test_sdk_interrupt_and_default_context(codes: CodesAdapterSync) -> None:
 def test_sdk_unsupported_language_is_a_clear_400(codes: CodesAdapterSync) -> None:
     with pytest.raises(SandboxApiException) as refused:
         codes.create_context(SupportedLanguageSync.GO)
-    assert refused.value.status_code == 400 and "supported: python, bash, javascript" in str(refused.value)
+    supported = "supported: python, bash, javascript, typescript"
+    assert refused.value.status_code == 400 and supported in str(refused.value)
     with pytest.raises(SandboxApiException) as run_refused:
         codes.run("1", context=CodeContextSync(language=SupportedLanguageSync.JAVA))
     assert run_refused.value.status_code == 400
@@ -387,7 +423,7 @@ def test_sdk_unsupported_language_is_a_clear_400(codes: CodesAdapterSync) -> Non
 @pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
 def test_contexts_die_with_execd(stop: str) -> None:
     """A stopped execd ends its contexts, also one in the middle of a cell; a killed one too
-    (the driver asks the kernel for SIGKILL when its parent dies)."""
+    (ipykernel watches its parent, JPY_PARENT_PID, and exits when it is gone)."""
     server = start_execd()
     try:
         with server.client() as http:
@@ -407,6 +443,6 @@ def test_contexts_die_with_execd(stop: str) -> None:
         deadline = time.monotonic() + 5
         while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not Path(f"/proc/{pid}").exists(), f"the context's python outlived execd ({stop})"
+        assert not Path(f"/proc/{pid}").exists(), f"the context's kernel outlived execd ({stop})"
     finally:
         stop_execd(server)

@@ -13,7 +13,7 @@ import pytest
 
 from sandgate.lifecycle.cgroups import SandboxCgroup
 from sandgate.lifecycle.kernel import mount_points
-from sandgate.lifecycle.runtime.base import SandboxSpec, ping_execd
+from sandgate.lifecycle.runtime.base import RuntimeError_, SandboxSpec, ping_execd
 from sandgate.lifecycle.runtime.local import LocalRuntime
 from sandgate.lifecycle.runtime.seccomp import AUDIT_ARCH_X86_64, deny_syscalls
 from tests.runtime.harness import Harness
@@ -112,6 +112,16 @@ def test_the_host_image_is_an_allowlist_on_an_overlay(harness: Harness, tmp_path
     assert CA_MARK not in Path("/etc/ssl/certs/ca-certificates.crt").read_text()  # host bundle untouched
     assert seen["hostname"] == "sandbox" and seen["cwd"] == "/workspace"
     assert max(seen["processes"]) < 20  # its own pid namespace
+
+
+def test_a_missing_entrypoint_is_named_without_the_launcher_source(harness: Harness) -> None:
+    """The guide's entrypoint on `sandgate/host`: one line naming the path, errno and status 127."""
+    with pytest.raises(RuntimeError_) as failed:
+        harness.start(["/opt/code-interpreter/code-interpreter.sh"])
+    message = str(failed.value)
+    assert "the entrypoint /opt/code-interpreter/code-interpreter.sh cannot start" in message
+    assert "No such file or directory (errno 2); exit status 127" in message
+    assert "Traceback" not in message and "posix_spawnp" not in message and "import os" not in message
 
 
 def test_memory_limit_kills_the_hog(harness: Harness) -> None:

@@ -1,0 +1,83 @@
+"""Code contexts through the host hop: context create time and the round trip of a trivial cell.
+
+Runs as root in a network namespace of its own (the module re-executes itself after unshare):
+one real `sandgate serve` (tests.support.server) and one real `sandgate/host` sandbox, reached
+through serve's reverse proxy (the execd endpoint handed to the SDKs) on one keep-alive client.
+Rows: `POST /code/context` for python and bash (a kernel start each, the context deleted after),
+and `POST /code` `1 + 1` in one python context (up to the last event), after 10 warm-up cells.
+SANDGATE_BENCH_CODE_RUNS sets the cell round trips (default 200); context creates are a tenth.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.sandbox_rig import enter_own_netns, row, run_as_root_child
+
+CHILD_FLAG = "SANDGATE_BENCH_CODE_CHILD"
+RUNS = int(os.environ.get("SANDGATE_BENCH_CODE_RUNS", "200"))
+
+
+def main() -> None:
+    run_as_root_child("bench.bench_code", CHILD_FLAG, "netns, nftables, mounts")
+
+
+def _create(client: httpx.Client, language: str) -> tuple[str, float]:
+    began = time.perf_counter()
+    response = client.post("/code/context", json={"language": language})
+    took = time.perf_counter() - began
+    response.raise_for_status()
+    return response.json()["id"], took
+
+
+def _cell(client: httpx.Client, context_id: str, code: str) -> bytes:
+    body = {"code": code, "context": {"id": context_id, "language": "python"}}
+    with client.stream("POST", "/code", json=body) as response:
+        response.raise_for_status()
+        return b"".join(response.iter_raw())
+
+
+def _child() -> None:
+    enter_own_netns()
+    from tests.support.server import sandgate_server
+
+    with (
+        tempfile.TemporaryDirectory(prefix="sandgate-bench-code-") as temp,
+        sandgate_server(Path(temp)) as server,
+    ):
+        sandbox_id = server.create_sandbox()["id"]
+        with server.client() as api:
+            found = api.get(f"/v1/sandboxes/{sandbox_id}/endpoints/44772").json()
+        with httpx.Client(
+            base_url=f"http://{found['endpoint']}", headers=found["headers"], timeout=120, trust_env=False
+        ) as client:
+            creates: dict[str, list[float]] = {"python": [], "bash": []}
+            for _ in range(max(3, RUNS // 10)):
+                for language, times in creates.items():
+                    context_id, took = _create(client, language)
+                    times.append(took)
+                    client.delete(f"/code/contexts/{context_id}").raise_for_status()
+            context_id, _ = _create(client, "python")
+            for _ in range(10):
+                assert b'"text":"2"' in _cell(client, context_id, "1 + 1")
+            cells = []
+            for _ in range(RUNS):
+                began = time.perf_counter()
+                _cell(client, context_id, "1 + 1")
+                cells.append(time.perf_counter() - began)
+    print(f"code contexts through sandgate serve's host endpoint; load average {os.getloadavg()[0]:.1f}")
+    for language, times in creates.items():
+        row(f"create {language} context", times)
+    row("cell `1 + 1` round trip", cells)
+
+
+if __name__ == "__main__":
+    if os.environ.get(CHILD_FLAG) == "1":
+        _child()
+    else:
+        main()

@@ -1,0 +1,109 @@
+"""Which Jupyter kernel serves each code-context language: the sandbox's own first, then execd's.
+
+Rules:
+1. A language is served by the first kernelspec found under one of its names (`KERNEL_NAMES`).
+   Kernelspecs are looked up in the sandbox's Jupyter data dirs, in this order: each entry of
+   `$JUPYTER_PATH`, `~/.local/share/jupyter`, `/usr/local/share/jupyter`, `/usr/share/jupyter`,
+   so an image's kernels (its own Python with its own packages, as in the code-interpreter image)
+   win over execd's.
+2. Last come the kernels of execd's own environment (written as kernelspecs into execd's state
+   dir, `own_kernelspecs`): ipykernel and bash_kernel under execd's Python, Deno's kernel
+   (`deno jupyter --kernel`) from the `deno` next to execd's Python or on the sandbox's PATH.
+   This is what a `sandgate/host` sandbox runs (execd's Python is the host venv, bound read-only).
+   Deno's kernel implements no interrupt (neither SIGINT nor `interrupt_request`): SIGINT ends
+   it, so an interrupted javascript/typescript context ends, and a new one starts fresh.
+3. A language none of them serves is `NoKernel`, whose message says what to install.
+4. This module imports jupyter_client only when a context is created (execd starts without it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jupyter_client.kernelspec import KernelSpecManager
+
+# language -> kernelspec names that serve it, most specific first
+KERNEL_NAMES: dict[str, tuple[str, ...]] = {
+    "python": ("python3", "python"),
+    "bash": ("bash",),
+    "javascript": ("deno", "javascript"),
+    "typescript": ("deno", "typescript"),
+}
+SUPPORTED_LANGUAGES = tuple(KERNEL_NAMES)
+SYSTEM_JUPYTER_DIRS = ("/usr/local/share/jupyter", "/usr/share/jupyter")
+# what to install when a language has no kernel (rule 3)
+INSTALL_HINTS = {
+    "python": "ipykernel (`pip install ipykernel`)",
+    "bash": "bash_kernel (`pip install bash_kernel`)",
+    "javascript": "Deno (`pip install deno`, whose `deno jupyter` is the kernel)",
+    "typescript": "Deno (`pip install deno`, whose `deno jupyter` is the kernel)",
+}
+
+
+class NoKernel(Exception):
+    """No kernelspec serves the language; the message names what to install."""
+
+
+def sandbox_kernel_dirs(env: dict[str, str]) -> list[str]:
+    roots = [p for p in env.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+    if env.get("HOME"):
+        roots.append(os.path.join(env["HOME"], ".local", "share", "jupyter"))
+    roots += SYSTEM_JUPYTER_DIRS
+    return [os.path.join(root, "kernels") for root in roots]
+
+
+def find_deno(env: dict[str, str]) -> str | None:
+    beside_python = Path(sys.executable).with_name("deno")
+    if beside_python.is_file() and os.access(beside_python, os.X_OK):
+        return str(beside_python)
+    return shutil.which("deno", path=env.get("PATH", os.defpath))
+
+
+def own_kernelspecs(env: dict[str, str]) -> dict[str, dict[str, object]]:
+    """The kernels execd's own environment has, as kernelspec documents (rule 2)."""
+    specs: dict[str, dict[str, object]] = {}
+    python = [sys.executable, "-m"]
+    if importlib.util.find_spec("ipykernel") is not None:
+        argv = [*python, "ipykernel_launcher", "-f", "{connection_file}"]
+        specs["python3"] = {"argv": argv, "language": "python", "display_name": "Python 3"}
+    if importlib.util.find_spec("bash_kernel") is not None:
+        argv = [*python, "bash_kernel", "-f", "{connection_file}"]
+        specs["bash"] = {"argv": argv, "language": "bash", "display_name": "Bash"}
+    deno = find_deno(env)
+    if deno is not None:
+        argv = [deno, "jupyter", "--kernel", "--conn", "{connection_file}"]
+        # NO_COLOR: values are shown as plain text, as Node's REPL shows them to a pipe
+        env_ = {"NO_COLOR": "1"}
+        specs["deno"] = {"argv": argv, "language": "typescript", "display_name": "Deno", "env": env_}
+    return specs
+
+
+def kernel_manager_specs(env: dict[str, str], state_dir: str) -> KernelSpecManager:
+    """A KernelSpecManager over the sandbox's kernel dirs, then execd's own kernels."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    own = os.path.join(state_dir, "kernels")
+    for name, spec in own_kernelspecs(env).items():
+        os.makedirs(os.path.join(own, name), exist_ok=True)
+        with open(os.path.join(own, name, "kernel.json"), "w", encoding="utf-8") as handle:
+            json.dump(spec, handle)
+    return KernelSpecManager(kernel_dirs=[*sandbox_kernel_dirs(env), own], ensure_native_kernel=False)
+
+
+def kernel_name(language: str, specs: KernelSpecManager) -> str:
+    found = specs.find_kernel_specs()
+    for name in KERNEL_NAMES[language]:
+        if name in found:
+            return name
+    raise NoKernel(
+        f"no Jupyter kernel for {language} in this sandbox (looked for kernelspecs named "
+        f"{', '.join(KERNEL_NAMES[language])} in {', '.join(specs.kernel_dirs)}); install "
+        f"{INSTALL_HINTS[language]} in the image, or use the opensandbox/code-interpreter image"
+    )
