@@ -137,9 +137,13 @@ class Harness(Closing):
         self.nets[sandbox_id] = net
         image = str(spec.pop("image", "sandgate/host"))
         spec.setdefault("isolation", self.isolation)
-        self.runtime.create(SandboxSpec(sandbox_id, image, entrypoint, **spec), net)
-        if ready:
-            self.runtime.wait_ready(sandbox_id, net, timeout=30)
+        try:
+            self.runtime.create(SandboxSpec(sandbox_id, image, entrypoint, **spec), net)
+            if ready:
+                self.runtime.wait_ready(sandbox_id, net, timeout=30)
+        except BaseException:
+            self.stop(sandbox_id)  # a failed start leaves nothing for the module's later tests
+            raise
         return sandbox_id, net
 
     def probe(self, phases: list[list[tuple[str, str, int]]], **spec: Any) -> tuple[str, SandboxNet]:
