@@ -97,7 +97,8 @@ def control_app(state: ProxyState, serve: Callable[[], Awaitable[None]] | None =
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "sandboxes": len(state.table), "pid": os.getpid()}
+        audit = state.audit.failure or "ok"
+        return {"status": "ok", "audit": audit, "sandboxes": len(state.table), "pid": os.getpid()}
 
     @app.get("/metrics")
     def metrics() -> PlainTextResponse:

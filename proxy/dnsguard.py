@@ -12,7 +12,9 @@ Rules:
    upstream by the proxy itself with a freshly built question-only query (`dnswire.forward`),
    never the client's message; mitmproxy never forwards anything. Only single-question QUERYs in
    class IN from registered sandboxes are served; anything else is REFUSED.
-4. One `dns` audit record per query.
+4. One `dns` audit record per query. While the audit log cannot be written (`AuditLog.failure`)
+   every query of a sandbox is answered SERVFAIL, with why as its Extended DNS Error text: the
+   proxy asks nothing upstream that it cannot record.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import struct
 
 from mitmproxy import dns
 
-from sandgate.proxy.auditing import record_decision
-from sandgate.proxy.decide import Verdict, check_upstream, decide_name
+from sandgate.proxy.auditing import AUDIT_UNWRITABLE, record_decision
+from sandgate.proxy.decide import Verdict, check_upstream, decide_name, refusal
 from sandgate.proxy.dnswire import (
     EDE_BLOCKED,
     EDE_NOT_SUPPORTED,
@@ -72,7 +74,11 @@ class DnsAddon:
         name = question.name.lower().rstrip(".")
         verdict = decide_name(sandbox, name)
         detail = f"qtype={dns.types.to_str(question.type)}"
-        if not verdict.allowed:
+        if (failure := self.state.audit.failure) is not None:
+            verdict = refusal(AUDIT_UNWRITABLE)
+            why = (EDE_PROHIBITED, f"sandgate: {failure}")
+            flow.response = _failed(request, dns.response_codes.SERVFAIL, why)
+        elif not verdict.allowed:
             flow.response = self._blocked(request, verdict)
         elif question.type in FAMILIES:
             verdict, flow.response, answered = await self._answer(

@@ -31,7 +31,7 @@ from mitmproxy import connection, http, tls
 from mitmproxy.proxy import mode_specs, server_hooks
 
 from sandgate.policy import AmbiguousTarget, RequestIdentity, request_identity
-from sandgate.proxy.auditing import addr, record_decision
+from sandgate.proxy.auditing import AUDIT_UNWRITABLE, addr, record_decision
 from sandgate.proxy.decide import (
     AMBIGUOUS,
     GONE,
@@ -115,6 +115,8 @@ class EnforcementAddon:
         alike); a pass-through verdict comes with the checked upstream address, pinned in `conn`."""
         port = server_address[1]
         name, agreed = agreed_name(sni, conn.connect_host)
+        if self.state.audit.failure:  # pass-through bytes would go out unrecorded: fail closed
+            return ClientHelloVerdict(refusal(AUDIT_UNWRITABLE), name, self.state.audit.failure, None)
         if not agreed:
             verdict, detail = MISMATCH, describe_claims({"sni": sni, "connect": conn.connect_host})
         else:

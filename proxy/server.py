@@ -83,6 +83,7 @@ def build_state(config: ProxyConfig, slot: WorkerSlot | None = None) -> ProxySta
             config.audit_backups,
             table.values.redact_text,
             slot.audit_fd if slot else None,
+            config.audit_fsync,
         ),
         metrics=Metrics(),
     )
@@ -141,6 +142,7 @@ async def serve(config: ProxyConfig, slot: WorkerSlot | None = None) -> None:
     errorpages.install()  # proxy-made error pages never quote upstream bytes
     websocket.install()  # WebSocket control frames pass the scrubber too
     state = build_state(config, slot)
+    state.audit.listen(asyncio.get_running_loop())
     state.table.on_change.append(Revoker(state, asyncio.get_running_loop()).table_changed)
     master = Master(options.Options())
     master.addons.add(*addons(state, config))

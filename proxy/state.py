@@ -26,7 +26,7 @@ from sandgate.policy import (
     compile_policy,
     parse_policy,
 )
-from sandgate.proxy.audit import AuditLog, AuditRecord
+from sandgate.proxy.audit import AuditLog, AuditRecord, new_record_id
 from sandgate.proxy.config import SandboxEntry
 from sandgate.proxy.credentials import SandboxCredentials, SecretValues
 from sandgate.proxy.decide import Verdict
@@ -146,7 +146,8 @@ class ConnState:
 
 @dataclass
 class RequestState:
-    """One request's decision and counters; the audit addon turns it into the request record.
+    """One request's decision and counters; the audit addon turns it into the request record
+    (`record_id`: its write-ahead line, if it was forwarded, and its whole line share the id).
     `identity` is what the request was judged as, taken before injection changed anything (None
     when it was refused before: names that disagree, an ambiguous target)."""
 
@@ -159,6 +160,8 @@ class RequestState:
     bytes_out: int = 0
     bytes_in: int = 0
     detail: str | None = None
+    record_id: str = field(default_factory=new_record_id)
+    written_ahead: bool = False
 
 
 @dataclass

@@ -21,7 +21,10 @@ Rules:
    with the pool (PR_SET_PDEATHSIG); the pool ends, with an error, when its template ends.
 5. One audit stream: a worker sends each record as one message on a SOCK_SEQPACKET pair (whole or
    not at all: never cut, never interleaved); the pool appends what arrives to the one
-   `AuditFile`, which it alone rotates.
+   `AuditFile`, which it alone rotates, one write per batch, and answers on the same pair how
+   many of that worker's messages are in the file (`PipeAnswer`): a worker forwards a request
+   only after its write-ahead line is (proxy/audit.py, rule 5). A batch that cannot be written
+   is answered "fail" with why, and every worker hears of it, until a batch is written again.
 6. `GET /metrics` sums every worker's series (`metrics.summed`) and adds the pool's own.
 7. DNS: mitmproxy's UDP server can neither share a port nor take an inherited socket, so worker
    0 alone serves DNS; the others ask it (`PeerNames`) for the name a sandbox resolved an
@@ -45,7 +48,7 @@ import httpx
 from fastapi import FastAPI, HTTPException, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from sandgate.proxy.audit import PIPE_RECORD_MAX, AuditFile
+from sandgate.proxy.audit import PIPE_RECORD_MAX, AuditFile, PipeAnswer
 from sandgate.proxy.config import ProxyConfig, SandboxEntry
 from sandgate.proxy.control import ControlServer, VaultChange
 from sandgate.proxy.frontdoor import ListenError, listen_socket
@@ -124,7 +127,11 @@ class WorkerPool:
 
     def __post_init__(self) -> None:
         self.entries = {entry.address: entry for entry in self.config.sandboxes}
-        self.audit = AuditFile(self.config.audit_path, self.config.audit_max_bytes, self.config.audit_backups)
+        config = self.config
+        self.audit = AuditFile(
+            config.audit_path, config.audit_max_bytes, config.audit_backups, config.audit_fsync
+        )
+        self.pipes: dict[socket.socket, int] = {}  # each worker's audit pipe -> messages handled
         self.lock = asyncio.Lock()  # orders changes and replays (rules 2 and 3)
         self.stopping = asyncio.Event()
         self.template_lost = False
@@ -171,6 +178,7 @@ class WorkerPool:
         pool_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         worker_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * PIPE_RECORD_MAX)
         pool_end.setblocking(False)
+        self.pipes[pool_end] = 0
         asyncio.get_running_loop().add_reader(pool_end.fileno(), self._drain_audit, pool_end)
         fds = (worker.listeners[0].fileno(), worker.listeners[1].fileno(), worker_end.fileno())
         try:
@@ -244,8 +252,10 @@ class WorkerPool:
         self.template.stop()
 
     def _drain_audit(self, sock: socket.socket) -> None:
-        """Append every record waiting on a worker's pipe (rule 5); at EOF the pipe is closed."""
+        """Append every record waiting on a worker's pipe and answer it (rule 5); at EOF the
+        pipe is closed."""
         records: list[bytes] = []
+        ended = False
         while True:
             try:
                 record = sock.recv(PIPE_RECORD_MAX)
@@ -254,12 +264,33 @@ class WorkerPool:
             except OSError:
                 record = b""
             if not record:
-                asyncio.get_running_loop().remove_reader(sock.fileno())
-                sock.close()
+                ended = True
                 break
             records.append(record)
         if records:
-            self.audit.write(b"".join(records))
+            self.pipes[sock] += len(records)
+            was_failing = self.audit.failure
+            try:
+                self.audit.write(b"".join(records))
+            except OSError:
+                log.error("%d audit records from a worker not written: %s", len(records), self.audit.failure)
+            if self.audit.failure != was_failing:
+                self._tell_every_worker()  # the news: unwritable, or written again
+            elif not ended:
+                self._answer(sock)
+        if ended:
+            asyncio.get_running_loop().remove_reader(sock.fileno())
+            self.pipes.pop(sock, None)
+            sock.close()
+
+    def _answer(self, sock: socket.socket) -> None:
+        """A late or lost answer is only late: the next one counts every message before it."""
+        with contextlib.suppress(OSError):
+            sock.send(PipeAnswer(self.pipes[sock], self.audit.failure).encode())
+
+    def _tell_every_worker(self) -> None:
+        for sock in list(self.pipes):
+            self._answer(sock)
 
     # ------------------------------------------------------------------ changes (rule 2)
 
@@ -334,6 +365,7 @@ class WorkerPool:
     def health(self) -> dict[str, Any]:
         return {
             "status": "ok" if any(worker.serving for worker in self.workers) else "no worker serving",
+            "audit": self.audit.failure or "ok",
             "sandboxes": len(self.entries),
             "pid": os.getpid(),
             "workers": [
