@@ -20,6 +20,7 @@ _PUBLIC = {
     "AUDIT_FILE": "audit",
     "AuditLog": "audit",
     "AuditRecord": "audit",
+    "INCOMPLETE": "audit",
     "append_record": "audit",
     "audit_path": "audit",
     "redact_path": "audit",
@@ -33,7 +34,15 @@ _PUBLIC = {
 }
 
 if TYPE_CHECKING:
-    from sandgate.proxy.audit import AUDIT_FILE, AuditLog, AuditRecord, append_record, audit_path, redact_path
+    from sandgate.proxy.audit import (
+        AUDIT_FILE,
+        INCOMPLETE,
+        AuditLog,
+        AuditRecord,
+        append_record,
+        audit_path,
+        redact_path,
+    )
     from sandgate.proxy.ca import CaFiles, ensure_ca
     from sandgate.proxy.config import ProxyConfig, SandboxEntry
     from sandgate.proxy.control import ProxyControl, ProxyControlError
@@ -48,6 +57,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AUDIT_FILE",
+    "INCOMPLETE",
     "AuditLog",
     "AuditRecord",
     "CaFiles",
