@@ -115,8 +115,6 @@ class EnforcementAddon:
         alike); a pass-through verdict comes with the checked upstream address, pinned in `conn`."""
         port = server_address[1]
         name, agreed = agreed_name(sni, conn.connect_host)
-        if self.state.audit.failure:  # pass-through bytes would go out unrecorded: fail closed
-            return ClientHelloVerdict(refusal(AUDIT_UNWRITABLE), name, self.state.audit.failure, None)
         if not agreed:
             verdict, detail = MISMATCH, describe_claims({"sni": sni, "connect": conn.connect_host})
         else:
@@ -129,6 +127,10 @@ class EnforcementAddon:
                 # whatever is inside unchecked, so intercept and judge every request's Host.
                 verdict, detail = verdict.inspected(), CREDITED_INTERCEPTED
         upstream = None
+        if verdict.allowed and not verdict.inspect and (failure := self.state.audit.failure):
+            # Relayed bytes have no write-ahead line of their own (an intercepted connection's
+            # requests do, and are refused one by one with why): fail closed.
+            verdict, detail = refusal(AUDIT_UNWRITABLE), failure
         if verdict.allowed and not verdict.inspect:
             verdict, upstream = await self._pin(conn, sandbox, name or "", port, "https", verdict)
         return ClientHelloVerdict(verdict, name, detail, upstream)
