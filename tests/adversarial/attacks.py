@@ -411,6 +411,8 @@ def burst(
             request = f"GET {path} HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n"
             result = raw(address, 443, request, sni=sni)
             outcome = result.get("reply", "")[:12] or result.get("error", "no reply")[:40]
+            if not result.get("reply"):
+                time.sleep(0.05)  # a proxy that is down refuses at once: do not spend the budget
             with lock:
                 key = f"{path.partition('?')[0]} {outcome}"
                 tally[key] = tally.get(key, 0) + 1

@@ -202,12 +202,12 @@ def test_an_unwritable_audit_log_forwards_nothing_and_says_why(attacker: Attacke
     live = attacker.server.state_dir / "audit.jsonl"
     mark = len(attacker.internet.origin_requests())
     pin = f"--resolve {BOUND_HOST}:443:{ORIGIN_V4}"  # no DNS: the request itself meets the audit
-    ask = f"-w '\\n%{{http_code}}' {pin} https://{BOUND_HOST}/echo"
+    ask = f"-w ' status=%{{http_code}}' {pin} https://{BOUND_HOST}/echo"
     soft, hard = resource.prlimit(writer, resource.RLIMIT_FSIZE)
     resource.prlimit(writer, resource.RLIMIT_FSIZE, (live.stat().st_size, hard))
     try:
         refused = attacker.curl(ask)
-        body, _, code = refused.stdout.rpartition("\n")
+        body, _, code = refused.stdout.rpartition(" status=")
         assert code == "503", refused
         assert "audit" in body and "EFBIG" in body, body
         answer = attacker.attack("dns", name=BOUND_HOST, qtype="A")
@@ -217,7 +217,7 @@ def test_an_unwritable_audit_log_forwards_nothing_and_says_why(attacker: Attacke
     finally:
         resource.prlimit(writer, resource.RLIMIT_FSIZE, (soft, hard))
     answered = attacker.curl(ask)
-    assert answered.stdout.rpartition("\n")[2] == "200", answered
+    assert answered.stdout.rpartition(" status=")[2] == "200", answered
     [seen] = credentialed_since(attacker, mark)
     assert seen["path"] == "/echo"
     recorded = attacker.wait_audit(
