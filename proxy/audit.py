@@ -184,12 +184,17 @@ class AuditLog:
         redact: Redact | None = None,
         pipe_fd: int | None = None,
         fsync: bool = False,
+        sink: AuditFile | None = None,
     ) -> None:
         self.path = path
         self.redact = redact
-        self.sink: AuditFile | AuditPipe = (
-            AuditFile(path, max_bytes, backups, fsync) if pipe_fd is None else AuditPipe(pipe_fd, path)
-        )
+        self.sink: AuditFile | AuditPipe
+        if sink is not None:  # a file another part of this process writes too (the pool's DNS)
+            self.sink = sink
+        elif pipe_fd is not None:
+            self.sink = AuditPipe(pipe_fd, path)
+        else:
+            self.sink = AuditFile(path, max_bytes, backups, fsync)
         self._subscribers: list[Subscriber] = []
 
     @property

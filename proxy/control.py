@@ -15,9 +15,9 @@ Entries live in memory only: lifecycle re-pushes every entry after it (re)starts
     POST   /vault/changed   body: {"names": [...]} or {}    -> 200 {"refreshed": n}
 
 A worker of the pool (proxy/workers.py) has its own socket, which only the pool talks to, with
-two more routes: `POST /serve` (start accepting: the pool sends it once the worker holds every
-entry) and `GET /names/{sandbox}/{address}` (the name that sandbox resolved to that address
-through this worker's DNS: how the other workers attribute a connection without SNI).
+one more route: `POST /serve` (start accepting: the pool sends it once the worker holds every
+entry). The pool's socket adds `GET /names/{sandbox}/{address}` (the name that sandbox resolved
+to that address through the pool's DNS: how workers attribute a connection without SNI).
 """
 
 from __future__ import annotations
@@ -112,10 +112,6 @@ def add_worker_routes(app: FastAPI, state: ProxyState, serve: Callable[[], Await
     async def start_serving() -> dict[str, str]:
         await serve()
         return {"status": "serving"}
-
-    @app.get("/names/{sandbox_address}/{address}")
-    def name_for(sandbox_address: str, address: str) -> dict[str, str | None]:
-        return {"name": state.names.name_for(sandbox_address, address)}
 
 
 class ControlServer:

@@ -27,12 +27,13 @@ from sandgate.policy import (
     parse_policy,
 )
 from sandgate.proxy.audit import AuditLog, AuditRecord, new_record_id
-from sandgate.proxy.config import SandboxEntry
+from sandgate.proxy.config import ProxyConfig, SandboxEntry
 from sandgate.proxy.credentials import SandboxCredentials, SecretValues
 from sandgate.proxy.decide import Verdict
 from sandgate.proxy.metrics import Metrics
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.tcpinfo import KernelCounters
+from sandgate.vault import open_configured
 
 FLOW_KEY = "sandgate"  # flow.metadata key of a RequestState
 SCRUB_KEY = "sandgate.scrub"  # flow.metadata: the SandboxCredentials whose values the answer loses
@@ -77,6 +78,14 @@ class Sandbox:
     def vault_name(self, credential: str) -> str:
         """The vault entry a binding's credential name refers to in this sandbox."""
         return self.entry.credentials.get(credential, credential)
+
+
+def proxy_store(config: ProxyConfig) -> Any:
+    """The vault as the proxy opens it (None: no vault). The proxy keeps values in memory itself
+    (proxy/credentials.py), refreshed when the control plane signals a change: a store-side
+    cache would only serve a stale value after a rotation."""
+    vault = config.vault
+    return open_configured(vault.model_copy(update={"cache_ttl": 0}), config.vault_secrets) if vault else None
 
 
 class SandboxTable:

@@ -26,9 +26,11 @@ Rules:
    only after its write-ahead line is (proxy/audit.py, rule 5). A batch that cannot be written
    is answered "fail" with why, and every worker hears of it, until a batch is written again.
 6. `GET /metrics` sums every worker's series (`metrics.summed`) and adds the pool's own.
-7. DNS: mitmproxy's UDP server can neither share a port nor take an inherited socket, so worker
-   0 alone serves DNS; the others ask it (`PeerNames`) for the name a sandbox resolved an
-   address from, when a connection carries no name of its own.
+7. DNS: mitmproxy's UDP server can neither share a port nor take an inherited socket, so the
+   pool serves DNS itself (proxy/pooldns.py: the same `DnsAddon`, over a table that follows
+   every change the workers took), and DNS answers while any worker restarts. Workers ask the
+   pool (`PeerNames`, `GET /names/...`) for the name a sandbox resolved an address from, when a
+   connection carries no name of its own.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from sandgate.proxy.config import ProxyConfig, SandboxEntry
 from sandgate.proxy.control import ControlServer, VaultChange
 from sandgate.proxy.frontdoor import ListenError, listen_socket
 from sandgate.proxy.metrics import summed
+from sandgate.proxy.pooldns import PoolDns
 from sandgate.proxy.resolver import NameMemory
 from sandgate.proxy.template import Template, TemplateGone, WorkerProcess, WorkerSlot
 
@@ -76,12 +79,12 @@ def worker_socket(config: ProxyConfig, index: int) -> Path:
 
 
 class PeerNames(NameMemory):
-    """A worker without the DNS listener asks the DNS worker (rule 7). Any failure is no name:
-    the connection is judged by its address, as if the sandbox had never asked (fail closed)."""
+    """A worker asks the pool, which serves DNS (rule 7). Any failure is no name: the
+    connection is judged by its address, as if the sandbox had never asked (fail closed)."""
 
-    def __init__(self, dns_worker_socket: Path) -> None:
+    def __init__(self, pool_socket: Path) -> None:
         super().__init__()
-        transport = httpx.AsyncHTTPTransport(uds=str(dns_worker_socket))
+        transport = httpx.AsyncHTTPTransport(uds=str(pool_socket))
         self._client = httpx.AsyncClient(transport=transport, base_url="http://worker", timeout=2.0)
 
     async def lookup(self, sandbox_address: str, address: str) -> str | None:
@@ -90,7 +93,7 @@ class PeerNames(NameMemory):
             response.raise_for_status()
             name = response.json()["name"]
         except (httpx.HTTPError, ValueError, KeyError) as exc:
-            log.warning("DNS worker: no name for %s from %s: %r", address, sandbox_address, exc)
+            log.warning("the pool's DNS: no name for %s from %s: %r", address, sandbox_address, exc)
             return None
         return name if isinstance(name, str) else None
 
@@ -132,6 +135,7 @@ class WorkerPool:
             config.audit_path, config.audit_max_bytes, config.audit_backups, config.audit_fsync
         )
         self.pipes: dict[socket.socket, int] = {}  # each worker's audit pipe -> messages handled
+        self.dns = PoolDns(config, self.audit)
         self.lock = asyncio.Lock()  # orders changes and replays (rules 2 and 3)
         self.stopping = asyncio.Event()
         self.template_lost = False
@@ -152,6 +156,7 @@ class WorkerPool:
         control = ControlServer(pool_app(self), self.config.socket_path)
         watcher = asyncio.create_task(self._watch_template())
         try:
+            await self.dns.start(list(self.entries.values()))
             await asyncio.gather(*(self._start(worker) for worker in self.workers))
             await control.start()
             keepers = [asyncio.create_task(self._keep(worker)) for worker in self.workers]
@@ -162,6 +167,7 @@ class WorkerPool:
         finally:
             watcher.cancel()
             await self._stop_workers()
+            await self.dns.stop()
             self.audit.close()
         if self.template_lost:
             raise PoolStartError(f"the worker template (pid {self.template.pid}) ended, and the pool with it")
@@ -302,7 +308,7 @@ class WorkerPool:
             answers = await asyncio.gather(*(self._call(worker, method, path, body) for worker in targets))
             took = [_took(method, answer) for answer in answers]
             if any(took):
-                self._apply(method, path, body)
+                await self._apply(method, path, body)
             missing = [
                 (worker, answer)
                 for worker, answer, taken in zip(targets, answers, took, strict=True)
@@ -320,13 +326,19 @@ class WorkerPool:
             detail = f"{method} {path} was not taken by every proxy worker ({said}); those are restarted"
             return Answer(502, {"detail": detail})
 
-    def _apply(self, method: str, path: str, body: str | None) -> None:
+    async def _apply(self, method: str, path: str, body: str | None) -> None:
+        """The pool's table, and its DNS server's, follow what the workers took."""
         if path.startswith("/sandboxes/"):
             address = path.removeprefix("/sandboxes/")
             if method == "PUT" and body is not None:
-                self.entries[address] = SandboxEntry.model_validate_json(body)
+                entry = SandboxEntry.model_validate_json(body)
+                self.entries[address] = entry
+                await self.dns.put(entry)
             elif method == "DELETE":
                 self.entries.pop(address, None)
+                self.dns.drop(address)
+        elif path == "/vault/changed" and body is not None:
+            await self.dns.vault_changed(VaultChange.model_validate_json(body).names)
 
     async def _call(self, worker: Worker, method: str, path: str, body: str | None) -> Answer | Exception:
         try:
@@ -360,7 +372,7 @@ class WorkerPool:
             "# TYPE sandgate_proxy_worker_restarts_total counter",
             f"sandgate_proxy_worker_restarts_total {restarts}",
         ]
-        return summed([*texts, "\n".join(own) + "\n"])
+        return summed([*texts, self.dns.state.metrics.render(), "\n".join(own) + "\n"])
 
     def health(self) -> dict[str, Any]:
         return {
@@ -420,6 +432,10 @@ def pool_app(pool: WorkerPool) -> FastAPI:
         if entry is None:
             raise HTTPException(404, f"no sandbox at {address}")
         return entry
+
+    @app.get("/names/{sandbox_address}/{address}")
+    def name_for(sandbox_address: str, address: str) -> dict[str, str | None]:
+        return {"name": pool.dns.name_for(sandbox_address, address)}
 
     @app.get("/health")
     def health() -> JSONResponse:

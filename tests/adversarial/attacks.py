@@ -425,6 +425,19 @@ def burst(
     return {"tally": tally}
 
 
+def dns_loop(name: str, gap: float, stop_file: str, seconds: float = 40) -> dict[str, Any]:
+    """A query for `name` every `gap` seconds until `stop_file` exists or `seconds` pass (at most
+    2000): when each was sent (wall clock), and whether and how it was answered."""
+    queries: list[dict[str, Any]] = []
+    deadline = time.monotonic() + min(seconds, 60)
+    while len(queries) < 2000 and time.monotonic() < deadline and not os.path.exists(stop_file):
+        sent = time.time()
+        answer = dns_query(name)
+        queries.append({"t": round(sent, 3), "answered": answer["answered"], "rcode": answer.get("rcode")})
+        time.sleep(gap)
+    return {"queries": queries}
+
+
 def batch(calls: list[list[Any]]) -> dict[str, Any]:
     """Several attacks in one process ([[name, {args}], ...]), in order: one result each."""
     return {"results": [ATTACKS[name](**arguments) for name, arguments in calls]}
@@ -443,6 +456,7 @@ ATTACKS: dict[str, Callable[..., dict[str, Any]]] = {
     "slowloris": slowloris,
     "connect_loop": connect_loop,
     "burst": burst,
+    "dns_loop": dns_loop,
 }
 
 if __name__ == "__main__":
