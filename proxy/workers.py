@@ -135,6 +135,7 @@ class WorkerPool:
             config.audit_path, config.audit_max_bytes, config.audit_backups, config.audit_fsync
         )
         self.pipes: dict[socket.socket, int] = {}  # each worker's audit pipe -> messages handled
+        self.told: str | None = None  # the audit failure every worker was last told of
         self.dns = PoolDns(config, self.audit)
         self.lock = asyncio.Lock()  # orders changes and replays (rules 2 and 3)
         self.stopping = asyncio.Event()
@@ -275,13 +276,14 @@ class WorkerPool:
             records.append(record)
         if records:
             self.pipes[sock] += len(records)
-            was_failing = self.audit.failure
             try:
                 self.audit.write(b"".join(records))
             except OSError:
                 log.error("%d audit records from a worker not written: %s", len(records), self.audit.failure)
-            if self.audit.failure != was_failing:
-                self._tell_every_worker()  # the news: unwritable, or written again
+            if self.audit.failure != self.told:  # the news (unwritable, or written again) for all
+                self.told = self.audit.failure
+                for pipe in list(self.pipes):
+                    self._answer(pipe)
             elif not ended:
                 self._answer(sock)
         if ended:
@@ -293,10 +295,6 @@ class WorkerPool:
         """A late or lost answer is only late: the next one counts every message before it."""
         with contextlib.suppress(OSError):
             sock.send(PipeAnswer(self.pipes[sock], self.audit.failure).encode())
-
-    def _tell_every_worker(self) -> None:
-        for sock in list(self.pipes):
-            self._answer(sock)
 
     # ------------------------------------------------------------------ changes (rule 2)
 
