@@ -27,15 +27,14 @@ from typing import Literal
 
 from mitmproxy import connection, http
 
-from sandgate.policy import Decision
-from sandgate.proxy.audit import INCOMPLETE, AuditRecord, AuditUnwritable, utc_timestamp
+from sandgate.policy import Decision, Reason
+from sandgate.proxy.audit import AuditUnwritable
+from sandgate.proxy.contract.audit import INCOMPLETE, AuditRecord, utc_timestamp
 from sandgate.proxy.decide import Verdict, refusal
 from sandgate.proxy.state import FLOW_KEY, ConnState, ProxyState, RequestState, Sandbox
 
 CLOSED = "closed"  # `event` of the record that closes a pass-through connection
 REVOKED = "revoked"  # `event` of the record of a connection a policy change closed
-HEADER_TIMEOUT = "header_timeout"  # `reason` of the security_event of a client too slow to start
-AUDIT_UNWRITABLE = "audit-unwritable"  # `reason` of what is refused while the audit cannot be written
 
 
 def addr(address: tuple[str, int] | None) -> str | None:
@@ -64,7 +63,7 @@ def security_event(
     state: ProxyState,
     sandbox_id: str,
     client: tuple[str, int] | None,
-    event: str,
+    event: Reason,
     detail: str,
     **facts: object,
 ) -> None:
@@ -103,7 +102,7 @@ class AuditAddon:
         try:
             await self.state.audit.write_ahead(self._request_record(flow, request_state, None, INCOMPLETE))
         except AuditUnwritable as exc:
-            request_state.verdict = refusal(AUDIT_UNWRITABLE, status=503)
+            request_state.verdict = refusal(Reason.AUDIT_UNWRITABLE, status=503)
             request_state.detail = str(exc)
             request_state.bindings.clear()  # injected into a request that is never sent
             flow.request.stream = False  # mitmproxy streams no request it answers itself
@@ -166,7 +165,10 @@ class AuditAddon:
 
 def unwritable_response(why: str) -> http.Response:
     """The answer to a request refused because its audit line could not be written."""
-    body = {"error": "egress refused: the proxy forwards nothing it cannot audit", "reason": AUDIT_UNWRITABLE}
+    body = {
+        "error": "egress refused: the proxy forwards nothing it cannot audit",
+        "reason": Reason.AUDIT_UNWRITABLE,
+    }
     return http.Response.make(
         503,
         json.dumps({**body, "detail": why}) + "\n",

@@ -26,7 +26,8 @@ import struct
 
 from mitmproxy import dns
 
-from sandgate.proxy.auditing import AUDIT_UNWRITABLE, record_decision
+from sandgate.policy import Reason
+from sandgate.proxy.auditing import record_decision
 from sandgate.proxy.decide import Verdict, check_upstream, decide_name, refusal
 from sandgate.proxy.dnswire import (
     EDE_BLOCKED,
@@ -75,7 +76,7 @@ class DnsAddon:
         verdict = decide_name(sandbox, name)
         detail = f"qtype={dns.types.to_str(question.type)}"
         if (failure := self.state.audit.failure) is not None:
-            verdict = refusal(AUDIT_UNWRITABLE)
+            verdict = refusal(Reason.AUDIT_UNWRITABLE)
             why = (EDE_PROHIBITED, f"sandgate: {failure}")
             flow.response = _failed(request, dns.response_codes.SERVFAIL, why)
         elif not verdict.allowed:

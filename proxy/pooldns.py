@@ -29,7 +29,7 @@ from mitmproxy.proxy.mode_specs import ProxyMode
 
 from sandgate.policy import PolicyError
 from sandgate.proxy.audit import AuditFile, AuditLog
-from sandgate.proxy.config import ProxyConfig, SandboxEntry
+from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry
 from sandgate.proxy.dnsguard import DnsAddon
 from sandgate.proxy.frontdoor import ListenError
 from sandgate.proxy.metrics import Metrics

@@ -26,8 +26,9 @@ from sandgate.policy import (
     compile_policy,
     parse_policy,
 )
-from sandgate.proxy.audit import AuditLog, AuditRecord, new_record_id
-from sandgate.proxy.config import ProxyConfig, SandboxEntry
+from sandgate.proxy.audit import AuditLog
+from sandgate.proxy.contract.audit import AuditRecord, new_record_id
+from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry
 from sandgate.proxy.credentials import SandboxCredentials, SecretValues
 from sandgate.proxy.decide import Verdict
 from sandgate.proxy.metrics import Metrics

@@ -51,8 +51,10 @@ from fastapi import FastAPI, HTTPException, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sandgate.proxy.audit import PIPE_RECORD_MAX, AuditFile, PipeAnswer
-from sandgate.proxy.config import ProxyConfig, SandboxEntry
-from sandgate.proxy.control import ControlServer, VaultChange
+from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry
+from sandgate.proxy.contract.control import POOL_ROUTES, ROUTES, WORKER_ROUTES, Route, VaultChange
+from sandgate.proxy.contract.names import worker_socket as worker_socket_path
+from sandgate.proxy.control import ControlServer, on
 from sandgate.proxy.frontdoor import ListenError, listen_socket
 from sandgate.proxy.metrics import summed
 from sandgate.proxy.pooldns import PoolDns
@@ -71,8 +73,7 @@ def worker_count(config: ProxyConfig) -> int:
 
 def worker_socket(config: ProxyConfig, index: int) -> Path:
     """Worker `index`'s own control socket, beside the pool's."""
-    path = config.socket_path
-    return path.with_name(f"{path.stem}-worker-{index}.sock")
+    return worker_socket_path(config.socket_path, index)
 
 
 # ---------------------------------------------------------------------- the worker's side
@@ -85,11 +86,13 @@ class PeerNames(NameMemory):
     def __init__(self, pool_socket: Path) -> None:
         super().__init__()
         transport = httpx.AsyncHTTPTransport(uds=str(pool_socket))
-        self._client = httpx.AsyncClient(transport=transport, base_url="http://worker", timeout=2.0)
+        self._client = httpx.AsyncClient(transport=transport, base_url="http://pool", timeout=2.0)
 
     async def lookup(self, sandbox_address: str, address: str) -> str | None:
         try:
-            response = await self._client.get(f"/names/{sandbox_address}/{address}")
+            response = await self._client.get(
+                POOL_ROUTES.name_for.at(sandbox_address=sandbox_address, address=address)
+            )
             response.raise_for_status()
             name = response.json()["name"]
         except (httpx.HTTPError, ValueError, KeyError) as exc:
@@ -197,8 +200,14 @@ class WorkerPool:
         await self._wait_answering(worker)
         async with self.lock:  # rule 3: the whole table, then serve
             for entry in self.entries.values():
-                await self._expect(worker, "PUT", f"/sandboxes/{entry.address}", entry.model_dump_json(), 200)
-            await self._expect(worker, "POST", "/serve", None, 200)
+                await self._expect(
+                    worker,
+                    ROUTES.put_sandbox.method,
+                    ROUTES.put_sandbox.at(address=entry.address),
+                    entry.model_dump_json(),
+                    200,
+                )
+            await self._expect(worker, WORKER_ROUTES.serve.method, WORKER_ROUTES.serve.path, None, 200)
             worker.serving = True
         log.info("proxy worker %d (pid %d) serving", worker.index, worker.process.pid)
 
@@ -211,7 +220,7 @@ class WorkerPool:
                     f"proxy worker {worker.index} ended while starting (see the proxy's log)"
                 )
             with contextlib.suppress(httpx.HTTPError):
-                if (await worker.control.get("/health")).is_success:
+                if (await worker.control.get(ROUTES.health.path)).is_success:
                     return
             if asyncio.get_running_loop().time() > deadline:
                 worker.process.send(signal.SIGKILL)
@@ -298,7 +307,9 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ changes (rule 2)
 
-    async def change(self, method: str, path: str, body: str | None) -> Answer:
+    async def change(self, route: Route, address: str | None, body: str | None) -> Answer:
+        """Send one change to every serving worker (`address` fills a sandbox route's path)."""
+        method, path = route.method, route.at(address=address) if address else route.path
         async with self.lock:
             targets = [worker for worker in self.workers if worker.serving]
             if not targets:
@@ -306,7 +317,7 @@ class WorkerPool:
             answers = await asyncio.gather(*(self._call(worker, method, path, body) for worker in targets))
             took = [_took(method, answer) for answer in answers]
             if any(took):
-                await self._apply(method, path, body)
+                await self._apply(route, address, body)
             missing = [
                 (worker, answer)
                 for worker, answer, taken in zip(targets, answers, took, strict=True)
@@ -324,18 +335,16 @@ class WorkerPool:
             detail = f"{method} {path} was not taken by every proxy worker ({said}); those are restarted"
             return Answer(502, {"detail": detail})
 
-    async def _apply(self, method: str, path: str, body: str | None) -> None:
+    async def _apply(self, route: Route, address: str | None, body: str | None) -> None:
         """The pool's table, and its DNS server's, follow what the workers took."""
-        if path.startswith("/sandboxes/"):
-            address = path.removeprefix("/sandboxes/")
-            if method == "PUT" and body is not None:
-                entry = SandboxEntry.model_validate_json(body)
-                self.entries[address] = entry
-                await self.dns.put(entry)
-            elif method == "DELETE":
-                self.entries.pop(address, None)
-                self.dns.drop(address)
-        elif path == "/vault/changed" and body is not None:
+        if route == ROUTES.put_sandbox and address and body is not None:
+            entry = SandboxEntry.model_validate_json(body)
+            self.entries[address] = entry
+            await self.dns.put(entry)
+        elif route == ROUTES.drop_sandbox and address:
+            self.entries.pop(address, None)
+            self.dns.drop(address)
+        elif route == ROUTES.vault_changed and body is not None:
             await self.dns.vault_changed(VaultChange.model_validate_json(body).names)
 
     async def _call(self, worker: Worker, method: str, path: str, body: str | None) -> Answer | Exception:
@@ -356,7 +365,7 @@ class WorkerPool:
         for worker in self.workers:
             if worker.serving:
                 with contextlib.suppress(httpx.HTTPError):
-                    response = await worker.control.get("/metrics")
+                    response = await worker.control.get(ROUTES.metrics.path)
                     if response.is_success:
                         texts.append(response.text)
         serving = sum(worker.serving for worker in self.workers)
@@ -398,7 +407,7 @@ def _took(method: str, answer: Answer | Exception) -> bool:
 
 
 def pool_app(pool: WorkerPool) -> FastAPI:
-    """The control API of docs/proxy.md, served by the pool (routes as proxy/control.py)."""
+    """The control API of docs/proxy.md, served by the pool (the contract's `ROUTES`)."""
     app = FastAPI(title="sandgate proxy pool control", docs_url=None, redoc_url=None, openapi_url=None)
 
     def reply(answer: Answer) -> Response:
@@ -406,41 +415,41 @@ def pool_app(pool: WorkerPool) -> FastAPI:
             return Response(status_code=204)
         return JSONResponse(status_code=answer.status, content=answer.body)
 
-    @app.put("/sandboxes/{address}")
+    @on(app, ROUTES.put_sandbox)
     async def put_sandbox(address: str, entry: SandboxEntry) -> Response:
         if entry.address != address:
             raise HTTPException(422, f"path address {address} differs from body address {entry.address}")
-        return reply(await pool.change("PUT", f"/sandboxes/{address}", entry.model_dump_json()))
+        return reply(await pool.change(ROUTES.put_sandbox, address, entry.model_dump_json()))
 
-    @app.delete("/sandboxes/{address}")
+    @on(app, ROUTES.drop_sandbox)
     async def drop_sandbox(address: str) -> Response:
-        return reply(await pool.change("DELETE", f"/sandboxes/{address}", None))
+        return reply(await pool.change(ROUTES.drop_sandbox, address, None))
 
-    @app.post("/vault/changed")
+    @on(app, ROUTES.vault_changed)
     async def vault_changed(change: VaultChange) -> Response:
-        return reply(await pool.change("POST", "/vault/changed", change.model_dump_json()))
+        return reply(await pool.change(ROUTES.vault_changed, None, change.model_dump_json()))
 
-    @app.get("/sandboxes")
+    @on(app, ROUTES.list_sandboxes)
     def list_sandboxes() -> list[SandboxEntry]:
         return list(pool.entries.values())
 
-    @app.get("/sandboxes/{address}")
+    @on(app, ROUTES.get_sandbox)
     def get_sandbox(address: str) -> SandboxEntry:
         entry = pool.entries.get(address)
         if entry is None:
             raise HTTPException(404, f"no sandbox at {address}")
         return entry
 
-    @app.get("/names/{sandbox_address}/{address}")
+    @on(app, POOL_ROUTES.name_for)
     def name_for(sandbox_address: str, address: str) -> dict[str, str | None]:
         return {"name": pool.dns.name_for(sandbox_address, address)}
 
-    @app.get("/health")
+    @on(app, ROUTES.health)
     def health() -> JSONResponse:
         state = pool.health()
         return JSONResponse(status_code=200 if state["status"] == "ok" else 503, content=state)
 
-    @app.get("/metrics")
+    @on(app, ROUTES.metrics)
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(await pool.metrics(), media_type="text/plain; version=0.0.4")
 

@@ -12,7 +12,8 @@ import pytest
 from sandgate.lifecycle.audit import AuditFilter, AuditIndex, to_ocsf
 from sandgate.lifecycle.audit.reader import RotatingLog
 from sandgate.lifecycle.cli.groups.logs import request_text
-from sandgate.proxy import INCOMPLETE, AuditLog, AuditRecord
+from sandgate.proxy import INCOMPLETE, AuditRecord
+from sandgate.proxy.audit import AuditLog
 from tests.audit.conftest import generated, write_records
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.proxy import AuditLog, AuditRecord
-from sandgate.proxy.audit import PIPE_RECORD_MAX, AuditUnwritable, PipeAnswer
+from sandgate.proxy import AuditRecord
+from sandgate.proxy.audit import PIPE_RECORD_MAX, AuditLog, AuditUnwritable, PipeAnswer
 
 
 def record(detail: str) -> AuditRecord:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from sandgate.policy import Decision, Request, compile_policy, parse_policy
-from sandgate.proxy.audit import FREE_TEXT, AuditFile, AuditLog, AuditRecord, AuditUnwritable, append_record
+from sandgate.proxy.audit import AuditFile, AuditLog, AuditUnwritable
+from sandgate.proxy.contract.audit import FREE_TEXT, AuditRecord, append_record
 from sandgate.vault import Redactor
 
 SECRET = "sk-writer-5d1c9e0b7a2f4e68"
