@@ -65,17 +65,33 @@ def wait_for(what: str, found: Callable[[], Any]) -> Any:
         time.sleep(0.05)
 
 
-def upstream_owner(pids: list[int]) -> int | None:
-    """A process among `pids` with a connection open to the origin's HTTPS port (the kernel's
-    socket table): a worker with a request at the origin right now."""
+def upstream_connections(pids: list[int]) -> set[tuple[int, str]]:
+    """(pid, local address) of every connection a process among `pids` has open to the origin's
+    HTTPS port, from the kernel's socket table."""
     table = subprocess.run(["ss", "-Htnp", "state", "established"], capture_output=True, text=True).stdout
     origins = (f"{ORIGIN_V4}:443", f"[{ORIGIN_V6}]:443")
+    found = set()
     for line in table.splitlines():
-        if any(origin in line.split() for origin in origins):
+        fields = line.split()
+        if any(origin in fields for origin in origins):
             for pid in map(int, re.findall(r"pid=(\d+)", line)):
                 if pid in pids:
-                    return pid
-    return None
+                    found.add((pid, fields[2]))
+    return found
+
+
+def owner_of_a_held_response(pids: list[int]) -> int:
+    """A process among `pids` with one connection to the origin open across two looks 0.3 s apart:
+    a response in mid-stream (an SSE stream lasts about 3 s), so a kill now cuts it off."""
+    earlier = upstream_connections(pids)
+    deadline = time.monotonic() + WAIT
+    while True:
+        time.sleep(0.3)
+        now = upstream_connections(pids)
+        if held := earlier & now:
+            return min(held)[0]
+        assert time.monotonic() < deadline, f"no response held open at the origin for {WAIT:g} s"
+        earlier = now
 
 
 def credentialed_since(attacker: Attacker, mark: int) -> list[dict[str, Any]]:
@@ -157,7 +173,7 @@ def test_a_worker_killed_mid_burst_leaves_a_record_for_every_request_the_origin_
     pool = proxy_pid(attacker.server.process.pid)
     workers = wait_for("two workers", lambda: len(worker_pids(pool)) >= 2 and worker_pids(pool))
     wait_for("the burst at the origin", lambda: len(burst.seen()) >= 3)
-    victim = wait_for("a worker with a request at the origin", lambda: upstream_owner(workers))
+    victim = owner_of_a_held_response(workers)
     os.kill(victim, signal.SIGKILL)  # by PID: a worker of this server's pool
     wait_for(
         "the killed worker replaced",
@@ -177,7 +193,7 @@ def test_the_whole_proxy_killed_mid_burst_leaves_a_record_for_every_request_the_
     server = attacker.server.process.pid
     pool = proxy_pid(server)
     wait_for("the burst at the origin", lambda: len(burst.seen()) >= 3)
-    wait_for("a request at the origin", lambda: upstream_owner(worker_pids(pool)))
+    owner_of_a_held_response(worker_pids(pool))
     os.kill(pool, signal.SIGKILL)  # the pool; its template and workers die with it (PDEATHSIG)
     wait_for("the proxy restarted", lambda: _other_proxy(server, pool))
     after_kill = len(burst.seen())
