@@ -7,10 +7,10 @@ Rules:
    whole). So DNS keeps answering while any worker restarts.
 2. One decision function: the pool runs the same `DnsAddon` (proxy/dnsguard.py) in an embedded
    mitmproxy with the DNS mode only, over a `ProxyState` of its own: a `SandboxTable` fed with
-   the entries the workers took (`put`, `drop`, `vault_changed`, after the workers did), the
-   proxy's resolver, and the one `NameMemory` of the proxy, which workers ask over the pool's
-   control socket (`GET /names/...`, `workers.PeerNames`) for the name a sandbox resolved an
-   address from.
+   every change beside the workers (`put`, `drop`, `vault_changed`; put back when no worker
+   took it), the proxy's resolver, and the one `NameMemory` of the proxy, which workers ask over
+   the pool's control socket (`GET /names/...`, `workers.PeerNames`) for the name a sandbox
+   resolved an address from.
 3. Its `dns` records go to the pool's own `AuditFile` (the one writer), through an `AuditLog`
    that redacts with the values of the pool's table, as a worker's would; its metrics are
    summed into the pool's `GET /metrics`.
@@ -87,8 +87,8 @@ class PoolDns:
         previous = self.state.table.get(entry.address)
         try:
             sandbox = await asyncio.to_thread(self.state.table.put, entry)
-        except PolicyError as exc:  # the workers compiled it: not expected, and DNS keeps the old entry
-            log.error("the pool's DNS table refused sandbox %s: %s", entry.sandbox_id, exc)
+        except PolicyError as exc:  # the workers refuse it too (the same compiler): the old entry stays
+            log.info("the pool's DNS table refused sandbox %s: %s", entry.sandbox_id, exc)
             return
         if previous is not None and previous.id != sandbox.id:  # the address was reused
             self.state.names.forget(entry.address)

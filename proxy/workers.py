@@ -314,10 +314,17 @@ class WorkerPool:
             targets = [worker for worker in self.workers if worker.serving]
             if not targets:
                 return Answer(503, {"detail": "no proxy worker is serving (the pool restarts them); retry"})
-            answers = await asyncio.gather(*(self._call(worker, method, path, body) for worker in targets))
+            # The pool's DNS table takes the change beside the workers (it compiles the same
+            # policy, so it refuses what they refuse); put back if none of them took it.
+            answers, _ = await asyncio.gather(
+                asyncio.gather(*(self._call(worker, method, path, body) for worker in targets)),
+                self._follow(route, address, body),
+            )
             took = [_took(method, answer) for answer in answers]
             if any(took):
-                await self._apply(route, address, body)
+                self._apply(route, address, body)
+            elif address is not None:
+                await self._restore_dns(address)
             missing = [
                 (worker, answer)
                 for worker, answer, taken in zip(targets, answers, took, strict=True)
@@ -335,17 +342,29 @@ class WorkerPool:
             detail = f"{method} {path} was not taken by every proxy worker ({said}); those are restarted"
             return Answer(502, {"detail": detail})
 
-    async def _apply(self, route: Route, address: str | None, body: str | None) -> None:
-        """The pool's table, and its DNS server's, follow what the workers took."""
+    def _apply(self, route: Route, address: str | None, body: str | None) -> None:
+        """The pool's table follows what the workers took."""
         if route == ROUTES.put_sandbox and address and body is not None:
-            entry = SandboxEntry.model_validate_json(body)
-            self.entries[address] = entry
-            await self.dns.put(entry)
+            self.entries[address] = SandboxEntry.model_validate_json(body)
         elif route == ROUTES.drop_sandbox and address:
             self.entries.pop(address, None)
+
+    async def _follow(self, route: Route, address: str | None, body: str | None) -> None:
+        """The pool's DNS server takes the change (rule 7)."""
+        if route == ROUTES.put_sandbox and address and body is not None:
+            await self.dns.put(SandboxEntry.model_validate_json(body))
+        elif route == ROUTES.drop_sandbox and address:
             self.dns.drop(address)
         elif route == ROUTES.vault_changed and body is not None:
             await self.dns.vault_changed(VaultChange.model_validate_json(body).names)
+
+    async def _restore_dns(self, address: str) -> None:
+        """The DNS table back to the pool's entry for `address` (a change no worker took)."""
+        kept = self.entries.get(address)
+        if kept is None:
+            self.dns.drop(address)
+        else:
+            await self.dns.put(kept)
 
     async def _call(self, worker: Worker, method: str, path: str, body: str | None) -> Answer | Exception:
         try:
