@@ -156,6 +156,7 @@ def audit_and_console(
     """The audit query API (/v1/audit, behind the API-key middleware) and the console (/console,
     its own cookie login), both reading the audit index of the state dir."""
     from sandgate.lifecycle.api.auth import keys_match
+    from sandgate.lifecycle.approvals import ApprovalDesk
     from sandgate.lifecycle.audit import AuditStore, Retention, audit_router
     from sandgate.lifecycle.console import ConsoleSandbox, console_router
     from sandgate.policy import to_document
@@ -176,7 +177,7 @@ def audit_and_console(
 
     routers = [
         audit_router(audit, auth=lambda: None),
-        console_router(audit, lambda key: keys_match(key, api_key), sandboxes),
+        console_router(audit, lambda key: keys_match(key, api_key), sandboxes, ApprovalDesk(service.egress)),
     ]
     return audit, routers
 

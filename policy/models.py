@@ -22,7 +22,8 @@ from sandgate.policy.canonical import AmbiguousTarget, canonical_pattern
 from sandgate.policy.errors import HintedValueError
 from sandgate.policy.names import WILDCARD_HINT, Target, canonical_target, parse_target, to_ascii_name
 
-Action = Literal["allow", "deny"]
+Action = Literal["allow", "deny", "ask"]  # ask: a reviewer decides each request (docs/policy.md)
+ASK_TIMEOUT_MAX = 3600
 Scheme = Literal["http", "https"]
 Surface = Literal["header", "query", "path", "body"]
 
@@ -410,6 +411,7 @@ class Policy(_Model):
     version: Literal[1] = 1
     defaultAction: Action = "deny"
     mode: Literal["enforce", "report"] = "enforce"
+    askTimeout: int = Field(60, ge=1, le=ASK_TIMEOUT_MAX)  # seconds a held request waits for a reviewer
     egress: list[EgressRule] = []
     bindings: list[Binding] = []
 

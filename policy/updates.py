@@ -71,12 +71,19 @@ def delete_targets(policy: Policy, targets: list[str], source: str = "<api>") ->
 def to_opensandbox(policy: Policy) -> dict[str, Any]:
     """The OpenSandbox `networkPolicy` view: {defaultAction, egress: [{action, target}]}.
 
-    Lossy for sandgate extensions (ports, schemes, methods, paths, inspect, bindings).
+    Lossy for sandgate extensions (ports, schemes, methods, paths, inspect, bindings); `ask`,
+    which OpenSandbox lacks, shows as `deny`: what a request gets without a reviewer's answer.
     """
     return {
-        "defaultAction": policy.defaultAction,
-        "egress": [{"action": rule.action, "target": rule.target} for rule in policy.egress],
+        "defaultAction": _opensandbox_action(policy.defaultAction),
+        "egress": [
+            {"action": _opensandbox_action(rule.action), "target": rule.target} for rule in policy.egress
+        ],
     }
+
+
+def _opensandbox_action(action: str) -> str:
+    return "deny" if action == "ask" else action
 
 
 def to_document(policy: Policy) -> dict[str, Any]:
@@ -87,6 +94,8 @@ def to_document(policy: Policy) -> dict[str, Any]:
         "mode": policy.mode,
         "egress": [_rule_document(rule) for rule in policy.egress],
     }
+    if policy.askTimeout != Policy.model_fields["askTimeout"].default:
+        document["askTimeout"] = policy.askTimeout
     if policy.bindings:
         document["bindings"] = [
             binding.model_dump(mode="json", by_alias=True, exclude_none=True) for binding in policy.bindings

@@ -26,6 +26,7 @@ from sandgate.policy import (
     compile_policy,
     parse_policy,
 )
+from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.contract.audit import AuditRecord, new_record_id
 from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry
@@ -182,3 +183,4 @@ class ProxyState:
     audit: AuditLog
     metrics: Metrics
     connections: dict[str, ConnState] = field(default_factory=dict)
+    approvals: Approvals = field(default_factory=Approvals)
