@@ -63,7 +63,7 @@ _LISTEN_STATES = {"tcp": "0A", "tcp6": "0A", "udp": "07", "udp6": "07"}
 
 def listening(pid: int) -> Listeners:
     """The TCP ports `pid` and its descendants listen on and the UDP ports they have bound (read
-    from /proc; with proxy workers the pool holds the TCP listeners and worker 0 the DNS one)."""
+    from /proc; with proxy workers the pool holds the TCP listeners and the DNS one)."""
     inodes: set[str] = set()
     for member in process_family(pid):
         with contextlib.suppress(OSError):

@@ -228,6 +228,9 @@ class Settings(BaseSettings):
         100 * 1024 * 1024, ge=1024, description="rotate the audit log past this size"
     )
     audit_backups: int = Field(10, ge=0)
+    audit_fsync: bool = Field(
+        False, description="the proxy fsyncs audit.jsonl after each write: records survive a power loss"
+    )
     audit_max_age_days: float | None = Field(
         None, gt=0, description="the audit index drops records older than this (the JSONL is kept)"
     )

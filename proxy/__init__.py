@@ -4,7 +4,7 @@ Public face: the proxy's contract (proxy/contract/), which is all lifecycle may 
 (import-linter holds it to that in `make lint`): `ProxyConfig` (written to `CONFIG_FILE` for
 `python -m sandgate.proxy --config FILE`), `SandboxEntry` + `ProxyControl` (push and drop
 sandboxes over the control socket), `ensure_ca` (the deployment CA; `.cert` goes into
-sandboxes), the audit schema (`AuditRecord`, `append_record`, `RECORD_KINDS`) and the names of
+sandboxes), the audit schema (`AuditRecord`, `append_record`, `RECORD_KINDS`, `INCOMPLETE`) and the names of
 every file and socket in the state dir. None of it loads mitmproxy; the engine (every other
 module here) is private. See docs/proxy.md and docs/audit.md.
 
@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 _PUBLIC = {
     **dict.fromkeys(("AUDIT_FILE", "CONFIG_FILE", "CONTROL_SOCKET", "LOG_FILE"), "names"),
     **dict.fromkeys(("audit_path", "config_path", "control_socket", "log_path"), "names"),
-    **dict.fromkeys(("RECORD_KINDS", "AuditRecord", "RecordKind", "append_record", "redact_path"), "audit"),
+    **dict.fromkeys(
+        ("INCOMPLETE", "RECORD_KINDS", "AuditRecord", "RecordKind", "append_record", "redact_path"), "audit"
+    ),
     **dict.fromkeys(("CaFiles", "ensure_ca"), "ca"),
     **dict.fromkeys(("ConnectionLimits", "ProxyConfig", "ResolverAddress", "SandboxEntry"), "config"),
     "system_servers": "config",
@@ -30,6 +32,7 @@ _PUBLIC = {
 
 if TYPE_CHECKING:
     from sandgate.proxy.contract.audit import (
+        INCOMPLETE,
         RECORD_KINDS,
         AuditRecord,
         RecordKind,
@@ -67,6 +70,7 @@ __all__ = [
     "AUDIT_FILE",
     "CONFIG_FILE",
     "CONTROL_SOCKET",
+    "INCOMPLETE",
     "LOG_FILE",
     "RECORD_KINDS",
     "AuditRecord",

@@ -7,10 +7,20 @@ Rules:
    size to `audit.jsonl.1` ... `audit.jsonl.N` by its one writer, and published to in-process
    subscribers; a failing subscriber is dropped, never allowed to stop the log). With proxy
    workers the one writer is the pool: a worker's `AuditLog` sends its lines there (`AuditPipe`).
+3. Write-ahead (the meaning of the lines: contract/audit.py rule 5): `AuditLog.write_ahead` returns
+   only once its line is in the file (through the kernel: it survives the death of any process;
+   with `fsync`, of the machine). In a worker that means the pool's answer on the audit pipe
+   (`PipeAnswer`), not the send: a message the pool has not read dies with the pool.
+4. Fail closed: a write that fails (a full disk, a file too large, an unwritable file) raises
+   `AuditUnwritable` from `write_ahead`, so the request is refused, not forwarded, and sets
+   `AuditLog.failure` (why, for DNS and connection decisions to refuse by) until a write succeeds.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import errno
 import logging
 import os
@@ -25,6 +35,17 @@ log = logging.getLogger(__name__)
 Subscriber = Callable[[AuditRecord], None]
 
 PIPE_RECORD_MAX = 256 * 1024  # bytes: larger audit lines of a worker skip the pipe (AuditPipe)
+ACK_TIMEOUT = 10.0  # seconds a worker waits for the pool to say a write-ahead line is written
+
+
+class AuditUnwritable(RuntimeError):
+    """The audit log cannot be written; the message says why (it names no path: it may reach a
+    sandbox in a refusal)."""
+
+
+def why_unwritable(exc: OSError) -> str:
+    code = errno.errorcode.get(exc.errno or 0, "error")
+    return f"the audit log cannot be written ({code}: {exc.strerror or exc})"
 
 
 class AuditLog:
@@ -39,15 +60,53 @@ class AuditLog:
         backups: int,
         redact: Redact | None = None,
         pipe_fd: int | None = None,
+        fsync: bool = False,
+        sink: AuditFile | None = None,
     ) -> None:
         self.path = path
         self.redact = redact
-        self.sink = AuditFile(path, max_bytes, backups) if pipe_fd is None else AuditPipe(pipe_fd, path)
+        self.sink: AuditFile | AuditPipe
+        if sink is not None:  # a file another part of this process writes too (the pool's DNS)
+            self.sink = sink
+        elif pipe_fd is not None:
+            self.sink = AuditPipe(pipe_fd, path)
+        else:
+            self.sink = AuditFile(path, max_bytes, backups, fsync)
         self._subscribers: list[Subscriber] = []
 
+    @property
+    def failure(self) -> str | None:
+        """Why the audit log cannot be written now (the last write failed), or None."""
+        return self.sink.failure
+
     def write(self, record: AuditRecord) -> None:
+        """Append `record` (a failure is logged and kept in `failure`, not raised: the decision
+        was made, and what refuses while the log is unwritable reads `failure`)."""
         record = written(record, self.redact)
-        self.sink.write(to_line(record).encode())
+        try:
+            self.sink.write(to_line(record).encode())
+        except OSError as exc:
+            log.error("audit record %s lost: %s", record.id, exc)
+        self._publish(record)
+
+    async def write_ahead(self, record: AuditRecord) -> None:
+        """Append `record` and return once it is in the file (rule 5); raises AuditUnwritable."""
+        record = written(record, self.redact)
+        line = to_line(record).encode()
+        if isinstance(self.sink, AuditPipe):
+            await self.sink.write_acknowledged(line)
+        else:
+            try:
+                self.sink.write(line)
+            except OSError as exc:
+                raise AuditUnwritable(why_unwritable(exc)) from exc
+
+    def listen(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A worker hears the pool's news (its failure, its recovery) from now on."""
+        if isinstance(self.sink, AuditPipe):
+            self.sink.listen(loop)
+
+    def _publish(self, record: AuditRecord) -> None:
         for subscriber in list(self._subscribers):
             try:
                 subscriber(record)
@@ -56,7 +115,8 @@ class AuditLog:
                 self.unsubscribe(subscriber)
 
     def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
-        """Call `subscriber` with every later record; returns the function that unsubscribes."""
+        """Call `subscriber` with every later record (whole ones: not write-ahead lines);
+        returns the function that unsubscribes."""
         self._subscribers.append(subscriber)
         return lambda: self.unsubscribe(subscriber)
 
@@ -70,12 +130,16 @@ class AuditLog:
 
 class AuditFile:
     """The audit file: whole lines appended with one write() each (O_APPEND, so lifecycle's
-    `append_record` lines never interleave with them), rotated by size by this one writer."""
+    `append_record` lines never interleave with them), rotated by size by this one writer, and
+    with `fsync` flushed to the disk before `write` returns. A write that fails raises OSError
+    and leaves no part of its lines behind; `failure` says why until a write succeeds."""
 
-    def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
+    def __init__(self, path: Path, max_bytes: int, backups: int, fsync: bool = False) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self.backups = backups
+        self.fsync = fsync
+        self.failure: str | None = None
         self._fd = self._open()
 
     def _open(self) -> int:
@@ -83,15 +147,36 @@ class AuditFile:
         return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     def write(self, lines: bytes) -> None:
-        """Append one or more complete lines."""
+        """Append one or more complete lines, all or none (raises OSError)."""
+        try:
+            self._append(lines)
+            if os.fstat(self._fd).st_size >= self.max_bytes:
+                self._rotate()
+        except OSError as exc:
+            if self.failure is None:
+                log.error("audit log %s: %s; nothing is forwarded until it can be written", self.path, exc)
+            self.failure = why_unwritable(exc)
+            raise
+        if self.failure is not None:
+            log.warning("audit log %s is written again", self.path)
+            self.failure = None
+
+    def _append(self, lines: bytes) -> None:
+        start = os.fstat(self._fd).st_size
         view = memoryview(lines)
-        while view:
-            view = view[os.write(self._fd, view) :]
-        if os.fstat(self._fd).st_size >= self.max_bytes:
-            self._rotate()
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+            if self.fsync:
+                os.fsync(self._fd)
+        except OSError:
+            if len(view) < len(lines):  # a part went in (a full disk takes what fits): take it back
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, start)
+            raise
 
     def _rotate(self) -> None:
-        os.close(self._fd)
+        """Rename, then open the new file, then close the old one: a failure leaves a file open."""
         if self.backups == 0:
             self.path.unlink(missing_ok=True)
         else:
@@ -100,7 +185,8 @@ class AuditFile:
                 if older.exists():
                     os.replace(older, self.path.with_name(f"{self.path.name}.{n + 1}"))
             os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        self._fd = self._open()
+        old, self._fd = self._fd, self._open()
+        os.close(old)
 
     def close(self) -> None:
         os.close(self._fd)
@@ -111,17 +197,26 @@ class AuditPipe:
     record arrives whole or (its worker killed mid-send) not at all, never cut or interleaved.
     Sends block while the pool's queue is full (back-pressure, as a slow disk would). A record
     too large for one message (over PIPE_RECORD_MAX, or the kernel's socket buffer) is appended
-    to the live file directly, with one O_APPEND write like lifecycle's lines."""
+    to the live file directly, with one O_APPEND write like lifecycle's lines.
+
+    The pool answers on the same pair (`PipeAnswer`): after each batch it wrote, "ok N" (the
+    first N messages of this pipe are in the file), or "fail N why" (they are not; the audit
+    cannot be written). `write_acknowledged` waits for the answer that covers its message."""
 
     def __init__(self, fd: int, path: Path) -> None:
         self._sock = socket.socket(fileno=fd)
         self._sock.setblocking(True)
         self.path = path
+        self.failure: str | None = None
+        self._sent = 0  # messages sent on the pipe; the pool counts the same
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def write(self, line: bytes) -> None:
         if len(line) <= PIPE_RECORD_MAX:
             try:
                 self._sock.send(line)  # one message: all of it or an error
+                self._sent += 1
                 return
             except OSError as exc:
                 if exc.errno != errno.EMSGSIZE:
@@ -132,5 +227,82 @@ class AuditPipe:
         finally:
             os.close(fd)
 
+    async def write_acknowledged(self, line: bytes) -> None:
+        """Send `line` and wait until the pool has written it (raises AuditUnwritable)."""
+        loop = asyncio.get_running_loop()
+        self.listen(loop)
+        sent = self._sent
+        try:
+            self.write(line)
+        except OSError as exc:
+            raise AuditUnwritable(f"the audit writer (the proxy pool) is not there: {exc}") from exc
+        if self._sent == sent:
+            return  # too large for the pipe: written to the file directly
+        written = loop.create_future()
+        self._waiting.append((self._sent, written))
+        try:
+            await asyncio.wait_for(written, ACK_TIMEOUT)
+        except TimeoutError:
+            raise AuditUnwritable(
+                f"the audit writer did not confirm a record within {ACK_TIMEOUT:g} s"
+            ) from None
+
+    def listen(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the pool's answers on `loop` from now on (also its failure news)."""
+        if self._loop is None:
+            loop.add_reader(self._sock.fileno(), self._answers)
+            self._loop = loop
+
+    def _answers(self) -> None:
+        while True:
+            try:
+                message = self._sock.recv(4096, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                message = b""
+            if not message:  # the pool is gone: nothing more will be written
+                self._stop_listening()
+                self._settle(self._sent, "the audit writer (the proxy pool) has gone")
+                return
+            answer = PipeAnswer.parse(message)
+            self._settle(answer.count, answer.failure)
+
+    def _settle(self, count: int, failure: str | None) -> None:
+        self.failure = failure
+        while self._waiting and self._waiting[0][0] <= count:
+            _seq, future = self._waiting.popleft()
+            if future.done():
+                continue
+            if failure is None:
+                future.set_result(None)
+            else:
+                future.set_exception(AuditUnwritable(failure))
+
+    def _stop_listening(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._sock.fileno())
+        self._loop = None
+
     def close(self) -> None:
+        self._stop_listening()
         self._sock.close()
+
+
+class PipeAnswer:
+    """The pool's answer on a worker's audit pipe: how many of its messages it has handled, and
+    whether they are in the file (`failure` None) or not (why)."""
+
+    def __init__(self, count: int, failure: str | None) -> None:
+        self.count = count
+        self.failure = failure
+
+    def encode(self) -> bytes:
+        if self.failure is None:
+            return f"ok {self.count}".encode()
+        return f"fail {self.count} {self.failure}".encode()
+
+    @classmethod
+    def parse(cls, message: bytes) -> PipeAnswer:
+        word, count, *why = message.decode("utf-8", "replace").split(" ", 2)
+        return cls(int(count), None if word == "ok" else (why[0] if why else "unknown"))

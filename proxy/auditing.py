@@ -2,12 +2,17 @@
 
 Rules: a record is the verdict's policy `Decision` serialised (`AuditRecord.of`: a report-mode
 decision is recorded as "report") plus the facts of the request. Connection-level decisions are
-recorded when they are made (`record_decision`); a request is recorded once, when it ends
+recorded when they are made (`record_decision`); a request is recorded when it ends
 (`AuditAddon.response` / `.error`), from the `RequestState` the enforcement addon attached, so
-bytes, status and duration are known. Method and path are the request's canonical identity,
-taken before injection (a placeholder substituted into the path never shows); the writer
-(`AuditLog`) redacts secrets and queries from every free-text field; nothing else from the
-request body or headers is logged.
+bytes, status and duration are known. A request that goes upstream is also recorded before
+its first byte leaves (write-ahead, proxy/audit.py rule 5): the audit addon runs last, so its
+`requestheaders` (or, for a body read whole first, `request`) sees the decision, the identity
+and the bindings injected, writes them with `event: "incomplete"` under the id the whole record
+will have, and the request goes on only once the line is in the file. If it cannot be written,
+the request is answered 503 with why, and nothing is forwarded.
+Method and path are the request's canonical identity, taken before injection (a placeholder
+substituted into the path never shows); the writer (`AuditLog`) redacts secrets and queries
+from every free-text field; nothing else from the request body or headers is logged.
 A passed-through TLS connection has no requests to record, so when it closes it gets a second
 `connection` record (`event: "closed"`, id `<decision id>-closed`) with its bytes (from the
 kernel, `tcpinfo`) and duration; the decision record written at the decision stays the one
@@ -16,14 +21,16 @@ that counts, so a connection that never closes (or a proxy that dies) still has 
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Literal
 
 from mitmproxy import connection, http
 
 from sandgate.policy import Decision, Reason
-from sandgate.proxy.contract.audit import AuditRecord, utc_timestamp
-from sandgate.proxy.decide import Verdict
+from sandgate.proxy.audit import AuditUnwritable
+from sandgate.proxy.contract.audit import INCOMPLETE, AuditRecord, utc_timestamp
+from sandgate.proxy.decide import Verdict, refusal
 from sandgate.proxy.state import FLOW_KEY, ConnState, ProxyState, RequestState, Sandbox
 
 CLOSED = "closed"  # `event` of the record that closes a pass-through connection
@@ -68,9 +75,10 @@ def security_event(
 
 
 class AuditAddon:
-    """Writes the one record of every request when it ends, with status, bytes and duration, and
-    the closing record of every pass-through connection; it runs last, so it also drops the
-    connection's state."""
+    """Writes the write-ahead line of every request that goes upstream before it goes, the one
+    record of every request when it ends, with status, bytes and duration, and the closing
+    record of every pass-through connection; it runs last, so it also drops the connection's
+    state."""
 
     def __init__(self, state: ProxyState) -> None:
         self.state = state
@@ -79,6 +87,28 @@ class AuditAddon:
         conn = self.state.connections.pop(client.id, None)
         if conn is not None and conn.passthrough and conn.decision_record is not None:
             self.state.audit.write(closing_record(conn, conn.decision_record, client))
+
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.request.stream:  # the head goes upstream when this hook returns
+            await self._write_ahead(flow)
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        await self._write_ahead(flow)  # a body read whole first goes with its head, after this hook
+
+    async def _write_ahead(self, flow: http.HTTPFlow) -> None:
+        request_state: RequestState | None = flow.metadata.get(FLOW_KEY)
+        if request_state is None or request_state.written_ahead or flow.response is not None:
+            return  # not ours, already written, or answered by the proxy: nothing goes upstream
+        try:
+            await self.state.audit.write_ahead(self._request_record(flow, request_state, None, INCOMPLETE))
+        except AuditUnwritable as exc:
+            request_state.verdict = refusal(Reason.AUDIT_UNWRITABLE, status=503)
+            request_state.detail = str(exc)
+            request_state.bindings.clear()  # injected into a request that is never sent
+            flow.request.stream = False  # mitmproxy streams no request it answers itself
+            flow.response = unwritable_response(str(exc))
+            return
+        request_state.written_ahead = True
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._record(flow, status=flow.response.status_code if flow.response else None)
@@ -93,38 +123,57 @@ class AuditAddon:
         if request_state is None:  # not a request the enforcement addon saw (e.g. CONNECT)
             return
         verdict = request_state.verdict
-        duration = time.monotonic() - request_state.started
         if verdict.allowed:
-            self.state.metrics.latency(duration)
+            self.state.metrics.latency(time.monotonic() - request_state.started)
         self.state.metrics.decision("request", verdict.outcome, verdict.reason)
+        self.state.audit.write(self._request_record(flow, request_state, status))
+
+    @staticmethod
+    def _request_record(
+        flow: http.HTTPFlow, request_state: RequestState, status: int | None, event: str | None = None
+    ) -> AuditRecord:
         request = flow.request
         identity = request_state.identity  # None only if refused before it was computed: untouched
         server = flow.server_conn
         detail = request_state.detail
         if flow.error and detail is None:
             detail = flow.error.msg  # may quote upstream bytes: the writer redacts it
-        self.state.audit.write(
-            AuditRecord.of(
-                "request",
-                request_state.sandbox.id,
-                addr(flow.client_conn.peername) or "-",
-                verdict.decision,
-                upstream=addr(server.peername) if server and server.peername else None,
-                sni=flow.client_conn.sni,
-                scheme="https" if request.scheme == "https" else "http",
-                method=identity.method if identity else request.method,
-                host=request_state.name,
-                port=request.port,
-                path=identity.target if identity else request.path,
-                inspect=True,
-                binding=",".join(request_state.bindings) or None,
-                status=status,
-                bytes_in=request_state.bytes_in or _size(flow.response),
-                bytes_out=request_state.bytes_out or _size(request),
-                duration_ms=round(duration * 1000, 3),
-                detail=detail,
-            )
+        ended = event is None
+        return AuditRecord.of(
+            "request",
+            request_state.sandbox.id,
+            addr(flow.client_conn.peername) or "-",
+            request_state.verdict.decision,
+            id=request_state.record_id,
+            upstream=addr(server.peername) if server and server.peername else None,
+            sni=flow.client_conn.sni,
+            scheme="https" if request.scheme == "https" else "http",
+            method=identity.method if identity else request.method,
+            host=request_state.name,
+            port=request.port,
+            path=identity.target if identity else request.path,
+            inspect=True,
+            binding=",".join(request_state.bindings) or None,
+            status=status,
+            bytes_in=(request_state.bytes_in or _size(flow.response)) if ended else 0,
+            bytes_out=(request_state.bytes_out or _size(request)) if ended else 0,
+            duration_ms=round((time.monotonic() - request_state.started) * 1000, 3) if ended else None,
+            event=event,
+            detail=detail,
         )
+
+
+def unwritable_response(why: str) -> http.Response:
+    """The answer to a request refused because its audit line could not be written."""
+    body = {
+        "error": "egress refused: the proxy forwards nothing it cannot audit",
+        "reason": Reason.AUDIT_UNWRITABLE,
+    }
+    return http.Response.make(
+        503,
+        json.dumps({**body, "detail": why}) + "\n",
+        {"content-type": "application/json", "connection": "close", "retry-after": "5"},
+    )
 
 
 def closing_record(conn: ConnState, decision: AuditRecord, client: connection.Client) -> AuditRecord:

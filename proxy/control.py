@@ -6,9 +6,9 @@ it in, so a bad policy is answered 422 with the issues and the old entry stays i
 DELETE is answered once the open connections the change no longer allows are closed
 (proxy/revocation.py). Entries live in memory only: lifecycle re-pushes every entry after it
 (re)starts the proxy. A worker of the pool (proxy/workers.py) serves `WORKER_ROUTES` too: `POST
-/serve` (start accepting: the pool sends it once the worker holds every entry) and `GET
-/names/{sandbox_address}/{address}` (the name that sandbox resolved to that address through this
-worker's DNS: how the other workers attribute a connection without SNI).
+/serve` (start accepting: the pool sends it once the worker holds every entry). The pool serves
+DNS and `POOL_ROUTES`: `GET /names/{sandbox_address}/{address}` (the name that sandbox resolved to
+that address through the pool's DNS: how workers attribute a connection without SNI).
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ def control_app(state: ProxyState, serve: Callable[[], Awaitable[None]] | None =
 
     @on(app, ROUTES.health)
     def health() -> dict[str, Any]:
-        return {"status": "ok", "sandboxes": len(state.table), "pid": os.getpid()}
+        audit = state.audit.failure or "ok"
+        return {"status": "ok", "audit": audit, "sandboxes": len(state.table), "pid": os.getpid()}
 
     @on(app, ROUTES.metrics)
     def metrics() -> PlainTextResponse:
@@ -112,10 +113,6 @@ def add_worker_routes(app: FastAPI, state: ProxyState, serve: Callable[[], Await
     async def start_serving() -> dict[str, str]:
         await serve()
         return {"status": "serving"}
-
-    @on(app, WORKER_ROUTES.name_for)
-    def name_for(sandbox_address: str, address: str) -> dict[str, str | None]:
-        return {"name": state.names.name_for(sandbox_address, address)}
 
 
 class ControlServer:

@@ -11,12 +11,14 @@ Rules:
 3. Every other type (TXT, SRV, HTTPS, MX, CNAME, NULL, ANY...) of an allowed name is asked
    upstream by the proxy itself with a freshly built question-only query (`dnswire.forward`),
    never the client's message; mitmproxy never forwards anything. Only single-question QUERYs in
-   class IN from registered sandboxes are served; anything else is Reason.RESPONSE_REFUSED.
+   class IN from registered sandboxes are served; anything else is REFUSED.
 4. A forwarded answer is screened before it is relayed (`dnsscreen`): A/AAAA records in any
    section and SVCB/HTTPS address hints are judged like rule 2's answers, SVCB/HTTPS `ech` and
    unknown parameters are removed, and records whose target is a name the policy would not
    resolve are dropped. What was removed is said in the audit record's detail.
-5. One `dns` audit record per query.
+5. One `dns` audit record per query. While the audit log cannot be written (`AuditLog.failure`)
+   every query of a sandbox is answered SERVFAIL, with why as its Extended DNS Error text: the
+   proxy asks nothing upstream that it cannot record.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ import struct
 
 from mitmproxy import dns
 
+from sandgate.policy import Reason
 from sandgate.proxy.auditing import record_decision
-from sandgate.proxy.decide import Verdict, check_upstream, decide_name
+from sandgate.proxy.decide import Verdict, check_upstream, decide_name, refusal
 from sandgate.proxy.dnsscreen import screen_records
 from sandgate.proxy.dnswire import (
     EDE_BLOCKED,
@@ -77,7 +80,11 @@ class DnsAddon:
         name = question.name.lower().rstrip(".")
         verdict = decide_name(sandbox, name)
         detail = f"qtype={dns.types.to_str(question.type)}"
-        if not verdict.allowed:
+        if (failure := self.state.audit.failure) is not None:
+            verdict = refusal(Reason.AUDIT_UNWRITABLE)
+            why = (EDE_PROHIBITED, f"sandgate: {failure}")
+            flow.response = _failed(request, dns.response_codes.SERVFAIL, why)
+        elif not verdict.allowed:
             flow.response = self._blocked(request, verdict)
         elif question.type in FAMILIES:
             verdict, flow.response, answered = await self._answer(

@@ -161,6 +161,10 @@ class EnforcementAddon:
                 verdict, detail = verdict.inspected(), CREDITED_INTERCEPTED
             verdict, detail = self._judge_ech(extensions, verdict, detail)
         upstream = None
+        if verdict.allowed and not verdict.inspect and (failure := self.state.audit.failure):
+            # Relayed bytes have no write-ahead line of their own (an intercepted connection's
+            # requests do, and are refused one by one with why): fail closed.
+            verdict, detail = refusal(Reason.AUDIT_UNWRITABLE), failure
         if verdict.allowed and not verdict.inspect:
             verdict, upstream = await self._pin(conn, sandbox, name or "", port, "https", verdict)
         return ClientHelloVerdict(verdict, name, detail, upstream)

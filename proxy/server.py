@@ -20,7 +20,6 @@ from mitmproxy import options
 from mitmproxy.addons import core, disable_h2c, errorcheck, next_layer, proxyserver, tlsconfig
 from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.master import Master
-from mitmproxy.proxy.mode_specs import ProxyMode
 
 from sandgate.proxy import errorpages, lean, websocket
 from sandgate.proxy.audit import AuditLog
@@ -31,17 +30,17 @@ from sandgate.proxy.control import ControlServer, control_app
 from sandgate.proxy.deadline import HeaderDeadlineAddon
 from sandgate.proxy.dnsguard import DnsAddon
 from sandgate.proxy.enforcement import EnforcementAddon
-from sandgate.proxy.frontdoor import FrontDoor, ListenError
+from sandgate.proxy.frontdoor import FrontDoor
 from sandgate.proxy.identity import IdentityAddon
 from sandgate.proxy.injection import InjectionAddon
 from sandgate.proxy.metrics import Metrics
+from sandgate.proxy.pooldns import dns_mode
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.revocation import Revoker
-from sandgate.proxy.state import ProxyState, SandboxTable
+from sandgate.proxy.state import ProxyState, SandboxTable, proxy_store
 from sandgate.proxy.streaming import StreamingAddon
-from sandgate.proxy.template import DNS_WORKER, WorkerSlot
+from sandgate.proxy.template import WorkerSlot
 from sandgate.proxy.workers import PeerNames, worker_socket
-from sandgate.vault import open_configured
 
 log = logging.getLogger(__name__)
 
@@ -63,38 +62,29 @@ def _raise_file_limit() -> None:
 
 def build_state(config: ProxyConfig, slot: WorkerSlot | None = None) -> ProxyState:
     """A worker starts empty (the pool replays every entry before it serves), writes its audit
-    lines to the pool, and asks the DNS worker for names it did not resolve itself."""
-    # The proxy keeps values in memory itself (proxy/credentials.py), refreshed when the control
-    # plane signals a change: a store-side cache would only serve a stale value after a rotation.
-    vault = config.vault
-    store = (
-        open_configured(vault.model_copy(update={"cache_ttl": 0}), config.vault_secrets) if vault else None
-    )
-    table = SandboxTable(store, config.max_rules)
+    lines to the pool, and asks the pool, which serves DNS, for the names sandboxes resolved."""
+    table = SandboxTable(proxy_store(config), config.max_rules)
     for entry in config.sandboxes if slot is None else ():
         table.put(entry)
     return ProxyState(
         table=table,
         resolver=Resolver(config.upstream_dns),
-        names=PeerNames(worker_socket(config, DNS_WORKER)) if slot and not slot.serves_dns else NameMemory(),
+        names=PeerNames(config.socket_path) if slot else NameMemory(),
         audit=AuditLog(
             config.audit_path,
             config.audit_max_bytes,
             config.audit_backups,
             table.values.redact_text,
             slot.audit_fd if slot else None,
+            config.audit_fsync,
         ),
         metrics=Metrics(),
     )
 
 
-def dns_mode(config: ProxyConfig) -> str:
-    return f"dns@{config.listen_host}:{config.dns_port}"
-
-
 def mitmproxy_options(config: ProxyConfig, slot: WorkerSlot | None = None) -> dict[str, object]:
     return {
-        # The TCP listeners are the front door's; a worker starts its DNS listener at /serve.
+        # The TCP listeners are the front door's; with workers, the pool serves DNS (proxy/pooldns.py).
         "mode": [dns_mode(config)] if slot is None else [],
         "confdir": str(config.state_dir),
         "connection_strategy": "lazy",
@@ -141,6 +131,7 @@ async def serve(config: ProxyConfig, slot: WorkerSlot | None = None) -> None:
     errorpages.install()  # proxy-made error pages never quote upstream bytes
     websocket.install()  # WebSocket control frames pass the scrubber too
     state = build_state(config, slot)
+    state.audit.listen(asyncio.get_running_loop())
     state.table.on_change.append(Revoker(state, asyncio.get_running_loop()).table_changed)
     master = Master(options.Options())
     master.addons.add(*addons(state, config))
@@ -157,12 +148,8 @@ async def serve(config: ProxyConfig, slot: WorkerSlot | None = None) -> None:
     )
 
     async def start_serving() -> None:  # a worker's POST /serve: it holds every entry now
-        if front_door.serving:
-            return
-        front_door.start()
-        dns = [ProxyMode.parse(dns_mode(config))]
-        if slot and slot.serves_dns and not await proxyserver.servers.update(dns):
-            raise ListenError(f"worker {slot.index} cannot serve DNS on port {config.dns_port}; see its log")
+        if not front_door.serving:
+            front_door.start()
 
     socket_path = worker_socket(config, slot.index) if slot else config.socket_path
     control = ControlServer(control_app(state, start_serving if slot else None), socket_path)

@@ -28,13 +28,14 @@ from sandgate.policy import (
 )
 from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.audit import AuditLog
-from sandgate.proxy.contract.audit import AuditRecord
-from sandgate.proxy.contract.config import SandboxEntry
+from sandgate.proxy.contract.audit import AuditRecord, new_record_id
+from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry
 from sandgate.proxy.credentials import SandboxCredentials, SecretValues
 from sandgate.proxy.decide import Verdict
 from sandgate.proxy.metrics import Metrics
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.tcpinfo import KernelCounters
+from sandgate.vault import open_configured
 
 FLOW_KEY = "sandgate"  # flow.metadata key of a RequestState
 SCRUB_KEY = "sandgate.scrub"  # flow.metadata: the SandboxCredentials whose values the answer loses
@@ -79,6 +80,14 @@ class Sandbox:
     def vault_name(self, credential: str) -> str:
         """The vault entry a binding's credential name refers to in this sandbox."""
         return self.entry.credentials.get(credential, credential)
+
+
+def proxy_store(config: ProxyConfig) -> Any:
+    """The vault as the proxy opens it (None: no vault). The proxy keeps values in memory itself
+    (proxy/credentials.py), refreshed when the control plane signals a change: a store-side
+    cache would only serve a stale value after a rotation."""
+    vault = config.vault
+    return open_configured(vault.model_copy(update={"cache_ttl": 0}), config.vault_secrets) if vault else None
 
 
 class SandboxTable:
@@ -148,7 +157,8 @@ class ConnState:
 
 @dataclass
 class RequestState:
-    """One request's decision and counters; the audit addon turns it into the request record.
+    """One request's decision and counters; the audit addon turns it into the request record
+    (`record_id`: its write-ahead line, if it was forwarded, and its whole line share the id).
     `identity` is what the request was judged as, taken before injection changed anything (None
     when it was refused before: names that disagree, an ambiguous target)."""
 
@@ -161,6 +171,8 @@ class RequestState:
     bytes_out: int = 0
     bytes_in: int = 0
     detail: str | None = None
+    record_id: str = field(default_factory=new_record_id)
+    written_ahead: bool = False
 
 
 @dataclass

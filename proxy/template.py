@@ -38,7 +38,6 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
-DNS_WORKER = 0  # the one worker that serves DNS (proxy/workers.py, rule 7)
 REAP_INTERVAL = 1.0  # the template reaps ended workers at least this often
 EXIT_FAILED = 70  # a worker that ended with an exception (EX_SOFTWARE)
 
@@ -55,10 +54,6 @@ class WorkerSlot:
     @property
     def name(self) -> str:
         return f"{self.index}/{self.count}"
-
-    @property
-    def serves_dns(self) -> bool:
-        return self.index == DNS_WORKER
 
     @property
     def audit_fd(self) -> int:
@@ -270,4 +265,4 @@ def _ending(status: int) -> str:
     return f"exit status {os.waitstatus_to_exitcode(status)}"
 
 
-__all__ = ["DNS_WORKER", "Template", "TemplateGone", "WorkerProcess", "WorkerSlot", "die_with_parent"]
+__all__ = ["Template", "TemplateGone", "WorkerProcess", "WorkerSlot", "die_with_parent"]

@@ -21,11 +21,16 @@ Rules:
    with the pool (PR_SET_PDEATHSIG); the pool ends, with an error, when its template ends.
 5. One audit stream: a worker sends each record as one message on a SOCK_SEQPACKET pair (whole or
    not at all: never cut, never interleaved); the pool appends what arrives to the one
-   `AuditFile`, which it alone rotates.
+   `AuditFile`, which it alone rotates, one write per batch, and answers on the same pair how
+   many of that worker's messages are in the file (`PipeAnswer`): a worker forwards a request
+   only after its write-ahead line is (proxy/audit.py, rule 5). A batch that cannot be written
+   is answered "fail" with why, and every worker hears of it, until a batch is written again.
 6. `GET /metrics` sums every worker's series (`metrics.summed`) and adds the pool's own.
-7. DNS: mitmproxy's UDP server can neither share a port nor take an inherited socket, so worker
-   0 alone serves DNS; the others ask it (`PeerNames`) for the name a sandbox resolved an
-   address from, when a connection carries no name of its own.
+7. DNS: mitmproxy's UDP server can neither share a port nor take an inherited socket, so the
+   pool serves DNS itself (proxy/pooldns.py: the same `DnsAddon`, over a table that follows
+   every change the workers took), and DNS answers while any worker restarts. Workers ask the
+   pool (`PeerNames`, `GET /names/...`) for the name a sandbox resolved an address from, when a
+   connection carries no name of its own.
 """
 
 from __future__ import annotations
@@ -45,13 +50,21 @@ import httpx
 from fastapi import FastAPI, HTTPException, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from sandgate.proxy.audit import PIPE_RECORD_MAX, AuditFile
+from sandgate.proxy.audit import PIPE_RECORD_MAX, AuditFile, PipeAnswer
 from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry
-from sandgate.proxy.contract.control import ROUTES, WORKER_ROUTES, ApprovalAnswer, Route, VaultChange
+from sandgate.proxy.contract.control import (
+    POOL_ROUTES,
+    ROUTES,
+    WORKER_ROUTES,
+    ApprovalAnswer,
+    Route,
+    VaultChange,
+)
 from sandgate.proxy.contract.names import worker_socket as worker_socket_path
 from sandgate.proxy.control import ControlServer, on
 from sandgate.proxy.frontdoor import ListenError, listen_socket
 from sandgate.proxy.metrics import summed
+from sandgate.proxy.pooldns import PoolDns
 from sandgate.proxy.resolver import NameMemory
 from sandgate.proxy.template import Template, TemplateGone, WorkerProcess, WorkerSlot
 
@@ -74,23 +87,23 @@ def worker_socket(config: ProxyConfig, index: int) -> Path:
 
 
 class PeerNames(NameMemory):
-    """A worker without the DNS listener asks the DNS worker (rule 7). Any failure is no name:
-    the connection is judged by its address, as if the sandbox had never asked (fail closed)."""
+    """A worker asks the pool, which serves DNS (rule 7). Any failure is no name: the
+    connection is judged by its address, as if the sandbox had never asked (fail closed)."""
 
-    def __init__(self, dns_worker_socket: Path) -> None:
+    def __init__(self, pool_socket: Path) -> None:
         super().__init__()
-        transport = httpx.AsyncHTTPTransport(uds=str(dns_worker_socket))
-        self._client = httpx.AsyncClient(transport=transport, base_url="http://worker", timeout=2.0)
+        transport = httpx.AsyncHTTPTransport(uds=str(pool_socket))
+        self._client = httpx.AsyncClient(transport=transport, base_url="http://pool", timeout=2.0)
 
     async def lookup(self, sandbox_address: str, address: str) -> str | None:
         try:
             response = await self._client.get(
-                WORKER_ROUTES.name_for.at(sandbox_address=sandbox_address, address=address)
+                POOL_ROUTES.name_for.at(sandbox_address=sandbox_address, address=address)
             )
             response.raise_for_status()
             name = response.json()["name"]
         except (httpx.HTTPError, ValueError, KeyError) as exc:
-            log.warning("DNS worker: no name for %s from %s: %r", address, sandbox_address, exc)
+            log.warning("the pool's DNS: no name for %s from %s: %r", address, sandbox_address, exc)
             return None
         return name if isinstance(name, str) else None
 
@@ -127,7 +140,13 @@ class WorkerPool:
 
     def __post_init__(self) -> None:
         self.entries = {entry.address: entry for entry in self.config.sandboxes}
-        self.audit = AuditFile(self.config.audit_path, self.config.audit_max_bytes, self.config.audit_backups)
+        config = self.config
+        self.audit = AuditFile(
+            config.audit_path, config.audit_max_bytes, config.audit_backups, config.audit_fsync
+        )
+        self.pipes: dict[socket.socket, int] = {}  # each worker's audit pipe -> messages handled
+        self.told: str | None = None  # the audit failure every worker was last told of
+        self.dns = PoolDns(config, self.audit)
         self.lock = asyncio.Lock()  # orders changes and replays (rules 2 and 3)
         self.stopping = asyncio.Event()
         self.template_lost = False
@@ -148,6 +167,7 @@ class WorkerPool:
         control = ControlServer(pool_app(self), self.config.socket_path)
         watcher = asyncio.create_task(self._watch_template())
         try:
+            await self.dns.start(list(self.entries.values()))
             await asyncio.gather(*(self._start(worker) for worker in self.workers))
             await control.start()
             keepers = [asyncio.create_task(self._keep(worker)) for worker in self.workers]
@@ -158,6 +178,7 @@ class WorkerPool:
         finally:
             watcher.cancel()
             await self._stop_workers()
+            await self.dns.stop()
             self.audit.close()
         if self.template_lost:
             raise PoolStartError(f"the worker template (pid {self.template.pid}) ended, and the pool with it")
@@ -174,6 +195,7 @@ class WorkerPool:
         pool_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         worker_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * PIPE_RECORD_MAX)
         pool_end.setblocking(False)
+        self.pipes[pool_end] = 0
         asyncio.get_running_loop().add_reader(pool_end.fileno(), self._drain_audit, pool_end)
         fds = (worker.listeners[0].fileno(), worker.listeners[1].fileno(), worker_end.fileno())
         try:
@@ -253,8 +275,10 @@ class WorkerPool:
         self.template.stop()
 
     def _drain_audit(self, sock: socket.socket) -> None:
-        """Append every record waiting on a worker's pipe (rule 5); at EOF the pipe is closed."""
+        """Append every record waiting on a worker's pipe and answer it (rule 5); at EOF the
+        pipe is closed."""
         records: list[bytes] = []
+        ended = False
         while True:
             try:
                 record = sock.recv(PIPE_RECORD_MAX)
@@ -263,12 +287,30 @@ class WorkerPool:
             except OSError:
                 record = b""
             if not record:
-                asyncio.get_running_loop().remove_reader(sock.fileno())
-                sock.close()
+                ended = True
                 break
             records.append(record)
         if records:
-            self.audit.write(b"".join(records))
+            self.pipes[sock] += len(records)
+            try:
+                self.audit.write(b"".join(records))
+            except OSError:
+                log.error("%d audit records from a worker not written: %s", len(records), self.audit.failure)
+            if self.audit.failure != self.told:  # the news (unwritable, or written again) for all
+                self.told = self.audit.failure
+                for pipe in list(self.pipes):
+                    self._answer(pipe)
+            elif not ended:
+                self._answer(sock)
+        if ended:
+            asyncio.get_running_loop().remove_reader(sock.fileno())
+            self.pipes.pop(sock, None)
+            sock.close()
+
+    def _answer(self, sock: socket.socket) -> None:
+        """A late or lost answer is only late: the next one counts every message before it."""
+        with contextlib.suppress(OSError):
+            sock.send(PipeAnswer(self.pipes[sock], self.audit.failure).encode())
 
     # ------------------------------------------------------------------ changes (rule 2)
 
@@ -279,10 +321,17 @@ class WorkerPool:
             targets = [worker for worker in self.workers if worker.serving]
             if not targets:
                 return Answer(503, {"detail": "no proxy worker is serving (the pool restarts them); retry"})
-            answers = await asyncio.gather(*(self._call(worker, method, path, body) for worker in targets))
+            # The pool's DNS table takes the change beside the workers (it compiles the same
+            # policy, so it refuses what they refuse); put back if none of them took it.
+            answers, _ = await asyncio.gather(
+                asyncio.gather(*(self._call(worker, method, path, body) for worker in targets)),
+                self._follow(route, address, body),
+            )
             took = [_took(method, answer) for answer in answers]
             if any(took):
                 self._apply(route, address, body)
+            elif address is not None:
+                await self._restore_dns(address)
             missing = [
                 (worker, answer)
                 for worker, answer, taken in zip(targets, answers, took, strict=True)
@@ -301,10 +350,28 @@ class WorkerPool:
             return Answer(502, {"detail": detail})
 
     def _apply(self, route: Route, address: str | None, body: str | None) -> None:
+        """The pool's table follows what the workers took."""
         if route == ROUTES.put_sandbox and address and body is not None:
             self.entries[address] = SandboxEntry.model_validate_json(body)
         elif route == ROUTES.drop_sandbox and address:
             self.entries.pop(address, None)
+
+    async def _follow(self, route: Route, address: str | None, body: str | None) -> None:
+        """The pool's DNS server takes the change (rule 7)."""
+        if route == ROUTES.put_sandbox and address and body is not None:
+            await self.dns.put(SandboxEntry.model_validate_json(body))
+        elif route == ROUTES.drop_sandbox and address:
+            self.dns.drop(address)
+        elif route == ROUTES.vault_changed and body is not None:
+            await self.dns.vault_changed(VaultChange.model_validate_json(body).names)
+
+    async def _restore_dns(self, address: str) -> None:
+        """The DNS table back to the pool's entry for `address` (a change no worker took)."""
+        kept = self.entries.get(address)
+        if kept is None:
+            self.dns.drop(address)
+        else:
+            await self.dns.put(kept)
 
     async def _call(self, worker: Worker, method: str, path: str, body: str | None) -> Answer | Exception:
         try:
@@ -358,11 +425,12 @@ class WorkerPool:
             "# TYPE sandgate_proxy_worker_restarts_total counter",
             f"sandgate_proxy_worker_restarts_total {restarts}",
         ]
-        return summed([*texts, "\n".join(own) + "\n"])
+        return summed([*texts, self.dns.state.metrics.render(), "\n".join(own) + "\n"])
 
     def health(self) -> dict[str, Any]:
         return {
             "status": "ok" if any(worker.serving for worker in self.workers) else "no worker serving",
+            "audit": self.audit.failure or "ok",
             "sandboxes": len(self.entries),
             "pid": os.getpid(),
             "workers": [
@@ -425,6 +493,10 @@ def pool_app(pool: WorkerPool) -> FastAPI:
         if entry is None:
             raise HTTPException(404, f"no sandbox at {address}")
         return entry
+
+    @on(app, POOL_ROUTES.name_for)
+    def name_for(sandbox_address: str, address: str) -> dict[str, str | None]:
+        return {"name": pool.dns.name_for(sandbox_address, address)}
 
     @on(app, ROUTES.health)
     def health() -> JSONResponse:

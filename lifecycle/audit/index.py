@@ -5,9 +5,13 @@ Rules:
 2. Ingest is exactly-once: the reader position is saved in the same transaction as the rows it
    produced (BEGIN IMMEDIATE, so a second ingester waits and then resumes after us), and record
    ids are unique, so a replayed line is ignored rather than counted twice.
-3. Rows are ordered by (ts_us, seq): `seq` is the ingest order (the follow cursor), `ts_us` the
+3. One row per logical record: a request's write-ahead line (`event: "incomplete"`) is replaced
+   by its whole line (same id) when that arrives, and the row takes a new `seq`, so followers see
+   the finished record; a row that stays `incomplete` is a request forwarded whose response
+   never ended (or has not yet).
+4. Rows are ordered by (ts_us, seq): `seq` is the ingest order (the follow cursor), `ts_us` the
    record time. Every filtered page is an index range scan in that order, limited, keyset-paged.
-4. Retention deletes from the index only; the writer's rotation bounds the JSONL.
+5. Retention deletes from the index only; the writer's rotation bounds the JSONL.
 
 One connection per thread (sqlite3 objects must stay in their thread), WAL journal so readers
 never wait for the ingester.
@@ -28,6 +32,7 @@ from pydantic import ValidationError
 from sandgate.lifecycle.audit.query import MAX_PAGE, AuditFilter, CountRow, Cursor, Page, Summary
 from sandgate.lifecycle.audit.reader import Position, RotatingLog
 from sandgate.lifecycle.audit.record import COLUMNS, AuditRecord, RecordJSON, format_ts, from_row, to_row
+from sandgate.proxy import INCOMPLETE
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +71,13 @@ CREATE TABLE IF NOT EXISTS ingest_state (
 # Which rows count as decisions: a pass-through connection's second record (`event: "closed"`)
 # carries its bytes and duration, not another decision, so counts skip it and byte sums keep it.
 _COUNTED = "(kind != 'connection' OR event IS NULL)"
-_INSERT = f"INSERT OR IGNORE INTO records ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+# A line whose id is indexed already is ignored, unless it finishes an incomplete row (rule 3).
+_INSERT = (
+    f"INSERT INTO records ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+    f" ON CONFLICT (id) DO UPDATE SET {', '.join(f'{col} = excluded.{col}' for col in COLUMNS)},"
+    " seq = (SELECT max(seq) + 1 FROM records)"
+    f" WHERE records.event IS '{INCOMPLETE}' AND excluded.event IS NOT '{INCOMPLETE}'"
+)
 _SELECT = f"SELECT seq, {', '.join(COLUMNS)} FROM records"
 
 

@@ -4,7 +4,8 @@ Rules: pure and table-driven; one function, `to_ocsf(record)`. Request records b
 Activity (4002), connection records and security events Network Activity (4001), DNS records
 DNS Activity (4003), policy changes the OCSF Base Event (0) since OCSF has no class for a
 network-policy edit. Everything sandgate-specific that OCSF has no attribute for (sandbox kind,
-binding, inspect, event, detail, schema version) goes under `unmapped`. docs/audit.md has the
+binding, inspect, event, detail, schema version) goes under `unmapped`. A request record left
+`incomplete` (forwarded, its response never ended) has status Unknown. docs/audit.md has the
 field-by-field table.
 """
 
@@ -15,7 +16,7 @@ from importlib import metadata
 from typing import Any
 
 from sandgate.lifecycle.audit.record import RecordJSON
-from sandgate.proxy import AUDIT_FILE
+from sandgate.proxy import AUDIT_FILE, INCOMPLETE
 
 OCSF_VERSION = "1.3.0"
 
@@ -145,6 +146,9 @@ def to_ocsf(record: RecordJSON) -> dict[str, Any]:
             "detail": record.get("detail"),
         },
     }
+    if record.get("event") == INCOMPLETE:  # forwarded; no response end was recorded
+        event["status_id"], event["status"] = 0, "Unknown"
+        event["status_detail"] = f"{record['reason']}; incomplete: forwarded, its response never ended"
     if record.get("duration_ms") is not None:
         event["duration"] = round(record["duration_ms"])
     if record.get("rule"):

@@ -16,6 +16,10 @@ Rules:
 4. This module is the schema: `AuditRecord` is a line's fields (the file's name is
    `names.AUDIT_FILE`); the index, the API, the CLI, the console and the OCSF export read
    records by it. It imports only pydantic and sandgate.policy.
+5. Write-ahead: a request the proxy forwards upstream has two lines under one id, first with
+   `event: INCOMPLETE`, written before its first byte leaves (the engine's `AuditLog.write_ahead`),
+   then the whole record when the response ends. Readers keep the last line of an id; a record
+   left `incomplete` went upstream and its response never ended (or has not yet).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ RECORD_KINDS: tuple[RecordKind, ...] = get_args(RecordKind)
 Redact = Callable[[str], str]
 # Fields that hold text a sandbox, an upstream or a policy chose: redacted at write time.
 FREE_TEXT = ("sni", "method", "host", "path", "reason", "rule", "binding", "event", "detail")
+# `event` of a request's write-ahead line: forwarded upstream, its response not (yet) ended (rule 5).
+INCOMPLETE = "incomplete"
 
 
 def utc_timestamp() -> str:

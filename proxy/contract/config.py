@@ -164,6 +164,11 @@ class ProxyConfig(BaseModel):
         100 * 1024 * 1024, ge=1024, description="rotate the audit log past this size"
     )
     audit_backups: int = Field(10, ge=0, description="rotated audit files kept (.1, .2, ...)")
+    audit_fsync: bool = Field(
+        False,
+        description="fsync the audit log after each write (batch): a record then survives a power "
+        "loss, not only the death of any process",
+    )
     max_rules: int = Field(
         DEFAULT_MAX_RULES, ge=1, description="egress rules one sandbox policy may have (policy_max_rules)"
     )

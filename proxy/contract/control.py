@@ -15,8 +15,9 @@ drift apart. What each route does is documented in docs/proxy.md ("Control API")
     GET    /approvals                                       -> 200 [held request, ...]
     POST   /approvals/{approval_id}  body: ApprovalAnswer    -> 200 {"answered": id} (404 if not held)
 
-A worker of the pool has its own socket, which only the pool talks to, with two more routes
-(`WORKER_ROUTES`): `POST /serve` (start accepting) and `GET /names/{sandbox_address}/{address}`.
+A worker of the pool has its own socket, which only the pool talks to, with one more route
+(`WORKER_ROUTES`): `POST /serve` (start accepting). The pool's socket, which serves DNS, adds
+`POOL_ROUTES`: `GET /names/{sandbox_address}/{address}`, which workers ask.
 """
 
 from __future__ import annotations
@@ -58,12 +59,17 @@ class Routes:
 @dataclass(frozen=True)
 class WorkerRoutes:
     serve: Route = Route("POST", "/serve")
+
+
+@dataclass(frozen=True)
+class PoolRoutes:
     name_for: Route = Route("GET", "/names/{sandbox_address}/{address}")
 
 
 ROUTES = Routes()
 JSON = {"content-type": "application/json"}
 WORKER_ROUTES = WorkerRoutes()
+POOL_ROUTES = PoolRoutes()
 
 
 class VaultChange(BaseModel):

@@ -510,6 +510,51 @@ def clienthello(
     return {"connected": True, "reply": kind, "bytes": len(reply)}
 
 
+def burst(
+    address: str, sni: str, paths: list[str], clients: int, stop_file: str, seconds: float = 45
+) -> dict[str, Any]:
+    """`clients` threads, each sending HTTPS GETs for `paths` in turn (to `address`, with SNI and
+    Host `sni`), until `stop_file` exists or `seconds` pass (at most 1000 requests a client):
+    how many of each path got which status line (or error)."""
+    tally: dict[str, int] = {}
+    lock = threading.Lock()
+    deadline = time.monotonic() + min(seconds, 60)
+
+    def client() -> None:
+        for n in range(1000):
+            if os.path.exists(stop_file) or time.monotonic() > deadline:
+                return
+            path = paths[n % len(paths)]
+            request = f"GET {path} HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n"
+            result = raw(address, 443, request, sni=sni)
+            outcome = result.get("reply", "")[:12] or result.get("error", "no reply")[:40]
+            if not result.get("reply"):
+                time.sleep(0.05)  # a proxy that is down refuses at once: do not spend the budget
+            with lock:
+                key = f"{path.partition('?')[0]} {outcome}"
+                tally[key] = tally.get(key, 0) + 1
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(1.0, deadline - time.monotonic() + 10))
+    return {"tally": tally}
+
+
+def dns_loop(name: str, gap: float, stop_file: str, seconds: float = 40) -> dict[str, Any]:
+    """A query for `name` every `gap` seconds until `stop_file` exists or `seconds` pass (at most
+    2000): when each was sent (wall clock), and whether and how it was answered."""
+    queries: list[dict[str, Any]] = []
+    deadline = time.monotonic() + min(seconds, 60)
+    while len(queries) < 2000 and time.monotonic() < deadline and not os.path.exists(stop_file):
+        sent = time.time()
+        answer = dns_query(name)
+        queries.append({"t": round(sent, 3), "answered": answer["answered"], "rcode": answer.get("rcode")})
+        time.sleep(gap)
+    return {"queries": queries}
+
+
 def batch(calls: list[list[Any]]) -> dict[str, Any]:
     """Several attacks in one process ([[name, {args}], ...]), in order: one result each."""
     return {"results": [ATTACKS[name](**arguments) for name, arguments in calls]}
@@ -528,6 +573,8 @@ ATTACKS: dict[str, Callable[..., dict[str, Any]]] = {
     "slowloris": slowloris,
     "connect_loop": connect_loop,
     "clienthello": clienthello,
+    "burst": burst,
+    "dns_loop": dns_loop,
 }
 
 if __name__ == "__main__":

@@ -261,6 +261,8 @@ def adversarial_server(
         "SANDGATE_PROXY_TRANSPARENT_PORT": str(proxy_ports.transparent),
         "SANDGATE_PROXY_EXPLICIT_PORT": str(proxy_ports.explicit),
         "SANDGATE_PROXY_DNS_PORT": str(proxy_ports.dns),
+        # A pool of two on any machine: the crash tests kill one worker while the other serves.
+        "SANDGATE_PROXY_WORKERS": "2",
         **(extra or {}),
     }
     with sandgate_server(Path(tmp_path_factory.mktemp("sandgate")), env) as running:

@@ -4,13 +4,19 @@ DoH), and rebinding an allowed name onto loopback, metadata, RFC1918 or another 
 from __future__ import annotations
 
 import base64
+import os
 import secrets
+import signal
+import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from dnslib import HTTPS, DNSRecord
 from dnslib.buffer import Buffer
 
+from sandgate.proxy import ProxyControl
 from tests.adversarial.conftest import (
     BOUND_HOST,
     EXFIL_ZONE,
@@ -213,3 +219,45 @@ def test_svcb_and_https_answers_hold_no_refused_hint_no_ech_and_no_foreign_targe
     assert f"ipv4hint {METADATA_ADDR}" in detail and "ipv6hint ::1" in detail and "ech" in detail, detail
     aliased = attacker.wait_audit(lambda r: r["kind"] == "dns" and r["host"] == ALIASED)
     assert aliased and f"target metadata.{EXFIL_ZONE} (not allowed) dropped" in aliased[-1]["detail"]
+
+
+def test_dns_answers_while_the_worker_that_served_it_restarts(attacker: Attacker) -> None:
+    """Worker 0 alone served DNS: while it restarted, every lookup failed. The pool serves DNS
+    now: a query every 50 ms from inside the sandbox is answered all through worker 0's death and
+    return. The pool's `/health` only times the window; the answers are the sandbox's."""
+    control = ProxyControl(attacker.server.state_dir / "proxy.sock")
+
+    def worker_zero() -> dict[str, Any]:
+        return next(worker for worker in control.health()["workers"] if worker["index"] == 0)
+
+    stop_file = "/workspace/dns-loop.stop"
+    attacker.sh(f"rm -f {stop_file}")
+    mark = {record["id"] for record in attacker.audit()}
+    outcome: dict[str, Any] = {}
+    loop = threading.Thread(
+        target=lambda: outcome.update(
+            attacker.attack("dns_loop", name=BOUND_HOST, gap=0.05, stop_file=stop_file)
+        )
+    )
+    loop.start()
+    try:
+        assert attacker.wait_audit(
+            lambda r: r["kind"] == "dns" and r["host"] == BOUND_HOST and r["id"] not in mark, timeout=40
+        ), "the loop's queries never reached the proxy"
+        victim = worker_zero()
+        assert victim["serving"] and victim["pid"], victim
+        killed_at = time.time()
+        os.kill(victim["pid"], signal.SIGKILL)  # by PID: worker 0 of this server's pool
+        deadline = time.monotonic() + 40
+        while not ((now := worker_zero())["serving"] and now["pid"] != victim["pid"]):
+            assert time.monotonic() < deadline, f"worker 0 did not come back: {now}"
+            time.sleep(0.05)
+        back_at = time.time()
+    finally:
+        attacker.sandbox.files.write_file(stop_file, "stop")
+        loop.join(90)
+        control.close()
+    queries = outcome["queries"]
+    down = [query for query in queries if killed_at < query["t"] < back_at]
+    assert down, f"no query was sent while worker 0 was down ({killed_at}..{back_at})"
+    assert all(query["answered"] and query["rcode"] == 0 for query in down), down

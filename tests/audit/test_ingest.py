@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.lifecycle.audit import AuditFilter, AuditIndex
+from sandgate.lifecycle.audit import AuditFilter, AuditIndex, to_ocsf
 from sandgate.lifecycle.audit.reader import RotatingLog
-from sandgate.proxy import AuditRecord
+from sandgate.lifecycle.cli.groups.logs import request_text
+from sandgate.proxy import INCOMPLETE, AuditRecord
 from sandgate.proxy.audit import AuditLog
 from tests.audit.conftest import generated, write_records
 
@@ -141,3 +142,34 @@ def test_truncated_in_place_is_reread_from_start(tmp_path: Path) -> None:
     result = index.ingest()
     assert result.added == 2 and result.gap
     assert index.count() == 12
+
+
+def test_a_write_ahead_line_is_one_row_with_its_whole_record(tmp_path: Path) -> None:
+    """A request's write-ahead line (`event: "incomplete"`) and its whole line share an id: the
+    index keeps one row, the whole one, under a new seq (a follower sees it finish); a request
+    whose response never ended keeps its incomplete row; a replayed line changes nothing."""
+    index = open_index(tmp_path)
+    log_path = tmp_path / "audit.jsonl"
+    fields = {"kind": "request", "sandbox": "sbx", "client": "-", "decision": "allow", "reason": "r"}
+    finished_ahead = AuditRecord(**fields, id="finished", path="/a", binding="api", event=INCOMPLETE)
+    cut_off = AuditRecord(**fields, id="cut-off", path="/b", binding="api", event=INCOMPLETE)
+    lines = [finished_ahead, cut_off]
+    log_path.write_text("".join(record.model_dump_json() + "\n" for record in lines))
+    index.ingest()
+    [(first_seq, _)] = [(seq, r) for seq, r in index.after(0, AuditFilter()) if r["id"] == "finished"]
+    whole = finished_ahead.model_copy(update={"event": None, "status": 200, "bytes_in": 5})
+    with log_path.open("a") as handle:
+        for record in (whole, finished_ahead, cut_off):  # the whole line, then two replays
+            handle.write(record.model_dump_json() + "\n")
+    index.ingest()
+    rows = {r["id"]: (seq, r) for seq, r in index.after(0, AuditFilter())}
+    assert sorted(rows) == ["cut-off", "finished"]
+    seq, finished = rows["finished"]
+    assert (finished["event"], finished["status"], finished["bytes_in"]) == (None, 200, 5)
+    assert seq > first_seq, "the finished record is news to a follower"
+    assert rows["cut-off"][1]["event"] == INCOMPLETE and rows["cut-off"][1]["status"] is None
+    assert index.count(AuditFilter(sandbox="sbx")) == 2
+    # and so the readers show it: the CLI's request column, the OCSF export's status
+    assert request_text(rows["cut-off"][1]).endswith("[incomplete]")
+    assert not request_text(finished).endswith("]")
+    assert (to_ocsf(rows["cut-off"][1])["status"], to_ocsf(finished)["status"]) == ("Unknown", "Success")

@@ -65,14 +65,15 @@ NO_ANSWER = {"ConnectionRefusedError", "ConnectionResetError", "RemoteDisconnect
 
 
 def run_paths(lines: list[str], run: str) -> Counter[str]:
-    """Request records of this run in JSONL lines, counted by path."""
-    found: Counter[str] = Counter()
+    """Request records of this run in JSONL lines, counted by path: one per id (a forwarded
+    request's write-ahead line and its whole record are one record)."""
+    paths: dict[str, str] = {}
     for line in lines:
         if run in line:
             record = json.loads(line)
             if record["kind"] == "request":
-                found[record["path"]] += 1
-    return found
+                paths[record["id"]] = record["path"]
+    return Counter(paths.values())
 
 
 def audit_lines(state_dir: Path) -> list[str]:

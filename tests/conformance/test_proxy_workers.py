@@ -135,10 +135,11 @@ def test_two_workers_spread_a_sandbox_and_fail_closed_when_one_dies(
         answered = {f"/echo/{run}/{i}" for i, s in outcome.items() if s.endswith(("200", "403"))}
 
         def recorded() -> Counter[str] | None:
-            found: Counter[str] = Counter()
+            paths: dict[str, str] = {}  # one record per id: a write-ahead line and its whole one
             for line in audit_lines(server.state_dir):
                 if run in line and (record := json.loads(line))["kind"] == "request":
-                    found[record["path"]] += 1
+                    paths[record["id"]] = record["path"]
+            found = Counter(paths.values())
             return found if answered <= set(found) else None
 
         in_log = wait_until(recorded, 15, "answered requests are missing from the audit log")

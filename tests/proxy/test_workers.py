@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sandgate.proxy import ProxyControl, SandboxEntry
+from sandgate.proxy import INCOMPLETE, ProxyControl, SandboxEntry
 from sandgate.proxy.contract.config import ConnectionLimits
 from sandgate.proxy.workers import worker_socket
 from tests.proxy.conftest import CLIENT_ADDR, Client, RunningProxy, start_proxy, stop_proxy
@@ -120,8 +120,10 @@ def audit_lines(proxy: RunningProxy) -> list[str]:
     return [line for path in files for line in path.read_text().splitlines()]
 
 
-def request_records(proxy: RunningProxy) -> list[dict[str, Any]]:
-    return [r for r in map(json.loads, audit_lines(proxy)) if r["kind"] == "request"]
+def request_records(proxy: RunningProxy, event: str | None = None) -> list[dict[str, Any]]:
+    """Whole request records (`event` None), or the write-ahead lines (`INCOMPLETE`)."""
+    lines = map(json.loads, audit_lines(proxy))
+    return [r for r in lines if r["kind"] == "request" and r.get("event") == event]
 
 
 def wait_records(proxy: RunningProxy, count: int, timeout: float = 10) -> list[dict[str, Any]]:
@@ -183,6 +185,9 @@ def test_one_audit_stream_has_a_whole_line_for_every_request_under_concurrent_lo
     assert len(list(proxy.config.state_dir.glob("audit.jsonl.*"))) > 3  # it rotated under the load
     new = Counter((r["host"], r["decision"]) for r in records) - before
     assert new == {(ALLOWED, "allow"): 200, (DENIED, "deny"): 200}
+    ahead = [r["id"] for r in request_records(proxy, INCOMPLETE)]
+    forwarded = [r["id"] for r in records if r["decision"] == "allow"]
+    assert sorted(ahead) == sorted(forwarded)  # each forwarded request written ahead once, refusals never
 
 
 def test_a_killed_worker_lets_nothing_through_and_comes_back_with_every_entry(

@@ -83,6 +83,10 @@ function startFeed() {
       const record = JSON.parse(event.data);
       const empty = body.querySelector("tr.empty");
       if (empty) empty.remove();
+      // A request's write-ahead row (event "incomplete") is replaced by its finished record (same id).
+      for (const earlier of body.querySelectorAll("tr[data-id]")) {
+        if (earlier.dataset.id === record.id) earlier.remove();
+      }
       body.insertBefore(recordRow(record, root), body.firstChild);
       received += 1;
       status.textContent = "Live: " + received + " new record" + (received === 1 ? "" : "s") + " since the page loaded.";

@@ -1,0 +1,109 @@
+"""The worker pool's DNS server: the sandboxes' resolver lives in the pool, not in a worker.
+
+Rules:
+1. mitmproxy's UDP server can neither share a port (SO_REUSEPORT) nor take an inherited socket,
+   so one process must own the DNS port; the pool is the one that never restarts while the
+   proxy runs (a pool that dies takes every worker with it, and the supervisor restarts the
+   whole). So DNS keeps answering while any worker restarts.
+2. One decision function: the pool runs the same `DnsAddon` (proxy/dnsguard.py) in an embedded
+   mitmproxy with the DNS mode only, over a `ProxyState` of its own: a `SandboxTable` fed with
+   every change beside the workers (`put`, `drop`, `vault_changed`; put back when no worker
+   took it), the proxy's resolver, and the one `NameMemory` of the proxy, which workers ask over
+   the pool's control socket (`GET /names/...`, `workers.PeerNames`) for the name a sandbox
+   resolved an address from.
+3. Its `dns` records go to the pool's own `AuditFile` (the one writer), through an `AuditLog`
+   that redacts with the values of the pool's table, as a worker's would; its metrics are
+   summed into the pool's `GET /metrics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from mitmproxy import options
+from mitmproxy.addons import core, errorcheck, next_layer, proxyserver
+from mitmproxy.addons.proxyserver import Proxyserver
+from mitmproxy.master import Master
+from mitmproxy.proxy.mode_specs import ProxyMode
+
+from sandgate.policy import PolicyError
+from sandgate.proxy.audit import AuditFile, AuditLog
+from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry
+from sandgate.proxy.dnsguard import DnsAddon
+from sandgate.proxy.frontdoor import ListenError
+from sandgate.proxy.metrics import Metrics
+from sandgate.proxy.resolver import NameMemory, Resolver
+from sandgate.proxy.state import ProxyState, SandboxTable, proxy_store
+
+log = logging.getLogger(__name__)
+
+
+def dns_mode(config: ProxyConfig) -> str:
+    return f"dns@{config.listen_host}:{config.dns_port}"
+
+
+class PoolDns:
+    """The pool's resolver (rule 2): `start` in the pool's loop, then keep its table in step."""
+
+    def __init__(self, config: ProxyConfig, audit: AuditFile) -> None:
+        self.config = config
+        table = SandboxTable(proxy_store(config), config.max_rules)
+        self.state = ProxyState(
+            table=table,
+            resolver=Resolver(config.upstream_dns),
+            names=NameMemory(),
+            audit=AuditLog(audit.path, 0, 0, table.values.redact_text, sink=audit),
+            metrics=Metrics(),
+        )
+        self._master: Master | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, entries: list[SandboxEntry]) -> None:
+        """Hold `entries`, then serve the DNS port; raises ListenError if it cannot be bound."""
+        for entry in entries:
+            await self.put(entry)
+        master = Master(options.Options())
+        master.addons.add(
+            core.Core(),
+            proxyserver.Proxyserver(),
+            next_layer.NextLayer(),
+            errorcheck.ErrorCheck(),
+            DnsAddon(self.state),
+        )
+        master.options.update(mode=[], confdir=str(self.config.state_dir))
+        self._master = master
+        self._task = asyncio.create_task(master.run())
+        server: Proxyserver = master.addons.get("proxyserver")
+        while not server.is_running:
+            if self._task.done():
+                raise ListenError("the pool's DNS server ended while starting (see the proxy's log)")
+            await asyncio.sleep(0.01)
+        if not await server.servers.update([ProxyMode.parse(dns_mode(self.config))]):
+            raise ListenError(f"the worker pool cannot serve DNS on port {self.config.dns_port}; see its log")
+
+    async def put(self, entry: SandboxEntry) -> None:
+        """The entry every worker took; its vault values are read off the loop."""
+        previous = self.state.table.get(entry.address)
+        try:
+            sandbox = await asyncio.to_thread(self.state.table.put, entry)
+        except PolicyError as exc:  # the workers refuse it too (the same compiler): the old entry stays
+            log.info("the pool's DNS table refused sandbox %s: %s", entry.sandbox_id, exc)
+            return
+        if previous is not None and previous.id != sandbox.id:  # the address was reused
+            self.state.names.forget(entry.address)
+
+    def drop(self, address: str) -> None:
+        self.state.table.drop(address)
+        self.state.names.forget(address)
+
+    async def vault_changed(self, names: list[str] | None) -> None:
+        await asyncio.to_thread(self.state.table.values.refresh, names)
+
+    def name_for(self, sandbox_address: str, address: str) -> str | None:
+        return self.state.names.name_for(sandbox_address, address)
+
+    async def stop(self) -> None:
+        if self._master is not None and self._task is not None:
+            self._master.shutdown()
+            await asyncio.wait([self._task], timeout=5.0)
