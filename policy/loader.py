@@ -20,7 +20,7 @@ import yaml
 from pydantic import ValidationError
 
 from sandgate.policy.errors import HintedValueError, PolicyError, PolicyIssue
-from sandgate.policy.models import Binding, BindingMatch, EgressRule, Policy, Problem
+from sandgate.policy.models import AwsSigV4Auth, Binding, BindingMatch, EgressRule, Policy, Problem
 
 DocPath = tuple[str | int, ...]
 Locator = Callable[[DocPath], tuple[int, int]]
@@ -124,7 +124,16 @@ def issues_from_validation(
 
 def _document_path(loc: tuple[Any, ...]) -> DocPath:
     """Pydantic's location without union tags (e.g. the `bearer` in bindings.0.auth.bearer.x)."""
-    tags = {"bearer", "basic", "apiKey", "customHeaders", "passthrough", "function-after", "function-before"}
+    tags = {
+        "bearer",
+        "basic",
+        "apiKey",
+        "customHeaders",
+        "passthrough",
+        "awsSigV4",
+        "function-after",
+        "function-before",
+    }
     path: list[str | int] = []
     for part in loc:
         if isinstance(part, str) and (part in tags or part.startswith("function-")):
@@ -146,13 +155,14 @@ KNOWN_KEYS = sorted(
         "substitutions",
         "placeholder",
         "in",
+        *AwsSigV4Auth.model_fields,
     }
 )
 _HINTS = {
     "extra_forbidden": "remove it or check its spelling",
     "missing": None,
-    "union_tag_invalid": "auth.type is one of bearer, basic, apiKey, customHeaders, passthrough",
-    "union_tag_not_found": "add `type:` (bearer, basic, apiKey, customHeaders or passthrough)",
+    "union_tag_invalid": "auth.type is one of bearer, basic, apiKey, customHeaders, passthrough, awsSigV4",
+    "union_tag_not_found": "add `type:` (bearer, basic, apiKey, customHeaders, passthrough or awsSigV4)",
 }
 
 

@@ -337,11 +337,56 @@ class PassthroughAuth(_Model):
     substitutions: list[Substitution] = Field(min_length=1)
 
 
+def _aws_names(values: list[str]) -> list[str]:
+    for value in values:
+        if not _AWS_NAME.match(value):
+            raise HintedValueError(f"{value!r} is not an AWS service or region name", "e.g. s3 or us-east-1")
+    return list(dict.fromkeys(values))
+
+
+def _optional_credential_name(value: str | None) -> str | None:
+    return None if value is None else _credential_name(value)
+
+
+class AwsSigV4Auth(_Model):
+    """AWS SigV4: the sandbox signs with `placeholderAccessKeyId`; the proxy re-signs with the
+    real key (vault credentials) for the bound services and regions."""
+
+    type: Literal["awsSigV4"]
+    accessKeyId: str
+    secretAccessKey: str
+    sessionToken: str | None = None
+    placeholderAccessKeyId: str
+    services: list[str] = Field(min_length=1)
+    regions: list[str] = Field(min_length=1)
+
+    _credentials = field_validator("accessKeyId", "secretAccessKey")(_credential_name)
+    _token = field_validator("sessionToken")(_optional_credential_name)
+    _scopes = field_validator("services", "regions")(_aws_names)
+
+    @field_validator("placeholderAccessKeyId")
+    @classmethod
+    def _placeholder(cls, value: str) -> str:
+        if not _AWS_PLACEHOLDER_KEY.match(value):
+            raise HintedValueError(
+                f"placeholderAccessKeyId {value!r} is not an access key id",
+                "16 to 128 upper-case letters and digits, e.g. AKIASANDGATEPLACEHOLDER",
+            )
+        return value
+
+    def credential_names(self) -> list[str]:
+        return [self.accessKeyId, self.secretAccessKey, *([self.sessionToken] if self.sessionToken else [])]
+
+
+_AWS_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_AWS_PLACEHOLDER_KEY = re.compile(r"^[A-Z0-9]{16,128}$")
+
 Auth = Annotated[
-    BearerAuth | BasicAuth | ApiKeyAuth | CustomHeadersAuth | PassthroughAuth, Field(discriminator="type")
+    BearerAuth | BasicAuth | ApiKeyAuth | CustomHeadersAuth | PassthroughAuth | AwsSigV4Auth,
+    Field(discriminator="type"),
 ]
 _SINGLE_CREDENTIAL_AUTH = ("bearer", "basic", "apiKey")
-_MULTI_CREDENTIAL_AUTH = ("customHeaders", "passthrough")
+_MULTI_CREDENTIAL_AUTH = ("customHeaders", "passthrough", "awsSigV4")
 
 
 class Binding(_Model):
@@ -369,7 +414,7 @@ class Binding(_Model):
         if auth.get("type") in _MULTI_CREDENTIAL_AUTH:
             raise HintedValueError(
                 f"binding-level `credential` does not apply to auth type {auth.get('type')!r}",
-                "customHeaders and passthrough name a credential per header or substitution",
+                "customHeaders, passthrough and awsSigV4 name their credentials inside auth",
             )
         if "credential" in auth and auth["credential"] != credential:
             raise HintedValueError(
@@ -394,6 +439,8 @@ class Binding(_Model):
             names = [header.credential for header in auth.headers]
         elif isinstance(auth, PassthroughAuth):
             names = [substitution.credential for substitution in auth.substitutions]
+        elif isinstance(auth, AwsSigV4Auth):
+            names = auth.credential_names()
         else:
             names = [auth.credential]
         return list(dict.fromkeys(names))

@@ -10,7 +10,11 @@ Rules:
    binding at all) is refused with 403 and a security_event: the workload tried to send a
    credential somewhere it may not go.
 4. The proxy never follows redirects, so a credential goes only to the request it was decided for.
-5. Values come from the proxy's memory (`credentials.SecretValues`); one that is not there yet
+5. A signing binding (AWS SigV4) signs the request as it will be sent: after the header changes
+   the scrubbing path makes (`streaming.whole_identity`), with the client's placeholder
+   signature checked first; a request that cannot be re-signed is a 400 with the reason. A
+   payload hash taken over the body holds that body whole and signs at `request`.
+6. Values come from the proxy's memory (`credentials.SecretValues`); one that is not there yet
    is read from the vault in a thread (`asyncio.to_thread`): this hook awaits it, other
    connections and sandboxes go on.
 """
@@ -18,6 +22,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 
@@ -26,13 +31,16 @@ from mitmproxy import http
 from sandgate.proxy.auditing import security_event
 from sandgate.proxy.decide import deny_response, refusal
 from sandgate.proxy.state import BODY_KEY, FLOW_KEY, ProxyState, RequestState, Sandbox
-from sandgate.vault import VaultError
+from sandgate.proxy.streaming import whole_identity
+from sandgate.vault import Placeholders, SigV4Refused, SigV4Signer, VaultError
 
 log = logging.getLogger(__name__)
 
 NEVER_INJECT = frozenset({"TRACE", "CONNECT"})
 PLACEHOLDER_MISUSE = "placeholder-outside-binding"
 CREDENTIAL_UNAVAILABLE = "credential-unavailable"
+NOT_RESIGNABLE = "request-not-resignable"
+BodyStep = Callable[[http.HTTPFlow], str | None]  # at `request`, with the whole body: the audit detail
 
 
 class InjectionAddon:
@@ -55,20 +63,13 @@ class InjectionAddon:
             self._inject(flow, request_state, binding_name)
 
     def request(self, flow: http.HTTPFlow) -> None:
-        placeholders = flow.metadata.pop(BODY_KEY, None)
-        if placeholders is None or flow.response:
+        body_step: BodyStep | None = flow.metadata.pop(BODY_KEY, None)
+        if body_step is None or flow.response:
             return
-        request = flow.request
-        result = placeholders.body(
-            request.raw_content or b"",
-            request.headers.get("content-type"),
-            request.headers.get("content-encoding"),
-        )
-        request.raw_content = result.body
-        if result.skipped:
-            request_state: RequestState | None = flow.metadata.get(FLOW_KEY)
-            if request_state:
-                request_state.detail = result.skipped
+        detail = body_step(flow)
+        request_state: RequestState | None = flow.metadata.get(FLOW_KEY)
+        if detail and request_state:
+            request_state.detail = detail
 
     def _inject(self, flow: http.HTTPFlow, request_state: RequestState, binding_name: str) -> None:
         sandbox = request_state.sandbox
@@ -86,9 +87,41 @@ class InjectionAddon:
             request.headers.fields = _substituted(request.headers.fields, injection.placeholders.header)
             request.path = injection.placeholders.target(request.path)
             if _substitutes_body(sandbox, binding_name):
-                flow.metadata[BODY_KEY] = injection.placeholders
+                flow.metadata[BODY_KEY] = functools.partial(_substitute_body, injection.placeholders)
+        if injection.signer and not self._sign(flow, request_state, injection.signer):
+            return
         request_state.bindings.append(binding_name)
         self.state.metrics.injections[binding_name] += 1
+
+    def _sign(self, flow: http.HTTPFlow, request_state: RequestState, signer: SigV4Signer) -> bool:
+        """Re-sign now, or at `request` when the payload hash needs the body; False if refused."""
+        request = flow.request
+        if request_state.sandbox.credentials.holds_secrets:
+            whole_identity(request.headers)  # what the scrubbing path sends: sign that
+        try:
+            if signer.needs_body(_signing_headers(request)):
+                signer.check(_signing_url(request), _signing_headers(request))
+                flow.metadata[BODY_KEY] = functools.partial(self._sign_whole, signer)
+            else:
+                _set_signature(request, signer, None)
+        except SigV4Refused as exc:
+            self._refuse_signing(flow, request_state, exc)
+            return False
+        return True
+
+    def _sign_whole(self, signer: SigV4Signer, flow: http.HTTPFlow) -> str | None:
+        request_state: RequestState = flow.metadata[FLOW_KEY]
+        try:
+            _set_signature(flow.request, signer, flow.request.raw_content or b"")
+        except SigV4Refused as exc:
+            self._refuse_signing(flow, request_state, exc)
+        return None
+
+    @staticmethod
+    def _refuse_signing(flow: http.HTTPFlow, request_state: RequestState, exc: SigV4Refused) -> None:
+        verdict = refusal(NOT_RESIGNABLE, request_state.verdict.rule, status=400)
+        request_state.verdict, request_state.detail = verdict, str(exc)
+        flow.response = deny_response(verdict, request_state.name, str(exc))
 
     def _placeholder_misused(
         self, flow: http.HTTPFlow, request_state: RequestState, selected: list[str]
@@ -130,6 +163,36 @@ def _substituted(
         substituted = substitute(value)
         out.append((name, raw if substituted == value else substituted.encode("utf-8", "surrogateescape")))
     return tuple(out)
+
+
+def _substitute_body(placeholders: Placeholders, flow: http.HTTPFlow) -> str | None:
+    request = flow.request
+    result = placeholders.body(
+        request.raw_content or b"",
+        request.headers.get("content-type"),
+        request.headers.get("content-encoding"),
+    )
+    request.raw_content = result.body
+    return result.skipped
+
+
+def _signing_url(request: http.Request) -> str:
+    """The URL as it goes upstream: the Host the client signed and the target as received."""
+    return f"{request.scheme}://{request.host_header}{request.path}"
+
+
+def _signing_headers(request: http.Request) -> list[tuple[str, str]]:
+    headers = list(request.headers.items(multi=True))
+    if "host" not in request.headers:  # HTTP/2: the :authority pseudo-header is the host
+        headers.append(("host", request.host_header or ""))
+    return headers
+
+
+def _set_signature(request: http.Request, signer: SigV4Signer, body: bytes | None) -> None:
+    signed = signer.sign(request.method, _signing_url(request), _signing_headers(request), body)
+    request.headers.pop("x-amz-security-token", None)  # a placeholder token never goes upstream
+    for name, value in signed:
+        request.headers[name] = value
 
 
 def _substitutes_body(sandbox: Sandbox, binding_name: str) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 
 from sandgate.policy import (
     DEFAULT_MAX_RULES,
+    AwsSigV4Auth,
     Binding,
     CompiledPolicy,
     PassthroughAuth,
@@ -44,7 +45,7 @@ class Sandbox:
     entry: SandboxEntry
     policy: CompiledPolicy
     bindings: dict[str, Binding]  # by name
-    placeholders: dict[str, str]  # every passthrough placeholder -> the binding it belongs to
+    placeholders: dict[str, str]  # every placeholder (passthrough, AWS key id) -> the binding it belongs to
     dns_ports: tuple[int, ...]  # ports a name could be allowed on (for DNS answers)
     credentials: SandboxCredentials
 
@@ -61,6 +62,11 @@ class Sandbox:
             for binding in bindings.values()
             if isinstance(binding.auth, PassthroughAuth)
             for substitution in binding.auth.substitutions
+        }
+        placeholders |= {
+            binding.auth.placeholderAccessKeyId: binding.name
+            for binding in bindings.values()
+            if isinstance(binding.auth, AwsSigV4Auth)
         }
         ports = {80, 443} | {port for rule in policy.policy.egress for port in rule.ports or ()}
         credentials = SandboxCredentials(values, bindings, entry.credentials)

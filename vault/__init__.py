@@ -10,6 +10,8 @@ proxy's injection path calls `reveal`, and only to render a binding; `values` on
   `open_configured(StoreSettings, StoreSecrets)` from the two halves a config file and a pipe carry.
 - Rendering: `render(binding, reveal) -> Injection` (headers to set and `Placeholders` to
   substitute), one renderer per auth type in `RENDERERS`.
+- AWS SigV4: an `awsSigV4` binding renders a `SigV4Signer` (`Injection.signer`) that checks a
+  request signed with the placeholder key and signs it again with the real one (botocore).
 - Redaction: `Redactor(values)` with `redact`, `redact_text` and `stream()`.
 """
 
@@ -30,6 +32,7 @@ from sandgate.vault.render import (
     render_headers,
     reveal_via,
 )
+from sandgate.vault.sigv4 import SigV4Refused, SigV4Signer
 from sandgate.vault.store import (
     LOCAL_KEY_FILE,
     LOCAL_VAULT_FILE,
@@ -58,6 +61,8 @@ __all__ = [
     "SecretInfo",
     "SecretNotFound",
     "SecretStore",
+    "SigV4Refused",
+    "SigV4Signer",
     "StoreSecrets",
     "StoreSettings",
     "VaultError",
