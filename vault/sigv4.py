@@ -15,11 +15,11 @@ Rules:
    (services other than S3 do not send it) the hash is taken over the body, which the proxy then
    holds whole (`needs_body`).
 3. Refused, with the reason (`SigV4Refused`, a 400 from the proxy): presigned URLs
-   (`X-Amz-Signature`/`X-Amz-Credential`, or SigV2's `AWSAccessKeyId`, in the query: a URL that carries a real signature would outlive the
-   request and could be handed on), signed-chunk streaming uploads
-   (`STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER]`, `STREAMING-AWS4-ECDSA-...`: every chunk's
-   signature chains from the seed signature, so each would have to be re-signed; SDKs send
-   unsigned-chunk uploads over HTTPS), SigV4a and SigV2, another key id, region or service.
+   (`X-Amz-Signature`/`X-Amz-Credential`, or SigV2's `AWSAccessKeyId`, in the query: a URL
+   that carries a real signature would outlive the request and could be handed on), signed-chunk
+   streaming uploads (`STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER]`, `STREAMING-AWS4-ECDSA-...`:
+   every chunk's signature chains from the seed signature, so each would have to be re-signed;
+   SDKs send unsigned-chunk uploads over HTTPS), SigV4a and SigV2, another key id, region or service.
 4. Pure: no I/O, no clock but the signing time passed in, nothing printable with a value.
 """
 

@@ -26,7 +26,6 @@ from typing import Any
 
 import boto3
 import pytest
-from botocore.config import Config
 from opensandbox import SandboxSync
 from opensandbox.models.execd import RunCommandOpts
 from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
@@ -216,7 +215,7 @@ def test_moto_checks_signatures(moto: Moto) -> None:
         "s3", region_name="us-east-1", endpoint_url=moto.url, verify=False,
         aws_access_key_id=PLACEHOLDER_KEY, aws_secret_access_key="placeholder-not-a-secret",
     )  # fmt: skip
-    with pytest.raises(Exception, match="InvalidAccessKeyId|SignatureDoesNotMatch"):
+    with pytest.raises(Exception, match=r"InvalidAccessKeyId|SignatureDoesNotMatch"):
         s3.list_buckets()
     wrong = boto3.client(
         "s3", region_name="us-east-1", endpoint_url=moto.url, verify=False,
@@ -264,8 +263,9 @@ def placeholder_authorization(date: str = "20250101") -> str:
 def test_what_cannot_be_resigned_is_refused_with_the_reason(
     aws: AwsSandbox, extra: str, query: str, expected: str
 ) -> None:
-    code, out, _ = aws.sh(
-        f"curl -sS -w '\\n%{{http_code}}' -H {placeholder_authorization()} {extra} 'https://{S3_HOST}/{BUCKET}{query}'"
+    _, out, _ = aws.sh(
+        f"curl -sS -w '\\n%{{http_code}}' -H {placeholder_authorization()} {extra} "
+        f"'https://{S3_HOST}/{BUCKET}{query}'"
     )
     body, status = out.rsplit("\n", 1)
     assert status == "400", out
@@ -290,7 +290,7 @@ def test_a_placeholder_signed_request_to_an_unbound_host_is_refused(
     aws: AwsSandbox, internet: Internet
 ) -> None:
     mark = len(internet.origin_requests())
-    code, out, _ = aws.sh(
+    _, out, _ = aws.sh(
         f"curl -sS -w '\\n%{{http_code}}' -H {placeholder_authorization()} "
         f"-H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' https://{UNBOUND_HOST}/echo"
     )
