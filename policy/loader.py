@@ -20,7 +20,15 @@ import yaml
 from pydantic import ValidationError
 
 from sandgate.policy.errors import HintedValueError, PolicyError, PolicyIssue
-from sandgate.policy.models import AwsSigV4Auth, Binding, BindingMatch, EgressRule, Policy, Problem
+from sandgate.policy.models import (
+    AwsSigV4Auth,
+    Binding,
+    BindingMatch,
+    EgressRule,
+    OAuth2Auth,
+    Policy,
+    Problem,
+)
 
 DocPath = tuple[str | int, ...]
 Locator = Callable[[DocPath], tuple[int, int]]
@@ -156,13 +164,15 @@ KNOWN_KEYS = sorted(
         "placeholder",
         "in",
         *AwsSigV4Auth.model_fields,
+        *OAuth2Auth.model_fields,
     }
 )
+_AUTH_TYPES = "bearer, basic, apiKey, customHeaders, passthrough, awsSigV4, oauth2"
 _HINTS = {
     "extra_forbidden": "remove it or check its spelling",
     "missing": None,
-    "union_tag_invalid": "auth.type is one of bearer, basic, apiKey, customHeaders, passthrough, awsSigV4",
-    "union_tag_not_found": "add `type:` (bearer, basic, apiKey, customHeaders, passthrough or awsSigV4)",
+    "union_tag_invalid": f"auth.type is one of {_AUTH_TYPES}",
+    "union_tag_not_found": f"add `type:` ({_AUTH_TYPES})",
 }
 
 

@@ -378,15 +378,69 @@ class AwsSigV4Auth(_Model):
         return [self.accessKeyId, self.secretAccessKey, *([self.sessionToken] if self.sessionToken else [])]
 
 
+GRANT_NEEDS: dict[str, tuple[str, ...]] = {  # what each grant needs besides tokenUrl
+    "client_credentials": ("clientId", "clientSecret"),
+    "refresh_token": ("clientId", "refreshToken"),
+    "jwt_bearer": ("issuer", "privateKey"),
+    "github_app": ("issuer", "privateKey"),
+}
+
+
+class OAuth2Auth(_Model):
+    """A token minted by the proxy from long-lived vault secrets, sent as `Authorization: Bearer`:
+    OAuth2 client-credentials, refresh-token and JWT-bearer (RFC 7523) grants, and GitHub App
+    installation tokens (`tokenUrl` is the installation's access_tokens URL)."""
+
+    type: Literal["oauth2"]
+    grant: Literal["client_credentials", "refresh_token", "jwt_bearer", "github_app"]
+    tokenUrl: str
+    clientId: str | None = None  # not a secret: the client's public id
+    clientSecret: str | None = None  # vault credential names from here on
+    refreshToken: str | None = None
+    privateKey: str | None = None  # PEM (RSA), signs the JWT assertion
+    issuer: str | None = None  # jwt_bearer: iss (a service account's email); github_app: the App id
+    subject: str | None = None
+    audience: str | None = None  # jwt_bearer: aud, default tokenUrl
+    scopes: list[str] = []
+    timeout: float = Field(10.0, gt=0, le=60)
+
+    _credentials = field_validator("clientSecret", "refreshToken", "privateKey")(_optional_credential_name)
+
+    @field_validator("tokenUrl")
+    @classmethod
+    def _token_url(cls, value: str) -> str:
+        scheme, _, rest = value.partition("://")
+        host = rest.split("/", 1)[0].rsplit(":", 1)[0]
+        if scheme.lower() != "https" or not host or "@" in rest.split("/", 1)[0]:
+            raise HintedValueError(
+                f"tokenUrl {value!r} must be an https URL", "e.g. https://auth.example.com/oauth2/token"
+            )
+        _binding_host(host)  # a name, never an address
+        return value
+
+    @model_validator(mode="after")
+    def _grant_fields(self) -> OAuth2Auth:
+        missing = [name for name in GRANT_NEEDS[self.grant] if getattr(self, name) is None]
+        if missing:
+            raise HintedValueError(
+                f"grant {self.grant!r} needs {', '.join(missing)}",
+                "see docs/vault.md, 'Minted tokens', for each grant's fields",
+            )
+        return self
+
+    def credential_names(self) -> list[str]:
+        return [name for name in (self.clientSecret, self.refreshToken, self.privateKey) if name]
+
+
 _AWS_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _AWS_PLACEHOLDER_KEY = re.compile(r"^[A-Z0-9]{16,128}$")
 
 Auth = Annotated[
-    BearerAuth | BasicAuth | ApiKeyAuth | CustomHeadersAuth | PassthroughAuth | AwsSigV4Auth,
+    BearerAuth | BasicAuth | ApiKeyAuth | CustomHeadersAuth | PassthroughAuth | AwsSigV4Auth | OAuth2Auth,
     Field(discriminator="type"),
 ]
 _SINGLE_CREDENTIAL_AUTH = ("bearer", "basic", "apiKey")
-_MULTI_CREDENTIAL_AUTH = ("customHeaders", "passthrough", "awsSigV4")
+_MULTI_CREDENTIAL_AUTH = ("customHeaders", "passthrough", "awsSigV4", "oauth2")
 
 
 class Binding(_Model):
@@ -414,7 +468,8 @@ class Binding(_Model):
         if auth.get("type") in _MULTI_CREDENTIAL_AUTH:
             raise HintedValueError(
                 f"binding-level `credential` does not apply to auth type {auth.get('type')!r}",
-                "customHeaders, passthrough and awsSigV4 name their credentials inside auth",
+                "customHeaders and passthrough name a credential per header or substitution, "
+                "awsSigV4 and oauth2 name theirs inside auth",
             )
         if "credential" in auth and auth["credential"] != credential:
             raise HintedValueError(
@@ -439,7 +494,7 @@ class Binding(_Model):
             names = [header.credential for header in auth.headers]
         elif isinstance(auth, PassthroughAuth):
             names = [substitution.credential for substitution in auth.substitutions]
-        elif isinstance(auth, AwsSigV4Auth):
+        elif isinstance(auth, AwsSigV4Auth | OAuth2Auth):
             names = auth.credential_names()
         else:
             names = [auth.credential]
