@@ -14,7 +14,11 @@ Rules:
    the scrubbing path makes (`streaming.whole_identity`), with the client's placeholder
    signature checked first; a request that cannot be re-signed is a 400 with the reason. A
    payload hash taken over the body holds that body whole and signs at `request`.
-6. Values come from the proxy's memory (`credentials.SecretValues`); one that is not there yet
+6. An `oauth2` binding's token is minted (or taken from the cache) before its request is
+   rendered (`minting.py`); each mint is audited (binding, generation or reason). A mint that
+   fails is a 502 for the sandbox with the reason (redacted) and a log line for the operator; a
+   401 from the API drops the token so the next request mints a new one.
+7. Values come from the proxy's memory (`credentials.SecretValues`); one that is not there yet
    is read from the vault in a thread (`asyncio.to_thread`): this hook awaits it, other
    connections and sandboxes go on.
 """
@@ -28,11 +32,12 @@ from collections.abc import Callable
 
 from mitmproxy import http
 
-from sandgate.proxy.auditing import security_event
+from sandgate.policy import OAuth2Auth
+from sandgate.proxy.auditing import mint_record, security_event
 from sandgate.proxy.decide import deny_response, refusal
 from sandgate.proxy.state import BODY_KEY, FLOW_KEY, ProxyState, RequestState, Sandbox
 from sandgate.proxy.streaming import whole_identity
-from sandgate.vault import Placeholders, SigV4Refused, SigV4Signer, VaultError
+from sandgate.vault import MintError, Placeholders, SigV4Refused, SigV4Signer, VaultError, token_host
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,7 @@ NEVER_INJECT = frozenset({"TRACE", "CONNECT"})
 PLACEHOLDER_MISUSE = "placeholder-outside-binding"
 CREDENTIAL_UNAVAILABLE = "credential-unavailable"
 NOT_RESIGNABLE = "request-not-resignable"
+TOKEN_UNAVAILABLE = "token-unavailable"
 BodyStep = Callable[[http.HTTPFlow], str | None]  # at `request`, with the whole body: the audit detail
 
 
@@ -60,7 +66,19 @@ class InjectionAddon:
         for binding_name in selected:
             if sandbox.credentials.missing(binding_name):
                 await asyncio.to_thread(sandbox.credentials.load_missing, binding_name)
+            if not await self._mint(flow, request_state, binding_name):
+                return
             self._inject(flow, request_state, binding_name)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        """A 401 from the API: the minted token it was sent is dropped, the next request mints."""
+        request_state: RequestState | None = flow.metadata.get(FLOW_KEY)
+        if request_state is None or flow.response is None or flow.response.status_code != 401:
+            return
+        for binding_name in request_state.bindings:
+            auth = request_state.sandbox.bindings[binding_name].auth
+            if isinstance(auth, OAuth2Auth) and self.state.minter is not None:
+                self.state.minter.forget(auth)
 
     def request(self, flow: http.HTTPFlow) -> None:
         body_step: BodyStep | None = flow.metadata.pop(BODY_KEY, None)
@@ -70,6 +88,34 @@ class InjectionAddon:
         request_state: RequestState | None = flow.metadata.get(FLOW_KEY)
         if detail and request_state:
             request_state.detail = detail
+
+    async def _mint(self, flow: http.HTTPFlow, request_state: RequestState, binding_name: str) -> bool:
+        """For an `oauth2` binding: a usable token in memory (minted now if need be); False if
+        none could be had (then the answer is a 502 with the reason)."""
+        sandbox = request_state.sandbox
+        auth = sandbox.bindings[binding_name].auth
+        if not isinstance(auth, OAuth2Auth):
+            return True
+        client = flow.client_conn.peername
+        try:
+            if self.state.minter is None:
+                raise MintError("this proxy has no token minter")
+            result = await self.state.minter.token(auth, sandbox.credentials.reveal)
+        except VaultError as exc:
+            detail = self.state.table.values.redact_text(f"binding {binding_name!r}: {exc}")
+            log.warning("sandbox %s: %s", sandbox.id, detail)
+            mint_record(self.state, sandbox.id, client, binding_name, _endpoint(auth), detail, failed=True)
+            verdict = refusal(TOKEN_UNAVAILABLE, request_state.verdict.rule, status=502)
+            request_state.verdict, request_state.detail = verdict, detail
+            flow.response = deny_response(verdict, request_state.name, detail)
+            return False
+        generation = f"token generation {result.generation}"
+        if result.fresh:
+            mint_record(
+                self.state, sandbox.id, client, binding_name, result.endpoint, generation, failed=False
+            )
+        request_state.detail = generation
+        return True
 
     def _inject(self, flow: http.HTTPFlow, request_state: RequestState, binding_name: str) -> None:
         sandbox = request_state.sandbox
@@ -163,6 +209,11 @@ def _substituted(
         substituted = substitute(value)
         out.append((name, raw if substituted == value else substituted.encode("utf-8", "surrogateescape")))
     return tuple(out)
+
+
+def _endpoint(auth: OAuth2Auth) -> str:
+    host, port = token_host(auth)
+    return f"{host}:{port}"
 
 
 def _substitute_body(placeholders: Placeholders, flow: http.HTTPFlow) -> str | None:

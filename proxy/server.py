@@ -25,7 +25,7 @@ from mitmproxy.proxy.mode_specs import ProxyMode
 from sandgate.proxy import errorpages, lean, websocket
 from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.auditing import AuditAddon
-from sandgate.proxy.ca import ensure_ca, upstream_trust_bundle
+from sandgate.proxy.ca import UPSTREAM_BUNDLE, ensure_ca, upstream_trust_bundle
 from sandgate.proxy.config import ProxyConfig
 from sandgate.proxy.control import ControlServer, control_app
 from sandgate.proxy.deadline import HeaderDeadlineAddon
@@ -35,6 +35,7 @@ from sandgate.proxy.frontdoor import FrontDoor, ListenError
 from sandgate.proxy.identity import IdentityAddon
 from sandgate.proxy.injection import InjectionAddon
 from sandgate.proxy.metrics import Metrics
+from sandgate.proxy.minting import TokenMinter
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.revocation import Revoker
 from sandgate.proxy.state import ProxyState, SandboxTable
@@ -73,9 +74,10 @@ def build_state(config: ProxyConfig, slot: WorkerSlot | None = None) -> ProxySta
     table = SandboxTable(store, config.max_rules)
     for entry in config.sandboxes if slot is None else ():
         table.put(entry)
+    resolver = Resolver(config.upstream_dns)
     return ProxyState(
         table=table,
-        resolver=Resolver(config.upstream_dns),
+        resolver=resolver,
         names=PeerNames(worker_socket(config, DNS_WORKER)) if slot and not slot.serves_dns else NameMemory(),
         audit=AuditLog(
             config.audit_path,
@@ -85,6 +87,8 @@ def build_state(config: ProxyConfig, slot: WorkerSlot | None = None) -> ProxySta
             slot.audit_fd if slot else None,
         ),
         metrics=Metrics(),
+        # Token endpoints are verified like any upstream (the bundle mitmproxy_options writes).
+        minter=TokenMinter(table.values, resolver, config.state_dir / UPSTREAM_BUNDLE),
     )
 
 

@@ -32,6 +32,7 @@ from sandgate.proxy.config import SandboxEntry
 from sandgate.proxy.credentials import SandboxCredentials, SecretValues
 from sandgate.proxy.decide import Verdict
 from sandgate.proxy.metrics import Metrics
+from sandgate.proxy.minting import TokenMinter
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.tcpinfo import KernelCounters
 
@@ -175,3 +176,4 @@ class ProxyState:
     audit: AuditLog
     metrics: Metrics
     connections: dict[str, ConnState] = field(default_factory=dict)
+    minter: TokenMinter | None = None  # mints `oauth2` bindings' tokens (None: minting refused)

@@ -34,14 +34,18 @@ from sandgate.policy import (
     BearerAuth,
     Binding,
     CustomHeadersAuth,
+    OAuth2Auth,
     PassthroughAuth,
 )
 from sandgate.vault.errors import VaultError
+from sandgate.vault.oauth2 import minted_name
 from sandgate.vault.sigv4 import SigV4Signer
 
 Reveal = Callable[[str], str]
 """Credential name -> current value (the store's `reveal`, or `reveal_via`)."""
-AnyAuth = BearerAuth | BasicAuth | ApiKeyAuth | CustomHeadersAuth | PassthroughAuth | AwsSigV4Auth
+AnyAuth = (
+    BearerAuth | BasicAuth | ApiKeyAuth | CustomHeadersAuth | PassthroughAuth | AwsSigV4Auth | OAuth2Auth
+)
 
 SURFACES = ("header", "query", "path", "body")
 DEFAULT_SURFACES = ("header", "query")
@@ -185,6 +189,11 @@ def _aws_sigv4(auth: AwsSigV4Auth, reveal: Reveal) -> Injection:
     return Injection(signer=signer)
 
 
+def _oauth2(auth: OAuth2Auth, reveal: Reveal) -> Injection:
+    # The proxy mints the token first (proxy/minting.py) and keeps it under minted_name(auth).
+    return Injection(headers=(("Authorization", "Bearer " + _header_safe(minted_name(auth), reveal)),))
+
+
 RENDERERS: Mapping[str, Callable[[Any, Reveal], Injection]] = {
     "bearer": _bearer,
     "basic": _basic,
@@ -192,6 +201,7 @@ RENDERERS: Mapping[str, Callable[[Any, Reveal], Injection]] = {
     "customHeaders": _custom_headers,
     "passthrough": _passthrough,
     "awsSigV4": _aws_sigv4,
+    "oauth2": _oauth2,
 }
 
 
