@@ -55,6 +55,10 @@ ATTACKS = Path(__file__).with_name("attacks.py")
 IN_SANDBOX_ATTACKS = "/workspace/attacks.py"
 IN_SANDBOX_TEST_CA = "/workspace/internet-ca.pem"
 COMMAND_TIMEOUT = 60
+# Long-lived secrets and minted tokens of the modules that use their own (AWS keys, OAuth2
+# client secrets, refresh tokens, keys, every token a test server issued): added as each module
+# ends, hunted in every log line and state file by test_zz_nothing_leaked.
+LONG_LIVED_AND_MINTED: list[str] = []
 
 NETWORK_POLICY = NetworkPolicy(
     defaultAction="deny",

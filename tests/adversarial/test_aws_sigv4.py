@@ -30,7 +30,7 @@ from opensandbox import SandboxSync
 from opensandbox.models.execd import RunCommandOpts
 from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
 
-from tests.adversarial.conftest import ZONE, connection
+from tests.adversarial.conftest import LONG_LIVED_AND_MINTED, ZONE, connection
 from tests.support.internet import Internet
 from tests.support.netns import Netns, ip, unique
 from tests.support.server import SANDGATE, SandgateServer
@@ -112,6 +112,7 @@ def moto(tmp_path_factory: pytest.TempPathFactory, internet: Internet) -> Iterat
             f"{url}/moto-api/reset-auth", data=b"0", method="POST", headers={"Content-Type": "text/plain"}
         )
         urllib.request.urlopen(request, context=_unverified(), timeout=5).read()
+        LONG_LIVED_AND_MINTED.extend([key["AccessKeyId"], key["SecretAccessKey"]])
         yield Moto(url, key["AccessKeyId"], key["SecretAccessKey"])
     finally:
         if process is not None:
