@@ -32,7 +32,7 @@ from opensandbox import SandboxSync
 from opensandbox.models.execd import RunCommandOpts
 from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
 
-from tests.adversarial.conftest import LONG_LIVED_AND_MINTED, ZONE, connection
+from tests.adversarial.conftest import LONG_LIVED_AND_MINTED, REBIND_ZONE, ZONE, connection
 from tests.adversarial.test_aws_sigv4 import vault_put
 from tests.support.internet import Internet
 from tests.support.netns import Netns, ip, unique
@@ -202,6 +202,8 @@ POLICY = {
         oauth2("garbage", **{**CC, "tokenUrl": f"https://{AUTH_HOST}/token-garbage"}),
         oauth2("scope", **CC, scopes=["read", "admin"]),
         oauth2("rtexpired", **RT, refreshToken="rt-expired"),
+        # a token endpoint whose name resolves to the metadata address (the canary listens there)
+        oauth2("meta", **{**CC, "tokenUrl": f"https://meta.{REBIND_ZONE}/token"}),
     ],
 }
 
@@ -334,6 +336,7 @@ def test_a_revoked_token_is_dropped_after_one_401(agent: Agent, binding: str) ->
         ("garbage", "not a JSON object"),
         ("scope", "without 'admin'"),
         ("rtexpired", "invalid_grant"),
+        ("meta", "resolves only to always-denied addresses"),
     ],
 )
 def test_a_failing_token_endpoint_is_a_502_with_the_reason(agent: Agent, binding: str, reason: str) -> None:
