@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from mitmproxy import http
 
-from sandgate.policy import OAuth2Auth
+from sandgate.policy import OAuth2Auth, Reason
 from sandgate.proxy.auditing import mint_record, security_event
 from sandgate.proxy.decide import deny_response, refusal
 from sandgate.proxy.state import BODY_KEY, FLOW_KEY, ProxyState, RequestState, Sandbox
@@ -42,10 +42,6 @@ from sandgate.vault import MintError, Placeholders, SigV4Refused, SigV4Signer, V
 log = logging.getLogger(__name__)
 
 NEVER_INJECT = frozenset({"TRACE", "CONNECT"})
-PLACEHOLDER_MISUSE = "placeholder-outside-binding"
-CREDENTIAL_UNAVAILABLE = "credential-unavailable"
-NOT_RESIGNABLE = "request-not-resignable"
-TOKEN_UNAVAILABLE = "token-unavailable"
 BodyStep = Callable[[http.HTTPFlow], str | None]  # at `request`, with the whole body: the audit detail
 
 
@@ -105,7 +101,7 @@ class InjectionAddon:
             detail = self.state.table.values.redact_text(f"binding {binding_name!r}: {exc}")
             log.warning("sandbox %s: %s", sandbox.id, detail)
             mint_record(self.state, sandbox.id, client, binding_name, _endpoint(auth), detail, failed=True)
-            verdict = refusal(TOKEN_UNAVAILABLE, request_state.verdict.rule, status=502)
+            verdict = refusal(Reason.TOKEN_UNAVAILABLE, request_state.verdict.rule, status=502)
             request_state.verdict, request_state.detail = verdict, detail
             flow.response = deny_response(verdict, request_state.name, detail)
             return False
@@ -122,7 +118,7 @@ class InjectionAddon:
         try:
             injection = sandbox.credentials.render(binding_name)
         except VaultError as exc:
-            verdict = refusal(CREDENTIAL_UNAVAILABLE, request_state.verdict.rule, status=502)
+            verdict = refusal(Reason.CREDENTIAL_UNAVAILABLE, request_state.verdict.rule, status=502)
             request_state.verdict, request_state.detail = verdict, str(exc)
             flow.response = deny_response(verdict, request_state.name)
             return
@@ -165,7 +161,7 @@ class InjectionAddon:
 
     @staticmethod
     def _refuse_signing(flow: http.HTTPFlow, request_state: RequestState, exc: SigV4Refused) -> None:
-        verdict = refusal(NOT_RESIGNABLE, request_state.verdict.rule, status=400)
+        verdict = refusal(Reason.NOT_RESIGNABLE, request_state.verdict.rule, status=400)
         request_state.verdict, request_state.detail = verdict, str(exc)
         flow.response = deny_response(verdict, request_state.name, str(exc))
 
@@ -185,13 +181,13 @@ class InjectionAddon:
                 self.state,
                 sandbox.id,
                 flow.client_conn.peername,
-                PLACEHOLDER_MISUSE,
+                Reason.PLACEHOLDER_MISUSE,
                 detail,
                 host=request_state.name,
                 method=request.method,
                 port=request.port,
             )
-            verdict = refusal(PLACEHOLDER_MISUSE, request_state.verdict.rule)
+            verdict = refusal(Reason.PLACEHOLDER_MISUSE, request_state.verdict.rule)
             request_state.verdict, request_state.detail = verdict, detail
             flow.response = deny_response(verdict, request_state.name)
             return True
