@@ -34,6 +34,7 @@ from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, N
 
 from tests.adversarial.conftest import LONG_LIVED_AND_MINTED, REBIND_ZONE, ZONE, connection
 from tests.adversarial.test_aws_sigv4 import vault_put
+from tests.adversarial.test_no_secret_reaches_a_sandbox import SCANNER, XOR, Canaries
 from tests.support.internet import Internet
 from tests.support.netns import Netns, ip, unique
 from tests.support.server import SANDGATE, SandgateServer
@@ -360,3 +361,21 @@ def test_the_sandbox_cannot_reach_the_token_endpoint_itself(agent: Agent) -> Non
     assert out.startswith("000"), out  # its name does not even resolve in the sandbox
     denied = [r for r in agent.audit() if r.get("host") == AUTH_HOST and r.get("event") != "token-mint"]
     assert denied and all(r["decision"] == "deny" for r in denied), denied
+
+
+def test_no_secret_or_minted_token_anywhere_in_the_sandbox(agent: Agent) -> None:
+    """Last in this module: the canary scanner of test_no_secret_reaches_a_sandbox (the whole
+    visible filesystem, every /proc/*/environ, cmdline and readable mem, the kernel log), with
+    every vault value and every token the server issued as its needles."""
+    needles = Canaries(prefix=agent.forbidden()[0], others=agent.forbidden()[1:])
+    agent.sandbox.files.write_file("/tmp/.scan/needles", needles.encoded())
+    agent.sandbox.files.write_file("/tmp/.scan/scan.py", SCANNER)
+    result = agent.server.run(
+        agent.sandbox.id, f"python3 -I /tmp/.scan/scan.py /tmp/.scan/needles {XOR}", 900
+    )
+    assert result.exit_code == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    control = len(needles.needles)
+    assert {(where, n) for where, n in report["hits"] if n != control} == set()
+    assert len(agent.auth.issued()) >= 8 and report["seen"]["files"] > 100, report["seen"]
+    assert any(n == control for _, n in report["hits"])  # it found its own planted control

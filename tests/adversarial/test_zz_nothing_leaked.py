@@ -59,6 +59,7 @@ def test_no_long_lived_secret_or_minted_token_in_a_log_line_or_state_file(attack
     authorization server issued (test_aws_sigv4, test_minted_tokens): none in any log or state file."""
     server = attacker.server
     hunted = [value for value in LONG_LIVED_AND_MINTED if len(value) >= 8]
+    assert len(hunted) > 10, "test_aws_sigv4 and test_minted_tokens ran first and gave their values"
     for path in [server.log_path, *state_files(server.state_dir)]:
         data = path.read_bytes()
         found = [value[:6] + "..." for value in hunted if value.encode() in data]
