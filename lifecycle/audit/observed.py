@@ -5,7 +5,9 @@ events or policy changes). A request record is an intercepted request (method an
 a connection record of an intercepted connection adds nothing (its requests have records of
 their own); a DNS record counts only for a name nothing connected to. A refusal the policy
 makes whatever the rules say (`ALWAYS_ENFORCED`) or an explicit deny rule is not something to
-allow: it is returned as refused, with its reason, for the reviewer.
+allow: it is returned as refused, with its reason, for the reviewer. A token mint (the proxy
+calling a token endpoint for an `oauth2` binding) is the proxy's own egress, not the sandbox's:
+it is never something to allow.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from sandgate.lifecycle.audit.record import RecordJSON
 from sandgate.policy import ALWAYS_ENFORCED, Reason, Request
 
 SCHEME_PORT = {"http": 80, "https": 443}
+PROXY_EGRESS = frozenset({Reason.TOKEN_MINTED, Reason.TOKEN_MINT_FAILED})
 
 
 def observed(records: Iterable[RecordJSON]) -> tuple[list[Request], list[tuple[Request, str]]]:
@@ -42,7 +45,7 @@ def observed(records: Iterable[RecordJSON]) -> tuple[list[Request], list[tuple[R
 def _request(record: RecordJSON) -> Request | None:
     kind = record["kind"]
     host = record.get("host") or record.get("sni")
-    if kind not in ("request", "connection", "dns") or not host:
+    if kind not in ("request", "connection", "dns") or not host or record["reason"] in PROXY_EGRESS:
         return None
     if kind == "connection" and record.get("inspect"):
         return None

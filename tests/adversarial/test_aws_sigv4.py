@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import ssl
 import subprocess
 import sys
@@ -28,12 +27,11 @@ import boto3
 import pytest
 from opensandbox import SandboxSync
 from opensandbox.models.execd import RunCommandOpts
-from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
 
-from tests.adversarial.conftest import LONG_LIVED_AND_MINTED, ZONE, connection
-from tests.support.internet import Internet
-from tests.support.netns import Netns, ip, unique
-from tests.support.server import SANDGATE, SandgateServer
+from tests.adversarial.conftest import LONG_LIVED_AND_MINTED, ZONE, sandbox_with_policy, vault_put
+from tests.support.internet import Internet, stop
+from tests.support.netns import netns, veth_to_host
+from tests.support.server import SandgateServer
 
 pytestmark = pytest.mark.root
 
@@ -43,6 +41,7 @@ MOTO_HOST_V4 = "198.18.7.1"  # the test's host namespace's end of moto's veth (R
 MOTO_V4 = "198.18.7.20"
 PLACEHOLDER_KEY = "AKIASANDGATEPLACEHOLDER"
 BUCKET = "sandgate-bucket"
+ALLOW_ALL = {"Effect": "Allow", "Action": "*", "Resource": "*"}  # the IAM user's policy
 CLIENT = Path(__file__).with_name("aws_client.py")
 IN_SANDBOX_CLIENT = "/workspace/aws_client.py"
 
@@ -79,60 +78,43 @@ def moto(tmp_path_factory: pytest.TempPathFactory, internet: Internet) -> Iterat
     authentication switched on (`/moto-api/reset-auth` 0): every later request is checked."""
     workdir = tmp_path_factory.mktemp("moto")
     log = workdir / "moto.log"
-    ns = Netns("sgm")
-    host_if = unique("tvm")
     process = None
-    try:
-        ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns.name)
-        ip("addr", "add", f"{MOTO_HOST_V4}/24", "dev", host_if)
-        ip("link", "set", host_if, "up")
-        ip("addr", "add", f"{MOTO_V4}/24", "dev", "eth0", netns=ns.name)
-        ip("link", "set", "eth0", "up", netns=ns.name)
-        internet.set_names({**ZONE, S3_HOST: [MOTO_V4]})
-        argv = [sys.executable, "-m", "moto.server", "-H", MOTO_V4, "-p", "443"]
-        argv += ["-c", str(internet.workdir / "leaf.pem"), "-k", str(internet.workdir / "leaf-key.pem")]
-        env = {**os.environ, "S3_IGNORE_SUBDOMAIN_BUCKETNAME": "true"}
-        process = ns.popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
-        url = f"https://{MOTO_V4}"
-        _wait_up(url, process, log)
-        admin = {"region_name": "us-east-1", "endpoint_url": url, "verify": False}
-        keys = {"aws_access_key_id": "AKIAADMINNOTCHECKED0", "aws_secret_access_key": "unchecked"}
-        iam = boto3.client("iam", **admin, **keys)
-        iam.create_user(UserName="agent")
-        iam.put_user_policy(
-            UserName="agent",
-            PolicyName="all",
-            PolicyDocument=json.dumps(
-                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-            ),
-        )
-        key = iam.create_access_key(UserName="agent")["AccessKey"]
-        boto3.client("s3", **admin, **keys).create_bucket(Bucket=BUCKET)
-        request = urllib.request.Request(
-            f"{url}/moto-api/reset-auth", data=b"0", method="POST", headers={"Content-Type": "text/plain"}
-        )
-        urllib.request.urlopen(request, context=_unverified(), timeout=5).read()
-        LONG_LIVED_AND_MINTED.extend([key["AccessKeyId"], key["SecretAccessKey"]])
-        yield Moto(url, key["AccessKeyId"], key["SecretAccessKey"])
-    finally:
-        if process is not None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
-        internet.set_names(ZONE)
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        ns.delete()
-
-
-def vault_put(server: SandgateServer, name: str, value: str) -> None:
-    put = subprocess.run(
-        [*SANDGATE, "vault", "put", name], input=value, capture_output=True, text=True,
-        env=server.server_env(), timeout=60,
-    )  # fmt: skip
-    assert put.returncode == 0, put.stderr
+    with netns("sgm") as ns:
+        try:
+            veth_to_host(ns, MOTO_HOST_V4, MOTO_V4, 24)
+            internet.set_names({**ZONE, S3_HOST: [MOTO_V4]})
+            argv = [sys.executable, "-m", "moto.server", "-H", MOTO_V4, "-p", "443"]
+            argv += ["-c", str(internet.workdir / "leaf.pem"), "-k", str(internet.workdir / "leaf-key.pem")]
+            env = {**os.environ, "S3_IGNORE_SUBDOMAIN_BUCKETNAME": "true"}
+            process = ns.popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+            url = f"https://{MOTO_V4}"
+            _wait_up(url, process, log)
+            admin = {"region_name": "us-east-1", "endpoint_url": url, "verify": False}
+            keys = {"aws_access_key_id": "AKIAADMINNOTCHECKED0", "aws_secret_access_key": "unchecked"}
+            iam = boto3.client("iam", **admin, **keys)
+            iam.create_user(UserName="agent")
+            iam.put_user_policy(
+                UserName="agent",
+                PolicyName="all",
+                PolicyDocument=json.dumps(
+                    {
+                        "Version": "2012-10-17",
+                        "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}],
+                    }
+                ),
+            )
+            key = iam.create_access_key(UserName="agent")["AccessKey"]
+            boto3.client("s3", **admin, **keys).create_bucket(Bucket=BUCKET)
+            request = urllib.request.Request(
+                f"{url}/moto-api/reset-auth", data=b"0", method="POST", headers={"Content-Type": "text/plain"}
+            )
+            urllib.request.urlopen(request, context=_unverified(), timeout=5).read()
+            LONG_LIVED_AND_MINTED.extend([key["AccessKeyId"], key["SecretAccessKey"]])
+            yield Moto(url, key["AccessKeyId"], key["SecretAccessKey"])
+        finally:
+            if process is not None:
+                stop(process)
+            internet.set_names(ZONE)
 
 
 POLICY = {
@@ -184,30 +166,14 @@ class AwsSandbox:
 def aws(server: SandgateServer, moto: Moto) -> Iterator[AwsSandbox]:
     vault_put(server, "aws-access-key-id", moto.access_key_id)
     vault_put(server, "aws-secret-access-key", moto.secret_access_key)
-    sandbox = SandboxSync.create(
-        "sandgate/host",
-        entrypoint=["sleep", "infinity"],
-        env={
-            "AWS_ACCESS_KEY_ID": PLACEHOLDER_KEY,
-            "AWS_SECRET_ACCESS_KEY": "placeholder-not-a-secret",
-            "AWS_ENDPOINT_URL": f"https://{S3_HOST}",
-        },
-        network_policy=NetworkPolicy(
-            defaultAction="deny", egress=[NetworkRule(action="allow", target=S3_HOST)]
-        ),
-        credential_proxy=CredentialProxyConfig(enabled=True),
-        connection_config=connection(server),
-        ready_timeout=timedelta(seconds=30),
-    )
-    try:
-        with server.client() as client:
-            answer = client.put(f"/v1/sandboxes/{sandbox.id}/egress/sandgate-policy", json={"policy": POLICY})
-            assert answer.status_code == 200, answer.text
+    env = {
+        "AWS_ACCESS_KEY_ID": PLACEHOLDER_KEY,
+        "AWS_SECRET_ACCESS_KEY": "placeholder-not-a-secret",
+        "AWS_ENDPOINT_URL": f"https://{S3_HOST}",
+    }
+    with sandbox_with_policy(server, POLICY, env) as sandbox:
         sandbox.files.write_file(IN_SANDBOX_CLIENT, CLIENT.read_text())
         yield AwsSandbox(sandbox, server, moto)
-    finally:
-        sandbox.kill()
-        sandbox.close()
 
 
 def test_moto_checks_signatures(moto: Moto) -> None:

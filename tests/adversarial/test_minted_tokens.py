@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -30,13 +29,17 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from opensandbox import SandboxSync
 from opensandbox.models.execd import RunCommandOpts
-from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
 
-from tests.adversarial.conftest import LONG_LIVED_AND_MINTED, REBIND_ZONE, ZONE, connection
-from tests.adversarial.test_aws_sigv4 import vault_put
+from tests.adversarial.conftest import (
+    LONG_LIVED_AND_MINTED,
+    REBIND_ZONE,
+    ZONE,
+    sandbox_with_policy,
+    vault_put,
+)
 from tests.adversarial.test_no_secret_reaches_a_sandbox import SCANNER, XOR, Canaries
-from tests.support.internet import Internet
-from tests.support.netns import Netns, ip, unique
+from tests.support.internet import Internet, stop
+from tests.support.netns import netns, veth_to_host
 from tests.support.server import SANDGATE, SandgateServer
 
 pytestmark = pytest.mark.root
@@ -118,38 +121,26 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory, internet: Internet) ->
         "github_app": {"app_id": "12345", "public_key": gh_public},
     }
     (workdir / "config.json").write_text(json.dumps(config))
-    ns = Netns("sgo")
-    host_if = unique("tvo")
     process = None
-    try:
-        ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns.name)
-        ip("addr", "add", f"{HOST_V4}/24", "dev", host_if)
-        ip("link", "set", host_if, "up")
-        ip("addr", "add", f"{SERVER_V4}/24", "dev", "eth0", netns=ns.name)
-        ip("link", "set", "eth0", "up", netns=ns.name)
-        internet.set_names({**ZONE, AUTH_HOST: [SERVER_V4], API_HOST: [SERVER_V4]})
-        log = (workdir / "server.log").open("wb")
-        process = ns.popen([sys.executable, str(SERVER), str(workdir), SERVER_V4], stdout=log, stderr=log)
-        deadline = time.monotonic() + 30
-        while not (workdir / "ready").exists():
-            assert process.poll() is None and time.monotonic() < deadline, (
-                workdir / "server.log"
-            ).read_text()
-            time.sleep(0.1)
-        yield AuthServer(workdir, vault)
-    finally:
-        if process is not None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
-        internet.set_names(ZONE)
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        ns.delete()
-        LONG_LIVED_AND_MINTED.extend(vault.values.values())
-        LONG_LIVED_AND_MINTED.extend(AuthServer(workdir, vault).issued())
+    with netns("sgo") as ns:
+        try:
+            veth_to_host(ns, HOST_V4, SERVER_V4, 24)
+            internet.set_names({**ZONE, AUTH_HOST: [SERVER_V4], API_HOST: [SERVER_V4]})
+            log = (workdir / "server.log").open("wb")
+            process = ns.popen([sys.executable, str(SERVER), str(workdir), SERVER_V4], stdout=log, stderr=log)
+            deadline = time.monotonic() + 30
+            while not (workdir / "ready").exists():
+                assert process.poll() is None and time.monotonic() < deadline, (
+                    workdir / "server.log"
+                ).read_text()
+                time.sleep(0.1)
+            yield AuthServer(workdir, vault)
+        finally:
+            if process is not None:
+                stop(process)
+            internet.set_names(ZONE)
+            LONG_LIVED_AND_MINTED.extend(vault.values.values())
+            LONG_LIVED_AND_MINTED.extend(AuthServer(workdir, vault).issued())
 
 
 def oauth2(path: str, **auth: Any) -> dict[str, Any]:
@@ -250,24 +241,8 @@ class Agent:
 def agent(server: SandgateServer, auth_server: AuthServer) -> Iterator[Agent]:
     for name, value in auth_server.secrets.values.items():
         vault_put(server, name, value)
-    sandbox = SandboxSync.create(
-        "sandgate/host",
-        entrypoint=["sleep", "infinity"],
-        network_policy=NetworkPolicy(
-            defaultAction="deny", egress=[NetworkRule(action="allow", target=API_HOST)]
-        ),
-        credential_proxy=CredentialProxyConfig(enabled=True),
-        connection_config=connection(server),
-        ready_timeout=timedelta(seconds=30),
-    )
-    try:
-        with server.client() as client:
-            answer = client.put(f"/v1/sandboxes/{sandbox.id}/egress/sandgate-policy", json={"policy": POLICY})
-            assert answer.status_code == 200, answer.text
+    with sandbox_with_policy(server, POLICY) as sandbox:
         yield Agent(sandbox, server, auth_server)
-    finally:
-        sandbox.kill()
-        sandbox.close()
 
 
 @pytest.mark.parametrize(
