@@ -27,6 +27,7 @@ from sandgate.policy import (
     compile_policy,
     parse_policy,
 )
+from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.contract.audit import AuditRecord
 from sandgate.proxy.contract.config import SandboxEntry
@@ -177,4 +178,5 @@ class ProxyState:
     audit: AuditLog
     metrics: Metrics
     connections: dict[str, ConnState] = field(default_factory=dict)
+    approvals: Approvals = field(default_factory=Approvals)
     minter: TokenMinter | None = None  # mints `oauth2` bindings' tokens (None: minting refused)
