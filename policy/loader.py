@@ -20,7 +20,15 @@ import yaml
 from pydantic import ValidationError
 
 from sandgate.policy.errors import HintedValueError, PolicyError, PolicyIssue
-from sandgate.policy.models import Binding, BindingMatch, EgressRule, Policy, Problem
+from sandgate.policy.models import (
+    AwsSigV4Auth,
+    Binding,
+    BindingMatch,
+    EgressRule,
+    OAuth2Auth,
+    Policy,
+    Problem,
+)
 from sandgate.policy.presets import PRESET_KEYS, REFERENCE, Preset, Presets
 
 NO_PRESETS = Presets()
@@ -204,7 +212,16 @@ def issues_from_validation(
 
 def _document_path(loc: tuple[Any, ...]) -> DocPath:
     """Pydantic's location without union tags (e.g. the `bearer` in bindings.0.auth.bearer.x)."""
-    tags = {"bearer", "basic", "apiKey", "customHeaders", "passthrough", "function-after", "function-before"}
+    tags = {
+        "bearer",
+        "basic",
+        "apiKey",
+        "customHeaders",
+        "passthrough",
+        "awsSigV4",
+        "function-after",
+        "function-before",
+    }
     path: list[str | int] = []
     for part in loc:
         if isinstance(part, str) and (part in tags or part.startswith("function-")):
@@ -226,13 +243,16 @@ KNOWN_KEYS = sorted(
         "substitutions",
         "placeholder",
         "in",
+        *AwsSigV4Auth.model_fields,
+        *OAuth2Auth.model_fields,
     }
 )
+_AUTH_TYPES = "bearer, basic, apiKey, customHeaders, passthrough, awsSigV4, oauth2"
 _HINTS = {
     "extra_forbidden": "remove it or check its spelling",
     "missing": None,
-    "union_tag_invalid": "auth.type is one of bearer, basic, apiKey, customHeaders, passthrough",
-    "union_tag_not_found": "add `type:` (bearer, basic, apiKey, customHeaders or passthrough)",
+    "union_tag_invalid": f"auth.type is one of {_AUTH_TYPES}",
+    "union_tag_not_found": f"add `type:` ({_AUTH_TYPES})",
 }
 
 

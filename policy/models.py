@@ -345,11 +345,110 @@ class PassthroughAuth(_Model):
     substitutions: list[Substitution] = Field(min_length=1)
 
 
+def _aws_names(values: list[str]) -> list[str]:
+    for value in values:
+        if not _AWS_NAME.match(value):
+            raise HintedValueError(f"{value!r} is not an AWS service or region name", "e.g. s3 or us-east-1")
+    return list(dict.fromkeys(values))
+
+
+def _optional_credential_name(value: str | None) -> str | None:
+    return None if value is None else _credential_name(value)
+
+
+class AwsSigV4Auth(_Model):
+    """AWS SigV4: the sandbox signs with `placeholderAccessKeyId`; the proxy re-signs with the
+    real key (vault credentials) for the bound services and regions."""
+
+    type: Literal["awsSigV4"]
+    accessKeyId: str
+    secretAccessKey: str
+    sessionToken: str | None = None
+    placeholderAccessKeyId: str
+    services: list[str] = Field(min_length=1)
+    regions: list[str] = Field(min_length=1)
+
+    _credentials = field_validator("accessKeyId", "secretAccessKey")(_credential_name)
+    _token = field_validator("sessionToken")(_optional_credential_name)
+    _scopes = field_validator("services", "regions")(_aws_names)
+
+    @field_validator("placeholderAccessKeyId")
+    @classmethod
+    def _placeholder(cls, value: str) -> str:
+        if not _AWS_PLACEHOLDER_KEY.match(value):
+            raise HintedValueError(
+                f"placeholderAccessKeyId {value!r} is not an access key id",
+                "16 to 128 upper-case letters and digits, e.g. AKIASANDGATEPLACEHOLDER",
+            )
+        return value
+
+    def credential_names(self) -> list[str]:
+        return [self.accessKeyId, self.secretAccessKey, *([self.sessionToken] if self.sessionToken else [])]
+
+
+GRANT_NEEDS: dict[str, tuple[str, ...]] = {  # what each grant needs besides tokenUrl
+    "client_credentials": ("clientId", "clientSecret"),
+    "refresh_token": ("clientId", "refreshToken"),
+    "jwt_bearer": ("issuer", "privateKey"),
+    "github_app": ("issuer", "privateKey"),
+}
+
+
+class OAuth2Auth(_Model):
+    """A token minted by the proxy from long-lived vault secrets, sent as `Authorization: Bearer`:
+    OAuth2 client-credentials, refresh-token and JWT-bearer (RFC 7523) grants, and GitHub App
+    installation tokens (`tokenUrl` is the installation's access_tokens URL)."""
+
+    type: Literal["oauth2"]
+    grant: Literal["client_credentials", "refresh_token", "jwt_bearer", "github_app"]
+    tokenUrl: str
+    clientId: str | None = None  # not a secret: the client's public id
+    clientSecret: str | None = None  # vault credential names from here on
+    refreshToken: str | None = None
+    privateKey: str | None = None  # PEM (RSA), signs the JWT assertion
+    issuer: str | None = None  # jwt_bearer: iss (a service account's email); github_app: the App id
+    subject: str | None = None
+    audience: str | None = None  # jwt_bearer: aud, default tokenUrl
+    scopes: list[str] = []
+    timeout: float = Field(10.0, gt=0, le=60)
+
+    _credentials = field_validator("clientSecret", "refreshToken", "privateKey")(_optional_credential_name)
+
+    @field_validator("tokenUrl")
+    @classmethod
+    def _token_url(cls, value: str) -> str:
+        scheme, _, rest = value.partition("://")
+        host = rest.split("/", 1)[0].rsplit(":", 1)[0]
+        if scheme.lower() != "https" or not host or "@" in rest.split("/", 1)[0]:
+            raise HintedValueError(
+                f"tokenUrl {value!r} must be an https URL", "e.g. https://auth.example.com/oauth2/token"
+            )
+        _binding_host(host)  # a name, never an address
+        return value
+
+    @model_validator(mode="after")
+    def _grant_fields(self) -> OAuth2Auth:
+        missing = [name for name in GRANT_NEEDS[self.grant] if getattr(self, name) is None]
+        if missing:
+            raise HintedValueError(
+                f"grant {self.grant!r} needs {', '.join(missing)}",
+                "see docs/vault.md, 'Minted tokens', for each grant's fields",
+            )
+        return self
+
+    def credential_names(self) -> list[str]:
+        return [name for name in (self.clientSecret, self.refreshToken, self.privateKey) if name]
+
+
+_AWS_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_AWS_PLACEHOLDER_KEY = re.compile(r"^[A-Z0-9]{16,128}$")
+
 Auth = Annotated[
-    BearerAuth | BasicAuth | ApiKeyAuth | CustomHeadersAuth | PassthroughAuth, Field(discriminator="type")
+    BearerAuth | BasicAuth | ApiKeyAuth | CustomHeadersAuth | PassthroughAuth | AwsSigV4Auth | OAuth2Auth,
+    Field(discriminator="type"),
 ]
 _SINGLE_CREDENTIAL_AUTH = ("bearer", "basic", "apiKey")
-_MULTI_CREDENTIAL_AUTH = ("customHeaders", "passthrough")
+_MULTI_CREDENTIAL_AUTH = ("customHeaders", "passthrough", "awsSigV4", "oauth2")
 
 
 class Binding(_Model):
@@ -377,7 +476,8 @@ class Binding(_Model):
         if auth.get("type") in _MULTI_CREDENTIAL_AUTH:
             raise HintedValueError(
                 f"binding-level `credential` does not apply to auth type {auth.get('type')!r}",
-                "customHeaders and passthrough name a credential per header or substitution",
+                "customHeaders and passthrough name a credential per header or substitution, "
+                "awsSigV4 and oauth2 name theirs inside auth",
             )
         if "credential" in auth and auth["credential"] != credential:
             raise HintedValueError(
@@ -402,6 +502,8 @@ class Binding(_Model):
             names = [header.credential for header in auth.headers]
         elif isinstance(auth, PassthroughAuth):
             names = [substitution.credential for substitution in auth.substitutions]
+        elif isinstance(auth, AwsSigV4Auth | OAuth2Auth):
+            names = auth.credential_names()
         else:
             names = [auth.credential]
         return list(dict.fromkeys(names))

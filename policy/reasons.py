@@ -37,6 +37,10 @@ class Reason(StrEnum):
     NEEDS_INSPECTION = "inspection-required"  # a pass-through host that now needs an L7 view
     CREDENTIAL_UNAVAILABLE = "credential-unavailable"  # the vault has no value for a binding (502)
     PLACEHOLDER_MISUSE = "placeholder-outside-binding"  # a credential placeholder sent elsewhere
+    NOT_RESIGNABLE = "request-not-resignable"  # an AWS request the proxy cannot re-sign (400)
+    TOKEN_UNAVAILABLE = "token-unavailable"  # an oauth2 binding's token could not be minted (502)
+    TOKEN_MINTED = "token-minted"  # the proxy called a token endpoint for a binding (its record)
+    TOKEN_MINT_FAILED = "token-mint-failed"
     RESPONSE_REFUSED = "response-refused"  # a response the scrubber cannot read is not sent
     UPSTREAM_ERROR = "upstream-error"  # the upstream failed; the page the sandbox got says why
     TOO_MANY_CONNECTIONS = "connection-limit"  # fairness: the sandbox's open connections

@@ -74,6 +74,27 @@ def security_event(
     )
 
 
+def mint_record(
+    state: ProxyState,
+    sandbox_id: str,
+    client: tuple[str, int] | None,
+    binding: str,
+    endpoint: str,
+    detail: str,
+    failed: bool,
+) -> None:
+    """The record of one call to a token endpoint (control-plane egress on a sandbox's behalf):
+    `binding` and the token generation, or why minting failed, in `detail`."""
+    host, _, port = endpoint.rpartition(":")
+    outcome = Decision("deny", Reason.TOKEN_MINT_FAILED) if failed else Decision("allow", Reason.TOKEN_MINTED)
+    facts = {"method": "POST", "host": host, "port": int(port), "scheme": "https", "binding": binding}
+    state.audit.write(
+        AuditRecord.of(
+            "request", sandbox_id, addr(client) or "-", outcome, event="token-mint", detail=detail, **facts
+        )
+    )
+
+
 class AuditAddon:
     """Writes the write-ahead line of every request that goes upstream before it goes, the one
     record of every request when it ends, with status, bytes and duration, and the closing

@@ -7,7 +7,8 @@ Rules:
    signals a vault change (`sandgate vault put/rm`, the credential-vault API). Injection renders
    from memory; a value missing there (stored after the push, never signalled) is loaded with
    `asyncio.to_thread` by the injection hook, which awaits without blocking other sandboxes.
-2. Secrets enter the redactor when they are stored or rotated, not at first use: every value a
+2. Secrets enter the redactor when they are stored or rotated (a minted token when it is
+   minted, `remember`), not at first use: every value a
    name has had since the proxy started stays in that sandbox's scrubber (a rotated-out value is
    still a secret an origin may reflect), and the scrubber is rebuilt when a load saw a new one.
 3. The audit writer redacts with every value any name has had (`SecretValues.redact_text`).
@@ -23,8 +24,9 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from sandgate.policy import OAuth2Auth
 from sandgate.proxy.scrubbing import Scrubber
-from sandgate.vault import Injection, Redactor, SecretNotFound, VaultError, render, reveal_via
+from sandgate.vault import Injection, Redactor, SecretNotFound, VaultError, minted_name, render, reveal_via
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,11 @@ class SecretValues:
             self._redactor = (current, redactor)
         return redactor.redact_text(text) if redactor else text
 
+    def remember(self, name: str, value: str) -> None:
+        """A value the proxy made itself (a minted token): used and scrubbed like a vault value,
+        never read from or refreshed against the vault."""
+        self._set(name, value)
+
     def _set(self, name: str, value: str | None) -> None:
         with self._lock:
             if value is None:
@@ -106,19 +113,22 @@ class SandboxCredentials:
             for binding in bindings.values()
             for credential in binding.credential_names()
         )
+        self.minted_names = frozenset(
+            minted_name(binding.auth) for binding in bindings.values() if isinstance(binding.auth, OAuth2Auth)
+        )
         self._scrubber: Scrubber | None = None
         self._scrubber_version = -1
 
     @property
     def holds_secrets(self) -> bool:
-        return bool(self.vault_names) and self._values.store is not None
+        return bool(self.vault_names or self.minted_names) and self._values.store is not None
 
     @property
     def scrubber(self) -> Scrubber | None:
         """The scrubber of every value this sandbox's names have had; None if there are none."""
         version = self._values.version
         if version != self._scrubber_version:
-            known = self._values.known(self.vault_names)
+            known = self._values.known(self.vault_names | self.minted_names)
             self._scrubber = Scrubber(known) if known else None
             self._scrubber_version = version
         return self._scrubber
@@ -137,6 +147,10 @@ class SandboxCredentials:
         if self._values.store is None:
             raise VaultError("the proxy has no vault configured (ProxyConfig.vault); cannot inject")
         return render(self._bindings[binding_name], reveal_via(self._from_memory, self._names))
+
+    def reveal(self, credential: str) -> str:
+        """A binding credential's value from memory (SecretNotFound if it is not there)."""
+        return reveal_via(self._from_memory, self._names)(credential)
 
     def _from_memory(self, vault_name: str) -> str:
         value = self._values.current(vault_name)

@@ -75,9 +75,12 @@ def refusal(reason: Reason, rule: str | None = None, status: int = 403) -> Verdi
     return Verdict(Decision("deny", reason, rule), status)
 
 
-def deny_response(verdict: Verdict, host: str | None) -> http.Response:
-    """The answer to a refused HTTP request, whichever addon refused it (rule 5)."""
+def deny_response(verdict: Verdict, host: str | None, detail: str | None = None) -> http.Response:
+    """The answer to a refused HTTP request, whichever addon refused it (rule 5); `detail`, when
+    given, says what to fix (it never holds a value: callers pass the vault's own messages)."""
     body = {"error": "egress denied", "host": host, "reason": verdict.reason, "rule": verdict.rule}
+    if detail:
+        body["detail"] = detail
     return http.Response.make(
         verdict.status, json.dumps(body) + "\n", {"content-type": "application/json", "connection": "close"}
     )

@@ -26,6 +26,7 @@ from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.auditing import AuditAddon
 from sandgate.proxy.contract.ca import ensure_ca, upstream_trust_bundle
 from sandgate.proxy.contract.config import ProxyConfig
+from sandgate.proxy.contract.names import UPSTREAM_BUNDLE
 from sandgate.proxy.control import ControlServer, control_app
 from sandgate.proxy.deadline import HeaderDeadlineAddon
 from sandgate.proxy.dnsguard import DnsAddon
@@ -34,6 +35,7 @@ from sandgate.proxy.frontdoor import FrontDoor
 from sandgate.proxy.identity import IdentityAddon
 from sandgate.proxy.injection import InjectionAddon
 from sandgate.proxy.metrics import Metrics
+from sandgate.proxy.minting import TokenMinter
 from sandgate.proxy.pooldns import dns_mode
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.revocation import Revoker
@@ -66,9 +68,10 @@ def build_state(config: ProxyConfig, slot: WorkerSlot | None = None) -> ProxySta
     table = SandboxTable(proxy_store(config), config.max_rules)
     for entry in config.sandboxes if slot is None else ():
         table.put(entry)
+    resolver = Resolver(config.upstream_dns)
     return ProxyState(
         table=table,
-        resolver=Resolver(config.upstream_dns),
+        resolver=resolver,
         names=PeerNames(config.socket_path) if slot else NameMemory(),
         audit=AuditLog(
             config.audit_path,
@@ -79,6 +82,8 @@ def build_state(config: ProxyConfig, slot: WorkerSlot | None = None) -> ProxySta
             config.audit_fsync,
         ),
         metrics=Metrics(),
+        # Token endpoints are verified like any upstream (the bundle mitmproxy_options writes).
+        minter=TokenMinter(table.values, resolver, config.state_dir / UPSTREAM_BUNDLE),
     )
 
 

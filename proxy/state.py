@@ -19,6 +19,7 @@ from typing import Any
 
 from sandgate.policy import (
     DEFAULT_MAX_RULES,
+    AwsSigV4Auth,
     Binding,
     CompiledPolicy,
     PassthroughAuth,
@@ -33,6 +34,7 @@ from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry
 from sandgate.proxy.credentials import SandboxCredentials, SecretValues
 from sandgate.proxy.decide import Verdict
 from sandgate.proxy.metrics import Metrics
+from sandgate.proxy.minting import TokenMinter
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.tcpinfo import KernelCounters
 from sandgate.vault import open_configured
@@ -47,7 +49,7 @@ class Sandbox:
     entry: SandboxEntry
     policy: CompiledPolicy
     bindings: dict[str, Binding]  # by name
-    placeholders: dict[str, str]  # every passthrough placeholder -> the binding it belongs to
+    placeholders: dict[str, str]  # every placeholder (passthrough, AWS key id) -> the binding it belongs to
     dns_ports: tuple[int, ...]  # ports a name could be allowed on (for DNS answers)
     credentials: SandboxCredentials
 
@@ -64,6 +66,11 @@ class Sandbox:
             for binding in bindings.values()
             if isinstance(binding.auth, PassthroughAuth)
             for substitution in binding.auth.substitutions
+        }
+        placeholders |= {
+            binding.auth.placeholderAccessKeyId: binding.name
+            for binding in bindings.values()
+            if isinstance(binding.auth, AwsSigV4Auth)
         }
         ports = {80, 443} | {port for rule in policy.policy.egress for port in rule.ports or ()}
         credentials = SandboxCredentials(values, bindings, entry.credentials)
@@ -184,3 +191,4 @@ class ProxyState:
     metrics: Metrics
     connections: dict[str, ConnState] = field(default_factory=dict)
     approvals: Approvals = field(default_factory=Approvals)
+    minter: TokenMinter | None = None  # mints `oauth2` bindings' tokens (None: minting refused)

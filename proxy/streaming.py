@@ -43,6 +43,14 @@ UTF16_CODECS = frozenset({"utf-16", "utf-16-le", "utf-16-be"})
 ASCII_PROBE = string.ascii_letters + string.digits + "-_.~+/=:%\\\"'{}[],"
 
 
+def whole_identity(headers: http.Headers) -> None:
+    """Ask for the whole response, uncoded: what a request of a sandbox that holds secrets sends
+    (idempotent: injection signs a request after applying it, this addon applies it again)."""
+    headers["accept-encoding"] = "identity"  # decoding is the fallback, not the plan
+    for name in RANGE_HEADERS:
+        headers.pop(name, None)  # whole responses only: a piece shorter than a secret hides it
+
+
 class StreamingAddon:
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         request_state: RequestState | None = flow.metadata.get(FLOW_KEY)
@@ -51,10 +59,7 @@ class StreamingAddon:
         credentials = request_state.sandbox.credentials
         if credentials.holds_secrets:
             flow.metadata[SCRUB_KEY] = credentials
-            headers = flow.request.headers
-            headers["accept-encoding"] = "identity"  # decoding is the fallback, not the plan
-            for name in RANGE_HEADERS:
-                headers.pop(name, None)  # whole responses only: a piece shorter than a secret hides it
+            whole_identity(flow.request.headers)
         if BODY_KEY in flow.metadata:
             return
 

@@ -10,12 +10,26 @@ proxy's injection path calls `reveal`, and only to render a binding; `values` on
   `open_configured(StoreSettings, StoreSecrets)` from the two halves a config file and a pipe carry.
 - Rendering: `render(binding, reveal) -> Injection` (headers to set and `Placeholders` to
   substitute), one renderer per auth type in `RENDERERS`.
+- AWS SigV4: an `awsSigV4` binding renders a `SigV4Signer` (`Injection.signer`) that checks a
+  request signed with the placeholder key and signs it again with the real one (botocore).
+- Minted tokens: an `oauth2` binding's token is minted by the proxy (`token_request` builds the
+  grant's request with Authlib, `parse_token` reads the answer, `MintError` says what failed);
+  its renderer reads the token under `minted_name(auth)` like any other value.
 - Redaction: `Redactor(values)` with `redact`, `redact_text` and `stream()`.
 """
 
 from sandgate.vault.errors import InvalidSecretName, SecretNotFound, VaultError, VaultKeyError, VaultTampered
 from sandgate.vault.local import LocalStore, decode_master_key, generate_master_key
 from sandgate.vault.models import SecretInfo
+from sandgate.vault.oauth2 import (
+    Minted,
+    MintError,
+    TokenRequest,
+    minted_name,
+    parse_token,
+    token_host,
+    token_request,
+)
 from sandgate.vault.openbao import OpenBaoStore
 from sandgate.vault.redact import REDACTED, RedactingStream, Redactor, secret_forms
 from sandgate.vault.render import (
@@ -30,6 +44,7 @@ from sandgate.vault.render import (
     render_headers,
     reveal_via,
 )
+from sandgate.vault.sigv4 import SigV4Refused, SigV4Signer
 from sandgate.vault.store import (
     LOCAL_KEY_FILE,
     LOCAL_VAULT_FILE,
@@ -50,6 +65,8 @@ __all__ = [
     "Injection",
     "InvalidSecretName",
     "LocalStore",
+    "MintError",
+    "Minted",
     "OpenBaoStore",
     "Placeholders",
     "RedactingStream",
@@ -58,18 +75,25 @@ __all__ = [
     "SecretInfo",
     "SecretNotFound",
     "SecretStore",
+    "SigV4Refused",
+    "SigV4Signer",
     "StoreSecrets",
     "StoreSettings",
+    "TokenRequest",
     "VaultError",
     "VaultKeyError",
     "VaultTampered",
     "decode_master_key",
     "generate_master_key",
+    "minted_name",
     "open_configured",
     "open_store",
+    "parse_token",
     "render",
     "render_auth",
     "render_headers",
     "reveal_via",
     "secret_forms",
+    "token_host",
+    "token_request",
 ]

@@ -14,6 +14,8 @@ Rules:
    JSON, form-encoded for forms, and never in multipart or compressed bodies (the skip is
    returned with its reason so the proxy can audit it).
 5. Nothing here is printable with a value in it: `repr()` shows header names and placeholders.
+6. A style that depends on the request itself (AWS SigV4 re-signing, `sigv4.py`) renders a
+   `signer` the proxy applies to the request as it will be sent.
 """
 
 from __future__ import annotations
@@ -21,16 +23,29 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, quote_plus
 
-from sandgate.policy import ApiKeyAuth, BasicAuth, BearerAuth, Binding, CustomHeadersAuth, PassthroughAuth
+from sandgate.policy import (
+    ApiKeyAuth,
+    AwsSigV4Auth,
+    BasicAuth,
+    BearerAuth,
+    Binding,
+    CustomHeadersAuth,
+    OAuth2Auth,
+    PassthroughAuth,
+)
 from sandgate.vault.errors import VaultError
+from sandgate.vault.oauth2 import minted_name
+from sandgate.vault.sigv4 import SigV4Signer
 
 Reveal = Callable[[str], str]
 """Credential name -> current value (the store's `reveal`, or `reveal_via`)."""
-AnyAuth = BearerAuth | BasicAuth | ApiKeyAuth | CustomHeadersAuth | PassthroughAuth
+AnyAuth = (
+    BearerAuth | BasicAuth | ApiKeyAuth | CustomHeadersAuth | PassthroughAuth | AwsSigV4Auth | OAuth2Auth
+)
 
 SURFACES = ("header", "query", "path", "body")
 DEFAULT_SURFACES = ("header", "query")
@@ -112,15 +127,20 @@ class Placeholders:
 
 @dataclass(frozen=True, repr=False)
 class Injection:
-    """What one binding adds to a request: headers to set, placeholders to replace."""
+    """What one binding adds to a request: headers to set, placeholders to replace, or a signer
+    that signs the request as it will be sent."""
 
     binding: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
     placeholders: Placeholders = field(default_factory=Placeholders)
+    signer: SigV4Signer | None = None
 
     def __repr__(self) -> str:
         names = [name for name, _ in self.headers]
-        return f"Injection(binding={self.binding!r}, headers={names}, placeholders={self.placeholders!r})"
+        return (
+            f"Injection(binding={self.binding!r}, headers={names}, placeholders={self.placeholders!r}, "
+            f"signer={self.signer!r})"
+        )
 
 
 # -- one renderer per auth style --------------------------------------------------------------
@@ -156,12 +176,32 @@ def _passthrough(auth: PassthroughAuth, reveal: Reveal) -> Injection:
     return Injection(placeholders=Placeholders(resolved))
 
 
+def _aws_sigv4(auth: AwsSigV4Auth, reveal: Reveal) -> Injection:
+    signer = SigV4Signer(
+        binding="",
+        placeholder=auth.placeholderAccessKeyId,
+        services=frozenset(auth.services),
+        regions=frozenset(auth.regions),
+        access_key_id=_header_safe(auth.accessKeyId, reveal),
+        secret_access_key=reveal(auth.secretAccessKey),
+        session_token=_header_safe(auth.sessionToken, reveal) if auth.sessionToken else None,
+    )
+    return Injection(signer=signer)
+
+
+def _oauth2(auth: OAuth2Auth, reveal: Reveal) -> Injection:
+    # The proxy mints the token first (proxy/minting.py) and keeps it under minted_name(auth).
+    return Injection(headers=(("Authorization", "Bearer " + _header_safe(minted_name(auth), reveal)),))
+
+
 RENDERERS: Mapping[str, Callable[[Any, Reveal], Injection]] = {
     "bearer": _bearer,
     "basic": _basic,
     "apiKey": _api_key,
     "customHeaders": _custom_headers,
     "passthrough": _passthrough,
+    "awsSigV4": _aws_sigv4,
+    "oauth2": _oauth2,
 }
 
 
@@ -176,7 +216,8 @@ def render_auth(auth: AnyAuth, reveal: Reveal) -> Injection:
 def render(binding: Binding, reveal: Reveal) -> Injection:
     """The injection for a binding, tagged with the binding's name for the audit record."""
     injection = render_auth(binding.auth, reveal)
-    return Injection(binding=binding.name, headers=injection.headers, placeholders=injection.placeholders)
+    signer = replace(injection.signer, binding=binding.name) if injection.signer else None
+    return Injection(binding.name, injection.headers, injection.placeholders, signer)
 
 
 def render_headers(auth: AnyAuth, reveal: Reveal) -> list[tuple[str, str]]:

@@ -5,7 +5,9 @@ events or policy changes). A request record is an intercepted request (method an
 a connection record of an intercepted connection adds nothing (its requests have records of
 their own); a DNS record counts only for a name nothing connected to. Only a denial a policy
 could have allowed (`LEARNABLE`) is learned from; any other (an explicit deny rule, an
-always-denied address, the proxy's own refusals) is returned as refused, with its reason.
+always-denied address, the proxy's own refusals) is returned as refused, with its reason. A
+token mint (the proxy calling a token endpoint for an `oauth2` binding) is the proxy's own
+egress, not the sandbox's: it is never something to allow.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ LEARNABLE = frozenset({
     Reason.PATH_NOT_ALLOWED, Reason.IP_LITERAL_NEEDS_CIDR_RULE, Reason.ASK,
     Reason.APPROVAL_TIMEOUT, Reason.APPROVAL_QUEUE_FULL,
 })  # fmt: skip
+PROXY_EGRESS = frozenset({Reason.TOKEN_MINTED, Reason.TOKEN_MINT_FAILED})
 
 
 def observed(records: Iterable[RecordJSON]) -> tuple[list[Request], list[tuple[Request, str]]]:
@@ -49,7 +52,7 @@ def observed(records: Iterable[RecordJSON]) -> tuple[list[Request], list[tuple[R
 def _request(record: RecordJSON) -> Request | None:
     kind = record["kind"]
     host = record.get("host") or record.get("sni")
-    if kind not in ("request", "connection", "dns") or not host:
+    if kind not in ("request", "connection", "dns") or not host or record["reason"] in PROXY_EGRESS:
         return None
     if kind == "connection" and record.get("inspect"):
         return None

@@ -20,7 +20,8 @@ from sandgate.lifecycle.kernel import open_in_root
 
 CA_BUNDLES = ("etc/ssl/certs/ca-certificates.crt", "etc/pki/tls/certs/ca-bundle.crt", "etc/ssl/cert.pem")
 PROXY_CA_FILE = "etc/ssl/certs/sandgate-proxy.crt"
-CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE")
+# AWS_CA_BUNDLE: boto3 and the AWS CLI trust their own bundle unless told (vault/sigv4.py re-signs).
+CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE", "AWS_CA_BUNDLE")
 # The file execd reads KEY=VALUE lines from for every command (EXECD_ENVS; the SDK's set_env
 # appends to it). A warm-pool sandbox gets its request's env here when it is claimed.
 EXECD_ENV_FILE = "etc/sandgate-execd.env"

@@ -40,7 +40,7 @@ from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, N
 
 from tests.support.internet import DNS_ADDR, ORIGIN_V4, ORIGIN_V6, Internet, start_internet
 from tests.support.netns import Netns, ip, unique
-from tests.support.server import SandgateServer, free_port, sandgate_server
+from tests.support.server import SANDGATE, SandgateServer, free_port, sandgate_server
 
 SECRET = f"sk-adv-{secrets.token_hex(12)}"
 PLACEHOLDER = "SANDGATE_PLACEHOLDER_API_TOKEN"
@@ -56,6 +56,10 @@ ATTACKS = Path(__file__).with_name("attacks.py")
 IN_SANDBOX_ATTACKS = "/workspace/attacks.py"
 IN_SANDBOX_TEST_CA = "/workspace/internet-ca.pem"
 COMMAND_TIMEOUT = 60
+# Long-lived secrets and minted tokens of the modules that use their own (AWS keys, OAuth2
+# client secrets, refresh tokens, keys, every token a test server issued): added as each module
+# ends, hunted in every log line and state file by test_zz_nothing_leaked.
+LONG_LIVED_AND_MINTED: list[str] = []
 
 NETWORK_POLICY = NetworkPolicy(
     defaultAction="deny",
@@ -344,6 +348,40 @@ class Attacker:
 
     def origin_requests_since(self, mark: int) -> list[dict[str, Any]]:
         return self.internet.origin_requests()[mark:]
+
+
+@contextlib.contextmanager
+def sandbox_with_policy(
+    server: SandgateServer, policy: dict[str, Any], env: dict[str, str] | None = None
+) -> Iterator[SandboxSync]:
+    """A sandbox under a sandgate policy file's JSON (bindings of any kind, which the
+    OpenSandbox credential-vault API cannot carry), killed on exit."""
+    sandbox = SandboxSync.create(
+        "sandgate/host",
+        entrypoint=["sleep", "infinity"],
+        env=env or {},
+        network_policy=NetworkPolicy(defaultAction="deny"),
+        credential_proxy=CredentialProxyConfig(enabled=True),
+        connection_config=connection(server),
+        ready_timeout=timedelta(seconds=30),
+    )
+    try:
+        with server.client() as client:
+            answer = client.put(f"/v1/sandboxes/{sandbox.id}/egress/sandgate-policy", json={"policy": policy})
+            assert answer.status_code == 200, answer.text
+        yield sandbox
+    finally:
+        sandbox.kill()
+        sandbox.close()
+
+
+def vault_put(server: SandgateServer, name: str, value: str) -> None:
+    """`sandgate vault put NAME` with the value on stdin, as an operator stores a secret."""
+    put = subprocess.run(
+        [*SANDGATE, "vault", "put", name], input=value, capture_output=True, text=True,
+        env=server.server_env(), timeout=60,
+    )  # fmt: skip
+    assert put.returncode == 0, put.stderr
 
 
 def sandbox_net(server: SandgateServer, sandbox_id: str) -> tuple[str, str]:

@@ -16,6 +16,7 @@ from tests.adversarial.conftest import (
     BOUND_HOST,
     DENIED_HOST,
     EXFIL_ZONE,
+    LONG_LIVED_AND_MINTED,
     SECRET,
     Attacker,
     Canaries,
@@ -59,6 +60,18 @@ def assert_the_secret_is_nowhere(attacker: Attacker, min_records: int) -> None:
     assert "audit.jsonl" in scanned and "proxy.log" in scanned
     records = attacker.audit()
     assert len(records) > min_records and not [r for r in records if SECRET in str(r)]
+
+
+def test_no_long_lived_secret_or_minted_token_in_a_log_line_or_state_file(attacker: Attacker) -> None:
+    """AWS keys, OAuth2 client secrets, refresh tokens, private keys and every token the test
+    authorization server issued (test_aws_sigv4, test_minted_tokens): none in any log or state file."""
+    server = attacker.server
+    hunted = [value for value in LONG_LIVED_AND_MINTED if len(value) >= 8]
+    assert len(hunted) > 10, "test_aws_sigv4 and test_minted_tokens ran first and gave their values"
+    for path in [server.log_path, *state_files(server.state_dir)]:
+        data = path.read_bytes()
+        found = [value[:6] + "..." for value in hunted if value.encode() in data]
+        assert not found, f"{found} in {path}"
 
 
 def test_no_canary_was_ever_reached(canaries: Canaries) -> None:

@@ -20,7 +20,8 @@ def record(kind: str, decision: str, reason: str, host: str, **facts: object) ->
 
 def workload(state: Path) -> None:
     """A pip install from an index, a git clone over HTTPS (passed through), a bound API call,
-    a lookup of a name it never connected to, and a try at the metadata address."""
+    a lookup of a name it never connected to, a try at the metadata address, and a token the
+    proxy minted for it."""
     https = {"scheme": "https", "port": 443}
     records = [
         *(
@@ -51,6 +52,10 @@ def workload(state: Path) -> None:
             path="/latest/meta-data",
         ),
         record("dns", "deny", "invalid_host", "evil\n  - action: allow"),
+        # the proxy minting an oauth2 binding's token: its own egress, never the sandbox's
+        record(
+            "request", "allow", "token-minted", "auth.example.test", method="POST", binding="api", **https
+        ),
         record("request", "report", "default", "other.example.test", port=443),
     ]
     for one in records:
@@ -79,6 +84,7 @@ def test_suggest_learns_the_workload_and_nothing_more(tmp_path: Path) -> None:
         ("DELETE", "https://index.example.test/simple/requests/"),  # a method it never used
         ("GET", "https://api.example.test/v1/admin"),  # a path it never asked for
         ("GET", "https://exfil.example.test/"),  # a host it never reached
+        ("POST", "https://auth.example.test/"),  # the proxy's token endpoint, not the sandbox's
         ("GET", "http://169.254.169.254/latest/meta-data"),
     ):
         assert sandgate("policy", "explain", str(suggested), url, "-X", method).returncode == 1, (url, text)

@@ -24,6 +24,7 @@ CA_VARIABLES = [
     "NODE_EXTRA_CA_CERTS",
     "GIT_SSL_CAINFO",
     "CURL_CA_BUNDLE",
+    "AWS_CA_BUNDLE",
 ]
 
 

@@ -30,6 +30,16 @@ def test_check_ok_and_errors_with_exit_codes() -> None:
     )
 
 
+def test_explain_says_how_minted_and_signed_bindings_are_injected() -> None:
+    example = EXAMPLE.with_name("minted-and-signed.yaml")
+    assert sandgate("check", str(example)).returncode == 0
+    s3 = sandgate("explain", str(example), "https://s3.us-east-1.amazonaws.example.com/bucket", "-X", "PUT")
+    assert "binding s3: awsSigV4: re-signed with the real key for s3 in us-east-1" in s3.stdout, s3.stdout
+    minted = sandgate("explain", str(example), "https://api.example.com/reports/1")
+    expected = "binding reports: oauth2 client_credentials: a token minted by the proxy from auth.example.com"
+    assert expected in minted.stdout, minted.stdout
+
+
 def test_explain_text_and_json() -> None:
     allowed = sandgate("explain", str(EXAMPLE), "https://api.github.com/repos/acme/app")
     assert allowed.returncode == 0

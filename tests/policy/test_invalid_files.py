@@ -40,6 +40,9 @@ FAULTS: dict[str, tuple[int, int, str, str | None]] = {
     "bad_version.yaml": (1, 1, "version", None),
     "not_a_mapping.yaml": (1, 1, "a policy is a mapping", "egress:"),
     "invalid_idna.yaml": (2, 21, "not a valid internationalised name", None),
+    "oauth2_grant_missing_secret.yaml": (6, 5, "'client_credentials' needs clientSecret", "docs/vault.md"),
+    "oauth2_token_url_not_https.yaml": (6, 5, "must be an https URL", "https://auth.example.com"),
+    "aws_placeholder_not_a_key_id.yaml": (10, 7, "is not an access key id", "AKIASANDGATEPLACEHOLDER"),
 }
 
 

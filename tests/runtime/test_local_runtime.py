@@ -44,7 +44,7 @@ result = {
     "pid1_environ": open("/proc/1/environ").read(),
     "resolv": open("/etc/resolv.conf").read(),
     "env": {k: os.environ.get(k) for k in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO",
-            "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "SANDGATE_SANDBOX_ID", "FROM_SPEC")},
+            "CURL_CA_BUNDLE", "AWS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "SANDGATE_SANDBOX_ID", "FROM_SPEC")},
     "bundle": open(os.environ["SSL_CERT_FILE"]).read(),
     "umount_root": subprocess.run(["umount", "/root"], capture_output=True).returncode,
     "cap_eff": [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0],
@@ -104,7 +104,7 @@ def test_the_host_image_is_an_allowlist_on_an_overlay(harness: Harness, tmp_path
     assert int(seen["cap_eff"], 16) & (1 << 21 | 1 << 12 | 1 << 13 | 1 << 27 | 1 << 19 | 1 << 34) == 0
     assert seen["resolv"].startswith(f"nameserver {net.gateway}\n")
     assert seen["env"]["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt"
-    for name in ("REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE"):
+    for name in ("REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE", "AWS_CA_BUNDLE"):
         assert seen["env"][name] == seen["env"]["SSL_CERT_FILE"]
     assert seen["env"]["NODE_EXTRA_CA_CERTS"] == "/etc/ssl/certs/sandgate-proxy.crt"
     assert seen["env"]["SANDGATE_SANDBOX_ID"] == sandbox_id and seen["env"]["FROM_SPEC"] == "yes"

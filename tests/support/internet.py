@@ -170,7 +170,7 @@ def start_internet(workdir: Path) -> Iterator[Internet]:
         yield Internet(workdir, ns.name, host_if, ca_cert, ca_key, process)
     finally:
         if process is not None:
-            _stop(process)
+            stop(process)
         subprocess.run(["ip", "link", "del", host_if], capture_output=True)
         ns.delete()
 
@@ -184,7 +184,8 @@ def _wait_ready(workdir: Path, process: subprocess.Popen[bytes]) -> None:
         time.sleep(0.02)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 5 s: a server process the tests started, by its own PID."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:

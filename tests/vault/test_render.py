@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import parse_qs, unquote
 
 import pytest
 
-from sandgate.policy import Binding
+from sandgate.policy import Auth, Binding
 from sandgate.vault import (
     RENDERERS,
     LocalStore,
@@ -44,7 +44,10 @@ def passthrough(*subs: dict[str, Any]) -> Any:
 
 
 def test_every_policy_auth_type_has_a_renderer() -> None:
-    assert set(RENDERERS) == {"bearer", "basic", "apiKey", "customHeaders", "passthrough"}
+    union, _field = get_args(Auth)
+    types = {get_args(model.model_fields["type"].annotation)[0] for model in get_args(union)}
+    assert set(RENDERERS) == types
+    assert types >= {"bearer", "basic", "apiKey", "customHeaders", "passthrough", "awsSigV4", "oauth2"}
 
 
 def test_bearer() -> None:

@@ -20,7 +20,10 @@ import yaml
 
 from sandgate.policy import (
     DEFAULT_MAX_RULES,
+    AwsSigV4Auth,
+    Binding,
     Decision,
+    OAuth2Auth,
     Policy,
     PolicyError,
     Presets,
@@ -114,7 +117,7 @@ def explain(
     if output == "json":
         click.echo(json.dumps(decision.to_dict()))
     else:
-        click.echo(_explain_text(decision, request, url))
+        click.echo(_explain_text(decision, request, url, policy))
     sys.exit(0 if decision.allowed else 1)
 
 
@@ -139,16 +142,31 @@ def _request_from_url(url: str, method: str | None) -> Request:
     return Request(host, port, http_scheme, method.upper(), path)
 
 
-def _explain_text(decision: Decision, request: Request, url: str) -> str:
+def _explain_text(decision: Decision, request: Request, url: str, policy: Policy) -> str:
     what = f"{request.method} {url}" if request.method else f"connection {request.host}:{request.port}"
     head = decision.action + (" (report only: would deny)" if decision.report_only else "")
     lines = [f"{head} {what}: reason={decision.reason} rule={decision.rule or '-'}"]
     lines.append(
         f"  inspect={'yes' if decision.inspect else 'no'} bindings={','.join(decision.bindings) or '-'}"
     )
+    by_name = {binding.name: binding for binding in policy.bindings}
+    shown = [name for name in decision.bindings if name in by_name]
+    lines += [f"  binding {name}: {_how_injected(by_name[name])}" for name in shown]
     if decision.detail:
         lines.append(f"  detail: {decision.detail}")
     return "\n".join(lines)
+
+
+def _how_injected(binding: Binding) -> str:
+    """What the proxy does with a binding's credential, in a few words (names only, never values)."""
+    auth = binding.auth
+    if isinstance(auth, OAuth2Auth):
+        return f"oauth2 {auth.grant}: a token minted by the proxy from {urlsplit(auth.tokenUrl).netloc}"
+    if isinstance(auth, AwsSigV4Auth):
+        scope = f"{','.join(auth.services)} in {','.join(auth.regions)}"
+        placeholder = auth.placeholderAccessKeyId
+        return f"awsSigV4: re-signed with the real key for {scope} (sandbox key id {placeholder})"
+    return f"{auth.type}: vault credential(s) {', '.join(binding.credential_names())}"
 
 
 def canonical_yaml(policy: Policy, as_written: bool = False) -> str:
