@@ -1,8 +1,10 @@
 """Vault benchmark: redactor throughput, render and reveal latency.
 
 Redactor: MB/s of `redact()` and of the streaming form (64 KiB chunks) over 8 MiB of JSON-like
-text and over 8 MiB of base64 (the worst case: every byte could start a pattern), with 10 and
-1,000 secrets (each expanded into its encoded forms), and the time to build the automaton.
+text, over 8 MiB of base64 (the worst case for the automaton: every byte could start a
+pattern) and over 8 MiB of escape-dense HTML with JSON in it (the worst case for the escape
+decoder: an escape every 20 bytes), with 10 and 1,000 secrets (each expanded into its encoded
+forms), and the time to build the automaton.
 Render: microseconds per `render(binding, store.reveal)` against a LocalStore (one stat per
 reveal; decryption only when the file changed) and per passthrough target substitution.
 """
@@ -34,6 +36,16 @@ def json_text(size: int, values: list[str]) -> bytes:
     return bytes(body)
 
 
+def escaped_text(size: int, values: list[str]) -> bytes:
+    record = b'<p title="a &amp; b">it&#39;s {\\"q\\": \\"x\\u0026y\\"} at 50%25 &lt;ok&gt;</p>\n'
+    body = bytearray(record * (size // len(record)))
+    for index, value in enumerate(values[:50]):  # a few escaped echoes to replace
+        escaped = "".join(f"&#x{ord(c):x};" if not c.isalnum() else c for c in value).encode()
+        at = (index + 1) * (len(body) // 52)
+        body[at : at + len(escaped)] = escaped
+    return bytes(body)
+
+
 def base64_text(size: int) -> bytes:
     return base64.b64encode(os.urandom(size * 3 // 4))[:size]
 
@@ -62,7 +74,12 @@ def redactor_rows() -> None:
         values = [secrets.token_urlsafe(30) for _ in range(count)]
         build = best_of(3, lambda v=values: Redactor(v))  # type: ignore[misc]
         redactor = Redactor(values)
-        for label, data in (("json", json_text(DATA_BYTES, values)), ("base64", base64_text(DATA_BYTES))):
+        datas = {
+            "json": json_text(DATA_BYTES, values),
+            "base64": base64_text(DATA_BYTES),
+            "escaped": escaped_text(DATA_BYTES, values),
+        }
+        for label, data in datas.items():
             whole = best_of(5, lambda d=data, r=redactor: r.redact(d))  # type: ignore[misc]
             streamed = best_of(5, lambda d=data, r=redactor: stream_all(r, d))  # type: ignore[misc]
             mb = len(data) / 1e6

@@ -60,10 +60,19 @@ Unit = Callable[[bytes], bytes]
 ESCAPES: dict[str, tuple[bytes, Callable[[Unit], bytes], Callable[[str], str | None]]] = {
     "json-pair": (
         b"\\\\",
-        lambda u: u(b"u") + u(b"[Dd]") + u(b"[89ABab]") + u(_HEX) * 2
-        + u(b"\\\\") + u(b"u") + u(b"[Dd]") + u(b"[C-Fc-f]") + u(_HEX) * 2,
+        lambda u: (
+            u(b"u")
+            + u(b"[Dd]")
+            + u(b"[89ABab]")
+            + u(_HEX) * 2
+            + u(b"\\\\")
+            + u(b"u")
+            + u(b"[Dd]")
+            + u(b"[C-Fc-f]")
+            + u(_HEX) * 2
+        ),
         _json,
-    ),  # fmt: skip
+    ),
     "json": (b"\\\\", lambda u: u(b"u") + u(_HEX) * 4, _json),
     "js-braced": (
         b"\\\\",

@@ -51,7 +51,9 @@ def _json(text: str, ascii_only: bool = True) -> str:
     return json.dumps(text, ensure_ascii=ascii_only)[1:-1]
 
 
-_GO_JSON = _replace({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+_GO_JSON = _replace(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
 
 SERIALISERS: dict[str, Callable[[str], str]] = {
     "JSON, ASCII only (Python json, Java Jackson with ASCII escaping)": _json,
@@ -64,9 +66,17 @@ SERIALISERS: dict[str, Callable[[str], str]] = {
         {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;", "'": "&#39;", "+": "&#43;", "\0": "\ufffd"}
     ),
     "HTML, Handlebars/lodash/OWASP": _replace(
-        {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;", "`": "&#x60;",
-         "=": "&#x3D;", "/": "&#x2F;"}
-    ),  # fmt: skip
+        {
+            "&": "&amp;",
+            "<": "&lt;",
+            ">": "&gt;",
+            '"': "&quot;",
+            "'": "&#x27;",
+            "`": "&#x60;",
+            "=": "&#x3D;",
+            "/": "&#x2F;",
+        }
+    ),
     "XML (ElementTree, lxml)": _replace({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}),
     "HTML form (`+` for space)": lambda t: t.replace(" ", "+"),
     **{
@@ -118,7 +128,9 @@ def span_bound(form: bytes, charset: str, depth: int = ESCAPE_DEPTH) -> int:
     width = 2 if charset in UTF16 else 1
     text = form.decode(charset, "surrogatepass")
     per_level = LONGEST_ESCAPE_OF_ESCAPE_CHARACTER ** max(0, depth - 1)
-    return sum(max(len(c.encode(charset, "surrogatepass")), width * longest_escape(c) * per_level) for c in text)
+    return sum(
+        max(len(c.encode(charset, "surrogatepass")), width * longest_escape(c) * per_level) for c in text
+    )
 
 
 def _base64_cores(data: bytes) -> set[bytes]:

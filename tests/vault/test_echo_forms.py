@@ -69,13 +69,17 @@ def escape_some(text: str, picks: list[tuple[int, int]]) -> str:
     out = []
     for c, (which, n) in zip(text, itertools.cycle(picks), strict=False):
         choices = [ESCAPERS[name] for name in names[which % len(names) :] + names]
-        escaped = None if which % 3 == 0 and c != lead else next(filter(None, (e(c, n) for e in choices)), None)
+        escaped = (
+            None if which % 3 == 0 and c != lead else next(filter(None, (e(c, n) for e in choices)), None)
+        )
         out.append(escaped if escaped is not None else c)
     return "".join(out)
 
 
 SECRETS = st.text(
-    alphabet=st.sampled_from("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/+=&<>\"'-_.~ é€"),
+    alphabet=st.sampled_from(
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/+=&<>\"'-_.~ é€"
+    ),
     min_size=8,
     max_size=32,
 ).filter(lambda s: s.strip() == s and len(set(s)) > 3)
@@ -176,7 +180,10 @@ def test_an_escaped_secret_in_a_www_authenticate_header() -> None:
     r = Redactor([token])
     for form in (html.escape(token), go_json(token), "".join(f"&#x{ord(c):x};" for c in token)):
         value = f'Bearer realm="api", error="invalid_token", error_description="bad {form}"'
-        assert r.redact_text(value) == 'Bearer realm="api", error="invalid_token", error_description="bad [REDACTED]"'
+        assert (
+            r.redact_text(value)
+            == 'Bearer realm="api", error="invalid_token", error_description="bad [REDACTED]"'
+        )
 
 
 # -- early release (rule 7): prompt for ordinary text, never before a form could be complete ----
@@ -188,7 +195,9 @@ def test_text_ending_in_a_complete_escape_is_released_at_once() -> None:
         assert r.stream().feed(event) == event, event
 
 
-@pytest.mark.parametrize("tail", [b"sk-", b"x &#", b"x &#x7", b"x \\u00", b"x %2", b"x &amp", b"x \\", b"x sk&#x2D;li"])
+@pytest.mark.parametrize(
+    "tail", [b"sk-", b"x &#", b"x &#x7", b"x \\u00", b"x %2", b"x &amp", b"x \\", b"x sk&#x2D;li"]
+)
 def test_text_ending_where_a_form_or_an_escape_may_begin_is_held(tail: bytes) -> None:
     r = Redactor(["sk-live-5e2f9a0c7d1b"])
     stream = r.stream()
