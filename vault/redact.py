@@ -12,8 +12,9 @@ Rules:
    encodes differently depending on its offset mod 3; each alignment's stable middle characters
    are a pattern of their own, so the value is found whatever precedes it.
 3. Streams: `stream()` holds back at most `hold` bytes (the longest span a form can take once
-   escaped, `forms.span_bound`), so a value split across chunks is caught (and rule 4 sees the
-   form one byte later), and the output of any chunking equals `redact()` of the whole.
+   escaped, `forms.span_bound`), and only the longest pattern's length where the held bytes
+   hold no escape lead (`settled`), so a value split across chunks is caught (and rule 4 sees
+   the form one byte later), and the output of any chunking equals `redact()` of the whole.
 4. A UTF-16 form is replaced by `[REDACTED]` in the same UTF-16 form, so the body stays
    well-formed UTF-16 (the replacement has an even length: alignment is kept). UTF-16 text has
    its characters at even offsets: a UTF-16 form matched at an odd offset gives way to a UTF-16
@@ -119,6 +120,17 @@ class Redactor:
         consumed = max(cursor, settled)
         out.append(view[cursor:consumed])
         return b"".join(out), consumed
+
+    def settled(self, data: bytes) -> int:
+        """How much of `data` no form still to come can reach back into (rule 3). A form spans at
+        most `hold` bytes, one without an escape at most `max_pattern_length` (the raw text before
+        a form's first escape is shorter than that too): so up to the first escape lead of the last
+        `hold` bytes, less the longest pattern (and rule 4's byte after a match). Without a lead
+        there, a stream holds what it held before escapes were decoded."""
+        size = len(data)
+        window = max(0, size - self.hold)
+        first_lead = min((at for lead in LEADS if (at := data.find(lead, window)) >= 0), default=size)
+        return max(window, first_lead - self.max_pattern_length)
 
     def may_continue(self, tail: bytes, odd: int = 0) -> bool:
         """Could a form begin in `tail` and go on after its end? (rule 7; `odd`: rule 4)"""
@@ -236,12 +248,11 @@ class RedactingStream:
         self._redactor = redactor
         self._held = b""
         self._held_at = 0  # where the held bytes start in the stream
-        self._hold = redactor.hold  # rule 3: a match, and rule 4's byte after it
 
     def feed(self, chunk: bytes) -> bytes:
         """The redacted output that is final: everything but what may begin a form (rule 7)."""
         data = self._held + chunk
-        settled = len(data) - self._hold
+        settled = self._redactor.settled(data)
         out = b""
         if settled > 0:
             out, consumed = self._redactor._redact_until(data, settled, self._held_at)
