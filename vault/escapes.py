@@ -129,6 +129,12 @@ def _pattern() -> re.Pattern[bytes]:
 
 
 _PATTERN = _pattern()
+# What an escape's bytes decode to, by (group or UTF-16 byte order, bytes): the same few escapes
+# (`&amp;`, `\\"`, `\\n`) make up most of any body, and decoding one costs more than finding it.
+_DECODED: dict[tuple[str | None, str, bytes], bytes | None] = {}
+_CACHE_MAX = 4096
+_UNKNOWN = b""
+_UTF16_GROUPS = frozenset(f"utf16__{kind.replace('-', '_')}" for kind in ESCAPES)
 _GROUPS = {
     f"{encoding.replace('-', '')}__{kind.replace('-', '_')}": (encoding, ESCAPES[kind][2])
     for kind in ESCAPES
@@ -167,32 +173,40 @@ def decoded_view(data: bytes, odd: int = 0) -> tuple[bytes, OffsetMap] | None:
         return None
     view = memoryview(data)
     pieces: list[bytes | memoryview] = []
-    offsets = OffsetMap([], [], [], [])
+    view_starts: list[int] = []
+    view_ends: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
     cursor = size = 0  # size: the view's length so far
+    cache = _DECODED
     for match in _PATTERN.finditer(data):
+        start, end = match.span()
         group = match.lastgroup
-        assert group is not None
-        encoding, decode = _GROUPS[group]
-        start, end = match.start(), match.end()
-        if encoding == "utf-16":
+        encoding = "utf-8"
+        if group in _UTF16_GROUPS:
             encoding, start, end = _byte_order(data, start, end, cursor, odd)
             if not encoding:
                 continue
-        decoded = _decode(data[start:end].decode(encoding), decode, encoding)
+        key = (group, encoding, data[start:end])
+        decoded = cache.get(key, _UNKNOWN)
+        if decoded is _UNKNOWN:
+            if len(cache) > _CACHE_MAX:
+                cache.clear()
+            decoded = cache[key] = _decode(key[2].decode(encoding), _GROUPS[str(group)][1], encoding)
         if decoded is None:
             continue
         pieces += (view[cursor:start], decoded)
         size += start - cursor
-        offsets.view_starts.append(size)
-        offsets.starts.append(start)
+        view_starts.append(size)
+        starts.append(start)
         size += len(decoded)
-        offsets.view_ends.append(size)
-        offsets.ends.append(end)
+        view_ends.append(size)
+        ends.append(end)
         cursor = end
-    if not offsets.starts:
+    if not starts:
         return None
     pieces.append(view[cursor:])
-    return b"".join(pieces), offsets
+    return b"".join(pieces), OffsetMap(view_starts, view_ends, starts, ends)
 
 
 def _byte_order(data: bytes, lead: int, end: int, cursor: int, odd: int) -> tuple[str, int, int]:
