@@ -136,6 +136,8 @@ class Redactor:
         """Could a form begin in `tail` and go on after its end? (rule 7; `odd`: rule 4)"""
         if self._automaton is None or not tail:
             return False
+        if not any(lead in tail for lead in LEADS):
+            return self._begins_a_form(tail)  # no escape, nor the start of one
         view = tail
         for depth in range(ESCAPE_DEPTH + 1):
             if self._begins_a_form(view):
