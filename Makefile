@@ -47,6 +47,7 @@ lint: bootstrap
 	$(VENV)/ruff format --check .
 	@mkdir -p .typeroot/sandgate && for c in policy vault proxy lifecycle execd; do ln -sfn ../../$$c .typeroot/sandgate/$$c; done
 	$(VENV)/mypy
+	$(VENV)/lint-imports
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache .typeroot

@@ -31,6 +31,7 @@ from sandgate.lifecycle.audit import PolicyChange
 from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.errors import LifecycleError, quietly
 from sandgate.lifecycle.policy_book import PolicyBook, PolicyJSON
+from sandgate.lifecycle.sandbox_state import LIVE_STATES
 from sandgate.lifecycle.sandbox_store import (
     NotFound,
     RevisionConflict,
@@ -38,12 +39,11 @@ from sandgate.lifecycle.sandbox_store import (
     SandboxRecord,
     SandboxStore,
 )
-from sandgate.policy import Policy, to_document
+from sandgate.policy import Policy, Reason, to_document
 from sandgate.proxy import SandboxEntry
 from sandgate.vault import SecretStore
 
 log = logging.getLogger(__name__)
-LIVE_STATES = ("Running", "Paused", "Pausing", "Resuming")  # states whose sandbox the proxy serves
 
 
 EgressState = Revisioned[Policy]  # a sandbox's policy and the revision it was stored as
@@ -58,7 +58,7 @@ class ProxyControlClient(Protocol):
     def metrics(self) -> str: ...
 
 
-AuditWriter = Callable[[str, str, PolicyChange], None]  # (sandbox id, what, change)
+AuditWriter = Callable[[str, Reason, PolicyChange], None]  # (sandbox id, what, change)
 PolicyEdit = Callable[[Policy], Policy]
 # (stored state or None, the new revision) -> (the new state, vault entry name -> value to write)
 VaultBuild = Callable[[VaultState | None, int], tuple[VaultState, dict[str, str]]]
@@ -188,7 +188,12 @@ class EgressControl:
         return stored
 
     def change_policy(
-        self, sandbox_id: str, edit: PolicyEdit, actor: str, what: str, expected_revision: int | None = None
+        self,
+        sandbox_id: str,
+        edit: PolicyEdit,
+        actor: str,
+        what: Reason,
+        expected_revision: int | None = None,
     ) -> EgressState:
         """Apply `edit` to the current document; validate, push, persist, audit (rule 1)."""
         with self.locks(sandbox_id):
@@ -235,7 +240,7 @@ class EgressControl:
         new_revision: int,
         old: Policy | VaultState | None,
         new: Policy | VaultState | None,
-        what: str,
+        what: Reason,
     ) -> None:
         """One policy_change record; a failure to write it is logged, never undoes the change."""
         old_json, new_json = audited(old), audited(new)
@@ -270,7 +275,7 @@ class EgressControl:
         sandbox_id: str,
         build: VaultBuild,
         actor: str,
-        what: str,
+        what: Reason,
         expected_revision: int | None,
         must_exist: bool,
     ) -> VaultRevision:
@@ -339,7 +344,7 @@ class EgressControl:
             for name in stored.document.entries().values():
                 quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
             self.audit_change(
-                sandbox_id, actor, stored.revision, 0, stored.document, None, "credential-vault delete"
+                sandbox_id, actor, stored.revision, 0, stored.document, None, Reason.VAULT_DELETE
             )
 
     def _stored_vault(self, sandbox_id: str) -> VaultRevision:

@@ -8,7 +8,9 @@ Rules:
    one is a `ValueError` (`PolicyError`) saying where and why.
 3. `NetworkPolicy` (opensandbox_shapes.py) is the OpenSandbox shape: what the lifecycle API's
    create and `/networkpolicy`, and the egress API's `/policy`, speak.
-4. No networkPolicy at create means deny everything (egress-first), unlike OpenSandbox.
+4. No networkPolicy at create means the operator's default policy (the `default_policy`
+   setting) or, without one, deny everything (egress-first), unlike OpenSandbox, which leaves
+   egress open.
 """
 
 from __future__ import annotations
@@ -44,11 +46,12 @@ class PolicyBook(Protocol):
 class SandgatePolicies:
     """`PolicyBook` on sandgate.policy, with the deployment's rule limit."""
 
-    def __init__(self, max_rules: int) -> None:
+    def __init__(self, max_rules: int, default: Policy | None = None) -> None:
         self.max_rules = max_rules
+        self.default = default if default is not None else policy_from_dict({})
 
     def from_opensandbox(self, network_policy: NetworkPolicy | None) -> Policy:
-        return self.parse(network_policy.wire() if network_policy else {})
+        return self.parse(network_policy.wire()) if network_policy else self.default
 
     def parse(self, document: PolicyJSON) -> Policy:
         policy = policy_from_dict(document)

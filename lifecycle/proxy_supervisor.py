@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandgate.proxy import config_path
+
 log = logging.getLogger(__name__)
 
 
@@ -265,7 +267,7 @@ def proxy_processes(state_dir: Path) -> list[int]:
     <state_dir>/proxy.json`), the one a server started, not the worker template and workers a
     pool forked (they carry the same argv). Beside the state dir's lock holder, each one is an
     orphan: the child of a server that was killed (SIGKILL, OOM), still holding the proxy ports."""
-    config = str(state_dir / "proxy.json").encode()
+    config = str(config_path(state_dir)).encode()
     found: dict[int, int] = {}  # pid -> parent
     for entry in os.listdir("/proc"):
         if entry.isdigit():

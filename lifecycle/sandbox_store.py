@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sandgate.lifecycle.credential_state import VaultState
+from sandgate.lifecycle.sandbox_state import SandboxState, move
 from sandgate.policy import Policy, policy_from_dict, to_document
 
 SCHEMA = """
@@ -66,7 +67,7 @@ class SandboxRecord:
     image: str
     entrypoint: list[str]
     created_at: datetime
-    state: str = "Pending"
+    state: SandboxState = SandboxState.PENDING
     reason: str | None = None
     message: str | None = None
     transition_at: datetime | None = None
@@ -82,8 +83,12 @@ class SandboxRecord:
     execd_token: str = ""  # "" for sandboxes made before execd tokens: their execd has none
     credential_proxy: bool = False
 
-    def with_state(self, state: str, reason: str | None = None, message: str | None = None) -> SandboxRecord:
-        return replace(self, state=state, reason=reason, message=message, transition_at=utcnow())
+    def moved(self, verb: str, message: str | None = None) -> SandboxRecord:
+        """This record after the move `verb` (sandbox_state.MOVES); IllegalMove if not allowed."""
+        chosen = move(self.state, verb)
+        return replace(
+            self, state=chosen.target, reason=chosen.reason, message=message, transition_at=utcnow()
+        )
 
     def to_json(self) -> str:
         data = self.__dict__.copy()
@@ -96,6 +101,7 @@ class SandboxRecord:
         data = json.loads(text)
         for key in ("created_at", "transition_at", "expires_at"):
             data[key] = datetime.fromisoformat(data[key]) if data[key] else None
+        data["state"] = SandboxState(data["state"])
         return cls(**data)
 
 

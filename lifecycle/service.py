@@ -46,9 +46,10 @@ from sandgate.lifecycle.runtime.base import (
     SandboxSpec,
     wait_for_execd,
 )
+from sandgate.lifecycle.sandbox_state import LIVE_STATES, IllegalMove, SandboxState
 from sandgate.lifecycle.sandbox_store import SandboxRecord, SandboxStore, utcnow
 from sandgate.lifecycle.warm_pool import Member, WarmPool
-from sandgate.policy import Policy
+from sandgate.policy import Policy, Reason
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class Service:
             self.runtime.create(spec, net)
             undo.append(lambda: self.runtime.delete(record.id))
             self._wait_ready(record.id, net)
-            record = record.with_state("Running", "SANDBOX_READY", "execd answered /ping")
+            record = record.moved("start", "execd answered /ping")
             self.store.create_sandbox(record, document)
         except Exception as exc:
             for step in reversed(undo):
@@ -159,7 +160,7 @@ class Service:
             if isinstance(exc, LifecycleError):
                 raise
             raise LifecycleError("unavailable", f"sandbox could not be started: {exc}") from exc
-        self.egress.audit_change(record.id, actor, 0, 1, None, document, "create")
+        self.egress.audit_change(record.id, actor, 0, 1, None, document, Reason.CREATE)
         return record
 
     @staticmethod
@@ -170,7 +171,7 @@ class Service:
             image=request.image,
             entrypoint=request.entrypoint,
             created_at=now,
-            state="Pending",
+            state=SandboxState.PENDING,
             transition_at=now,
             expires_at=now + timedelta(seconds=request.timeout) if request.timeout else None,
             metadata=request.metadata,
@@ -209,10 +210,10 @@ class Service:
             return record
 
     def pause(self, sandbox_id: str) -> None:
-        self._transition(sandbox_id, {"Running"}, self.runtime.pause, "Paused", "pause")
+        self._transition(sandbox_id, "pause", self.runtime.pause)
 
     def resume(self, sandbox_id: str) -> None:
-        self._transition(sandbox_id, {"Paused"}, self.runtime.resume, "Running", "resume")
+        self._transition(sandbox_id, "resume", self.runtime.resume)
 
     def renew(self, sandbox_id: str, expires_at: datetime) -> datetime:
         if expires_at.tzinfo is None:
@@ -241,7 +242,7 @@ class Service:
         """Re-adopt what survived a restart and re-feed the proxy; remove the rest (rule 3)."""
         alive = set(self.runtime.adopt())
         records = self.store.list_sandboxes()
-        keep = {r.id for r in records if r.id in alive and r.state in ("Running", "Paused")}
+        keep = {r.id for r in records if r.id in alive and r.state in LIVE_STATES}
         adopted = self.networks.cleanup_leftovers(keep)
         for record in records:
             if record.id in keep and record.id in adopted:
@@ -260,18 +261,15 @@ class Service:
         if self.pool is not None:
             self.pool.stop()
 
-    def _transition(
-        self, sandbox_id: str, allowed: set[str], act: Callable[[str], None], target: str, verb: str
-    ) -> None:
+    def _transition(self, sandbox_id: str, verb: str, act: Callable[[str], None]) -> None:
         with self._lock(sandbox_id):
             record = self.get(sandbox_id)
-            if record.state not in allowed:
-                raise LifecycleError(
-                    "conflict",
-                    f"cannot {verb} sandbox {sandbox_id}: it is {record.state}, not {'/'.join(allowed)}",
-                )
+            try:
+                moved = record.moved(verb)
+            except IllegalMove as exc:
+                raise LifecycleError("conflict", f"sandbox {sandbox_id}: {exc}") from exc
             act(sandbox_id)
-            self.store.put_sandbox(record.with_state(target, verb.upper() + "D", None))
+            self.store.put_sandbox(moved)
 
     def _teardown(self, record: SandboxRecord) -> None:
         quietly(lambda: self.runtime.delete(record.id))
@@ -318,14 +316,14 @@ class Service:
             self.egress.push_new(sandbox_id, net.address, document)
             if request.entrypoint:
                 start_entrypoint(record, request.entrypoint)
-            record = record.with_state("Running", "SANDBOX_READY", "claimed from the warm pool")
+            record = record.moved("start", "claimed from the warm pool")
             self.store.create_sandbox(record, document)
         except Exception:
             log.exception("warm pool: claiming sandbox %s failed; starting a cold one instead", sandbox_id)
             quietly(lambda: self.egress.drop(net.address))
             self._discard_pool_member(sandbox_id)
             return None
-        self.egress.audit_change(sandbox_id, actor, 0, 1, None, document, "create")
+        self.egress.audit_change(sandbox_id, actor, 0, 1, None, document, Reason.CREATE)
         return record
 
     def _build_pool_member(self, sandbox_id: str) -> Member:

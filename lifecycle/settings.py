@@ -15,7 +15,7 @@ from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -23,8 +23,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from sandgate.proxy.audit import audit_path
-from sandgate.proxy.config import ResolverAddress
+from sandgate.policy import DEFAULT_MAX_RULES, Policy, load_policy
+from sandgate.proxy import ResolverAddress, audit_path
 
 DEFAULT_CONFIG_FILE = Path("/etc/sandgate/config.toml")
 _config_flag: ContextVar[Path | None] = ContextVar("config_flag", default=None)
@@ -97,7 +97,11 @@ class Settings(BaseSettings):
     )
 
     # policy and audit
-    policy_max_rules: int = Field(4096, ge=1)
+    policy_max_rules: int = Field(DEFAULT_MAX_RULES, ge=1)
+    default_policy: Path | None = Field(
+        None,
+        description="policy file a sandbox created without a networkPolicy gets (unset: deny everything)",
+    )
     audit_max_bytes: int = Field(
         100 * 1024 * 1024, ge=1024, description="rotate the audit log past this size"
     )
@@ -108,6 +112,18 @@ class Settings(BaseSettings):
     audit_max_rows: int | None = Field(
         None, ge=1, description="the audit index keeps at most this many newest records"
     )
+
+    @field_validator("default_policy")
+    @classmethod
+    def _default_policy_loads(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        """A default policy that would refuse every create is refused at start, with file:line."""
+        if path is not None:
+            default_policy(path, info.data.get("policy_max_rules", DEFAULT_MAX_RULES))
+        return path
+
+    def load_default_policy(self) -> Policy | None:
+        """The operator's default policy; None (deny everything) when unset."""
+        return default_policy(self.default_policy, self.policy_max_rules) if self.default_policy else None
 
     @classmethod
     def settings_customise_sources(
@@ -138,6 +154,15 @@ def config_file() -> Path | None:
             raise FileNotFoundError(f"config file {path} does not exist (from --config or SANDGATE_CONFIG)")
         return path
     return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
+
+
+def default_policy(path: Path, max_rules: int) -> Policy:
+    """The policy file at `path`; ValueError (PolicyError: file:line) if unreadable or invalid, or
+    if it has more than `max_rules` rules."""
+    policy = load_policy(path)
+    if len(policy.egress) > max_rules:
+        raise ValueError(f"{path} has {len(policy.egress)} rules, over policy_max_rules ({max_rules})")
+    return policy
 
 
 def load_settings(config: Path | None = None, **flags: Any) -> Settings:

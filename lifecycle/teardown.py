@@ -31,6 +31,7 @@ from sandgate.lifecycle.network import RUN_NETNS
 from sandgate.lifecycle.proxy_supervisor import proxy_processes, stop_proxies
 from sandgate.lifecycle.sandbox_store import SandboxStore
 from sandgate.lifecycle.settings import Settings
+from sandgate.proxy import control_socket
 from sandgate.vault import SecretStore
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ def tear_down(settings: Settings, *, stop_sandboxes: bool) -> Report:
         instance = instance_tag(settings.state_dir)
         before = footprint(settings, instance)
         stop_proxies(settings.state_dir)
-        (settings.state_dir / "proxy.sock").unlink(missing_ok=True)
+        control_socket(settings.state_dir).unlink(missing_ok=True)
         runtime = make_runtime(settings, instance)
         alive = set(runtime.adopt())  # removes what is left of dead sandboxes (dirs, mounts, cgroups)
         store = SandboxStore(settings.database)

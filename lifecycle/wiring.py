@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.runtime.docker import DockerRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
     from sandgate.lifecycle.service import Service
+    from sandgate.policy import Reason
     from sandgate.proxy import ProxyControl
     from sandgate.vault import SecretStore, StoreSecrets, StoreSettings
 
@@ -89,12 +90,12 @@ def audit_index(settings: Settings) -> AuditIndex:
 
 
 def write_proxy_config(settings: Settings) -> Path:
-    from sandgate.proxy import ProxyConfig
+    from sandgate.proxy import ProxyConfig, config_path, control_socket
 
     config = ProxyConfig(
         state_dir=settings.state_dir,
         listen_host="0.0.0.0",
-        control_socket=settings.state_dir / "proxy.sock",
+        control_socket=control_socket(settings.state_dir),
         transparent_port=settings.proxy_transparent_port,
         explicit_port=settings.proxy_explicit_port,
         dns_port=settings.proxy_dns_port,
@@ -106,7 +107,7 @@ def write_proxy_config(settings: Settings) -> Path:
         max_rules=settings.policy_max_rules,
         vault=vault_settings(settings),
     )
-    path = settings.state_dir / "proxy.json"
+    path = config_path(settings.state_dir)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(config.model_dump_json(indent=2))
@@ -122,12 +123,12 @@ def proxy_start_timeout(workers: int) -> float:
     return 60.0 + 15.0 * ((workers or os.cpu_count() or 1) - 1)
 
 
-def policy_change_writer(audit_path: Path) -> Callable[[str, str, PolicyChange], None]:
+def policy_change_writer(audit_path: Path) -> Callable[[str, Reason, PolicyChange], None]:
     """Appends policy_change records to the proxy's audit log (O_APPEND: safe beside the proxy)."""
     from sandgate.policy import Decision
     from sandgate.proxy import AuditRecord, append_record
 
-    def write(sandbox_id: str, what: str, change: PolicyChange) -> None:
+    def write(sandbox_id: str, what: Reason, change: PolicyChange) -> None:
         decision = Decision("allow", what, detail=change.to_detail())
         append_record(
             audit_path, AuditRecord.of("policy_change", sandbox_id, "control-plane", decision, event=what)
@@ -227,10 +228,10 @@ def build_components(settings: Settings, api_key: str) -> Components:
     from sandgate.lifecycle.proxy_supervisor import Listeners, ProxySupervisor
     from sandgate.lifecycle.sandbox_store import SandboxStore
     from sandgate.lifecycle.service import Service
-    from sandgate.proxy import ProxyControl, ensure_ca
+    from sandgate.proxy import ProxyControl, control_socket, ensure_ca, log_path
 
     ca = ensure_ca(settings.state_dir)
-    control = ProxyControl(settings.state_dir / "proxy.sock")
+    control = ProxyControl(control_socket(settings.state_dir))
     instance = instance_tag(settings.state_dir)
     networks = make_networks(settings, instance)
     networks.ensure_table()
@@ -240,7 +241,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
         store,
         proxy=control,
         vault=open_vault(settings),
-        policies=SandgatePolicies(settings.policy_max_rules),
+        policies=SandgatePolicies(settings.policy_max_rules, settings.load_default_policy()),
         audit=policy_change_writer(settings.audit_log),
     )
     service = Service(
@@ -256,13 +257,13 @@ def build_components(settings: Settings, api_key: str) -> Components:
         write_proxy_config(settings),
         is_healthy=lambda: answers(control),
         on_ready=egress.repush,
-        log_path=settings.state_dir / "proxy.log",
+        log_path=log_path(settings.state_dir),
         start_timeout=proxy_start_timeout(settings.proxy_workers),
         listeners=Listeners(
             tcp=frozenset({settings.proxy_transparent_port, settings.proxy_explicit_port}),
             udp=frozenset({settings.proxy_dns_port}),
         ),
-        control_socket=settings.state_dir / "proxy.sock",
+        control_socket=control.socket_path,
         secrets=vault_secrets(settings).revealed_json(),
     )
     audit, routers = audit_and_console(service, settings, api_key)

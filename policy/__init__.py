@@ -12,7 +12,7 @@ from sandgate.policy.addresses import (
     denied_range,
     embedded_ipv4,
 )
-from sandgate.policy.canonical import AMBIGUOUS_TARGET, AmbiguousTarget, RequestIdentity, request_identity
+from sandgate.policy.canonical import AmbiguousTarget, RequestIdentity, request_identity
 from sandgate.policy.compiled import (
     ALWAYS_ENFORCED,
     DEFAULT_CACHE_SIZE,
@@ -43,12 +43,13 @@ from sandgate.policy.models import (
     Substitution,
 )
 from sandgate.policy.names import path_matches
+from sandgate.policy.reasons import Reason
+from sandgate.policy.suggest import Suggestion, suggest_policy
 from sandgate.policy.updates import delete_targets, patch_rules, replace_policy, to_document, to_opensandbox
 
 __all__ = [
     "ALWAYS_DENIED",
     "ALWAYS_ENFORCED",
-    "AMBIGUOUS_TARGET",
     "DEFAULT_BINDING_METHODS",
     "DEFAULT_CACHE_SIZE",
     "DEFAULT_MAX_RULES",
@@ -73,9 +74,11 @@ __all__ = [
     "Policy",
     "PolicyError",
     "PolicyIssue",
+    "Reason",
     "Request",
     "RequestIdentity",
     "Substitution",
+    "Suggestion",
     "compile_policy",
     "delete_targets",
     "denied_range",
@@ -87,6 +90,7 @@ __all__ = [
     "policy_from_dict",
     "replace_policy",
     "request_identity",
+    "suggest_policy",
     "to_document",
     "to_opensandbox",
 ]

@@ -31,7 +31,6 @@ from urllib.parse import unquote_to_bytes
 
 from sandgate.policy.names import IPAddress, request_host
 
-AMBIGUOUS_TARGET = "ambiguous_target"  # the decision reason; answered 400 by the proxy
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 # Characters that send a path off the fast path: escapes, separators origins may add, parameters,

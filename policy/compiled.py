@@ -17,7 +17,7 @@ Theory of operation:
 - At connection level (method/path unknown: SNI, CONNECT, original destination) a rule with
   methods or paths cannot be decided yet. If such a rule comes before the first rule that decides
   the connection and some request could still be allowed, the connection is allowed with
-  reason "l7_pending" and `inspect=True`; each request is then decided on its own.
+  reason `Reason.L7_PENDING` and `inspect=True`; each request is then decided on its own.
 - `inspect` says whether the proxy needs an L7 view of this host: a method/path rule could apply,
   a credential binding could apply, or the deciding rule says `inspect: always`.
 - Report mode turns a would-deny into allow with `report_only=True`, except for the reasons in
@@ -42,7 +42,6 @@ from typing import Any, Literal, NamedTuple, get_args
 
 from sandgate.policy.addresses import DeniedRange, PrefixTable, address_to_check, denied_range
 from sandgate.policy.canonical import (
-    AMBIGUOUS_TARGET,
     AmbiguousTarget,
     RequestIdentity,
     canonical_pattern,
@@ -51,10 +50,13 @@ from sandgate.policy.canonical import (
 from sandgate.policy.errors import PolicyError, PolicyIssue
 from sandgate.policy.models import Binding, EgressRule, Policy
 from sandgate.policy.names import IPAddress, path_matches, request_host
+from sandgate.policy.reasons import Reason
 
 DEFAULT_MAX_RULES = 4096
 DEFAULT_CACHE_SIZE = 4096
-ALWAYS_ENFORCED = frozenset({"invalid_host", "invalid_address", "always_denied_range", AMBIGUOUS_TARGET})
+ALWAYS_ENFORCED = frozenset(
+    {Reason.INVALID_HOST, Reason.INVALID_ADDRESS, Reason.ALWAYS_DENIED_RANGE, Reason.AMBIGUOUS_TARGET}
+)
 # What a decision is called in audit records: "report" is an allow that enforcing would deny.
 Outcome = Literal["allow", "deny", "report"]
 OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
@@ -80,7 +82,7 @@ class Decision:
     """
 
     action: Literal["allow", "deny"]
-    reason: str
+    reason: Reason
     rule: str | None = None
     inspect: bool = False
     bindings: tuple[str, ...] = ()
@@ -116,11 +118,11 @@ class _Conditions:
     methods: frozenset[str] | None
     paths: tuple[str, ...] | None
 
-    def connection_miss(self, port: int, scheme: str) -> str | None:
+    def connection_miss(self, port: int, scheme: str) -> Reason | None:
         if self.ports is not None and port not in self.ports:
-            return "port_not_allowed"
+            return Reason.PORT_NOT_ALLOWED
         if self.schemes is not None and scheme not in self.schemes:
-            return "scheme_not_allowed"
+            return Reason.SCHEME_NOT_ALLOWED
         return None
 
     @property
@@ -128,11 +130,11 @@ class _Conditions:
         """Whether some path fails these conditions (`/*` lets every path through)."""
         return self.paths is not None and "/*" not in self.paths
 
-    def request_miss(self, method: str, path: str) -> str | None:
+    def request_miss(self, method: str, path: str) -> Reason | None:
         if self.methods is not None and method not in self.methods:
-            return "method_not_allowed"
+            return Reason.METHOD_NOT_ALLOWED
         if self.paths is not None and not any(path_matches(pattern, path) for pattern in self.paths):
-            return "path_not_allowed"
+            return Reason.PATH_NOT_ALLOWED
         return None
 
 
@@ -320,7 +322,7 @@ class CompiledPolicy:
                 request.scheme, request.host, request.port, request.method, request.path
             )
         except AmbiguousTarget as exc:
-            return Decision("deny", AMBIGUOUS_TARGET, detail=str(exc))
+            return Decision("deny", Reason.AMBIGUOUS_TARGET, detail=str(exc))
         return self._decide(identity.host, identity.port, identity.scheme, identity)
 
     def check_address(self, ip: str | IPAddress, request: Request | None = None) -> Decision:
@@ -343,7 +345,9 @@ class CompiledPolicy:
         if slot is None:
             host = request_host(raw_host)
             if host is None:
-                return Decision("deny", "invalid_host", detail=f"{raw_host!r} is not a host name or address")
+                return Decision(
+                    "deny", Reason.INVALID_HOST, detail=f"{raw_host!r} is not a host name or address"
+                )
             if not isinstance(host, str):
                 return self._decide_address(host, port, scheme, request)
             slot = self._names.lookup(host)
@@ -369,16 +373,18 @@ class CompiledPolicy:
         try:
             address = ipaddress.ip_address(ip) if isinstance(ip, str) else ip
         except ValueError:
-            return Decision("deny", "invalid_address", detail=f"{ip!r} is not an IP address")
+            return Decision("deny", Reason.INVALID_ADDRESS, detail=f"{ip!r} is not an IP address")
         address = address_to_check(address)
         denied = denied_range(address)
         for rule in self._address_rules(address, denied):
             if connection is not None and rule.when.connection_miss(connection[0], connection[1].lower()):
                 continue
-            return self._apply_mode(Decision(rule.action, "rule", rule.origin, detail=f"address {address}"))
+            return self._apply_mode(
+                Decision(rule.action, Reason.RULE, rule.origin, detail=f"address {address}")
+            )
         if denied is not None:
             return _always_denied(denied, False)
-        return Decision("allow", "address_ok", detail=f"address {address}")
+        return Decision("allow", Reason.ADDRESS_OK, detail=f"address {address}")
 
     def _scan(
         self, slot: _HostSlot, named: bool, port: int, scheme: str, request: RequestIdentity | None
@@ -388,7 +394,7 @@ class CompiledPolicy:
         fallback: _Rule | None = None
         first_conditional: _Rule | None = None
         conditional_allow = False
-        near_miss: tuple[str, _Rule] | None = None
+        near_miss: tuple[Reason, _Rule] | None = None
         for rule in slot.rules:
             miss = rule.when.connection_miss(port, scheme) if rule.when is not _ANY else None
             if miss is not None:
@@ -413,24 +419,24 @@ class CompiledPolicy:
             or _binding_could_apply(slot, port, scheme)
         )
         if method is None and first_conditional is not None and connection_allowed:
-            return self._outcome("allow", "l7_pending", first_conditional.origin, True)
+            return self._outcome("allow", Reason.L7_PENDING, first_conditional.origin, True)
         decided = decided or fallback
         if decided is not None:
-            decision = self._outcome(decided.action, "rule", decided.origin, inspect)
+            decision = self._outcome(decided.action, Reason.RULE, decided.origin, inspect)
         else:
             decision = self._default(named, near_miss, inspect)
         if method is not None and path is not None and named and decision.allowed:
             return self._with_binding(decision, slot, port, scheme, method, path)
         return decision
 
-    def _default(self, named: bool, near_miss: tuple[str, _Rule] | None, inspect: bool) -> Decision:
+    def _default(self, named: bool, near_miss: tuple[Reason, _Rule] | None, inspect: bool) -> Decision:
         if self._default_allow:
-            return self._outcome("allow", "default", None, inspect)
+            return self._outcome("allow", Reason.DEFAULT, None, inspect)
         if near_miss is not None:
             return self._outcome("deny", near_miss[0], near_miss[1].origin, inspect)
         if not named:
-            return self._outcome("deny", "ip_literal_needs_cidr_rule", None, inspect)
-        return self._outcome("deny", "default", None, inspect)
+            return self._outcome("deny", Reason.IP_LITERAL_NEEDS_CIDR_RULE, None, inspect)
+        return self._outcome("deny", Reason.DEFAULT, None, inspect)
 
     def _apply_mode(self, decision: Decision) -> Decision:
         if self._report and not decision.allowed and decision.reason not in ALWAYS_ENFORCED:
@@ -444,7 +450,7 @@ class CompiledPolicy:
     def _outcome(
         self,
         action: Literal["allow", "deny"],
-        reason: str,
+        reason: Reason,
         rule: str | None,
         inspect: bool,
         bindings: tuple[str, ...] = (),
@@ -491,7 +497,7 @@ class CompiledPolicy:
         if len(names) > 1:
             return Decision(
                 "deny",
-                "binding_ambiguous",
+                Reason.BINDING_AMBIGUOUS,
                 decision.rule,
                 decision.inspect,
                 detail="bindings " + ", ".join(sorted(names)) + " all match this request",
@@ -525,7 +531,7 @@ def _checks_path(slot: _HostSlot, port: int, scheme: str) -> bool:
 def _ambiguous(request: RequestIdentity) -> Decision:
     return Decision(
         "deny",
-        AMBIGUOUS_TARGET,
+        Reason.AMBIGUOUS_TARGET,
         detail=f"the path {request.path!r} has {request.ambiguity}, and a rule or binding checks this path; "
         "origins disagree on what such a path names",
     )
@@ -542,7 +548,7 @@ def _binding_could_apply(slot: _HostSlot, port: int, scheme: str) -> bool:
 def _always_denied(denied: DeniedRange, inspect: bool) -> Decision:
     return Decision(
         "deny",
-        "always_denied_range",
+        Reason.ALWAYS_DENIED_RANGE,
         None,
         inspect,
         detail=f"{denied.network} ({denied.label}) needs an explicit IP/CIDR allow rule inside it",

@@ -1,13 +1,15 @@
 """sandgate.proxy: the egress proxy (embedded mitmproxy): enforcement, injection, DNS, audit.
 
-Public face for lifecycle: `ProxyConfig` + `run_proxy` (or `python -m sandgate.proxy --config
-FILE.json`), `SandboxEntry` + `ProxyControl` (push and drop sandboxes over the control socket),
-`ensure_ca` (the deployment CA; `.cert` goes into sandboxes), the audit schema (`AuditRecord`,
-`AUDIT_FILE`, `audit_path`; lifecycle writes policy_change records with `append_record`). See
-docs/proxy.md and docs/audit.md.
+Public face: the proxy's contract (proxy/contract/), which is all lifecycle may use of the proxy
+(import-linter holds it to that in `make lint`): `ProxyConfig` (written to `CONFIG_FILE` for
+`python -m sandgate.proxy --config FILE`), `SandboxEntry` + `ProxyControl` (push and drop
+sandboxes over the control socket), `ensure_ca` (the deployment CA; `.cert` goes into
+sandboxes), the audit schema (`AuditRecord`, `append_record`, `RECORD_KINDS`) and the names of
+every file and socket in the state dir. None of it loads mitmproxy; the engine (every other
+module here) is private. See docs/proxy.md and docs/audit.md.
 
-Names are imported when first used (PEP 562): the audit schema needs only pydantic, and the CLI
-reads audit records without loading mitmproxy.
+Names are imported when first used (PEP 562): the CLI reads audit records with only pydantic
+loaded, and `sandgate vault put` talks to the control socket with httpx, never mitmproxy.
 """
 
 from __future__ import annotations
@@ -15,49 +17,73 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# public name -> the module that defines it
+# public name -> the contract module that defines it
 _PUBLIC = {
-    "AUDIT_FILE": "audit",
-    "AuditLog": "audit",
-    "AuditRecord": "audit",
-    "append_record": "audit",
-    "audit_path": "audit",
-    "redact_path": "audit",
-    "CaFiles": "ca",
-    "ensure_ca": "ca",
-    "ProxyConfig": "config",
-    "SandboxEntry": "config",
-    "ProxyControl": "control",
-    "ProxyControlError": "control",
-    "run_proxy": "server",
+    **dict.fromkeys(("AUDIT_FILE", "CONFIG_FILE", "CONTROL_SOCKET", "LOG_FILE"), "names"),
+    **dict.fromkeys(("audit_path", "config_path", "control_socket", "log_path"), "names"),
+    **dict.fromkeys(("RECORD_KINDS", "AuditRecord", "RecordKind", "append_record", "redact_path"), "audit"),
+    **dict.fromkeys(("CaFiles", "ensure_ca"), "ca"),
+    **dict.fromkeys(("ConnectionLimits", "ProxyConfig", "ResolverAddress", "SandboxEntry"), "config"),
+    "system_servers": "config",
+    **dict.fromkeys(("ProxyControl", "ProxyControlError"), "control"),
 }
 
 if TYPE_CHECKING:
-    from sandgate.proxy.audit import AUDIT_FILE, AuditLog, AuditRecord, append_record, audit_path, redact_path
-    from sandgate.proxy.ca import CaFiles, ensure_ca
-    from sandgate.proxy.config import ProxyConfig, SandboxEntry
-    from sandgate.proxy.control import ProxyControl, ProxyControlError
-    from sandgate.proxy.server import run_proxy
+    from sandgate.proxy.contract.audit import (
+        RECORD_KINDS,
+        AuditRecord,
+        RecordKind,
+        append_record,
+        redact_path,
+    )
+    from sandgate.proxy.contract.ca import CaFiles, ensure_ca
+    from sandgate.proxy.contract.config import (
+        ConnectionLimits,
+        ProxyConfig,
+        ResolverAddress,
+        SandboxEntry,
+        system_servers,
+    )
+    from sandgate.proxy.contract.control import ProxyControl, ProxyControlError
+    from sandgate.proxy.contract.names import (
+        AUDIT_FILE,
+        CONFIG_FILE,
+        CONTROL_SOCKET,
+        LOG_FILE,
+        audit_path,
+        config_path,
+        control_socket,
+        log_path,
+    )
 
 
 def __getattr__(name: str) -> Any:
     if name not in _PUBLIC:
         raise AttributeError(f"module 'sandgate.proxy' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"sandgate.proxy.{_PUBLIC[name]}"), name)
+    return getattr(importlib.import_module(f"sandgate.proxy.contract.{_PUBLIC[name]}"), name)
 
 
 __all__ = [
     "AUDIT_FILE",
-    "AuditLog",
+    "CONFIG_FILE",
+    "CONTROL_SOCKET",
+    "LOG_FILE",
+    "RECORD_KINDS",
     "AuditRecord",
     "CaFiles",
+    "ConnectionLimits",
     "ProxyConfig",
     "ProxyControl",
     "ProxyControlError",
+    "RecordKind",
+    "ResolverAddress",
     "SandboxEntry",
     "append_record",
     "audit_path",
+    "config_path",
+    "control_socket",
     "ensure_ca",
+    "log_path",
     "redact_path",
-    "run_proxy",
+    "system_servers",
 ]

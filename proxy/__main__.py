@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from sandgate.proxy.config import ProxyConfig
+from sandgate.proxy.contract.config import ProxyConfig
 from sandgate.proxy.frontdoor import ListenError
 from sandgate.proxy.server import run_proxy
 from sandgate.proxy.template import WorkerSlot

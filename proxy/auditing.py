@@ -21,14 +21,13 @@ from typing import Literal
 
 from mitmproxy import connection, http
 
-from sandgate.policy import Decision
-from sandgate.proxy.audit import AuditRecord, utc_timestamp
+from sandgate.policy import Decision, Reason
+from sandgate.proxy.contract.audit import AuditRecord, utc_timestamp
 from sandgate.proxy.decide import Verdict
 from sandgate.proxy.state import FLOW_KEY, ConnState, ProxyState, RequestState, Sandbox
 
 CLOSED = "closed"  # `event` of the record that closes a pass-through connection
 REVOKED = "revoked"  # `event` of the record of a connection a policy change closed
-HEADER_TIMEOUT = "header_timeout"  # `reason` of the security_event of a client too slow to start
 
 
 def addr(address: tuple[str, int] | None) -> str | None:
@@ -57,7 +56,7 @@ def security_event(
     state: ProxyState,
     sandbox_id: str,
     client: tuple[str, int] | None,
-    event: str,
+    event: Reason,
     detail: str,
     **facts: object,
 ) -> None:

@@ -1,23 +1,14 @@
-"""The control API on a Unix socket (mode 0600), and `ProxyControl`, the client lifecycle uses.
+"""The control API on a Unix socket (mode 0600), served inside the proxy's loop.
 
-Rules: only lifecycle talks to this socket (it lives in the state dir, which sandboxes never
-see). `PUT /sandboxes/{address}` compiles the entry's policy before it swaps it in, so a bad
-policy is answered 422 with the issues and the old entry stays in force. A PUT or DELETE is
-answered once the open connections the change no longer allows are closed (proxy/revocation.py).
-Entries live in memory only: lifecycle re-pushes every entry after it (re)starts the proxy.
-
-    PUT    /sandboxes/{address}   body: SandboxEntry        -> 200 {"sandbox_id", "address", "rules"}
-    DELETE /sandboxes/{address}                             -> 204 (404 if unknown)
-    GET    /sandboxes                                       -> 200 [SandboxEntry, ...]
-    GET    /sandboxes/{address}                             -> 200 SandboxEntry (404 if unknown)
-    GET    /health                                          -> 200 {"status": "ok", "sandboxes": n}
-    GET    /metrics                                         -> 200 Prometheus text
-    POST   /vault/changed   body: {"names": [...]} or {}    -> 200 {"refreshed": n}
-
-A worker of the pool (proxy/workers.py) has its own socket, which only the pool talks to, with
-two more routes: `POST /serve` (start accepting: the pool sends it once the worker holds every
-entry) and `GET /names/{sandbox}/{address}` (the name that sandbox resolved to that address
-through this worker's DNS: how the other workers attribute a connection without SNI).
+Rules: the routes are the contract's `ROUTES` (proxy/contract/control.py, where the client
+lifecycle uses lives too). `PUT /sandboxes/{address}` compiles the entry's policy before it swaps
+it in, so a bad policy is answered 422 with the issues and the old entry stays in force. A PUT or
+DELETE is answered once the open connections the change no longer allows are closed
+(proxy/revocation.py). Entries live in memory only: lifecycle re-pushes every entry after it
+(re)starts the proxy. A worker of the pool (proxy/workers.py) serves `WORKER_ROUTES` too: `POST
+/serve` (start accepting: the pool sends it once the worker holds every entry) and `GET
+/names/{sandbox_address}/{address}` (the name that sandbox resolved to that address through this
+worker's DNS: how the other workers attribute a connection without SNI).
 """
 
 from __future__ import annotations
@@ -30,21 +21,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import uvicorn
 from fastapi import FastAPI, HTTPException, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel
 
 from sandgate.policy import PolicyError
-from sandgate.proxy.config import SandboxEntry
+from sandgate.proxy.contract.config import SandboxEntry
+from sandgate.proxy.contract.control import ROUTES, WORKER_ROUTES, Route, VaultChange
 from sandgate.proxy.state import ProxyState
 
 
-class VaultChange(BaseModel):
-    """Vault entries that were stored, rotated or removed; None means "maybe all of them"."""
-
-    names: list[str] | None = None
+def on(app: FastAPI, route: Route, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`app`'s decorator for `route` (the table's method and path)."""
+    return app.api_route(route.path, methods=[route.method], **options)
 
 
 def control_app(state: ProxyState, serve: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
@@ -53,7 +42,7 @@ def control_app(state: ProxyState, serve: Callable[[], Awaitable[None]] | None =
     if serve is not None:
         add_worker_routes(app, state, serve)
 
-    @app.put("/sandboxes/{address}")
+    @on(app, ROUTES.put_sandbox)
     def put_sandbox(address: str, entry: SandboxEntry) -> Any:
         if entry.address != address:
             raise HTTPException(422, f"path address {address} differs from body address {entry.address}")
@@ -72,34 +61,34 @@ def control_app(state: ProxyState, serve: Callable[[], Awaitable[None]] | None =
             state.names.forget(address)
         return {"sandbox_id": sandbox.id, "address": sandbox.address, "rules": sandbox.policy.rule_count}
 
-    @app.delete("/sandboxes/{address}", status_code=204)
+    @on(app, ROUTES.drop_sandbox, status_code=204)
     def drop_sandbox(address: str) -> Response:
         if not state.table.drop(address):
             raise HTTPException(404, f"no sandbox at {address}")
         state.names.forget(address)
         return Response(status_code=204)
 
-    @app.post("/vault/changed")
+    @on(app, ROUTES.vault_changed)
     def vault_changed(change: VaultChange) -> dict[str, int]:
         # A sync handler: FastAPI runs it in a worker thread, so the vault reads never block the loop.
         return {"refreshed": state.table.values.refresh(change.names)}
 
-    @app.get("/sandboxes")
+    @on(app, ROUTES.list_sandboxes)
     def list_sandboxes() -> list[SandboxEntry]:
         return state.table.entries()
 
-    @app.get("/sandboxes/{address}")
+    @on(app, ROUTES.get_sandbox)
     def get_sandbox(address: str) -> SandboxEntry:
         sandbox = state.table.get(address)
         if sandbox is None:
             raise HTTPException(404, f"no sandbox at {address}")
         return sandbox.entry
 
-    @app.get("/health")
+    @on(app, ROUTES.health)
     def health() -> dict[str, Any]:
         return {"status": "ok", "sandboxes": len(state.table), "pid": os.getpid()}
 
-    @app.get("/metrics")
+    @on(app, ROUTES.metrics)
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
@@ -107,12 +96,12 @@ def control_app(state: ProxyState, serve: Callable[[], Awaitable[None]] | None =
 
 
 def add_worker_routes(app: FastAPI, state: ProxyState, serve: Callable[[], Awaitable[None]]) -> None:
-    @app.post("/serve")
+    @on(app, WORKER_ROUTES.serve)
     async def start_serving() -> dict[str, str]:
         await serve()
         return {"status": "serving"}
 
-    @app.get("/names/{sandbox_address}/{address}")
+    @on(app, WORKER_ROUTES.name_for)
     def name_for(sandbox_address: str, address: str) -> dict[str, str | None]:
         return {"name": state.names.name_for(sandbox_address, address)}
 
@@ -148,68 +137,3 @@ class ControlServer:
         if self._task:
             await self._task
         self.path.unlink(missing_ok=True)
-
-
-class ProxyControlError(RuntimeError):
-    """The proxy refused a control request; the message says why and what to fix."""
-
-
-class ProxyControl:
-    """Sync client of the control API: `ProxyControl(state_dir / "proxy.sock")`."""
-
-    def __init__(self, socket_path: Path | str, timeout: float = 5.0) -> None:
-        self.socket_path = Path(socket_path)
-        self._client = httpx.Client(
-            transport=httpx.HTTPTransport(uds=str(socket_path)), base_url="http://proxy", timeout=timeout
-        )
-
-    def put_sandbox(self, entry: SandboxEntry) -> dict[str, Any]:
-        return self._ok(
-            self._client.put(
-                f"/sandboxes/{entry.address}",
-                content=entry.model_dump_json(),
-                headers={"content-type": "application/json"},
-            )
-        ).json()
-
-    def drop_sandbox(self, address: str) -> bool:
-        """True if it was there; dropping an unknown address is not an error."""
-        response = self._client.delete(f"/sandboxes/{address}")
-        if response.status_code == 404:
-            return False
-        self._ok(response)
-        return True
-
-    def vault_changed(self, names: list[str] | None = None) -> int:
-        """Tell the proxy these vault entries changed (None: any); how many it re-read."""
-        response = self._client.post("/vault/changed", json={"names": names})
-        return int(self._ok(response).json()["refreshed"])
-
-    def list(self) -> list[SandboxEntry]:
-        return [SandboxEntry.model_validate(item) for item in self._ok(self._client.get("/sandboxes")).json()]
-
-    def health(self) -> dict[str, Any]:
-        return self._ok(self._client.get("/health")).json()
-
-    def metrics(self) -> str:
-        return self._ok(self._client.get("/metrics")).text
-
-    def close(self) -> None:
-        self._client.close()
-
-    def __enter__(self) -> ProxyControl:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _ok(self, response: httpx.Response) -> httpx.Response:
-        if response.is_success:
-            return response
-        try:
-            body = response.json()
-        except ValueError:
-            body = response.text
-        request = response.request
-        where = f"{request.method} {request.url.path}"
-        raise ProxyControlError(f"proxy control {where} -> {response.status_code}: {body}")

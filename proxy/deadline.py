@@ -18,7 +18,8 @@ import asyncio
 
 from mitmproxy import connection, http
 
-from sandgate.proxy.auditing import HEADER_TIMEOUT, security_event
+from sandgate.policy import Reason
+from sandgate.proxy.auditing import security_event
 from sandgate.proxy.revocation import cancel_connection
 from sandgate.proxy.state import ProxyState
 
@@ -53,5 +54,7 @@ class HeaderDeadlineAddon:
             return
         sandbox = self.state.table.get(conn.sandbox_address)
         detail = f"no complete request headers within {self.timeout:g} s; connection closed"
-        security_event(self.state, sandbox.id if sandbox else "-", client.peername, HEADER_TIMEOUT, detail)
-        cancel_connection(client, HEADER_TIMEOUT)
+        security_event(
+            self.state, sandbox.id if sandbox else "-", client.peername, Reason.HEADER_TIMEOUT, detail
+        )
+        cancel_connection(client, Reason.HEADER_TIMEOUT)

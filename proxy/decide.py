@@ -29,10 +29,7 @@ from typing import Any, Literal
 
 from mitmproxy import http
 
-from sandgate.policy import AMBIGUOUS_TARGET, Decision, Outcome, Request, RequestIdentity
-
-IDENTITY_MISMATCH = "identity-mismatch"
-UNKNOWN_SANDBOX = "unknown-sandbox"
+from sandgate.policy import Decision, Outcome, Reason, Request, RequestIdentity
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +70,7 @@ class Verdict:
         return Verdict(replace(self.decision, inspect=True), self.status)
 
 
-def refusal(reason: str, rule: str | None = None, status: int = 403) -> Verdict:
+def refusal(reason: Reason, rule: str | None = None, status: int = 403) -> Verdict:
     """A refusal the proxy makes itself, after or instead of the policy's decision."""
     return Verdict(Decision("deny", reason, rule), status)
 
@@ -127,9 +124,9 @@ def agreed_name(*claims: str | None) -> tuple[str | None, bool]:
     return (names.pop() if names else None), True
 
 
-MISMATCH = refusal(IDENTITY_MISMATCH, status=421)
-AMBIGUOUS = refusal(AMBIGUOUS_TARGET, status=400)
-GONE = refusal(UNKNOWN_SANDBOX)  # the sandbox's entry was dropped
+MISMATCH = refusal(Reason.IDENTITY_MISMATCH, status=421)
+AMBIGUOUS = refusal(Reason.AMBIGUOUS_TARGET, status=400)
+GONE = refusal(Reason.UNKNOWN_SANDBOX)  # the sandbox's entry was dropped
 
 
 def describe_claims(claims: dict[str, str | None]) -> str:
@@ -167,4 +164,4 @@ def check_upstream(policy: Any, address: str, port: int | None = None, scheme: s
 
 
 def _verdict(decision: Decision) -> Verdict:
-    return Verdict(decision, 400 if decision.reason == AMBIGUOUS_TARGET else 403)
+    return Verdict(decision, 400 if decision.reason == Reason.AMBIGUOUS_TARGET else 403)

@@ -11,7 +11,7 @@ Rules:
 3. Every other type (TXT, SRV, HTTPS, MX, CNAME, NULL, ANY...) of an allowed name is asked
    upstream by the proxy itself with a freshly built question-only query (`dnswire.forward`),
    never the client's message; mitmproxy never forwards anything. Only single-question QUERYs in
-   class IN from registered sandboxes are served; anything else is REFUSED.
+   class IN from registered sandboxes are served; anything else is Reason.RESPONSE_REFUSED.
 4. One `dns` audit record per query.
 """
 

@@ -30,12 +30,11 @@ from typing import Literal
 from mitmproxy import connection, http, tls
 from mitmproxy.proxy import mode_specs, server_hooks
 
-from sandgate.policy import AmbiguousTarget, RequestIdentity, request_identity
+from sandgate.policy import AmbiguousTarget, Reason, RequestIdentity, request_identity
 from sandgate.proxy.auditing import addr, record_decision
 from sandgate.proxy.decide import (
     AMBIGUOUS,
     GONE,
-    IDENTITY_MISMATCH,
     MISMATCH,
     Verdict,
     agreed_name,
@@ -54,7 +53,6 @@ from sandgate.proxy.tcpinfo import KernelCounters
 
 log = logging.getLogger(__name__)
 
-UNRESOLVED = "upstream-unresolvable"
 CREDITED_INTERCEPTED = "no SNI: name credited from this sandbox's DNS answers; intercepted"
 
 
@@ -252,7 +250,7 @@ class EnforcementAddon:
                 candidates = await self.state.resolver.addresses(name)
             except ResolveError as exc:
                 log.info("%s", exc)
-                return refusal(UNRESOLVED, verdict.rule, status=502), None
+                return refusal(Reason.UNRESOLVED, verdict.rule, status=502), None
         refused: Verdict | None = None
         for candidate in candidates:
             address_verdict = check_upstream(sandbox.policy, candidate, port, scheme)
@@ -311,4 +309,4 @@ def _absolute_authority(request: http.Request) -> str | None:
     return request.authority or None
 
 
-__all__ = ["IDENTITY_MISMATCH", "EnforcementAddon"]
+__all__ = ["EnforcementAddon"]

@@ -17,14 +17,14 @@ from mitmproxy import http
 from mitmproxy.net.http import http1
 from mitmproxy.proxy.layers.http import _http1, _http2
 
-UPSTREAM_ERROR = "upstream-error"
+from sandgate.policy import Reason
 
 
 def error_body(status_code: int, message: str = "") -> bytes:
     """The body of every error page the proxy makes; `message` (mitmproxy's, may quote upstream
     bytes) is deliberately left out."""
     del message
-    body = {"error": "upstream failed", "status": status_code, "reason": UPSTREAM_ERROR}
+    body = {"error": "upstream failed", "status": status_code, "reason": Reason.UPSTREAM_ERROR}
     return (json.dumps(body) + "\n").encode()
 
 

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandgate.proxy.config import ConnectionLimits
+from sandgate.policy import Reason
+from sandgate.proxy.contract.config import ConnectionLimits
 
-TOO_MANY_CONNECTIONS = "connection-limit"
-TOO_FAST = "accept-rate"
 REFUSAL_WINDOW = 10.0  # seconds
 
 
@@ -41,16 +40,16 @@ class Admission:
         self.share = share  # this process enforces 1/share of each limit (rule 4)
         self._sources: dict[str, _Source] = {}
 
-    def admit(self, source: str, limits: ConnectionLimits, now: float) -> str | None:
+    def admit(self, source: str, limits: ConnectionLimits, now: float) -> Reason | None:
         """None: admitted (one slot and one token taken); else the limit it is over."""
         state = self._sources.get(source)
         if state is None:
             state = self._sources[source] = _Source(0, float(self._burst(limits)), now)
         self._refill(state, limits, now)
         if state.open >= -(-limits.max_connections // self.share):
-            return TOO_MANY_CONNECTIONS
+            return Reason.TOO_MANY_CONNECTIONS
         if state.tokens < 1.0:
-            return TOO_FAST
+            return Reason.TOO_FAST
         state.tokens -= 1.0
         state.open += 1
         return None

@@ -47,10 +47,11 @@ from mitmproxy.proxy.layers.tls import parse_client_hello
 from mitmproxy.proxy.mode_servers import ServerInstance
 from mitmproxy.tls import ClientHello
 
-from sandgate.proxy.auditing import HEADER_TIMEOUT, closed, security_event
-from sandgate.proxy.config import ConnectionLimits, ProxyConfig
+from sandgate.policy import Reason
+from sandgate.proxy.auditing import closed, security_event
+from sandgate.proxy.contract.config import ConnectionLimits, ProxyConfig
 from sandgate.proxy.enforcement import EnforcementAddon
-from sandgate.proxy.fairness import REFUSAL_WINDOW, TOO_FAST, Admission, RefusalWindows
+from sandgate.proxy.fairness import REFUSAL_WINDOW, Admission, RefusalWindows
 from sandgate.proxy.resolver import normalise_ip
 from sandgate.proxy.revocation import revoke_if_stale
 from sandgate.proxy.splice import RESET_ON_CLOSE, Splice
@@ -211,7 +212,7 @@ class FrontDoor:
             hello = await self._peek_clienthello(sock)
         except TimeoutError:
             detail = f"no ClientHello within {self.config.header_timeout:g} s; connection closed"
-            security_event(self.state, sandbox.id, peer, HEADER_TIMEOUT, detail)
+            security_event(self.state, sandbox.id, peer, Reason.HEADER_TIMEOUT, detail)
             sock.close()
             return True
         if hello is None:
@@ -292,7 +293,7 @@ class FrontDoor:
         sock: socket.socket,
         peer: tuple[str, int],
         sandbox_id: str,
-        limit: str,
+        limit: Reason,
         limits: ConnectionLimits,
     ) -> None:
         with contextlib.suppress(OSError):
@@ -307,7 +308,7 @@ class FrontDoor:
         )
         asyncio.get_running_loop().call_later(REFUSAL_WINDOW, self._close_window, key, peer, limits)
 
-    def _close_window(self, key: tuple[str, str], peer: tuple[str, int], limits: ConnectionLimits) -> None:
+    def _close_window(self, key: tuple[str, Reason], peer: tuple[str, int], limits: ConnectionLimits) -> None:
         more = self.refusals.close(key)
         if more:
             sandbox_id, limit = key
@@ -332,7 +333,7 @@ async def _readable(sock: socket.socket, timeout: float) -> None:
         loop.remove_reader(sock.fileno())
 
 
-def _limit_detail(limit: str, limits: ConnectionLimits) -> str:
-    if limit == TOO_FAST:
+def _limit_detail(limit: Reason, limits: ConnectionLimits) -> str:
+    if limit == Reason.TOO_FAST:
         return f"over {limits.accept_rate:g} new connections/s (burst {limits.accept_burst})"
     return f"over {limits.max_connections} open connections"

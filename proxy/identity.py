@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from mitmproxy import connection
 
+from sandgate.policy import Reason
 from sandgate.proxy.auditing import REVOKED, security_event
 from sandgate.proxy.resolver import normalise_ip
 from sandgate.proxy.revocation import cancel_connection
 from sandgate.proxy.state import ConnState, ProxyState
-
-UNKNOWN_SOURCE = "unknown-source"
 
 
 class IdentityAddon:
@@ -26,7 +25,7 @@ class IdentityAddon:
         sandbox = self.state.table.get(source)
         if sandbox is None:
             client.error = f"source {source} is not a registered sandbox"
-            security_event(self.state, "-", client.peername, UNKNOWN_SOURCE, client.error)
+            security_event(self.state, "-", client.peername, Reason.UNKNOWN_SOURCE, client.error)
             return
         self.state.connections[client.id] = ConnState(  # dropped by AuditAddon
             sandbox_address=source,

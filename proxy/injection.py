@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from mitmproxy import http
 
+from sandgate.policy import Reason
 from sandgate.proxy.auditing import security_event
 from sandgate.proxy.decide import deny_response, refusal
 from sandgate.proxy.state import BODY_KEY, FLOW_KEY, ProxyState, RequestState, Sandbox
@@ -31,8 +32,6 @@ from sandgate.vault import VaultError
 log = logging.getLogger(__name__)
 
 NEVER_INJECT = frozenset({"TRACE", "CONNECT"})
-PLACEHOLDER_MISUSE = "placeholder-outside-binding"
-CREDENTIAL_UNAVAILABLE = "credential-unavailable"
 
 
 class InjectionAddon:
@@ -75,7 +74,7 @@ class InjectionAddon:
         try:
             injection = sandbox.credentials.render(binding_name)
         except VaultError as exc:
-            verdict = refusal(CREDENTIAL_UNAVAILABLE, request_state.verdict.rule, status=502)
+            verdict = refusal(Reason.CREDENTIAL_UNAVAILABLE, request_state.verdict.rule, status=502)
             request_state.verdict, request_state.detail = verdict, str(exc)
             flow.response = deny_response(verdict, request_state.name)
             return
@@ -106,13 +105,13 @@ class InjectionAddon:
                 self.state,
                 sandbox.id,
                 flow.client_conn.peername,
-                PLACEHOLDER_MISUSE,
+                Reason.PLACEHOLDER_MISUSE,
                 detail,
                 host=request_state.name,
                 method=request.method,
                 port=request.port,
             )
-            verdict = refusal(PLACEHOLDER_MISUSE, request_state.verdict.rule)
+            verdict = refusal(Reason.PLACEHOLDER_MISUSE, request_state.verdict.rule)
             request_state.verdict, request_state.detail = verdict, detail
             flow.response = deny_response(verdict, request_state.name)
             return True

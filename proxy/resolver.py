@@ -21,10 +21,9 @@ import socket
 import time
 from collections import OrderedDict
 
-import mitmproxy_rs
 from mitmproxy import dns
 
-from sandgate.proxy.config import resolver_address
+from sandgate.proxy.contract.config import resolver_address, system_servers
 from sandgate.proxy.dnswire import ForwardError, forward
 
 MEMORY_PER_SANDBOX = 4096
@@ -90,17 +89,6 @@ class Resolver:
         if isinstance(error, ResolveError):
             raise error
         raise ResolveError(name, "no A or AAAA records", nxdomain=False)
-
-
-def system_servers() -> list[str]:
-    """The system's resolvers (/etc/resolv.conf), as the proxy asks them when none are configured."""
-    try:
-        return mitmproxy_rs.dns.get_system_dns_servers()
-    except RuntimeError as exc:
-        raise RuntimeError(
-            f"no upstream DNS configured and none found in the system ({exc}); "
-            "set upstream_dns in the proxy config"
-        ) from exc
 
 
 class NameMemory:

@@ -31,15 +31,15 @@ from collections.abc import Awaitable
 
 from mitmproxy import connection, ctx
 
-from sandgate.proxy.audit import AuditRecord
+from sandgate.policy import Reason
 from sandgate.proxy.auditing import REVOKED, addr
+from sandgate.proxy.contract.audit import AuditRecord
 from sandgate.proxy.decide import GONE, Verdict, check_upstream, decide, refusal
 from sandgate.proxy.state import ConnState, ProxyState, Sandbox, Target
 
 log = logging.getLogger(__name__)
 
 CLOSE_WAIT = 1.0  # seconds a push waits for each revoked connection to finish closing
-NEEDS_INSPECTION = "inspection-required"  # a pass-through host that now needs an L7 view
 
 
 Judged = dict[tuple[object, ...], Verdict]  # one pass's decisions, shared by its connections
@@ -61,7 +61,7 @@ def stale(
         if not verdict.allowed:
             return verdict, target
         if conn.passthrough and verdict.inspect:
-            return refusal(NEEDS_INSPECTION, verdict.rule), target
+            return refusal(Reason.NEEDS_INSPECTION, verdict.rule), target
         pinned = conn.pins.get(name)
         if pinned is None:
             continue

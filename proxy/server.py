@@ -25,8 +25,8 @@ from mitmproxy.proxy.mode_specs import ProxyMode
 from sandgate.proxy import errorpages, lean, websocket
 from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.auditing import AuditAddon
-from sandgate.proxy.ca import ensure_ca, upstream_trust_bundle
-from sandgate.proxy.config import ProxyConfig
+from sandgate.proxy.contract.ca import ensure_ca, upstream_trust_bundle
+from sandgate.proxy.contract.config import ProxyConfig
 from sandgate.proxy.control import ControlServer, control_app
 from sandgate.proxy.deadline import HeaderDeadlineAddon
 from sandgate.proxy.dnsguard import DnsAddon

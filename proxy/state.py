@@ -26,8 +26,9 @@ from sandgate.policy import (
     compile_policy,
     parse_policy,
 )
-from sandgate.proxy.audit import AuditLog, AuditRecord
-from sandgate.proxy.config import SandboxEntry
+from sandgate.proxy.audit import AuditLog
+from sandgate.proxy.contract.audit import AuditRecord
+from sandgate.proxy.contract.config import SandboxEntry
 from sandgate.proxy.credentials import SandboxCredentials, SecretValues
 from sandgate.proxy.decide import Verdict
 from sandgate.proxy.metrics import Metrics

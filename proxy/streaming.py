@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable
 from mitmproxy import http
 from mitmproxy.net.http.headers import parse_content_type
 
+from sandgate.policy import Reason
 from sandgate.proxy.credentials import SandboxCredentials
 from sandgate.proxy.decoding import BodyDecoder, BodyRefused, UnknownCoding, codings
 from sandgate.proxy.scrubbing import BodyScrub
@@ -50,7 +51,6 @@ RANGE_HEADERS = ("range", "if-range")
 CHECKED_BODY_MAX = 16 * 1024 * 1024  # rule 6: read whole before a credentialed HTTP/2 request goes
 UTF16_CODECS = frozenset({"utf-16", "utf-16-le", "utf-16-be"})
 ASCII_PROBE = string.ascii_letters + string.digits + "-_.~+/=:%\\\"'{}[],"
-REFUSED = "response-refused"
 
 
 class StreamingAddon:
@@ -165,11 +165,13 @@ def _refuse(flow: http.HTTPFlow, request_state: RequestState, why: str) -> None:
     """Answer the proxy's own 502 instead (the head is not sent yet); the origin's body is dropped."""
     response = flow.response
     assert response is not None
-    body = (json.dumps({"error": "response refused", "reason": REFUSED, "detail": why}) + "\n").encode()
+    body = (
+        json.dumps({"error": "response refused", "reason": Reason.RESPONSE_REFUSED, "detail": why}) + "\n"
+    ).encode()
     response.status_code, response.reason = 502, "Bad Gateway"
     response.headers = http.Headers(content_type="application/json", content_length=str(len(body)))
     response.trailers = None
-    request_state.detail = f"{REFUSED}: {why}"
+    request_state.detail = f"{Reason.RESPONSE_REFUSED}: {why}"
 
     def drop_upstream_body(chunk: bytes) -> bytes:
         request_state.bytes_in += len(chunk)
@@ -193,7 +195,7 @@ def _scrubbed(
                 out += scrub(piece)
         except BodyRefused as exc:
             failed = True
-            request_state.detail = f"{REFUSED}: {exc}; body cut short"
+            request_state.detail = f"{Reason.RESPONSE_REFUSED}: {exc}; body cut short"
             return out
         if not chunk:
             out += scrub(b"")  # the end: what the scrubber held back

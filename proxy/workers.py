@@ -46,8 +46,10 @@ from fastapi import FastAPI, HTTPException, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sandgate.proxy.audit import PIPE_RECORD_MAX, AuditFile
-from sandgate.proxy.config import ProxyConfig, SandboxEntry
-from sandgate.proxy.control import ControlServer, VaultChange
+from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry
+from sandgate.proxy.contract.control import ROUTES, WORKER_ROUTES, Route, VaultChange
+from sandgate.proxy.contract.names import worker_socket as worker_socket_path
+from sandgate.proxy.control import ControlServer, on
 from sandgate.proxy.frontdoor import ListenError, listen_socket
 from sandgate.proxy.metrics import summed
 from sandgate.proxy.resolver import NameMemory
@@ -65,8 +67,7 @@ def worker_count(config: ProxyConfig) -> int:
 
 def worker_socket(config: ProxyConfig, index: int) -> Path:
     """Worker `index`'s own control socket, beside the pool's."""
-    path = config.socket_path
-    return path.with_name(f"{path.stem}-worker-{index}.sock")
+    return worker_socket_path(config.socket_path, index)
 
 
 # ---------------------------------------------------------------------- the worker's side
@@ -83,7 +84,9 @@ class PeerNames(NameMemory):
 
     async def lookup(self, sandbox_address: str, address: str) -> str | None:
         try:
-            response = await self._client.get(f"/names/{sandbox_address}/{address}")
+            response = await self._client.get(
+                WORKER_ROUTES.name_for.at(sandbox_address=sandbox_address, address=address)
+            )
             response.raise_for_status()
             name = response.json()["name"]
         except (httpx.HTTPError, ValueError, KeyError) as exc:
@@ -182,8 +185,14 @@ class WorkerPool:
         await self._wait_answering(worker)
         async with self.lock:  # rule 3: the whole table, then serve
             for entry in self.entries.values():
-                await self._expect(worker, "PUT", f"/sandboxes/{entry.address}", entry.model_dump_json(), 200)
-            await self._expect(worker, "POST", "/serve", None, 200)
+                await self._expect(
+                    worker,
+                    ROUTES.put_sandbox.method,
+                    ROUTES.put_sandbox.at(address=entry.address),
+                    entry.model_dump_json(),
+                    200,
+                )
+            await self._expect(worker, WORKER_ROUTES.serve.method, WORKER_ROUTES.serve.path, None, 200)
             worker.serving = True
         log.info("proxy worker %d (pid %d) serving", worker.index, worker.process.pid)
 
@@ -196,7 +205,7 @@ class WorkerPool:
                     f"proxy worker {worker.index} ended while starting (see the proxy's log)"
                 )
             with contextlib.suppress(httpx.HTTPError):
-                if (await worker.control.get("/health")).is_success:
+                if (await worker.control.get(ROUTES.health.path)).is_success:
                     return
             if asyncio.get_running_loop().time() > deadline:
                 worker.process.send(signal.SIGKILL)
@@ -263,7 +272,9 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ changes (rule 2)
 
-    async def change(self, method: str, path: str, body: str | None) -> Answer:
+    async def change(self, route: Route, address: str | None, body: str | None) -> Answer:
+        """Send one change to every serving worker (`address` fills a sandbox route's path)."""
+        method, path = route.method, route.at(address=address) if address else route.path
         async with self.lock:
             targets = [worker for worker in self.workers if worker.serving]
             if not targets:
@@ -271,7 +282,7 @@ class WorkerPool:
             answers = await asyncio.gather(*(self._call(worker, method, path, body) for worker in targets))
             took = [_took(method, answer) for answer in answers]
             if any(took):
-                self._apply(method, path, body)
+                self._apply(route, address, body)
             missing = [
                 (worker, answer)
                 for worker, answer, taken in zip(targets, answers, took, strict=True)
@@ -289,13 +300,11 @@ class WorkerPool:
             detail = f"{method} {path} was not taken by every proxy worker ({said}); those are restarted"
             return Answer(502, {"detail": detail})
 
-    def _apply(self, method: str, path: str, body: str | None) -> None:
-        if path.startswith("/sandboxes/"):
-            address = path.removeprefix("/sandboxes/")
-            if method == "PUT" and body is not None:
-                self.entries[address] = SandboxEntry.model_validate_json(body)
-            elif method == "DELETE":
-                self.entries.pop(address, None)
+    def _apply(self, route: Route, address: str | None, body: str | None) -> None:
+        if route == ROUTES.put_sandbox and address and body is not None:
+            self.entries[address] = SandboxEntry.model_validate_json(body)
+        elif route == ROUTES.drop_sandbox and address:
+            self.entries.pop(address, None)
 
     async def _call(self, worker: Worker, method: str, path: str, body: str | None) -> Answer | Exception:
         try:
@@ -315,7 +324,7 @@ class WorkerPool:
         for worker in self.workers:
             if worker.serving:
                 with contextlib.suppress(httpx.HTTPError):
-                    response = await worker.control.get("/metrics")
+                    response = await worker.control.get(ROUTES.metrics.path)
                     if response.is_success:
                         texts.append(response.text)
         serving = sum(worker.serving for worker in self.workers)
@@ -356,7 +365,7 @@ def _took(method: str, answer: Answer | Exception) -> bool:
 
 
 def pool_app(pool: WorkerPool) -> FastAPI:
-    """The control API of docs/proxy.md, served by the pool (routes as proxy/control.py)."""
+    """The control API of docs/proxy.md, served by the pool (the contract's `ROUTES`)."""
     app = FastAPI(title="sandgate proxy pool control", docs_url=None, redoc_url=None, openapi_url=None)
 
     def reply(answer: Answer) -> Response:
@@ -364,37 +373,37 @@ def pool_app(pool: WorkerPool) -> FastAPI:
             return Response(status_code=204)
         return JSONResponse(status_code=answer.status, content=answer.body)
 
-    @app.put("/sandboxes/{address}")
+    @on(app, ROUTES.put_sandbox)
     async def put_sandbox(address: str, entry: SandboxEntry) -> Response:
         if entry.address != address:
             raise HTTPException(422, f"path address {address} differs from body address {entry.address}")
-        return reply(await pool.change("PUT", f"/sandboxes/{address}", entry.model_dump_json()))
+        return reply(await pool.change(ROUTES.put_sandbox, address, entry.model_dump_json()))
 
-    @app.delete("/sandboxes/{address}")
+    @on(app, ROUTES.drop_sandbox)
     async def drop_sandbox(address: str) -> Response:
-        return reply(await pool.change("DELETE", f"/sandboxes/{address}", None))
+        return reply(await pool.change(ROUTES.drop_sandbox, address, None))
 
-    @app.post("/vault/changed")
+    @on(app, ROUTES.vault_changed)
     async def vault_changed(change: VaultChange) -> Response:
-        return reply(await pool.change("POST", "/vault/changed", change.model_dump_json()))
+        return reply(await pool.change(ROUTES.vault_changed, None, change.model_dump_json()))
 
-    @app.get("/sandboxes")
+    @on(app, ROUTES.list_sandboxes)
     def list_sandboxes() -> list[SandboxEntry]:
         return list(pool.entries.values())
 
-    @app.get("/sandboxes/{address}")
+    @on(app, ROUTES.get_sandbox)
     def get_sandbox(address: str) -> SandboxEntry:
         entry = pool.entries.get(address)
         if entry is None:
             raise HTTPException(404, f"no sandbox at {address}")
         return entry
 
-    @app.get("/health")
+    @on(app, ROUTES.health)
     def health() -> JSONResponse:
         state = pool.health()
         return JSONResponse(status_code=200 if state["status"] == "ok" else 503, content=state)
 
-    @app.get("/metrics")
+    @on(app, ROUTES.metrics)
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(await pool.metrics(), media_type="text/plain; version=0.0.4")
 

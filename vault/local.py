@@ -171,9 +171,6 @@ class LocalStore:
             raise SecretNotFound(name, str(self.path))
         return entry.value
 
-    def values(self) -> builtins.list[str]:
-        return [entry.value for entry in self._read().contents.entries.values()]
-
     # -- master key ------------------------------------------------------------------------
 
     def rotate_key(self, new_master_key: bytes | None = None) -> None:

@@ -111,9 +111,6 @@ class OpenBaoStore:
             self._cache[name] = (now, value)
         return value
 
-    def values(self) -> builtins.list[str]:
-        return [self.reveal(name) for name in self._names()]
-
     # -- KV v2 -----------------------------------------------------------------------------
 
     def _path(self, name: str) -> str:

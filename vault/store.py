@@ -44,10 +44,6 @@ class SecretStore(Protocol):
         """The current value, for the proxy's injection path only; SecretNotFound if absent."""
         ...
 
-    def values(self) -> builtins.list[str]:
-        """Every current value, to build a Redactor; never for display."""
-        ...
-
 
 class StoreSettings(BaseModel):
     """Which store and where: everything `open_store` needs except the secrets."""

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandgate.lifecycle.audit.audit_store import AuditStore
 from sandgate.lifecycle.audit.index import AuditIndex, IngestResult, Retention
+from sandgate.lifecycle.audit.observed import observed
 from sandgate.lifecycle.audit.ocsf import OCSF_VERSION, to_ocsf
 from sandgate.lifecycle.audit.policy_change import PolicyChange
 from sandgate.lifecycle.audit.query import AuditFilter, Cursor, Page, QueryError, Summary, parse_time
@@ -39,6 +40,7 @@ __all__ = [
     "audit_filter",
     "audit_router",
     "format_ts",
+    "observed",
     "parse_time",
     "to_micros",
     "to_ocsf",

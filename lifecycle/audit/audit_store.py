@@ -18,7 +18,7 @@ from pathlib import Path
 from sandgate.lifecycle.audit.index import AuditIndex, Retention
 from sandgate.lifecycle.audit.query import AuditFilter
 from sandgate.lifecycle.audit.record import RecordJSON
-from sandgate.proxy.audit import audit_path
+from sandgate.proxy import audit_path
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from importlib import metadata
 from typing import Any
 
 from sandgate.lifecycle.audit.record import RecordJSON
-from sandgate.proxy.audit import AUDIT_FILE
+from sandgate.proxy import AUDIT_FILE
 
 OCSF_VERSION = "1.3.0"
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandgate.lifecycle.audit.record import RecordJSON, to_micros
 from sandgate.policy import Outcome
-from sandgate.proxy.audit import RecordKind
+from sandgate.proxy import RecordKind
 
 MAX_PAGE = 1000
 _RELATIVE = re.compile(r"^(\d+)\s*(s|m|h|d|w)$")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sandgate.proxy.audit import AuditRecord
+from sandgate.proxy import AuditRecord
 
 SCHEMA_VERSION = 1
 

@@ -3,7 +3,8 @@
 Mount with `console_router(store, verify_key, sandboxes)`; see docs/audit.md.
 """
 
-from sandgate.lifecycle.console.routes import COOKIE, console_router
+from sandgate.lifecycle.console.routes import console_router
+from sandgate.lifecycle.console.session import COOKIE
 from sandgate.lifecycle.console.views import ConsoleSandbox
 
 __all__ = ["COOKIE", "ConsoleSandbox", "console_router"]

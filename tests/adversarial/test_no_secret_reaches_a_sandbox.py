@@ -36,7 +36,7 @@ import pytest
 from opensandbox import SandboxSync
 from opensandbox.config.connection_sync import ConnectionConfigSync
 
-from sandgate.proxy.ca import CA_KEY_AND_CERT
+from sandgate.proxy.contract.ca import CA_KEY_AND_CERT
 from sandgate.vault.store import LOCAL_KEY_FILE
 from tests.support.server import SandgateServer, sandgate_server
 

@@ -24,7 +24,8 @@ from fastapi import FastAPI, Header, HTTPException
 from bench.bench_audit import synthetic_records
 from sandgate.lifecycle.audit import AuditStore, audit_router
 from sandgate.lifecycle.console import console_router
-from sandgate.proxy import AuditLog, AuditRecord
+from sandgate.proxy import AuditRecord
+from sandgate.proxy.audit import AuditLog
 
 API_KEY = "test-key-0123456789"
 

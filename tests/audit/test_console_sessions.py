@@ -3,7 +3,7 @@ lifetime, or when newer logins push it past the limit."""
 
 from __future__ import annotations
 
-from sandgate.lifecycle.console.routes import SESSION_LIFETIME_S, Sessions
+from sandgate.lifecycle.console.session import SESSION_LIFETIME_S, Sessions
 
 
 def test_sessions_end_at_logout_after_their_lifetime_and_past_the_limit() -> None:

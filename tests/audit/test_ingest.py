@@ -11,7 +11,8 @@ import pytest
 
 from sandgate.lifecycle.audit import AuditFilter, AuditIndex
 from sandgate.lifecycle.audit.reader import RotatingLog
-from sandgate.proxy import AuditLog, AuditRecord
+from sandgate.proxy import AuditRecord
+from sandgate.proxy.audit import AuditLog
 from tests.audit.conftest import generated, write_records
 
 

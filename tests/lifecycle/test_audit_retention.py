@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.proxy import AuditLog, AuditRecord
+from sandgate.proxy import AuditRecord
+from sandgate.proxy.audit import AuditLog
 from tests.support.server import sandgate_server
 
 pytestmark = pytest.mark.root

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sandgate.lifecycle.credential_state import VaultState
+from sandgate.lifecycle.sandbox_state import IllegalMove, SandboxState
 from sandgate.lifecycle.sandbox_store import NotFound, RevisionConflict, SandboxRecord, SandboxStore, utcnow
 from sandgate.policy import Policy
 
@@ -29,13 +30,43 @@ def record(sandbox_id: str = "sb1") -> SandboxRecord:
 def test_sandbox_round_trip_and_survives_reopen(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     store = SandboxStore(db)
-    original = record().with_state("Running", "READY")
+    original = record().moved("start", "execd answered").moved("pause")
     store.put_sandbox(original)
     store.close()
     reopened = SandboxStore(db)
     assert reopened.get_sandbox("sb1") == original
+    assert reopened.get_sandbox("sb1").state is SandboxState.PAUSED
     assert [r.id for r in reopened.list_sandboxes()] == ["sb1"]
     assert oct(db.stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize(
+    ("verbs", "state"),
+    [(["start"], "Running"), (["start", "pause"], "Paused"), (["start", "pause", "resume"], "Running")],
+)
+def test_every_move_of_the_table(verbs: list[str], state: str) -> None:
+    moved = record()
+    for verb in verbs:
+        moved = moved.moved(verb)
+    assert moved.state == state and moved.transition_at is not None
+
+
+ILLEGAL = [
+    ([], "pause"),
+    ([], "resume"),
+    (["start"], "resume"),
+    (["start"], "start"),
+    (["start", "pause"], "pause"),
+]
+
+
+@pytest.mark.parametrize(("verbs", "illegal"), ILLEGAL)
+def test_a_move_the_table_lacks_is_refused(verbs: list[str], illegal: str) -> None:
+    moved = record()
+    for verb in verbs:
+        moved = moved.moved(verb)
+    with pytest.raises(IllegalMove, match=f"cannot {illegal} a sandbox that is {moved.state}"):
+        moved.moved(illegal)
 
 
 def test_missing_sandbox_raises_not_found(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import ipaddress
 
-from sandgate.policy import Binding, Decision, EgressRule, Policy, Request, denied_range
+from sandgate.policy import Binding, Decision, EgressRule, Policy, Reason, Request, denied_range
 from sandgate.policy.addresses import address_to_check
-from sandgate.policy.canonical import AMBIGUOUS_TARGET, AmbiguousTarget, canonical_pattern, canonical_target
+from sandgate.policy.canonical import AmbiguousTarget, canonical_pattern, canonical_target
 from sandgate.policy.names import IPAddress, request_host
 
 
@@ -84,7 +84,7 @@ def naive_decide(policy: Policy, request: Request) -> Decision:
         try:
             path, _query, ambiguity = canonical_target(request.path or "", method)
         except AmbiguousTarget:
-            return Decision("deny", AMBIGUOUS_TARGET)
+            return Decision("deny", Reason.AMBIGUOUS_TARGET)
     host = request_host(request.host)
     if host is None:
         return Decision("deny", "invalid_host")
@@ -94,7 +94,7 @@ def naive_decide(policy: Policy, request: Request) -> Decision:
         denied = denied_range(host)
     scheme = request.scheme.lower()
     if ambiguity is not None and _path_checked(policy, host, request.port, scheme):
-        return Decision("deny", AMBIGUOUS_TARGET)
+        return Decision("deny", Reason.AMBIGUOUS_TARGET)
     applicable: list[EgressRule] = []
     misses: list[tuple[str, EgressRule]] = []  # (reason, rule) in rule order, for the deny reason
     for rule in policy.egress:

@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandgate.policy import (
-    AMBIGUOUS_TARGET,
     AmbiguousTarget,
     PolicyError,
+    Reason,
     Request,
     RequestIdentity,
     compile_policy,
@@ -291,13 +291,13 @@ def decide(host: str, path: str, method: str = "GET") -> tuple[str, str]:
 )
 @pytest.mark.parametrize("host", ["api.example.com", "open.example.com", "bound.example.com"])
 def test_the_issues_paths_are_refused_on_every_host(host: str, path: str) -> None:
-    assert decide(host, path) == ("deny", AMBIGUOUS_TARGET)
+    assert decide(host, path) == ("deny", Reason.AMBIGUOUS_TARGET)
 
 
 @pytest.mark.parametrize("path", ["/v1/a%2Fb", "/v1/a;b", "/v1//b", "/v1/a%5Cb", "/v1/%FF"])
 def test_soft_ambiguities_are_refused_only_where_a_rule_checks_the_path(path: str) -> None:
-    assert decide("api.example.com", path) == ("deny", AMBIGUOUS_TARGET)
-    assert decide("203.0.113.9", path) == ("deny", AMBIGUOUS_TARGET)
+    assert decide("api.example.com", path) == ("deny", Reason.AMBIGUOUS_TARGET)
+    assert decide("203.0.113.9", path) == ("deny", Reason.AMBIGUOUS_TARGET)
     assert decide("open.example.com", path) == ("allow", "rule")
     assert decide("bound.example.com", path) == ("allow", "rule")  # a binding for `/*` checks nothing
 
@@ -326,7 +326,11 @@ def test_a_path_rule_after_a_rule_without_conditions_checks_nothing(host: str) -
 def test_an_ambiguous_target_is_refused_even_in_report_mode() -> None:
     compiled = compile_policy(policy_from_dict({**V1_ONLY, "mode": "report"}))
     decision = compiled.decide(Request("api.example.com", 443, "https", "GET", "/v1/..;/admin"))
-    assert (decision.action, decision.reason, decision.report_only) == ("deny", AMBIGUOUS_TARGET, False)
+    assert (decision.action, decision.reason, decision.report_only) == (
+        "deny",
+        Reason.AMBIGUOUS_TARGET,
+        False,
+    )
 
 
 def test_a_decoded_spelling_matches_the_rule_it_spells() -> None:

@@ -20,7 +20,8 @@ from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.proxy.server_hooks import ServerConnectionHookData
 from mitmproxy.test import taddons, tflow
 
-from sandgate.proxy import AuditLog, AuditRecord, SandboxEntry, ensure_ca, frontdoor, redact_path
+from sandgate.proxy import AuditRecord, SandboxEntry, ensure_ca, frontdoor, redact_path
+from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.auditing import AuditAddon
 from sandgate.proxy.enforcement import EnforcementAddon
 from sandgate.proxy.identity import IdentityAddon
@@ -181,7 +182,7 @@ def test_ca_is_made_once_with_a_private_key_file(tmp_path: Path) -> None:
 
 def _start_like_a_worker(state_dir: str, barrier: Any, results: Any) -> None:
     """What each proxy worker does first on start: the CA and the upstream trust bundle."""
-    from sandgate.proxy.ca import upstream_trust_bundle
+    from sandgate.proxy.contract.ca import upstream_trust_bundle
 
     barrier.wait(timeout=30)
     try:

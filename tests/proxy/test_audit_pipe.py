@@ -7,8 +7,8 @@ import json
 import socket
 from pathlib import Path
 
-from sandgate.proxy import AuditLog, AuditRecord
-from sandgate.proxy.audit import PIPE_RECORD_MAX
+from sandgate.proxy import AuditRecord
+from sandgate.proxy.audit import PIPE_RECORD_MAX, AuditLog
 
 
 def record(detail: str) -> AuditRecord:

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from sandgate.policy import Decision, Request, compile_policy, parse_policy
-from sandgate.proxy.audit import FREE_TEXT, AuditLog, AuditRecord, append_record
+from sandgate.proxy.audit import AuditLog
+from sandgate.proxy.contract.audit import FREE_TEXT, AuditRecord, append_record
 from sandgate.vault import Redactor
 
 SECRET = "sk-writer-5d1c9e0b7a2f4e68"

@@ -13,6 +13,7 @@ import pytest
 from dnslib import EDNS0, QTYPE, RR, TXT, DNSRecord, EDNSOption
 from mitmproxy import dns
 
+from sandgate.policy import Reason
 from sandgate.proxy import SandboxEntry, dnswire
 from sandgate.proxy.credentials import SecretValues
 from sandgate.proxy.dnswire import (
@@ -24,7 +25,7 @@ from sandgate.proxy.dnswire import (
     relay_answer,
     with_edns,
 )
-from sandgate.proxy.revocation import GONE, NEEDS_INSPECTION, stale
+from sandgate.proxy.revocation import GONE, stale
 from sandgate.proxy.state import ConnState, Sandbox
 
 ADDRESS = "10.213.0.2"
@@ -94,7 +95,7 @@ def test_revocation_judges_targets_pins_inspection_and_identity() -> None:
     assert stale(both, conn) is None
     verdict, target = stale(only_b, conn) or (None, None)
     assert verdict is not None and verdict.reason == "default" and target == ("a.example.com", 443, "https")
-    assert (stale(inspected, conn) or (GONE,))[0].reason == NEEDS_INSPECTION
+    assert (stale(inspected, conn) or (GONE,))[0].reason == Reason.NEEDS_INSPECTION
     assert stale(inspected, held(("a.example.com", 443, "https"))) is None  # intercepted already
     assert stale(None, conn) == (GONE, None)
     assert stale(sandbox("another", {"action": "allow", "target": "a.example.com"}), conn) == (GONE, None)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from sandgate.proxy import SandboxEntry
-from sandgate.proxy.config import ConnectionLimits
+from sandgate.proxy.contract.config import ConnectionLimits
 from tests.proxy.conftest import CLIENT_ADDR, Client, RunningProxy, client_netns, start_proxy, stop_proxy
 from tests.support.internet import ORIGIN_V4, Internet
 

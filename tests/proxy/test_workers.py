@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from sandgate.proxy import ProxyControl, SandboxEntry
-from sandgate.proxy.config import ConnectionLimits
+from sandgate.proxy.contract.config import ConnectionLimits
 from sandgate.proxy.workers import worker_socket
 from tests.proxy.conftest import CLIENT_ADDR, Client, RunningProxy, start_proxy, stop_proxy
 from tests.support.internet import ORIGIN_V4, Internet

@@ -107,7 +107,7 @@ def make_test_ca(workdir: Path) -> tuple[Path, Path, Path, Path]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    from sandgate.proxy.ca import new_ca
+    from sandgate.proxy.contract.ca import new_ca
 
     def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
         return key.private_bytes(

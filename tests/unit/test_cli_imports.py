@@ -6,10 +6,15 @@ machine makes any time limit flaky, while an import that sneaks back in is exact
 
 from __future__ import annotations
 
+import http.server
 import json
+import socket
+import socketserver
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import ClassVar
 
 from sandgate.lifecycle.cli import COMMANDS, main
 
@@ -38,9 +43,14 @@ print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})), file=sys
 """
 
 
-def imported_by(*args: str) -> tuple[set[str], str]:
+def imported_by(*args: str, stdin: str | None = None) -> tuple[set[str], str]:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+        [sys.executable, "-c", PROBE, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
     return set(json.loads(done.stderr.strip().splitlines()[-1])), done.stdout
 
@@ -82,3 +92,53 @@ def test_host_side_commands_import_no_web_stack(tmp_path: Path) -> None:
         assert modules.isdisjoint(server_stack), (
             f"sandgate {' '.join(args)} imported {modules & server_stack}"
         )
+
+
+class _ControlHandler(http.server.BaseHTTPRequestHandler):
+    """A stand-in for the proxy's control socket that records what it was asked (the point of
+    the test is what the CLI imports to talk to it, not the proxy)."""
+
+    asked: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        self.asked.append(
+            f"{self.command} {self.path} {self.rfile.read(int(self.headers['content-length']))!r}"
+        )
+        body = b'{"refreshed": 1}'
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def address_string(self) -> str:
+        return "unix"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _UnixHTTPServer(socketserver.UnixStreamServer):
+    def get_request(self) -> tuple[socket.socket, str]:
+        sock, _ = super().get_request()
+        return sock, "unix"
+
+
+def test_vault_put_tells_the_proxy_without_loading_it(tmp_path: Path) -> None:
+    """`sandgate vault put` tells a running proxy over its control socket through the proxy's
+    contract (httpx), never loading mitmproxy or the proxy's web server."""
+    from sandgate.proxy import control_socket
+
+    state = tmp_path / "state"
+    state.mkdir()
+    server = _UnixHTTPServer(str(control_socket(state)), _ControlHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        modules, _ = imported_by("--state-dir", str(state), "vault", "put", "api-token", stdin="s3cret\n")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _ControlHandler.asked == ['POST /vault/changed b\'{"names":["api-token"]}\'']
+    assert "httpx" in modules
+    assert modules.isdisjoint({"mitmproxy", "fastapi", "starlette", "uvicorn"}), modules

@@ -4,6 +4,7 @@ tests/lifecycle/test_reverse_proxy.py cannot observe from inside execd."""
 from __future__ import annotations
 
 from sandgate.lifecycle.api.sandbox_proxy import end_to_end, upstream_headers
+from sandgate.lifecycle.sandbox_state import SandboxState
 from sandgate.lifecycle.sandbox_store import SandboxRecord, utcnow
 
 API_KEY = "api-key-0123456789"
@@ -11,7 +12,7 @@ API_KEY = "api-key-0123456789"
 
 def record() -> SandboxRecord:
     return SandboxRecord(
-        id="sb", image="sandgate/host", entrypoint=[], created_at=utcnow(), state="Running",
+        id="sb", image="sandgate/host", entrypoint=[], created_at=utcnow(), state=SandboxState.RUNNING,
         address="10.0.0.2", egress_token="egress-token-abc", execd_token="execd-token-xyz",
     )  # fmt: skip
 

@@ -18,7 +18,7 @@ import click
 
 from sandgate.lifecycle.visible import visible
 from sandgate.policy import OUTCOMES
-from sandgate.proxy.audit import RECORD_KINDS
+from sandgate.proxy import RECORD_KINDS
 
 if TYPE_CHECKING:  # the audit package imports FastAPI: at run time only
     from sandgate.lifecycle.audit import Summary

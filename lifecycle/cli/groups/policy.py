@@ -1,14 +1,18 @@
 """`sandgate policy`: Check, explain and format egress policy files.
 
-These commands need no state dir, no settings and no root: they only read the files given.
-Exit codes: 0 ok / allowed, 1 denied (explain) or not formatted (fmt --check), 2 invalid policy.
+check, explain, fmt and diff need no state dir, no settings and no root: they read the files given
+(diff --sandbox asks the server); suggest reads this host's audit log, as `sandgate logs` does.
+Exit codes: 0 ok / allowed / same, 1 denied (explain), not formatted (fmt --check) or different
+(diff), 2 invalid policy.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import click
@@ -20,10 +24,16 @@ from sandgate.policy import (
     Policy,
     PolicyError,
     Request,
+    Suggestion,
     compile_policy,
     load_policy,
+    policy_from_dict,
+    suggest_policy,
     to_document,
 )
+
+if TYPE_CHECKING:
+    from sandgate.lifecycle.audit.record import RecordJSON
 
 INVALID = 2
 SCHEME_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
@@ -142,3 +152,108 @@ def fmt(file: Path, check_only: bool, write: bool) -> None:
         click.echo(f"formatted {file}")
     else:
         click.echo(text, nl=False)
+
+
+SUGGEST_MAX_RECORDS = 1_000_000  # records read for one suggestion (a page of 1000 at a time)
+
+
+@group.command("suggest")
+@click.option("--sandbox", required=True, help="The sandbox whose audit records to learn from.")
+@click.option("--since", help="From: 90s, 15m, 1h, 2d, 1w ago, 'today' or RFC 3339 (default: all kept).")
+@click.option(
+    "-o", "--output", "out", type=click.Path(path_type=Path), help="Write the policy here (default: stdout)."
+)
+@click.pass_obj
+def suggest(obj: Any, sandbox: str, since: str | None, out: Path | None) -> None:
+    """Write the smallest policy that allows what SANDBOX did (reads this host's audit log; run
+    a workload in report mode first). Review it: bindings are left as comments to fill in."""
+    from sandgate.lifecycle.audit import AuditFilter, QueryError, observed
+    from sandgate.lifecycle.cli.groups.logs import BadFilter, sandbox_by_prefix
+    from sandgate.lifecycle.wiring import audit_index
+
+    index = audit_index(obj.settings())
+    index.ingest()
+    sandbox_id = sandbox_by_prefix(index, sandbox)
+    try:
+        query = AuditFilter.model_validate({"sandbox": sandbox_id, "since": since})
+    except (QueryError, ValueError) as exc:
+        raise BadFilter(exc) from None
+    records: list[RecordJSON] = []
+    cursor: str | None = None
+    while len(records) < SUGGEST_MAX_RECORDS:
+        page = index.page(query, 1000, cursor)
+        records += page.records
+        if not (cursor := page.next_cursor):
+            break
+    if not records:
+        raise click.ClickException(
+            f"no audit records of sandbox {sandbox_id}{f' since {since}' if since else ''}"
+        )
+    seen, refused = observed(reversed(records))
+    suggestion = suggest_policy(seen, refused)
+    bindings = sorted({(r["host"], r["binding"]) for r in records if r.get("binding") and r.get("host")})
+    text = suggested_text(suggestion, sandbox_id, len(records), since, bindings)
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        out.write_text(text, encoding="utf-8")
+        click.echo(
+            f"wrote {out}: {len(suggestion.document['egress'])} rules from {len(records)} records", err=True
+        )
+
+
+def suggested_text(
+    suggestion: Suggestion, sandbox_id: str, count: int, since: str | None, bindings: list[tuple[str, str]]
+) -> str:
+    """The suggestion as a commented policy file (the comments are for the reviewer). Hosts and
+    names in comments come from audit records, which sandboxes wrote: `visible` keeps each on its
+    comment line (a newline in an SNI must not start a line of policy)."""
+    from sandgate.lifecycle.visible import visible
+
+    head = [
+        f"# Suggested by `sandgate policy suggest` from {count} audit records of sandbox {sandbox_id}"
+        + (f" (since {since})." if since else "."),
+        "# It allows what the workload was seen to do and nothing else; review it before use.",
+        *(f"# {visible(note)}" for note in suggestion.notes),
+    ]
+    body = yaml.safe_dump(suggestion.document, sort_keys=False, default_flow_style=None, width=110)
+    tail = []
+    if bindings:
+        tail = [
+            "# Credentials were injected for these hosts; fill in a binding for each you keep:",
+            "# bindings:",
+        ]
+        for host, name in bindings:
+            tail += [f"#   - name: {visible(name)}", "#     credential: <vault entry name>"]
+            tail += [f"#     match: {{hosts: [{visible(host)}]}}", "#     auth: {type: bearer}"]
+    return "\n".join(head) + "\n" + body + ("\n".join(tail) + "\n" if tail else "")
+
+
+@group.command("diff")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.argument("other", required=False, type=click.Path(path_type=Path))
+@click.option("--sandbox", help="Compare with this sandbox's live policy instead of OTHER.")
+@click.option("--domain", help="Server host:port for --sandbox (OPEN_SANDBOX_DOMAIN).")
+@click.option("--api-key", help="API key for --sandbox (OPEN_SANDBOX_API_KEY).")
+@click.option("--protocol", type=click.Choice(["http", "https"]), help="(OPEN_SANDBOX_PROTOCOL)")
+def diff(file: Path, other: Path | None, sandbox: str | None, **connection: Any) -> None:
+    """Show how FILE's policy differs from OTHER's or a sandbox's live one, in canonical form
+    (exit 0 same, 1 different, 2 invalid)."""
+    if (other is None) == (sandbox is None):
+        raise click.UsageError("give OTHER (a policy file) or --sandbox ID, not both")
+    mine = canonical_yaml(_load_or_exit(file))
+    if other is not None:
+        theirs, label = canonical_yaml(_load_or_exit(other)), str(other)
+    else:
+        assert sandbox is not None
+        theirs, label = _live_policy(sandbox, connection), f"sandbox {sandbox} (live)"
+    lines = list(difflib.unified_diff(theirs.splitlines(True), mine.splitlines(True), label, str(file)))
+    click.echo("".join(lines), nl=False)
+    sys.exit(1 if lines else 0)
+
+
+def _live_policy(sandbox: str, connection: dict[str, Any]) -> str:
+    from sandgate.lifecycle.cli.groups.sandbox import client_from
+
+    answer = client_from(dict(connection)).egress(sandbox, "GET", "/sandgate-policy")
+    return canonical_yaml(policy_from_dict(answer["policy"], f"sandbox {sandbox}"))

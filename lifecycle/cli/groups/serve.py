@@ -91,7 +91,7 @@ def command(
 def effective_settings(settings: Settings) -> dict[str, Any]:
     """The settings as JSON values (secrets hidden), with the resolvers the proxy will really
     ask: with no `upstream_dns` set, the system's (/etc/resolv.conf), and where they came from."""
-    from sandgate.proxy.resolver import system_servers
+    from sandgate.proxy import system_servers
 
     shown: dict[str, Any] = json.loads(settings.model_dump_json())
     shown["upstream_dns_source"] = "settings"

@@ -39,12 +39,12 @@ def _read_secret_input(prompt: str) -> str:
 def _tell_proxy(settings: Settings, name: str) -> None:
     """Have a running proxy re-read `name`; without one there is nothing to tell (it reads the
     vault when lifecycle pushes its sandboxes)."""
-    socket_path = settings.state_dir / "proxy.sock"
+    from sandgate.proxy import ProxyControl, ProxyControlError, control_socket
+
+    socket_path = control_socket(settings.state_dir)
     if not socket_path.exists():
         return
     import httpx
-
-    from sandgate.proxy import ProxyControl, ProxyControlError  # imports mitmproxy: only when needed
 
     try:
         with ProxyControl(socket_path) as control:

@@ -1,8 +1,8 @@
 """The deployment CA and the upstream trust bundle.
 
 Rules: the CA is made once per deployment (first start) with `cryptography` and kept in the
-state dir: `mitmproxy-ca.pem` (key + certificate, mode 0600, never leaves the host) and
-`mitmproxy-ca-cert.pem` (certificate only: the file sandboxes trust). mitmproxy reads the pair
+state dir: `CA_KEY_AND_CERT` (key + certificate, mode 0600, never leaves the host) and
+`CA_CERT` (certificate only: the file sandboxes trust; names in contract/names.py). mitmproxy reads the pair
 from its confdir, which is the state dir. Upstream trust is certifi plus an optional extra bundle,
 merged into one file because mitmproxy's `ssl_verify_upstream_trusted_ca` replaces certifi.
 """
@@ -24,10 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-CA_KEY_AND_CERT = "mitmproxy-ca.pem"
-CA_CERT = "mitmproxy-ca-cert.pem"
-UPSTREAM_BUNDLE = "upstream-trust.pem"
-CA_LOCK = ".ca.lock"
+from sandgate.proxy.contract.names import CA_CERT, CA_KEY_AND_CERT, CA_LOCK, UPSTREAM_BUNDLE
+
 CA_VALIDITY = datetime.timedelta(days=3650)
 
 

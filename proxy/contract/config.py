@@ -1,4 +1,5 @@
-"""Configuration of one proxy process and the sandbox entries lifecycle pushes into it.
+"""Configuration of one proxy process and the sandbox entries lifecycle pushes into it (part of the
+proxy's contract: mitmproxy-free).
 
 Rules: these are the proxy's boundary models. The proxy never reads sandgate settings itself;
 lifecycle builds a `ProxyConfig`, writes it as JSON, and starts `python -m sandgate.proxy
@@ -18,7 +19,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from sandgate.policy import DEFAULT_MAX_RULES
-from sandgate.proxy.audit import audit_path
+from sandgate.proxy.contract.names import audit_path, control_socket
 from sandgate.vault import StoreSecrets, StoreSettings
 
 DNS_PORT = 53
@@ -51,6 +52,19 @@ def _canonical_resolver(text: str) -> str:
     if port == DNS_PORT:
         return address
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def system_servers() -> list[str]:
+    """The system's resolvers (/etc/resolv.conf), as the proxy asks them when none are configured."""
+    import mitmproxy_rs  # the proxy's own reader of resolv.conf (a small native module, not mitmproxy)
+
+    try:
+        return mitmproxy_rs.dns.get_system_dns_servers()
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"no upstream DNS configured and none found in the system ({exc}); "
+            "set upstream_dns in the proxy config"
+        ) from exc
 
 
 # A resolver address as settings and the proxy config hold it, checked and in canonical form.
@@ -116,7 +130,7 @@ class ProxyConfig(BaseModel):
     )
     upstream_ca: Path | None = Field(None, description="extra PEM bundle trusted upstream, added to certifi")
     control_socket: Path | None = Field(
-        None, description="control API socket (default <state_dir>/proxy.sock)"
+        None, description="control API socket (default: names.CONTROL_SOCKET in the state dir)"
     )
     header_timeout: float = Field(
         default=30.0, gt=0, description="seconds a connection has to finish its first request's headers"
@@ -158,7 +172,7 @@ class ProxyConfig(BaseModel):
 
     @property
     def socket_path(self) -> Path:
-        return self.control_socket or self.state_dir / "proxy.sock"
+        return self.control_socket or control_socket(self.state_dir)
 
     @property
     def audit_path(self) -> Path:

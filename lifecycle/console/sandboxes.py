@@ -1,0 +1,58 @@
+"""The overview (every live sandbox with its traffic in a window) and one sandbox's page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from sandgate.lifecycle.audit import AuditFilter
+from sandgate.lifecycle.console.pages import Console, filter_or_400
+from sandgate.lifecycle.console.views import policy_yaml
+
+WINDOWS = ("1h", "24h", "today", "7d", "30d")
+
+
+def add_sandbox_pages(router: APIRouter, console: Console, authed: Any) -> None:
+    index = console.store.index
+
+    @router.get("", dependencies=[authed])
+    def overview(window: str = "24h") -> Response:
+        query = filter_or_400(since=window)
+        counts = index.counts_by_sandbox(query)
+        rows = []
+        for sandbox in console.live_sandboxes():
+            total, denied = counts.get(sandbox.id, (0, 0))
+            rows.append(
+                {
+                    "id": sandbox.id,
+                    "status": sandbox.status,
+                    "address": sandbox.address,
+                    "rule_count": sandbox.rule_count,
+                    "binding_names": sandbox.binding_names,
+                    "total": total,
+                    "denied": denied,
+                }
+            )
+        summary = index.summary(query, top=10)
+        return console.page("overview.html", nav="overview", sandboxes=rows, window=window, summary=summary)
+
+    @router.get("/sandboxes/{sandbox_id}", dependencies=[authed])
+    def sandbox_page(sandbox_id: str, since: str = "24h") -> Response:
+        query = filter_or_400(sandbox=sandbox_id, since=since)
+        live = next((s for s in console.live_sandboxes() if s.id == sandbox_id), None)
+        changes = index.page(AuditFilter(sandbox=sandbox_id, kind="policy_change"), 20).records
+        denials = index.page(AuditFilter(sandbox=sandbox_id, decision="deny", since=query.since), 25)
+        return console.page(
+            "sandbox.html",
+            nav="overview",
+            sandbox_id=sandbox_id,
+            sandbox=live,
+            since=since,
+            windows=WINDOWS,
+            summary=index.summary(query),
+            changes=changes,
+            denials=denials.records,
+            policy_yaml=policy_yaml(live.policy) if live else "",
+        )

@@ -1,0 +1,104 @@
+"""Console sessions and the login pages: how a reviewer gets in and out.
+
+Rules: the key is taken only from the login form's POST body (a query string ends up in access
+logs and browser history) and checked by the app's `verify_key`; a login sets an HttpOnly,
+SameSite=Strict cookie holding a random session token (never the API key). Sessions live in
+memory for 12 hours (a restart logs everyone out; logout ends one). `next` after a login only
+ever points inside the console.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Annotated
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Form, HTTPException, Request
+from fastapi.responses import RedirectResponse, Response
+
+from sandgate.lifecycle.console.pages import Console
+
+COOKIE = "sandgate_console"
+SESSION_LIFETIME_S = 12 * 3600  # a console login lasts a working day
+
+
+def add_login_routes(
+    router: APIRouter, console: Console, sessions: Sessions, verify_key: Callable[[str], bool]
+) -> None:
+    def safe_next(target: str | None) -> str:
+        prefix = console.prefix
+        return target if target and target.startswith(prefix) and not target.startswith("//") else prefix
+
+    def with_session(response: Response) -> Response:
+        token, secure = sessions.new(), console.secure_cookie
+        response.set_cookie(
+            COOKIE, token, httponly=True, samesite="strict", secure=secure, path=console.prefix
+        )
+        return response
+
+    @router.get("/login")
+    def login_form(next: str | None = None) -> Response:
+        return console.page("login.html", nav="login", error=None, next=safe_next(next))
+
+    @router.post("/login")
+    def login(key: Annotated[str, Form()], next: Annotated[str, Form()] = "") -> Response:
+        if not verify_key(key):
+            error = "That key is not this server's API key."
+            return console.page("login.html", nav="login", status_code=401, error=error, next=safe_next(next))
+        return with_session(RedirectResponse(safe_next(next), 303))
+
+    @router.post("/logout")
+    def logout(request: Request) -> Response:
+        sessions.end(request.cookies.get(COOKIE))
+        response = RedirectResponse(f"{console.prefix}/login", 303)
+        response.delete_cookie(COOKIE, path=console.prefix)
+        return response
+
+
+def require_session(console: Console, sessions: Sessions) -> Callable[[Request], None]:
+    """The dependency of every page but login and the static files: a valid session, else the
+    login form (with `next` pointing back)."""
+
+    def logged_in(request: Request) -> None:
+        if not sessions.valid(request.cookies.get(COOKIE)):
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            location = f"{console.prefix}/login?{urlencode({'next': target})}"
+            raise HTTPException(303, "log in first", headers={"Location": location})
+
+    return logged_in
+
+
+class Sessions:
+    """Console sessions: random tokens held in memory, each valid for `lifetime` seconds after
+    the login (then the form again), the oldest dropped past `limit`."""
+
+    def __init__(
+        self,
+        limit: int = 1000,
+        lifetime: float = SESSION_LIFETIME_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limit = limit
+        self.lifetime = lifetime
+        self.clock = clock
+        self._tokens: dict[str, float] = {}  # token -> when it ends; insertion-ordered: oldest first
+        self._guard = threading.Lock()
+
+    def new(self) -> str:
+        token = secrets.token_urlsafe(32)
+        with self._guard:
+            self._tokens[token] = self.clock() + self.lifetime
+            while len(self._tokens) > self.limit:
+                del self._tokens[next(iter(self._tokens))]
+        return token
+
+    def valid(self, token: str | None) -> bool:
+        ends = self._tokens.get(token or "")
+        return ends is not None and self.clock() < ends
+
+    def end(self, token: str | None) -> None:
+        with self._guard:
+            self._tokens.pop(token or "", None)

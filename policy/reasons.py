@@ -1,0 +1,54 @@
+"""Every reason a decision can carry: the `reason` of a `Decision` and of its audit record.
+
+Rules: a reason is a `Reason` member, never a bare string, in every component (the policy's
+matcher, the proxy's own refusals, the security events it records). Values are what the audit
+file, the API, `sandgate logs` and the console show; they never change once written (older audit
+files keep their meaning), so a new reason is a new member. `StrEnum`: a member is its value.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    # The policy's matcher (sandgate.policy.compiled).
+    RULE = "rule"  # a rule decided; `Decision.rule` says which (file:line)
+    DEFAULT = "default"  # no rule matched: the policy's default action
+    L7_PENDING = "l7_pending"  # allowed to connect; the request's method/path decide later
+    ADDRESS_OK = "address_ok"  # the resolved address may be dialled
+    INVALID_HOST = "invalid_host"
+    INVALID_ADDRESS = "invalid_address"
+    AMBIGUOUS_TARGET = "ambiguous_target"  # origins could read the target two ways (400)
+    IP_LITERAL_NEEDS_CIDR_RULE = "ip_literal_needs_cidr_rule"
+    ALWAYS_DENIED_RANGE = "always_denied_range"  # loopback, link-local, metadata... without a CIDR rule
+    BINDING_AMBIGUOUS = "binding_ambiguous"  # two credential bindings tie for one request
+    PORT_NOT_ALLOWED = "port_not_allowed"  # near misses: a rule for the host, not for this
+    SCHEME_NOT_ALLOWED = "scheme_not_allowed"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    PATH_NOT_ALLOWED = "path_not_allowed"
+    # The proxy's own refusals (sandgate.proxy).
+    IDENTITY_MISMATCH = "identity-mismatch"  # SNI, Host, :authority or port disagree (421)
+    UNKNOWN_SANDBOX = "unknown-sandbox"  # the sandbox's entry was dropped
+    UNKNOWN_SOURCE = "unknown-source"  # a connection from an address that names no sandbox
+    UNRESOLVED = "upstream-unresolvable"  # the proxy could not resolve the allowed name (502)
+    NEEDS_INSPECTION = "inspection-required"  # a pass-through host that now needs an L7 view
+    CREDENTIAL_UNAVAILABLE = "credential-unavailable"  # the vault has no value for a binding (502)
+    PLACEHOLDER_MISUSE = "placeholder-outside-binding"  # a credential placeholder sent elsewhere
+    RESPONSE_REFUSED = "response-refused"  # a response the scrubber cannot read is not sent
+    UPSTREAM_ERROR = "upstream-error"  # the upstream failed; the page the sandbox got says why
+    TOO_MANY_CONNECTIONS = "connection-limit"  # fairness: the sandbox's open connections
+    TOO_FAST = "accept-rate"  # fairness: the sandbox's new connections per second
+    HEADER_TIMEOUT = "header_timeout"  # a client too slow to send its first request's headers
+    # Control-plane changes: the reason of a policy_change record is what was changed, and how.
+    CREATE = "create"  # the policy a sandbox was created with
+    POLICY_REPLACE = "policy replace"  # sandgate's egress API
+    POLICY_PATCH = "policy patch"
+    POLICY_DELETE = "policy delete"
+    NETWORKPOLICY_REPLACE = "networkpolicy replace"  # OpenSandbox's egress API
+    NETWORKPOLICY_PATCH = "networkpolicy patch"
+    NETWORKPOLICY_DELETE = "networkpolicy delete"
+    SANDGATE_POLICY_REPLACE = "sandgate-policy replace"  # a policy file sent at create or later
+    VAULT_CREATE = "credential-vault create"
+    VAULT_PATCH = "credential-vault patch"
+    VAULT_DELETE = "credential-vault delete"

@@ -1,0 +1,130 @@
+"""The audit record: its schema and the one way a record becomes a line (part of the proxy's
+contract: lifecycle reads and appends records by it, and it loads no mitmproxy).
+
+Rules:
+1. A record is a decision serialised: `AuditRecord.of` takes the policy's `Decision` (its
+   outcome allow/deny/report, reason, rule, inspect, detail) and adds the facts of what was asked,
+   captured before injection changed anything. A record is written for every connection-level
+   and request-level decision the proxy makes and for every DNS answer.
+2. One writer: every line goes through `written`, which, at write time, passes every free-text
+   field (`FREE_TEXT`: host, path, SNI, method, reason, detail...) through the redactor of every
+   secret value the proxy holds (a superset of each sandbox's own) and replaces query strings
+   (`redact_path`). Callers cannot forget either: they hand over records, not lines.
+3. The proxy owns the audit file (its writer is the engine's `proxy/audit.py`). Other processes
+   (lifecycle's policy changes) add lines with `append_record`, which opens the live file per
+   line, so the proxy's rotation never strands them in a backup.
+4. This module is the schema: `AuditRecord` is a line's fields (the file's name is
+   `names.AUDIT_FILE`); the index, the API, the CLI, the console and the OCSF export read
+   records by it. It imports only pydantic and sandgate.policy.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, Field
+
+from sandgate.policy import Decision, Outcome
+
+RecordKind = Literal["connection", "request", "dns", "security_event", "policy_change"]
+RECORD_KINDS: tuple[RecordKind, ...] = get_args(RecordKind)
+Redact = Callable[[str], str]
+# Fields that hold text a sandbox, an upstream or a policy chose: redacted at write time.
+FREE_TEXT = ("sni", "method", "host", "path", "reason", "rule", "binding", "event", "detail")
+
+
+def utc_timestamp() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def new_record_id() -> str:
+    return os.urandom(10).hex()
+
+
+def redact_path(path: str | None) -> str | None:
+    """The path with any query string replaced: queries carry tokens far too often."""
+    if path is None:
+        return None
+    base, sep, _query = path.partition("?")
+    return f"{base}?<redacted>" if sep else base
+
+
+class AuditRecord(BaseModel):
+    """One line of audit.jsonl. `bytes_in`: upstream -> client; `bytes_out`: client -> upstream."""
+
+    v: Literal[1] = 1
+    ts: str = Field(default_factory=utc_timestamp)
+    id: str = Field(default_factory=new_record_id)
+    kind: RecordKind
+    sandbox: str
+    client: str
+    upstream: str | None = None
+    sni: str | None = None
+    scheme: Literal["http", "https"] | None = None
+    method: str | None = None
+    host: str | None = None
+    port: int | None = None
+    path: str | None = None
+    decision: Outcome
+    reason: str
+    rule: str | None = None
+    inspect: bool = False
+    binding: str | None = None
+    status: int | None = None
+    bytes_in: int = 0
+    bytes_out: int = 0
+    duration_ms: float | None = None
+    event: str | None = None
+    detail: str | None = None
+
+    @classmethod
+    def of(cls, kind: RecordKind, sandbox: str, client: str, decision: Decision, **facts: Any) -> AuditRecord:
+        """The record of `decision`; `facts` say what was asked (a `detail` or `inspect` among
+        them wins over the decision's own)."""
+        fields: dict[str, Any] = {"rule": decision.rule, "inspect": decision.inspect, **facts}
+        fields["detail"] = fields.get("detail") or decision.detail
+        return cls(
+            kind=kind,
+            sandbox=sandbox,
+            client=client,
+            decision=decision.outcome,
+            reason=decision.reason,
+            **fields,
+        )
+
+
+def written(record: AuditRecord, redact: Redact | None = None) -> AuditRecord:
+    """`record` as it may be written: free text through `redact`, the path without its query,
+    bytes that were not UTF-8 (kept by mitmproxy as lone surrogates) as `\\xNN` text."""
+    values = record.__dict__
+    changed: dict[str, str | None] = {}
+    if record.path is not None and "?" in record.path:
+        changed["path"] = redact_path(record.path)
+    texts = [changed.get(name, values[name]) or "" for name in FREE_TEXT]
+    if redact is not None and redact(joined := "\0".join(texts)) == joined:
+        redact = None  # one pass over all of them found nothing: no field holds a secret
+    for name, text in zip(FREE_TEXT, texts, strict=True):
+        if not text:
+            continue
+        clean = redact(text) if redact is not None else text
+        if not clean.isascii():
+            clean = clean.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        if clean != text:
+            changed[name] = clean
+    return record.model_copy(update=changed) if changed else record
+
+
+def to_line(record: AuditRecord) -> str:
+    """One line of the file (for a record `written` has passed)."""
+    return record.model_dump_json() + "\n"
+
+
+def append_record(path: Path, record: AuditRecord) -> None:
+    """Add one line to the live file from outside the proxy (O_APPEND: safe beside it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as handle:
+        handle.write(to_line(written(record)))

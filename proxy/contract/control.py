@@ -1,0 +1,132 @@
+"""The control API's routes and `ProxyControl`, the client lifecycle uses (mitmproxy-free).
+
+Rules: only lifecycle talks to the control socket (it lives in the state dir, which sandboxes
+never see). `ROUTES` is the one route table: the proxy's control app, the worker pool's app (which
+fans a change out to every worker) and this client all name routes from it, so the three cannot
+drift apart. What each route does is documented in docs/proxy.md ("Control API").
+
+    PUT    /sandboxes/{address}   body: SandboxEntry        -> 200 {"sandbox_id", "address", "rules"}
+    DELETE /sandboxes/{address}                             -> 204 (404 if unknown)
+    GET    /sandboxes                                       -> 200 [SandboxEntry, ...]
+    GET    /sandboxes/{address}                             -> 200 SandboxEntry (404 if unknown)
+    GET    /health                                          -> 200 {"status": "ok", "sandboxes": n}
+    GET    /metrics                                         -> 200 Prometheus text
+    POST   /vault/changed   body: {"names": [...]} or {}    -> 200 {"refreshed": n}
+
+A worker of the pool has its own socket, which only the pool talks to, with two more routes
+(`WORKER_ROUTES`): `POST /serve` (start accepting) and `GET /names/{sandbox_address}/{address}`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+from sandgate.proxy.contract.config import SandboxEntry
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str  # a FastAPI path template
+
+    def at(self, **params: str) -> str:
+        """The path with its parameters filled in."""
+        return self.path.format(**params)
+
+
+@dataclass(frozen=True)
+class Routes:
+    put_sandbox: Route = Route("PUT", "/sandboxes/{address}")
+    drop_sandbox: Route = Route("DELETE", "/sandboxes/{address}")
+    list_sandboxes: Route = Route("GET", "/sandboxes")
+    get_sandbox: Route = Route("GET", "/sandboxes/{address}")
+    health: Route = Route("GET", "/health")
+    metrics: Route = Route("GET", "/metrics")
+    vault_changed: Route = Route("POST", "/vault/changed")
+
+
+@dataclass(frozen=True)
+class WorkerRoutes:
+    serve: Route = Route("POST", "/serve")
+    name_for: Route = Route("GET", "/names/{sandbox_address}/{address}")
+
+
+ROUTES = Routes()
+WORKER_ROUTES = WorkerRoutes()
+
+
+class VaultChange(BaseModel):
+    """Vault entries that were stored, rotated or removed; None means "maybe all of them"."""
+
+    names: list[str] | None = None
+
+
+class ProxyControlError(RuntimeError):
+    """The proxy refused a control request; the message says why and what to fix."""
+
+
+class ProxyControl:
+    """Sync client of the control API: `ProxyControl(names.control_socket(state_dir))`."""
+
+    def __init__(self, socket_path: Path | str, timeout: float = 5.0) -> None:
+        self.socket_path = Path(socket_path)
+        self._client = httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(socket_path)), base_url="http://proxy", timeout=timeout
+        )
+
+    def put_sandbox(self, entry: SandboxEntry) -> dict[str, Any]:
+        route, headers = ROUTES.put_sandbox, {"content-type": "application/json"}
+        path = route.at(address=entry.address)
+        return self._call(route.method, path, content=entry.model_dump_json(), headers=headers).json()
+
+    def drop_sandbox(self, address: str) -> bool:
+        """True if it was there; dropping an unknown address is not an error."""
+        route = ROUTES.drop_sandbox
+        response = self._client.request(route.method, route.at(address=address))
+        if response.status_code == 404:
+            return False
+        self._ok(response)
+        return True
+
+    def vault_changed(self, names: list[str] | None = None) -> int:
+        """Tell the proxy these vault entries changed (None: any); how many it re-read."""
+        route = ROUTES.vault_changed
+        return int(self._call(route.method, route.path, json={"names": names}).json()["refreshed"])
+
+    def list(self) -> list[SandboxEntry]:
+        route = ROUTES.list_sandboxes
+        return [SandboxEntry.model_validate(item) for item in self._call(route.method, route.path).json()]
+
+    def health(self) -> dict[str, Any]:
+        return self._call(ROUTES.health.method, ROUTES.health.path).json()
+
+    def metrics(self) -> str:
+        return self._call(ROUTES.metrics.method, ROUTES.metrics.path).text
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> ProxyControl:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self._ok(self._client.request(method, path, **kwargs))
+
+    def _ok(self, response: httpx.Response) -> httpx.Response:
+        if response.is_success:
+            return response
+        try:
+            body = response.json()
+        except ValueError:
+            body = response.text
+        request = response.request
+        where = f"{request.method} {request.url.path}"
+        raise ProxyControlError(f"proxy control {where} -> {response.status_code}: {body}")
