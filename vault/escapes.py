@@ -31,6 +31,7 @@ import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 MAX_DIGITS = 8  # numeric references: `&#x0000002F;`; nobody pads further
 LEADS = (b"\\", b"%", b"&")  # every escape starts with one of these (a cheap test for "none")
@@ -248,6 +249,7 @@ _LONGEST_NAMED = _longest_named()
 _LONGEST_NUMERIC = 3 + MAX_DIGITS + 1
 
 
+@cache
 def longest_escape(character: str) -> int:
     """The most characters one escape of `character` takes (rule 4), at least 1 (itself)."""
     return max(_LONGEST_NUMERIC, 12 if ord(character) > 0xFFFF else 0, _LONGEST_NAMED.get(character, 0))

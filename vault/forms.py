@@ -29,7 +29,10 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from collections.abc import Callable
+from functools import cache
+from urllib.parse import quote
 
 from sandgate.vault.escapes import LONGEST_ESCAPE_OF_ESCAPE_CHARACTER, longest_escape
 
@@ -90,14 +93,8 @@ SERIALISERS: dict[str, Callable[[str], str]] = {
 
 
 def _percent(text: str, safe: str, case: str) -> str:
-    out = []
-    for character in text:
-        if character.isascii() and (character.isalnum() or character in "-._~" + safe):
-            out.append(character)
-            continue
-        escaped = "".join(f"%{byte:02X}" for byte in character.encode())
-        out.append(escaped.lower() if case == "lower" else escaped)
-    return "".join(out)
+    encoded = quote(text, safe=safe)
+    return re.sub("%[0-9A-F]{2}", lambda m: m.group().lower(), encoded) if case == "lower" else encoded
 
 
 def normal_forms(value: str) -> dict[bytes, str]:
@@ -107,9 +104,9 @@ def normal_forms(value: str) -> dict[bytes, str]:
     raw = value.encode()
     texts = {value, *_password_parts(value)}
     utf8 = {raw} | {text.replace(" ", "+").encode() for text in texts}
-    for text in texts:
-        for serialise in (lambda t: t, *SERIALISERS.values()):
-            utf8 |= _base64_cores(serialise(text).encode())
+    serialised = {serialise(text) for text in texts for serialise in SERIALISERS.values()} | texts
+    for text in serialised:  # most serialisers leave a token as it is: each distinct text once
+        utf8 |= _base64_cores(text.encode())
     forms = {form.decode().encode(utf16, "surrogatepass"): utf16 for form in utf8 for utf16 in UTF16}
     forms.update(dict.fromkeys(utf8, "utf-8"))
     return {form: cs for form, cs in forms.items() if form == raw or len(form) >= MIN_DERIVED_LENGTH}
@@ -125,12 +122,14 @@ def serialised_forms(value: str) -> set[bytes]:
 
 def span_bound(form: bytes, charset: str, depth: int = ESCAPE_DEPTH) -> int:
     """The most bytes `form` can take in data once its characters are escaped `depth` levels."""
+    return sum(_character_bound(c, charset, depth) for c in form.decode(charset, "surrogatepass"))
+
+
+@cache
+def _character_bound(character: str, charset: str, depth: int) -> int:
     width = 2 if charset in UTF16 else 1
-    text = form.decode(charset, "surrogatepass")
     per_level = LONGEST_ESCAPE_OF_ESCAPE_CHARACTER ** max(0, depth - 1)
-    return sum(
-        max(len(c.encode(charset, "surrogatepass")), width * longest_escape(c) * per_level) for c in text
-    )
+    return max(len(character.encode(charset, "surrogatepass")), width * longest_escape(character) * per_level)
 
 
 def _base64_cores(data: bytes) -> set[bytes]:
