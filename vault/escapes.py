@@ -15,6 +15,9 @@ Rules:
 2. Each syntax is matched in UTF-8 (ASCII-compatible charsets) and in UTF-16 LE and BE, and is
    decoded to its character in the same encoding, so a UTF-16 body stays UTF-16 in the view.
    `%HH` decodes to one byte in UTF-8 (`%C3%A9` is `é`), to a character below 0x80 in UTF-16.
+   A UTF-16 escape is read at the text's alignment (its characters at even offsets from the
+   start of the body or stream: an LE escape starts at one, a BE escape's zero byte does); read
+   one byte off it would straddle two characters (`ɜ` is `02 5C` in BE: `5C` is no `\\`).
 3. `decoded_view(data)` is `data` with every escape replaced by what it decodes to, and an
    `OffsetMap` from view offsets back to `data`'s: a match in the view maps to the bytes that
    encode it (an escape is taken whole). One level; the redactor applies it up to its depth for
@@ -213,13 +216,10 @@ def decoded_view(data: bytes, odd: int = 0) -> tuple[bytes, OffsetMap] | None:
 def _byte_order(data: bytes, lead: int, end: int, cursor: int, odd: int) -> tuple[str, int, int]:
     """A UTF-16 escape matched from its first ASCII byte at `lead`: which byte order it is in,
     and its span. UTF-16 has its characters at even offsets, so an LE escape's first byte
-    is at one, a BE escape's zero byte before it; where only one reading fits, that one."""
-    if (lead + odd) % 2 == 0 and end == len(data):
-        return "", 0, 0  # an LE escape whose last byte is still to come
-    as_le = ("utf-16-le", lead, end + 1) if data[end : end + 1] == b"\0" else None
-    as_be = ("utf-16-be", lead - 1, end) if lead - 1 >= cursor else None
-    preferred, other = (as_le, as_be) if (lead + odd) % 2 == 0 else (as_be, as_le)
-    return preferred or other or ("", 0, 0)
+    is at one, a BE escape's zero byte before it: the other reading would straddle characters."""
+    if (lead + odd) % 2 == 0:  # LE; at the end of the data, its last byte may be still to come
+        return ("utf-16-le", lead, end + 1) if data[end : end + 1] == b"\0" else ("", 0, 0)
+    return ("utf-16-be", lead - 1, end) if lead - 1 >= cursor and data[lead - 1] == 0 else ("", 0, 0)
 
 
 def _decode(text: str, decode: Callable[[str], str | None], encoding: str) -> bytes | None:

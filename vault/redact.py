@@ -192,7 +192,29 @@ class Redactor:
                 for back in reversed(maps):
                     start, end = back.start(start), back.end(end)
                 found.append((index, start, end))
-        yield from _joined(found)
+        yield from self._joined(found)
+
+    def _joined(self, spans: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
+        """Spans in order, overlapping ones joined (the first one's replacement stands). A UTF-16
+        replacement keeps the text's alignment only over an even span: a joined span of odd
+        length starts with a form rule 4 left one byte early (it would have cut into the next
+        match), so it starts one byte later, replaced as the member that starts there."""
+        group: list[tuple[int, int, int]] = []
+        for span in sorted(spans, key=lambda span: (span[1], -span[2])):
+            if group and span[1] >= max(end for _, _, end in group):
+                yield self._one_span(group)
+                group = []
+            group.append(span)
+        if group:
+            yield self._one_span(group)
+
+    def _one_span(self, group: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+        index, start, _ = group[0]
+        end = max(end for _, _, end in group)
+        if len(group) == 1 or not self._utf16[index] or (end - start) % 2 == 0:
+            return index, start, end
+        later = next((m for m in group if m[1] % 2 != start % 2 and self._utf16[m[0]]), None)
+        return (later[0], start + 1, end) if later else (index, start, end)
 
     def _aligned(self, data: bytes, odd: int) -> Iterator[tuple[int, int, int]]:
         """The matches to replace, in order: the automaton's, with rule 4's alignment. `odd` is 1
@@ -288,20 +310,6 @@ def _zero_run_end(data: bytes, at: int) -> int:
         if end + step <= size and data.startswith(_ZEROS[:step], end):
             end += step
     return end
-
-
-def _joined(spans: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
-    """Spans in order, overlapping ones joined (the first one's replacement stands)."""
-    current: tuple[int, int, int] | None = None
-    for index, start, end in sorted(spans, key=lambda span: (span[1], -span[2])):
-        if current is not None and start < current[2]:
-            current = (current[0], current[1], max(current[2], end))
-            continue
-        if current is not None:
-            yield current
-        current = (index, start, end)
-    if current is not None:
-        yield current
 
 
 def secret_forms(value: str) -> set[bytes]:

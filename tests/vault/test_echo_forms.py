@@ -216,8 +216,11 @@ def test_text_ending_where_a_form_or_an_escape_may_begin_is_held(tail: bytes) ->
 def test_no_byte_of_an_escaped_form_is_released_before_the_form_is_complete(
     secret: str, picks: list[tuple[int, int]], before: bytes, cut: int, charset: str
 ) -> None:
-    """Fed up to any point inside an escaped form, the stream releases nothing of the form."""
+    """Fed up to any point inside an escaped form, the stream releases nothing of the form.
+    (A UTF-16 body has its characters at even offsets: what comes before is too.)"""
     form = escape_some(secret, picks).encode(charset)
+    if charset != "utf-8":
+        before = before[: len(before) // 2 * 2]
     r = Redactor([secret])
     cut = min(cut, len(form) - 1)
     released = r.stream().feed(before + form[:cut])
