@@ -135,7 +135,7 @@ def _pattern() -> re.Pattern[bytes]:
 _PATTERN = _pattern()
 # What an escape's bytes decode to, by (group or UTF-16 byte order, bytes): the same few escapes
 # (`&amp;`, `\\"`, `\\n`) make up most of any body, and decoding one costs more than finding it.
-_DECODED: dict[tuple[str | None, str, bytes], bytes | None] = {}
+_DECODED: dict[bytes | tuple[str, bytes], bytes | None] = {}
 _CACHE_MAX = 4096
 _UNKNOWN = b""
 _UTF16_GROUPS = frozenset(f"utf16__{kind.replace('-', '_')}" for kind in ESCAPES)
@@ -177,39 +177,38 @@ def decoded_view(data: bytes, odd: int = 0) -> tuple[bytes, OffsetMap] | None:
         return None
     view = memoryview(data)
     pieces: list[bytes | memoryview] = []
-    view_starts: list[int] = []
-    view_ends: list[int] = []
-    starts: list[int] = []
-    ends: list[int] = []
+    spans: list[tuple[int, int, int, int]] = []  # (view start, start, view end, end) per escape
     cursor = size = 0  # size: the view's length so far
     cache = _DECODED
     for match in _PATTERN.finditer(data):
         start, end = match.span()
         group = match.lastgroup
-        encoding = "utf-8"
+        key: bytes | tuple[str, bytes]
         if group in _UTF16_GROUPS:
             encoding, start, end = _byte_order(data, start, end, cursor, odd)
             if not encoding:
                 continue
-        key = (group, encoding, data[start:end])
+            key = (encoding, data[start:end])
+        else:
+            encoding, key = "utf-8", match.group()  # in UTF-8 the bytes say which escape it is
         decoded = cache.get(key, _UNKNOWN)
         if decoded is _UNKNOWN:
             if len(cache) > _CACHE_MAX:
                 cache.clear()
-            decoded = cache[key] = _decode(key[2].decode(encoding), _GROUPS[str(group)][1], encoding)
+            text = data[start:end].decode(encoding)
+            decoded = cache[key] = _decode(text, _GROUPS[str(group)][1], encoding)
         if decoded is None:
             continue
-        pieces += (view[cursor:start], decoded)
+        pieces.append(view[cursor:start])
+        pieces.append(decoded)
         size += start - cursor
-        view_starts.append(size)
-        starts.append(start)
+        spans.append((size, start, size + len(decoded), end))
         size += len(decoded)
-        view_ends.append(size)
-        ends.append(end)
         cursor = end
-    if not starts:
+    if not spans:
         return None
     pieces.append(view[cursor:])
+    view_starts, starts, view_ends, ends = (list(column) for column in zip(*spans, strict=True))
     return b"".join(pieces), OffsetMap(view_starts, view_ends, starts, ends)
 
 
