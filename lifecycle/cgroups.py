@@ -36,6 +36,7 @@ class Limits:
     memory_bytes: int | None = None
     pids_max: int | None = None
     cpu_quota: float | None = None  # in CPUs
+    disk_bytes: int | None = None  # not a cgroup limit: the size of the sandbox's own filesystem
 
 
 def is_pure_v2(root: Path = CGROUP_ROOT) -> bool:

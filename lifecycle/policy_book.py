@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy, NetworkRule
 from sandgate.policy import (
     Policy,
+    Presets,
     delete_targets,
     patch_rules,
     policy_from_dict,
@@ -46,15 +47,16 @@ class PolicyBook(Protocol):
 class SandgatePolicies:
     """`PolicyBook` on sandgate.policy, with the deployment's rule limit."""
 
-    def __init__(self, max_rules: int, default: Policy | None = None) -> None:
+    def __init__(self, max_rules: int, default: Policy | None = None, presets: Presets | None = None) -> None:
         self.max_rules = max_rules
+        self.presets = presets or Presets()
         self.default = default if default is not None else policy_from_dict({})
 
     def from_opensandbox(self, network_policy: NetworkPolicy | None) -> Policy:
         return self.parse(network_policy.wire()) if network_policy else self.default
 
     def parse(self, document: PolicyJSON) -> Policy:
-        policy = policy_from_dict(document)
+        policy = policy_from_dict(document, presets=self.presets)
         if len(policy.egress) > self.max_rules:
             raise ValueError(
                 f"{len(policy.egress)} rules exceed the limit of {self.max_rules} (policy_max_rules)"

@@ -129,7 +129,7 @@ class Service:
         except Exception as exc:
             raise LifecycleError("invalid", str(exc)) from exc
         limits = runtime_limits(request.resource_limits)
-        if self._fits_pool(request) and (claimed := self._claim(request, document, limits, actor)):
+        if self._fits_pool(request, limits) and (claimed := self._claim(request, document, limits, actor)):
             return claimed
         record = self._new_record(request, str(uuid.uuid4()), execd_token=new_token())
         spec = SandboxSpec(
@@ -285,13 +285,15 @@ class Service:
 
     # --- warm pool -------------------------------------------------------------------------------
 
-    def _fits_pool(self, request: CreateRequest) -> bool:
+    def _fits_pool(self, request: CreateRequest, limits: Limits) -> bool:
         """A pooled sandbox can take this request only if nothing of it was needed at launch:
-        the pool's image, no bind, and no env that configures execd itself."""
+        the pool's image, no bind, no disk size (its filesystem was made with the default),
+        and no env that configures execd itself."""
         return (
             self.pool is not None
             and request.image == POOL_IMAGE
             and not request.binds
+            and limits.disk_bytes is None
             and not any(key.startswith("EXECD_") for key in request.env)
         )
 

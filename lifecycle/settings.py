@@ -13,9 +13,9 @@ import tomllib
 from contextvars import ContextVar
 from ipaddress import IPv4Network
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -23,11 +23,24 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from sandgate.policy import DEFAULT_MAX_RULES, Policy, load_policy
+from sandgate.lifecycle.errors import LifecycleError
+from sandgate.lifecycle.quantities import parse_quantity
+from sandgate.policy import DEFAULT_MAX_RULES, Policy, Presets, load_policy
 from sandgate.proxy import ResolverAddress, audit_path
 
 DEFAULT_CONFIG_FILE = Path("/etc/sandgate/config.toml")
 _config_flag: ContextVar[Path | None] = ContextVar("config_flag", default=None)
+
+
+def _byte_quantity(value: str) -> str:
+    try:
+        parse_quantity(value, "")
+    except LifecycleError:
+        raise ValueError(f"{value!r} is not a size (use e.g. '2Gi', '512Mi', '0')") from None
+    return value
+
+
+ByteQuantity = Annotated[str, AfterValidator(_byte_quantity)]
 
 
 class Settings(BaseSettings):
@@ -96,8 +109,32 @@ class Settings(BaseSettings):
         description="sandboxes kept pre-built for the default image (local runtime); 2 is a good start",
     )
 
+    # per-sandbox caps (docs/runtime.md, "Caps")
+    pids_max: int = Field(
+        1024,
+        ge=16,
+        description="processes per sandbox when its resourceLimits names no `pids` (both runtimes)",
+    )
+    sandbox_disk: ByteQuantity = Field(
+        "2Gi",
+        description="what a sandbox may write (local: its / and /workspace; docker: /workspace) when its "
+        "resourceLimits names no `disk`; '0' turns the per-sandbox filesystems off",
+    )
+    sandbox_disk_dir: Path | None = Field(
+        None,
+        description="where the sandboxes' filesystem images are kept (default "
+        "<state_dir>/disks); a filesystem of its own keeps sandboxes off the state dir's disk",
+    )
+    state_disk_reserve: ByteQuantity = Field(
+        "1Gi", description="free space on the state dir's filesystem that sandboxes' disks never take"
+    )
+
     # policy and audit
     policy_max_rules: int = Field(DEFAULT_MAX_RULES, ge=1)
+    preset_dirs: list[Path] = Field(
+        default_factory=list,
+        description="directories of policy presets (NAME.yaml) a policy may include as preset:NAME",
+    )
     default_policy: Path | None = Field(
         None,
         description="policy file a sandbox created without a networkPolicy gets (unset: deny everything)",
@@ -118,12 +155,19 @@ class Settings(BaseSettings):
     def _default_policy_loads(cls, path: Path | None, info: ValidationInfo) -> Path | None:
         """A default policy that would refuse every create is refused at start, with file:line."""
         if path is not None:
-            default_policy(path, info.data.get("policy_max_rules", DEFAULT_MAX_RULES))
+            presets = Presets(tuple(info.data.get("preset_dirs") or ()))
+            default_policy(path, info.data.get("policy_max_rules", DEFAULT_MAX_RULES), presets)
         return path
+
+    @property
+    def presets(self) -> Presets:
+        return Presets(tuple(self.preset_dirs))
 
     def load_default_policy(self) -> Policy | None:
         """The operator's default policy; None (deny everything) when unset."""
-        return default_policy(self.default_policy, self.policy_max_rules) if self.default_policy else None
+        if self.default_policy is None:
+            return None
+        return default_policy(self.default_policy, self.policy_max_rules, self.presets)
 
     @classmethod
     def settings_customise_sources(
@@ -144,6 +188,10 @@ class Settings(BaseSettings):
     def database(self) -> Path:
         return self.state_dir / "sandgate.db"
 
+    @property
+    def disk_dir(self) -> Path:
+        return self.sandbox_disk_dir or self.state_dir / "disks"
+
 
 def config_file() -> Path | None:
     """The TOML file to read: --config, else SANDGATE_CONFIG (either must exist), else the default."""
@@ -156,10 +204,10 @@ def config_file() -> Path | None:
     return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
 
 
-def default_policy(path: Path, max_rules: int) -> Policy:
+def default_policy(path: Path, max_rules: int, presets: Presets) -> Policy:
     """The policy file at `path`; ValueError (PolicyError: file:line) if unreadable or invalid, or
     if it has more than `max_rules` rules."""
-    policy = load_policy(path)
+    policy = load_policy(path, presets)
     if len(policy.egress) > max_rules:
         raise ValueError(f"{path} has {len(policy.egress)} rules, over policy_max_rules ({max_rules})")
     return policy

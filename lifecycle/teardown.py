@@ -5,7 +5,8 @@ Rules:
    run, so it refuses while a server runs and no server starts meanwhile.
 2. Only what this state dir's instance owns, found by its names: the nft table `nft_table`,
    netns `sg-<instance>-*`, host veths `<iface_prefix><n>`, mounts under the state dir and the
-   netns pins, cgroups `sandgate-<instance>-*`, and a proxy child a killed server left behind
+   netns pins, cgroups `sandgate-<instance>-*`, the sandboxes' filesystems and their loop devices
+   (`<disk_dir>/sandgate-<instance>-*`), and a proxy child a killed server left behind
    (its argv names this state dir's proxy.json).
 3. Fail closed: a sandbox that still runs keeps its network and the nft table (without the
    table its veth would be an open route). Running sandboxes are stopped only with
@@ -29,13 +30,14 @@ from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.kernel import instance_tag, mount_points
 from sandgate.lifecycle.network import RUN_NETNS
 from sandgate.lifecycle.proxy_supervisor import proxy_processes, stop_proxies
+from sandgate.lifecycle.runtime.sandbox_disk import image_prefix, loop_devices
 from sandgate.lifecycle.sandbox_store import SandboxStore
 from sandgate.lifecycle.settings import Settings
 from sandgate.proxy import control_socket
 from sandgate.vault import SecretStore
 
 log = logging.getLogger(__name__)
-VERBS = {"proxy process": "stopped", "mount": "unmounted"}  # the rest: "removed"
+VERBS = {"proxy process": "stopped", "mount": "unmounted", "loop device": "detached"}  # the rest: "removed"
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,8 @@ def footprint(settings: Settings, instance: str) -> Footprint:
     netns_prefix = f"sg-{instance}-"
     state_dir = str(settings.state_dir.resolve())
     pins = str(RUN_NETNS / netns_prefix)
-    mounts = {m for m in mount_points() if m.startswith(pins) or m.startswith(state_dir + "/")}
+    disks = str(settings.disk_dir.resolve() / image_prefix(instance))  # Docker's mount there
+    mounts = {m for m in mount_points() if m.startswith((pins, state_dir + "/", disks))}
     return Footprint(
         {
             "nft table": frozenset(
@@ -90,6 +93,7 @@ def footprint(settings: Settings, instance: str) -> Footprint:
             "veth": frozenset(_host_links(settings.iface_prefix)),
             "mount": frozenset(mounts),
             "cgroup": frozenset(SandboxCgroup.names(f"sandgate-{instance}-")),
+            "loop device": frozenset(loop_devices(disks)),
         }
     )
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.runtime.base import BindMount
     from sandgate.lifecycle.runtime.docker import DockerRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
+    from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
     from sandgate.lifecycle.service import Service
     from sandgate.policy import Reason
     from sandgate.proxy import ProxyControl
@@ -155,6 +156,7 @@ def audit_and_console(
     """The audit query API (/v1/audit, behind the API-key middleware) and the console (/console,
     its own cookie login), both reading the audit index of the state dir."""
     from sandgate.lifecycle.api.auth import keys_match
+    from sandgate.lifecycle.approvals import ApprovalDesk
     from sandgate.lifecycle.audit import AuditStore, Retention, audit_router
     from sandgate.lifecycle.console import ConsoleSandbox, console_router
     from sandgate.policy import to_document
@@ -175,7 +177,7 @@ def audit_and_console(
 
     routers = [
         audit_router(audit, auth=lambda: None),
-        console_router(audit, lambda key: keys_match(key, api_key), sandboxes),
+        console_router(audit, lambda key: keys_match(key, api_key), sandboxes, ApprovalDesk(service.egress)),
     ]
     return audit, routers
 
@@ -202,13 +204,39 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
         from sandgate.lifecycle.runtime.docker import DockerRuntime
 
         return DockerRuntime(
-            settings.docker_host, instance=instance, oci_runtime=settings.docker_oci_runtime, binds=binds
+            settings.docker_host,
+            instance=instance,
+            oci_runtime=settings.docker_oci_runtime,
+            binds=binds,
+            default_pids_max=settings.pids_max,
+            disks=make_disks(settings, instance),
         )
     from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.runtime.local import LocalRuntime
 
     images = ImageStore(settings.state_dir / "images")
-    return LocalRuntime(settings.state_dir, images, instance=instance, binds=binds)
+    return LocalRuntime(
+        settings.state_dir,
+        images,
+        instance=instance,
+        binds=binds,
+        disks=make_disks(settings, instance),
+        default_pids_max=settings.pids_max,
+    )
+
+
+def make_disks(settings: Settings, instance: str) -> SandboxDisks | None:
+    """The sandboxes' own filesystems (runtime/sandbox_disk.py); None with sandbox_disk '0'."""
+    from sandgate.lifecycle.quantities import parse_quantity
+    from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
+
+    size = int(parse_quantity(settings.sandbox_disk, "sandbox_disk"))
+    if size == 0:
+        return None
+    reserve = int(parse_quantity(settings.state_disk_reserve, "state_disk_reserve"))
+    return SandboxDisks(
+        settings.disk_dir, instance, settings.state_dir, default_bytes=size, reserve_bytes=reserve
+    )
 
 
 def operator_binds(settings: Settings) -> list[BindMount]:
@@ -241,7 +269,9 @@ def build_components(settings: Settings, api_key: str) -> Components:
         store,
         proxy=control,
         vault=open_vault(settings),
-        policies=SandgatePolicies(settings.policy_max_rules, settings.load_default_policy()),
+        policies=SandgatePolicies(
+            settings.policy_max_rules, settings.load_default_policy(), settings.presets
+        ),
         audit=policy_change_writer(settings.audit_log),
     )
     service = Service(

@@ -25,7 +25,7 @@ from sandgate.policy.compiled import (
     compile_policy,
 )
 from sandgate.policy.errors import PolicyError, PolicyIssue
-from sandgate.policy.loader import load_policy, parse_policy, policy_from_dict
+from sandgate.policy.loader import load_policy, load_preset, parse_policy, policy_from_dict
 from sandgate.policy.models import (
     DEFAULT_BINDING_METHODS,
     RESERVED_HEADERS,
@@ -43,9 +43,17 @@ from sandgate.policy.models import (
     Substitution,
 )
 from sandgate.policy.names import path_matches
+from sandgate.policy.presets import Preset, Presets
 from sandgate.policy.reasons import Reason
 from sandgate.policy.suggest import Suggestion, suggest_policy
-from sandgate.policy.updates import delete_targets, patch_rules, replace_policy, to_document, to_opensandbox
+from sandgate.policy.updates import (
+    delete_targets,
+    patch_rules,
+    replace_policy,
+    to_document,
+    to_opensandbox,
+    to_source_document,
+)
 
 __all__ = [
     "ALWAYS_DENIED",
@@ -74,6 +82,8 @@ __all__ = [
     "Policy",
     "PolicyError",
     "PolicyIssue",
+    "Preset",
+    "Presets",
     "Reason",
     "Request",
     "RequestIdentity",
@@ -84,6 +94,7 @@ __all__ = [
     "denied_range",
     "embedded_ipv4",
     "load_policy",
+    "load_preset",
     "parse_policy",
     "patch_rules",
     "path_matches",
@@ -93,4 +104,5 @@ __all__ = [
     "suggest_policy",
     "to_document",
     "to_opensandbox",
+    "to_source_document",
 ]

@@ -159,7 +159,7 @@ def _conditions(
 
 class _Rule(NamedTuple):
     position: int  # in document order: first match wins
-    action: Literal["allow", "deny"]
+    action: Literal["allow", "deny", "ask"]
     origin: str
     when: _Conditions
     conditional: bool
@@ -288,6 +288,7 @@ class CompiledPolicy:
     def __init__(self, policy: Policy, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
         self.policy = policy
         self._default_allow = policy.defaultAction == "allow"
+        self._default_ask = policy.defaultAction == "ask"
         self._report = policy.mode == "report"
         with _cyclic_gc_paused():
             self._rules = [_compile_rule(index, rule) for index, rule in enumerate(policy.egress)]
@@ -379,9 +380,8 @@ class CompiledPolicy:
         for rule in self._address_rules(address, denied):
             if connection is not None and rule.when.connection_miss(connection[0], connection[1].lower()):
                 continue
-            return self._apply_mode(
-                Decision(rule.action, Reason.RULE, rule.origin, detail=f"address {address}")
-            )
+            action = "deny" if rule.action == "ask" else rule.action  # nobody is asked about an address
+            return self._apply_mode(Decision(action, Reason.RULE, rule.origin, detail=f"address {address}"))
         if denied is not None:
             return _always_denied(denied, False)
         return Decision("allow", Reason.ADDRESS_OK, detail=f"address {address}")
@@ -404,25 +404,33 @@ class CompiledPolicy:
                 fallback = rule
                 break
             first_conditional = first_conditional or rule
-            conditional_allow = conditional_allow or rule.action == "allow"
+            conditional_allow = conditional_allow or rule.action != "deny"  # allow, or ask
             if method is not None and path is not None and decided is None:
                 miss = rule.when.request_miss(method, path)
                 if miss is None:
                     decided = rule
                 else:
                     near_miss = near_miss or (miss, rule)
+        asks = fallback.action == "ask" if fallback else self._default_ask and near_miss is None and named
         fallback_allows = fallback.action == "allow" if fallback else self._default_allow
-        connection_allowed = (first_conditional is not None and conditional_allow) or fallback_allows
+        connection_allowed = (first_conditional is not None and conditional_allow) or fallback_allows or asks
         inspect = connection_allowed and (
             first_conditional is not None
+            or asks  # a held request needs the L7 view: the question is asked per request
             or (fallback is not None and fallback.always_inspect)
             or _binding_could_apply(slot, port, scheme)
         )
-        if method is None and first_conditional is not None and connection_allowed:
-            return self._outcome("allow", Reason.L7_PENDING, first_conditional.origin, True)
+        if method is None and connection_allowed and (first_conditional is not None or asks):
+            pending = first_conditional or fallback
+            return self._outcome("allow", Reason.L7_PENDING, pending.origin if pending else None, True)
         decided = decided or fallback
+        if decided is not None and decided.action == "ask":
+            return self._outcome("deny", Reason.ASK, decided.origin, True)
         if decided is not None:
-            decision = self._outcome(decided.action, Reason.RULE, decided.origin, inspect)
+            action: Literal["allow", "deny"] = "allow" if decided.action == "allow" else "deny"
+            decision = self._outcome(action, Reason.RULE, decided.origin, inspect)
+        elif asks:
+            return self._outcome("deny", Reason.ASK, None, True)
         else:
             decision = self._default(named, near_miss, inspect)
         if method is not None and path is not None and named and decision.allowed:

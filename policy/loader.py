@@ -21,28 +21,40 @@ from pydantic import ValidationError
 
 from sandgate.policy.errors import HintedValueError, PolicyError, PolicyIssue
 from sandgate.policy.models import Binding, BindingMatch, EgressRule, Policy, Problem
+from sandgate.policy.presets import PRESET_KEYS, REFERENCE, Preset, Presets
+
+NO_PRESETS = Presets()
 
 DocPath = tuple[str | int, ...]
 Locator = Callable[[DocPath], tuple[int, int]]
 
 
-def load_policy(path: str | Path) -> Policy:
+def load_policy(path: str | Path, presets: Presets = NO_PRESETS) -> Policy:
     """Read and validate a policy file (YAML or JSON); raises PolicyError with file:line errors."""
-    source = str(path)
+    return parse_policy(_read(Path(path)), str(path), presets)
+
+
+def _read(path: Path) -> str:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyError([PolicyIssue(source, 0, 0, f"cannot read policy file: {exc}")]) from exc
-    return parse_policy(text, source)
+        raise PolicyError([PolicyIssue(str(path), 0, 0, f"cannot read policy file: {exc}")]) from exc
 
 
-def parse_policy(text: str | dict[str, Any] | None, source: str = "<string>") -> Policy:
+def parse_policy(
+    text: str | dict[str, Any] | None, source: str = "<string>", presets: Presets = NO_PRESETS
+) -> Policy:
     """Validate policy text (YAML or JSON, the same model); raises PolicyError.
 
     An already parsed document (a dict, or None) is accepted too and handled by `policy_from_dict`.
     """
     if not isinstance(text, str):
-        return policy_from_dict(text, "<api>" if source == "<string>" else source)
+        return policy_from_dict(text, "<api>" if source == "<string>" else source, presets)
+    data, locate = _located(text, source)
+    return build_policy(data, source, locate, presets)
+
+
+def _located(text: str, source: str) -> tuple[Any, Locator]:
     data, positions = _parse_with_positions(text, source)
 
     def locate(path: DocPath) -> tuple[int, int]:
@@ -51,18 +63,19 @@ def parse_policy(text: str | dict[str, Any] | None, source: str = "<string>") ->
                 return positions[path[:end]]
         return (1, 1)
 
-    return build_policy(data, source, locate)
+    return data, locate
 
 
-def policy_from_dict(data: Any, source: str = "<api>") -> Policy:
+def policy_from_dict(data: Any, source: str = "<api>", presets: Presets = NO_PRESETS) -> Policy:
     """Validate a parsed document (e.g. an OpenSandbox `networkPolicy` API body); raises PolicyError."""
-    return build_policy(data, source, None)
+    return build_policy(data, source, None, presets)
 
 
-def build_policy(data: Any, source: str, locate: Locator | None) -> Policy:
+def build_policy(data: Any, source: str, locate: Locator | None, presets: Presets = NO_PRESETS) -> Policy:
     """Validate `data` into a Policy and give each rule and binding its id; raises PolicyError.
 
     Rules and bindings that already have an id (e.g. kept from their file by a patch) keep it.
+    A document's `include` brings in its presets' rules after its own (policy/presets.py).
     """
     if data is None or data == {}:
         data = {}
@@ -70,6 +83,9 @@ def build_policy(data: Any, source: str, locate: Locator | None) -> Policy:
         raise PolicyError(
             [_issue(source, locate, (), "a policy is a mapping", "start with `egress:` or `{`")]
         )
+    included = _included(data.get("include"), source, locate, presets)
+    if included:
+        data = {**data, "egress": [*(data.get("egress") or []), *included]}
     try:
         policy = Policy.model_validate(data)
     except ValidationError as exc:
@@ -81,6 +97,70 @@ def build_policy(data: Any, source: str, locate: Locator | None) -> Policy:
         if not binding.origin:
             binding._origin = _origin(source, locate, ("bindings", index))
     return policy
+
+
+def _included(include: Any, source: str, locate: Locator | None, presets: Presets) -> list[EgressRule]:
+    """The rules of every preset `include` names, in order (policy/presets.py rule 3)."""
+    if not isinstance(include, list):
+        return []  # absent; anything else not a list is the model's error to report
+    rules: list[EgressRule] = []
+    issues: list[PolicyIssue] = []
+    for index, reference in enumerate(include):
+        try:
+            rules += _find_preset(presets, str(reference)).rules
+        except HintedValueError as exc:
+            issues.append(_issue(source, locate, ("include", index), exc.message, exc.hint))
+    if issues:
+        raise PolicyError(issues)
+    return rules
+
+
+def _find_preset(presets: Presets, reference: str) -> Preset:
+    """The preset `reference` names (presets.py rule 2); HintedValueError saying what there is."""
+    match = REFERENCE.match(reference)
+    if match is None:
+        hint = "write preset:NAME or preset:NAME@VERSION"
+        raise HintedValueError(f"{reference!r} is not a preset reference", hint)
+    name, version = match["name"], match["version"]
+    files = [path for folder in presets.dirs if folder.is_dir() for path in sorted(folder.glob("*.yaml"))]
+    found = [path for path in files if path.stem == name]
+    if not found:
+        raise HintedValueError(
+            f"unknown preset {name!r}", presets.listing(sorted({path.stem for path in files}))
+        )
+    preset = load_preset(found[0])
+    if version is not None and int(version) != preset.version:
+        raise HintedValueError(
+            f"preset {name!r} is version {preset.version}, not {version}",
+            f"include preset:{name}@{preset.version}, or preset:{name} for the current one",
+        )
+    return preset
+
+
+def load_preset(path: Path) -> Preset:
+    """Read one preset file; PolicyError with its file:line for anything wrong in it."""
+    source = str(path)
+    data, locate = _located(_read(path), source)
+    meta = data.get("preset") if isinstance(data, dict) else None
+    if not isinstance(meta, dict):
+        hint = "preset: {version: 1, description: what it opens, risk: what it lets out}"
+        raise PolicyError([_issue(source, locate, (), "a preset file starts with a `preset:` block", hint)])
+    problems = [
+        _issue(source, locate, (key,), f"a preset holds only egress rules, not {key!r}", None)
+        for key in sorted(set(data) - PRESET_KEYS)
+    ]
+    version = meta.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        problems.append(
+            _issue(source, locate, ("preset", "version"), "preset version must be a whole number >= 1")
+        )
+    if problems or not isinstance(version, int):
+        raise PolicyError(problems)
+    policy = build_policy({"egress": data.get("egress") or []}, source, locate)
+    for rule in policy.egress:
+        rule._preset = f"preset:{path.stem}@{version}"
+    description, risk = str(meta.get("description", "")), str(meta.get("risk", ""))
+    return Preset(path.stem, version, description, risk, path, tuple(policy.egress))
 
 
 def _origin(source: str, locate: Locator | None, path: DocPath) -> str:

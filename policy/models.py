@@ -22,7 +22,8 @@ from sandgate.policy.canonical import AmbiguousTarget, canonical_pattern
 from sandgate.policy.errors import HintedValueError
 from sandgate.policy.names import WILDCARD_HINT, Target, canonical_target, parse_target, to_ascii_name
 
-Action = Literal["allow", "deny"]
+Action = Literal["allow", "deny", "ask"]  # ask: a reviewer decides each request (docs/policy.md)
+ASK_TIMEOUT_MAX = 3600
 Scheme = Literal["http", "https"]
 Surface = Literal["header", "query", "path", "body"]
 
@@ -147,6 +148,7 @@ class EgressRule(_Model):
     paths: list[str] | None = None
     inspect: Literal["auto", "always"] = "auto"
     _origin: str | None = PrivateAttr(default=None)
+    _preset: str | None = PrivateAttr(default=None)  # "preset:NAME@V" for a rule a preset brought in
 
     _action = field_validator("action", mode="before")(_lower)
     _ports = field_validator("ports")(_check_ports)
@@ -181,6 +183,12 @@ class EgressRule(_Model):
         """Where the rule came from: "file:line", or e.g. "<api>:egress[3]"."""
         origin: str | None = _private(self)["_origin"]
         return origin
+
+    @property
+    def preset(self) -> str | None:
+        """The preset that brought the rule in ("preset:NAME@V"), None for the policy's own."""
+        preset: str | None = _private(self)["_preset"]
+        return preset
 
 
 def _binding_host(raw: str) -> str:
@@ -410,6 +418,8 @@ class Policy(_Model):
     version: Literal[1] = 1
     defaultAction: Action = "deny"
     mode: Literal["enforce", "report"] = "enforce"
+    askTimeout: int = Field(60, ge=1, le=ASK_TIMEOUT_MAX)  # seconds a held request waits for a reviewer
+    include: list[str] = []  # presets whose rules follow the own rules (policy/presets.py)
     egress: list[EgressRule] = []
     bindings: list[Binding] = []
 

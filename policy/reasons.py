@@ -40,6 +40,12 @@ class Reason(StrEnum):
     TOO_MANY_CONNECTIONS = "connection-limit"  # fairness: the sandbox's open connections
     TOO_FAST = "accept-rate"  # fairness: the sandbox's new connections per second
     HEADER_TIMEOUT = "header_timeout"  # a client too slow to send its first request's headers
+    # Approvals (`action: ask`): the policy asks, a reviewer answers.
+    ASK = "ask"  # the policy's answer to a request an `ask` rule or default matched: hold it
+    APPROVED = "approved"  # a reviewer allowed the held request (once, or for the sandbox)
+    APPROVAL_DENIED = "approval-denied"  # a reviewer refused it
+    APPROVAL_TIMEOUT = "approval-timeout"  # nobody answered within the policy's askTimeout
+    APPROVAL_QUEUE_FULL = "approval-queue-full"  # the sandbox already has its limit of held requests
     # Control-plane changes: the reason of a policy_change record is what was changed, and how.
     CREATE = "create"  # the policy a sandbox was created with
     POLICY_REPLACE = "policy replace"  # sandgate's egress API
@@ -52,3 +58,4 @@ class Reason(StrEnum):
     VAULT_CREATE = "credential-vault create"
     VAULT_PATCH = "credential-vault patch"
     VAULT_DELETE = "credential-vault delete"
+    APPROVAL_ALLOW_SANDBOX = "approval allow-sandbox"  # a reviewer allowed a host for the sandbox

@@ -71,22 +71,45 @@ def delete_targets(policy: Policy, targets: list[str], source: str = "<api>") ->
 def to_opensandbox(policy: Policy) -> dict[str, Any]:
     """The OpenSandbox `networkPolicy` view: {defaultAction, egress: [{action, target}]}.
 
-    Lossy for sandgate extensions (ports, schemes, methods, paths, inspect, bindings).
+    Lossy for sandgate extensions (ports, schemes, methods, paths, inspect, bindings); `ask`,
+    which OpenSandbox lacks, shows as `deny`: what a request gets without a reviewer's answer.
     """
     return {
-        "defaultAction": policy.defaultAction,
-        "egress": [{"action": rule.action, "target": rule.target} for rule in policy.egress],
+        "defaultAction": _opensandbox_action(policy.defaultAction),
+        "egress": [
+            {"action": _opensandbox_action(rule.action), "target": rule.target} for rule in policy.egress
+        ],
     }
 
 
+def _opensandbox_action(action: str) -> str:
+    return "deny" if action == "ask" else action
+
+
 def to_document(policy: Policy) -> dict[str, Any]:
-    """The full sandgate document, JSON-able; `policy_from_dict(to_document(p))` equals `p`."""
+    """The full sandgate document, JSON-able, with presets expanded (what a sandbox keeps and the
+    proxy compiles: neither needs the preset files); `policy_from_dict(to_document(p))` equals
+    `p` but for `include`, whose rules it holds."""
+    return _document(policy, policy.egress)
+
+
+def to_source_document(policy: Policy) -> dict[str, Any]:
+    """The document as its author wrote it: its own rules and its `include` (for `policy fmt`)."""
+    document = _document(policy, [rule for rule in policy.egress if rule.preset is None])
+    if policy.include:
+        document["include"] = list(policy.include)
+    return document
+
+
+def _document(policy: Policy, rules: list[EgressRule]) -> dict[str, Any]:
     document: dict[str, Any] = {
         "version": policy.version,
         "defaultAction": policy.defaultAction,
         "mode": policy.mode,
-        "egress": [_rule_document(rule) for rule in policy.egress],
+        "egress": [_rule_document(rule) for rule in rules],
     }
+    if policy.askTimeout != Policy.model_fields["askTimeout"].default:
+        document["askTimeout"] = policy.askTimeout
     if policy.bindings:
         document["bindings"] = [
             binding.model_dump(mode="json", by_alias=True, exclude_none=True) for binding in policy.bindings

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sandgate.policy import PolicyError
 from sandgate.proxy.contract.config import SandboxEntry
-from sandgate.proxy.contract.control import ROUTES, WORKER_ROUTES, Route, VaultChange
+from sandgate.proxy.contract.control import ROUTES, WORKER_ROUTES, ApprovalAnswer, Route, VaultChange
 from sandgate.proxy.state import ProxyState
 
 
@@ -63,10 +63,22 @@ def control_app(state: ProxyState, serve: Callable[[], Awaitable[None]] | None =
 
     @on(app, ROUTES.drop_sandbox, status_code=204)
     def drop_sandbox(address: str) -> Response:
+        if (dropped := state.table.get(address)) is not None:
+            state.approvals.drop_sandbox(dropped.id)
         if not state.table.drop(address):
             raise HTTPException(404, f"no sandbox at {address}")
         state.names.forget(address)
         return Response(status_code=204)
+
+    @on(app, ROUTES.list_approvals)
+    def list_approvals() -> list[dict[str, Any]]:
+        return state.approvals.pending()
+
+    @on(app, ROUTES.answer_approval)
+    def answer_approval(approval_id: str, answer: ApprovalAnswer) -> dict[str, str]:
+        if not state.approvals.answer(approval_id, answer.allow, answer.by):
+            raise HTTPException(404, f"approval {approval_id} is not held (answered, timed out, or gone)")
+        return {"answered": approval_id}
 
     @on(app, ROUTES.vault_changed)
     def vault_changed(change: VaultChange) -> dict[str, int]:

@@ -31,7 +31,8 @@ from mitmproxy import connection, http, tls
 from mitmproxy.proxy import mode_specs, server_hooks
 
 from sandgate.policy import AmbiguousTarget, Reason, RequestIdentity, request_identity
-from sandgate.proxy.auditing import addr, record_decision
+from sandgate.proxy.approvals import Held
+from sandgate.proxy.auditing import addr, record_decision, security_event
 from sandgate.proxy.decide import (
     AMBIGUOUS,
     GONE,
@@ -205,6 +206,8 @@ class EnforcementAddon:
             request.headers.setdefault("Host", absolute)
             request.authority = ""
         verdict = decide_request(sandbox.policy, identity)
+        if verdict.reason == Reason.ASK:
+            verdict = await self._ask(flow, sandbox, name, identity, verdict)
         if verdict.allowed:
             verdict, _upstream = await self._pin(conn, sandbox, name, request.port, scheme, verdict)
         if not verdict.allowed:
@@ -215,6 +218,21 @@ class EnforcementAddon:
             return
         request.data.host = name  # dial by the verified name, never by a client-chosen address
         flow.metadata[FLOW_KEY] = RequestState(sandbox, verdict, name, identity)
+
+    async def _ask(
+        self, flow: http.HTTPFlow, sandbox: Sandbox, name: str, identity: RequestIdentity, verdict: Verdict
+    ) -> Verdict:
+        """Hold the request for a reviewer (proxy/approvals.py); the verdict it ends with."""
+        request = flow.request
+
+        def announce(held: Held) -> None:
+            detail = f"approval {held.id} waits for a reviewer (sandgate approvals allow|deny {held.id})"
+            facts = {"host": name, "port": request.port, "method": request.method, "path": request.path}
+            security_event(self.state, sandbox.id, flow.client_conn.peername, Reason.ASK, detail, **facts)
+
+        timeout = sandbox.policy.policy.askTimeout
+        decision = await self.state.approvals.ask(sandbox.id, identity, verdict.decision, timeout, announce)
+        return Verdict(decision)
 
     def _claims(self, flow: http.HTTPFlow, conn: ConnState) -> dict[str, str | None]:
         """Every name this request claims to be for; they must all agree."""

@@ -26,6 +26,7 @@ from sandgate.policy import (
     compile_policy,
     parse_policy,
 )
+from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.contract.audit import AuditRecord
 from sandgate.proxy.contract.config import SandboxEntry
@@ -170,3 +171,4 @@ class ProxyState:
     audit: AuditLog
     metrics: Metrics
     connections: dict[str, ConnState] = field(default_factory=dict)
+    approvals: Approvals = field(default_factory=Approvals)

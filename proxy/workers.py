@@ -47,7 +47,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sandgate.proxy.audit import PIPE_RECORD_MAX, AuditFile
 from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry
-from sandgate.proxy.contract.control import ROUTES, WORKER_ROUTES, Route, VaultChange
+from sandgate.proxy.contract.control import ROUTES, WORKER_ROUTES, ApprovalAnswer, Route, VaultChange
 from sandgate.proxy.contract.names import worker_socket as worker_socket_path
 from sandgate.proxy.control import ControlServer, on
 from sandgate.proxy.frontdoor import ListenError, listen_socket
@@ -319,6 +319,26 @@ class WorkerPool:
             payload = response.text
         return Answer(response.status_code, payload)
 
+    async def approvals(self) -> list[Any]:
+        """Every worker's held requests (each is held by the worker whose connection it came on)."""
+        answers = await asyncio.gather(
+            *(self._call(w, "GET", ROUTES.list_approvals.path, None) for w in self._serving())
+        )
+        lists = [answer.body for answer in answers if isinstance(answer, Answer) and answer.status == 200]
+        return [held for found in lists for held in found]
+
+    async def answer_approval(self, approval_id: str, body: str) -> Answer:
+        """The answer goes to every worker; the one that holds the request takes it (200)."""
+        route = ROUTES.answer_approval
+        path = route.at(approval_id=approval_id)
+        answers = await asyncio.gather(*(self._call(w, route.method, path, body) for w in self._serving()))
+        taken = [answer for answer in answers if isinstance(answer, Answer) and answer.status == 200]
+        detail = f"approval {approval_id} is not held (answered, timed out, or gone)"
+        return taken[0] if taken else Answer(404, {"detail": detail})
+
+    def _serving(self) -> list[Worker]:
+        return [worker for worker in self.workers if worker.serving]
+
     async def metrics(self) -> str:
         texts = []
         for worker in self.workers:
@@ -382,6 +402,14 @@ def pool_app(pool: WorkerPool) -> FastAPI:
     @on(app, ROUTES.drop_sandbox)
     async def drop_sandbox(address: str) -> Response:
         return reply(await pool.change(ROUTES.drop_sandbox, address, None))
+
+    @on(app, ROUTES.list_approvals)
+    async def list_approvals() -> list[Any]:
+        return await pool.approvals()
+
+    @on(app, ROUTES.answer_approval)
+    async def answer_approval(approval_id: str, answer: ApprovalAnswer) -> Response:
+        return reply(await pool.answer_approval(approval_id, answer.model_dump_json()))
 
     @on(app, ROUTES.vault_changed)
     async def vault_changed(change: VaultChange) -> Response:

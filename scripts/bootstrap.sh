@@ -16,8 +16,9 @@ case $stage in
   *) echo "bootstrap: unknown stage '$stage' (use 'run' or 'test')" >&2; exit 2 ;;
 esac
 
-# Run time: nft + ip for sandbox networks, bwrap for the local runtime, CA bundle for upstream TLS.
-RUN_PACKAGES=(nftables iproute2 bubblewrap ca-certificates)
+# Run time: nft + ip for sandbox networks, bwrap for the local runtime, CA bundle for upstream TLS,
+# mkfs.ext4 for each sandbox's own filesystem (the disk cap).
+RUN_PACKAGES=(nftables iproute2 bubblewrap ca-certificates e2fsprogs)
 # Tests and benchmarks: docker.io for the Docker runtime (the tests start a private dockerd),
 # busybox for tiny test images (`make images`), chromium drives the console tests, the test
 # internet's and the benchmarks' servers and load generators, dig for DNS answers seen from inside.

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandgate.lifecycle.api import egress, metrics, sandbox_proxy, sandboxes, unsupported
+from sandgate.lifecycle.api import approvals, egress, metrics, sandbox_proxy, sandboxes, unsupported
 from sandgate.lifecycle.api.auth import OPEN_PATHS, AuthMiddleware
 from sandgate.lifecycle.api.errors import install_error_handlers
 from sandgate.lifecycle.api.sandbox_proxy import ProxyFrontDoor
@@ -87,6 +87,7 @@ def create_app(
             egress.network_policy_router,
             sandbox_proxy.router,
             metrics.router,
+            approvals.router,
             unsupported.router,
         )
         for router in routers:

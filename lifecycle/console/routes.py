@@ -3,6 +3,7 @@
 Rules: one module per group of pages, each adding its routes to the one router built here:
 session.py (login, logout, the session every other page needs), sandboxes.py (overview, one
 sandbox), feed.py (the request feed and its live stream, policy changes and their diffs),
+approvals.py (requests held for a reviewer, answered with a CSRF-checked form),
 pages.py (what they share: templates, security headers, static files; its docstring holds the
 rules for untrusted audit content).
 """
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from fastapi import APIRouter, Depends
 
 from sandgate.lifecycle.audit import AuditStore
+from sandgate.lifecycle.console.approvals import Desk, add_approval_pages
 from sandgate.lifecycle.console.feed import add_change_pages, add_feed_pages
 from sandgate.lifecycle.console.pages import Console, SandboxLister, add_static_routes
 from sandgate.lifecycle.console.sandboxes import add_sandbox_pages
@@ -24,6 +26,7 @@ def console_router(
     store: AuditStore,
     verify_key: Callable[[str], bool],
     sandboxes: SandboxLister,
+    desk: Desk | None = None,
     *,
     prefix: str = "/console",
     secure_cookie: bool = False,
@@ -39,4 +42,6 @@ def console_router(
     add_sandbox_pages(router, console, authed)
     add_feed_pages(router, console, authed)
     add_change_pages(router, console, authed)
+    if desk is not None:
+        add_approval_pages(router, console, sessions, desk, authed)
     return router

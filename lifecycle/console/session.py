@@ -9,6 +9,8 @@ ever points inside the console.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import secrets
 import threading
 import time
@@ -84,8 +86,17 @@ class Sessions:
         self.limit = limit
         self.lifetime = lifetime
         self.clock = clock
+        self._csrf_key = secrets.token_bytes(32)
         self._tokens: dict[str, float] = {}  # token -> when it ends; insertion-ordered: oldest first
         self._guard = threading.Lock()
+
+    def csrf(self, token: str | None) -> str:
+        """The form token of a session: every state-changing form carries it (a forged cross-site
+        form has no way to learn it; the SameSite=Strict cookie is the first line, this the second)."""
+        return hmac.new(self._csrf_key, (token or "").encode(), hashlib.sha256).hexdigest()
+
+    def csrf_valid(self, token: str | None, given: str) -> bool:
+        return self.valid(token) and hmac.compare_digest(self.csrf(token), given)
 
     def new(self) -> str:
         token = secrets.token_urlsafe(32)

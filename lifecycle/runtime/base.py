@@ -108,6 +108,7 @@ class SandboxSpec:
     memory_bytes: int | None = None
     pids_max: int | None = None
     cpu_quota: float | None = None  # in CPUs, e.g. 0.5
+    disk_bytes: int | None = None  # what the sandbox may write (the runtime's default when None)
     # execd's access token. Runtimes hand it over outside argv (never in the host's process
     # list) and keep it from the entrypoint's environment.
     execd_token: str | None = None

@@ -19,6 +19,9 @@ Rules:
 4. Containers carry labels (sandbox id, instance tag, netns name), so `adopt()` re-finds them
    after a server restart; a server only ever touches containers with its own instance tag.
 5. Every operation is idempotent: deleting a missing sandbox, pausing a paused one, do nothing.
+6. With `disks` (runtime/sandbox_disk.py), /workspace is the sandbox's own filesystem, bound in,
+   instead of a Docker volume (which no dockerd option can size): writes past its quota fail
+   with ENOSPC. The root is read-only and /tmp, /run are sized tmpfs, so that caps every write.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from sandgate.lifecycle.runtime.base import (
     SandboxSpec,
     wait_for_execd,
 )
+from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
 
 LABEL_SANDBOX = "io.sandgate.sandbox"
 LABEL_INSTANCE = "io.sandgate.instance"
@@ -92,8 +96,10 @@ class DockerRuntime:
         default_pids_max: int = DEFAULT_PIDS_MAX,
         tmpfs_size: str = "256m",
         binds: Sequence[BindMount] = (),
+        disks: SandboxDisks | None = None,
     ) -> None:
         self.client = _client(client)
+        self.disks = disks
         self.binds = list(binds)  # the operator's, in every sandbox (checked by the caller)
         self.images = DockerImages(self.client, {**DEFAULT_IMAGE_ALIASES, **(images or {})})
         self.oci_runtime = oci_runtime
@@ -111,8 +117,13 @@ class DockerRuntime:
         if existing is not None:
             if existing.status in LIVE_STATES:
                 return
-            self._remove(existing)
-        container = self.client.containers.create(**self._container_args(spec, net))
+            self.delete(spec.sandbox_id)  # the container and its filesystem
+        try:
+            workspace = self._make_workspace(spec)
+            container = self.client.containers.create(**self._container_args(spec, net, workspace))
+        except BaseException:
+            self.delete(spec.sandbox_id)
+            raise
         try:
             container.start()
             container.reload()
@@ -123,13 +134,15 @@ class DockerRuntime:
             finally:
                 os.close(container_ns)
         except BaseException:
-            self._remove(container)
+            self.delete(spec.sandbox_id)
             raise
 
     def delete(self, sandbox_id: str) -> None:
         container = self._container(sandbox_id)
         if container is not None:
             self._remove(container)
+        if self.disks is not None:
+            self.disks.remove(sandbox_id, self.disks.mount_point(sandbox_id))
 
     def pause(self, sandbox_id: str) -> None:
         container = self._existing(sandbox_id)
@@ -153,6 +166,8 @@ class DockerRuntime:
                 alive.append(container.labels[LABEL_SANDBOX])
             else:
                 self._remove(container)
+        for sandbox_id in (self.disks.leftover_ids() if self.disks else set()) - set(alive):
+            self.delete(sandbox_id)
         return sorted(alive)
 
     # -- beyond the protocol ----------------------------------------------------------------
@@ -176,7 +191,16 @@ class DockerRuntime:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _container_args(self, spec: SandboxSpec, net: SandboxNet) -> dict[str, Any]:
+    def _make_workspace(self, spec: SandboxSpec) -> Mount:
+        """/workspace: the sandbox's own filesystem (rule 6), else a Docker volume."""
+        if self.disks is None:
+            return Mount(target="/workspace", source=None, type="volume")
+        mount_point = self.disks.mount_point(spec.sandbox_id)
+        self.disks.create(spec.sandbox_id, spec.disk_bytes, mount_point)
+        (mount_point / "workspace").mkdir(exist_ok=True)  # not the filesystem's root: no lost+found
+        return Mount(target="/workspace", source=str(mount_point / "workspace"), type="bind")
+
+    def _container_args(self, spec: SandboxSpec, net: SandboxNet, workspace: Mount) -> dict[str, Any]:
         env = {
             **spec.env,
             "SANDGATE_SANDBOX_ID": spec.sandbox_id,
@@ -202,7 +226,7 @@ class DockerRuntime:
             "read_only": self.read_only,
             "tmpfs": {"/tmp": tmpfs_options, "/run": tmpfs_options},
             "mounts": [
-                Mount(target="/workspace", source=None, type="volume"),
+                workspace,
                 *(
                     Mount(b.target, b.source, type="bind", read_only=b.read_only)
                     for b in (*self.binds, *spec.binds)

@@ -16,6 +16,10 @@ Rules:
    read-only, a curated /etc, private /tmp, /home, /root, /run, /var (see lifecycle/images.py).
 5. Sandboxes outlive the server (own session, no die-with-parent); `adopt` finds them again by
    their state directories and cgroups and removes the rest.
+6. With `disks` (runtime/sandbox_disk.py), the upper and work layers and output.log live on the
+   sandbox's own filesystem at `<state_dir>/sandboxes/<id>/disk`, so what a sandbox writes is
+   capped and never lands on the state dir's filesystem; every sandbox gets a pids limit
+   (`default_pids_max` unless its spec has one).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from sandgate.lifecycle.images import HostRoot, Image, ImageStore
 from sandgate.lifecycle.kernel import instance_tag, mount, umount
 from sandgate.lifecycle.runtime.base import BindMount, RuntimeError_, SandboxNet, SandboxSpec, wait_for_execd
 from sandgate.lifecycle.runtime.launch import Launch, hand_over_token, python_paths, start_chain
+from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
 from sandgate.lifecycle.runtime.sandbox_root import (
     EXECD_ENV_FILE,
     ensure_dir,
@@ -45,6 +50,8 @@ from sandgate.lifecycle.runtime.sandbox_root import (
     write_file,
 )
 from sandgate.lifecycle.runtime.seccomp import DENY_KERNEL_LOG, deny_syscalls, filter_fd
+
+DEFAULT_PIDS_MAX = 1024  # Docker's and Kubernetes' usual cap; a fork bomb stops there
 
 
 class LocalSandboxState(BaseModel):
@@ -70,8 +77,12 @@ class LocalRuntime:
         instance: str | None = None,
         seccomp_bpf: Path | None = None,
         binds: Sequence[BindMount] = (),
+        disks: SandboxDisks | None = None,
+        default_pids_max: int = DEFAULT_PIDS_MAX,
     ) -> None:
         self.state_dir = state_dir.resolve()
+        self.disks = disks
+        self.default_pids_max = default_pids_max
         self.sandboxes_dir = self.state_dir / "sandboxes"
         self.images = images
         self.execd_python = execd_python
@@ -97,7 +108,7 @@ class LocalRuntime:
         try:
             env = self._prepare_root(box, image, lower, spec, net)
             cgroup = self._cgroup(spec.sandbox_id)
-            cgroup.create(Limits(spec.memory_bytes, spec.pids_max, spec.cpu_quota))
+            cgroup.create(Limits(spec.memory_bytes, spec.pids_max or self.default_pids_max, spec.cpu_quota))
             record = LocalSandboxState(
                 sandbox_id=spec.sandbox_id,
                 image=spec.image,
@@ -125,6 +136,8 @@ class LocalRuntime:
             umount(root)
         except OSError:
             umount(root, lazy=True)
+        if self.disks is not None:
+            self.disks.remove(sandbox_id, box / "disk")
         shutil.rmtree(box, ignore_errors=True)
 
     def pause(self, sandbox_id: str) -> None:
@@ -156,6 +169,8 @@ class LocalRuntime:
             for box in self.sandboxes_dir.iterdir():
                 if box.name not in running and not (box / "state.json").exists():
                     self.delete(box.name)
+        for sandbox_id in (self.disks.leftover_ids() if self.disks else set()) - set(running):
+            self.delete(sandbox_id)  # an image whose sandbox directory is gone
         prefix = self._cgroup_name("")
         for name in SandboxCgroup.names(prefix):
             if name[len(prefix) :] not in running:
@@ -183,7 +198,7 @@ class LocalRuntime:
     def log_tail(self, sandbox_id: str, limit: int = 2000) -> str:
         """The end of the sandbox's output (entrypoint and execd), for error messages."""
         try:
-            data = (self._dir(sandbox_id) / "output.log").read_bytes()
+            data = (self._layers(sandbox_id) / "output.log").read_bytes()
         except FileNotFoundError:
             return "(no output)"
         return data[-limit:].decode(errors="replace").strip() or "(no output)"
@@ -198,6 +213,11 @@ class LocalRuntime:
         if "/" in sandbox_id or sandbox_id in ("", ".", ".."):
             raise ValueError(f"sandbox id {sandbox_id!r} cannot name a directory")
         return self.sandboxes_dir / sandbox_id
+
+    def _layers(self, sandbox_id: str) -> Path:
+        """Where the overlay's upper/work dirs and output.log live (rule 6)."""
+        box = self._dir(sandbox_id)
+        return box / "disk" if self.disks is not None else box
 
     def _cgroup_name(self, sandbox_id: str) -> str:
         return f"sandgate-{self.instance}-{sandbox_id}"
@@ -215,13 +235,16 @@ class LocalRuntime:
         self, box: Path, image: Image, lower: Path, spec: SandboxSpec, net: SandboxNet
     ) -> dict[str, str]:
         """Mount the overlay root and write what the sandbox needs; returns its environment."""
-        for name in ("upper", "work", "root"):
-            (box / name).mkdir(parents=True, exist_ok=True)
-        _mount_overlay(lower, box)
+        layers = self._layers(spec.sandbox_id)
+        if self.disks is not None:
+            self.disks.create(spec.sandbox_id, spec.disk_bytes, layers)
+        for path in (layers / "upper", layers / "work", box / "root"):
+            path.mkdir(parents=True, exist_ok=True)
+        _mount_overlay(lower, layers, box / "root")
         env = image_env(image)
         root_fd = os.open(box / "root", os.O_PATH | os.O_DIRECTORY)
         try:
-            ensure_dir(root_fd, "workspace")
+            os.close(ensure_dir(root_fd, "workspace"))  # an open fd would pin the overlay after delete
             write_file(
                 root_fd,
                 "etc/resolv.conf",
@@ -258,7 +281,8 @@ class LocalRuntime:
                 execd_python=self.execd_python,
                 execd=self.execd_paths,
             )
-            process = start_chain(spec, net, launch, cgroup.procs_files(), box / "output.log")
+            log = self._layers(spec.sandbox_id) / "output.log"
+            process = start_chain(spec, net, launch, cgroup.procs_files(), log)
             self._processes[spec.sandbox_id] = process
             hand_over_token(process, spec.execd_token or "")
         finally:
@@ -266,14 +290,14 @@ class LocalRuntime:
                 os.close(fd)
 
 
-def _mount_overlay(lower: Path, box: Path) -> None:
-    """Mount the overlay at box/root, naming its layers by /proc/self/fd paths: the options are
+def _mount_overlay(lower: Path, layers: Path, root: Path) -> None:
+    """Mount the overlay at root, naming its layers by /proc/self/fd paths: the options are
     what mountinfo shows inside the sandbox, and they must not name host directories."""
-    fds = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in (lower, box / "upper", box / "work")]
+    fds = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in (lower, layers / "upper", layers / "work")]
     try:
         lowerdir, upperdir, workdir = (f"/proc/self/fd/{fd}" for fd in fds)
         options = f"lowerdir={lowerdir},upperdir={upperdir},workdir={workdir}"
-        mount("overlay", box / "root", "overlay", 0, options)
+        mount("overlay", root, "overlay", 0, options)
     finally:
         for fd in fds:
             os.close(fd)

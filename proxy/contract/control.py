@@ -12,6 +12,8 @@ drift apart. What each route does is documented in docs/proxy.md ("Control API")
     GET    /health                                          -> 200 {"status": "ok", "sandboxes": n}
     GET    /metrics                                         -> 200 Prometheus text
     POST   /vault/changed   body: {"names": [...]} or {}    -> 200 {"refreshed": n}
+    GET    /approvals                                       -> 200 [held request, ...]
+    POST   /approvals/{approval_id}  body: ApprovalAnswer    -> 200 {"answered": id} (404 if not held)
 
 A worker of the pool has its own socket, which only the pool talks to, with two more routes
 (`WORKER_ROUTES`): `POST /serve` (start accepting) and `GET /names/{sandbox_address}/{address}`.
@@ -19,12 +21,13 @@ A worker of the pool has its own socket, which only the pool talks to, with two 
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from sandgate.proxy.contract.config import SandboxEntry
 
@@ -48,6 +51,8 @@ class Routes:
     health: Route = Route("GET", "/health")
     metrics: Route = Route("GET", "/metrics")
     vault_changed: Route = Route("POST", "/vault/changed")
+    list_approvals: Route = Route("GET", "/approvals")
+    answer_approval: Route = Route("POST", "/approvals/{approval_id}")
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class WorkerRoutes:
 
 
 ROUTES = Routes()
+JSON = {"content-type": "application/json"}
 WORKER_ROUTES = WorkerRoutes()
 
 
@@ -64,6 +70,13 @@ class VaultChange(BaseModel):
     """Vault entries that were stored, rotated or removed; None means "maybe all of them"."""
 
     names: list[str] | None = None
+
+
+class ApprovalAnswer(BaseModel):
+    """A reviewer's answer to a held request (proxy/approvals.py); `by` is who, for the audit."""
+
+    allow: bool
+    by: str = Field(min_length=1, max_length=200)
 
 
 class ProxyControlError(RuntimeError):
@@ -80,9 +93,8 @@ class ProxyControl:
         )
 
     def put_sandbox(self, entry: SandboxEntry) -> dict[str, Any]:
-        route, headers = ROUTES.put_sandbox, {"content-type": "application/json"}
-        path = route.at(address=entry.address)
-        return self._call(route.method, path, content=entry.model_dump_json(), headers=headers).json()
+        route, path = ROUTES.put_sandbox, ROUTES.put_sandbox.at(address=entry.address)
+        return self._call(route.method, path, content=entry.model_dump_json(), headers=JSON).json()
 
     def drop_sandbox(self, address: str) -> bool:
         """True if it was there; dropping an unknown address is not an error."""
@@ -101,6 +113,21 @@ class ProxyControl:
     def list(self) -> list[SandboxEntry]:
         route = ROUTES.list_sandboxes
         return [SandboxEntry.model_validate(item) for item in self._call(route.method, route.path).json()]
+
+    def approvals(self) -> builtins.list[dict[str, Any]]:
+        """The requests held for a reviewer (proxy/approvals.py)."""
+        route = ROUTES.list_approvals
+        return list(self._call(route.method, route.path).json())
+
+    def answer_approval(self, approval_id: str, allow: bool, by: str) -> bool:
+        """Answer a held request; False if it is not held (answered, timed out, sandbox gone)."""
+        route, body = ROUTES.answer_approval, ApprovalAnswer(allow=allow, by=by).model_dump_json()
+        path = route.at(approval_id=approval_id)
+        response = self._client.request(route.method, path, content=body, headers=JSON)
+        if response.status_code == 404:
+            return False
+        self._ok(response)
+        return True
 
     def health(self) -> dict[str, Any]:
         return self._call(ROUTES.health.method, ROUTES.health.path).json()

@@ -28,15 +28,17 @@ pytestmark = pytest.mark.root
 
 
 def state_files(root: Path) -> list[Path]:
-    """Regular files under the state dir, not descending into mount points: a running sandbox's
-    root is mounted there, and its lower layer is the host's whole root."""
+    """Regular files under the state dir, not descending into mount points but a sandbox's own
+    filesystem (`disk`, which holds what the sandbox wrote): a running sandbox's root is mounted
+    there, and its lower layer is the host's whole root. Filesystem images (`disks/*.img`, the
+    same bytes as `disk`, sparse at gigabytes) are read through their mounts instead."""
     found = []
     for directory, subdirs, files in os.walk(root):
-        subdirs[:] = [d for d in subdirs if not os.path.ismount(os.path.join(directory, d))]
+        subdirs[:] = [d for d in subdirs if d == "disk" or not os.path.ismount(os.path.join(directory, d))]
         found += [
             Path(directory, f)
             for f in files
-            if Path(directory, f).is_file() and not Path(directory, f).is_symlink()
+            if Path(directory, f).is_file() and not Path(directory, f).is_symlink() and not f.endswith(".img")
         ]
     return found
 

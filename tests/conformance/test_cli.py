@@ -62,7 +62,7 @@ def test_egress_set_file_reports_mistakes_at_their_line(server: SandgateServer, 
     try:
         refused = sandgate(server, "egress", "set", sandbox_id, "--file", str(bad))
         assert refused.returncode == 2
-        assert refused.stdout == f"{bad}:4:6: action: input should be 'allow' or 'deny'\n"
+        assert refused.stdout == f"{bad}:4:6: action: input should be 'allow', 'deny' or 'ask'\n"
         assert "<api>" not in refused.stdout + refused.stderr
         shown = json.loads(sandgate(server, "egress", "get", sandbox_id, "-o", "json").stdout)
         assert shown["revision"] == 1 and shown["policy"]["egress"] == []  # nothing was sent

@@ -107,6 +107,7 @@ def searched_files(state_dir: Path) -> dict[Path, bytes]:
         and not path.is_symlink()
         and path.name not in KEY_FILES
         and not in_a_root(path, state_dir)
+        and path.suffix != ".img"  # a sandbox's filesystem image: its files are read through its mount
     }
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from sandgate.lifecycle.runtime.base import RuntimeError_, ping_execd
 from sandgate.lifecycle.runtime.docker import DockerRuntime
+from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks, loop_devices
 from tests.docker.conftest import DockerHarness, load_image_builder
 from tests.support.dockerd import PrivateDockerd
 
@@ -191,3 +192,24 @@ def test_the_image_build_is_cached_by_input_digest(
         f"sandgate/base:{sandbox_images}",
         f"sandgate/python:{sandbox_images}",
     }
+
+
+def test_workspace_is_the_sandboxs_own_filesystem_capped_at_its_quota(
+    boxes: DockerHarness, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    disk_dir = tmp_path_factory.mktemp("disks")
+    disks = SandboxDisks(disk_dir, boxes.networks.instance, disk_dir, default_bytes=32 << 20, reserve_bytes=0)
+    runtime: DockerRuntime = boxes.runtime  # type: ignore[assignment]
+    runtime.disks = disks
+    sandbox_id, _ = boxes.start(["sleep", "3600"])
+    try:
+        dd = "dd if=/dev/zero of=/workspace/big bs=1048576 count=64 2>&1; echo rc=$?"
+        _code, out = run_inside(boxes, sandbox_id, dd)
+        assert "No space left on device" in out and "rc=0" not in out, out
+        size = int(run_inside(boxes, sandbox_id, "wc -c < /workspace/big")[1])
+        assert 24 << 20 < size <= 32 << 20
+        assert container(boxes, sandbox_id).attrs["HostConfig"]["PidsLimit"] == 1024  # the default
+    finally:
+        boxes.stop(sandbox_id)
+        runtime.disks = None
+    assert loop_devices(str(disk_dir)) == {} and list(disk_dir.iterdir()) == []

@@ -27,3 +27,10 @@ def test_a_value_that_is_no_quantity_names_the_field() -> None:
     with pytest.raises(LifecycleError, match=r"resourceLimits\.memory='lots'") as raised:
         runtime_limits({"memory": "lots"})
     assert raised.value.kind == "invalid"
+
+
+def test_disk_from_opensandbox_s_or_kubernetes_name_and_a_floor() -> None:
+    assert runtime_limits({"disk": "2Gi"}).disk_bytes == 2 * 2**30
+    assert runtime_limits({"ephemeral-storage": "512Mi"}).disk_bytes == 512 * 2**20
+    with pytest.raises(LifecycleError, match=r"resourceLimits\.disk='1Mi' is below 16Mi"):
+        runtime_limits({"disk": "1Mi"})

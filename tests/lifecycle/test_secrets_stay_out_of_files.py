@@ -76,7 +76,8 @@ def sandgate(server: SandgateServer, *args: str, stdin: str | None = None) -> st
 def files_holding(state_dir: Path, values: list[str]) -> list[str]:
     found = []
     for path in sorted(state_dir.rglob("*")):
-        if path.is_file() and not path.is_symlink() and path.name not in DOCUMENTED:
+        # a sandbox's filesystem image is read through its mount (sandboxes/<id>/disk) instead
+        if path.is_file() and not path.is_symlink() and path.name not in DOCUMENTED and path.suffix != ".img":
             data = path.read_bytes()
             found += [f"{path}: value {n}" for n, value in enumerate(values) if value.encode() in data]
     return found

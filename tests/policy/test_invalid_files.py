@@ -19,7 +19,7 @@ FAULTS: dict[str, tuple[int, int, str, str | None]] = {
     "bare_star_target.yaml": (3, 21, "matches nothing", "defaultAction: allow"),
     "url_as_target.yaml": (2, 21, "is a URL, not a host", "paths:"),
     "port_in_target.yaml": (2, 21, "includes a port", "ports:"),
-    "bad_action.yaml": (2, 6, "'allow' or 'deny'", None),
+    "bad_action.yaml": (2, 6, "'allow', 'deny' or 'ask'", None),
     "duplicate_binding_name.yaml": (5, 6, "duplicate binding name 'api'", "bindings[0]"),
     "binding_host_not_allowed.yaml": (
         7,
@@ -83,7 +83,7 @@ def test_api_bodies_are_located_by_path() -> None:
             {"egress": [{"action": "allow", "target": "ok.example.com"}, {"action": "x", "target": "*"}]}
         )
     assert [str(issue) for issue in caught.value.issues] == [
-        "<api>:egress[1].action: action: input should be 'allow' or 'deny'",
+        "<api>:egress[1].action: action: input should be 'allow', 'deny' or 'ask'",
         "<api>:egress[1].target: target '*' matches nothing (hint: to allow every destination set "
         "`defaultAction: allow`)",
     ]

@@ -23,6 +23,7 @@ from sandgate.policy import (
     Decision,
     Policy,
     PolicyError,
+    Presets,
     Request,
     Suggestion,
     compile_policy,
@@ -30,12 +31,14 @@ from sandgate.policy import (
     policy_from_dict,
     suggest_policy,
     to_document,
+    to_source_document,
 )
 
 if TYPE_CHECKING:
     from sandgate.lifecycle.audit.record import RecordJSON
 
 INVALID = 2
+NO_PRESETS = Presets()
 SCHEME_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 
@@ -44,10 +47,23 @@ def group() -> None:
     """Check, explain and format egress policy files."""
 
 
-def load_reporting(path: Path, max_rules: int = DEFAULT_MAX_RULES) -> Policy | None:
+def with_presets(command: Any) -> Any:
+    """--preset-dir: where the file's `include: [preset:NAME]` are found (repeatable)."""
+    return click.option(
+        "--preset-dir",
+        "preset_dirs",
+        multiple=True,
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Directory of presets the file includes (repeat; the server's preset_dirs).",
+    )(command)
+
+
+def load_reporting(
+    path: Path, max_rules: int = DEFAULT_MAX_RULES, presets: Presets = NO_PRESETS
+) -> Policy | None:
     """The file's policy, or None after printing every problem as file:line:column."""
     try:
-        policy = load_policy(path)
+        policy = load_policy(path, presets)
         compile_policy(policy, max_rules)
     except PolicyError as exc:
         for issue in exc.issues:
@@ -56,8 +72,8 @@ def load_reporting(path: Path, max_rules: int = DEFAULT_MAX_RULES) -> Policy | N
     return policy
 
 
-def _load_or_exit(path: Path) -> Policy:
-    policy = load_reporting(path)
+def _load_or_exit(path: Path, preset_dirs: tuple[Path, ...] = ()) -> Policy:
+    policy = load_reporting(path, presets=Presets(preset_dirs))
     if policy is None:
         sys.exit(INVALID)
     return policy
@@ -66,11 +82,12 @@ def _load_or_exit(path: Path) -> Policy:
 @group.command("check")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--max-rules", default=DEFAULT_MAX_RULES, show_default=True, help="Rule limit to enforce.")
-def check(files: tuple[Path, ...], max_rules: int) -> None:
+@with_presets
+def check(files: tuple[Path, ...], max_rules: int, preset_dirs: tuple[Path, ...]) -> None:
     """Validate policy files; print every error as file:line:column: message (hint: ...)."""
     failed = False
     for path in files:
-        policy = load_reporting(path, max_rules)
+        policy = load_reporting(path, max_rules, Presets(preset_dirs))
         if policy is None:
             failed = True
         else:
@@ -85,9 +102,13 @@ def check(files: tuple[Path, ...], max_rules: int) -> None:
 @click.option("--method", "-X", default="GET", show_default=True, help="HTTP method of the request.")
 @click.option("--connection", is_flag=True, help="Decide the connection only (as at SNI/CONNECT time).")
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def explain(file: Path, url: str, method: str, connection: bool, output: str) -> None:
-    """Show the decision for URL under FILE's policy (exit 0 allow, 1 deny, 2 invalid)."""
-    policy = _load_or_exit(file)
+@with_presets
+def explain(
+    file: Path, url: str, method: str, connection: bool, output: str, preset_dirs: tuple[Path, ...]
+) -> None:
+    """Show the decision for URL under FILE's policy (exit 0 allow, 1 deny, 2 invalid); a rule a
+    preset brought in is named by its file:line in the preset."""
+    policy = _load_or_exit(file, preset_dirs)
     request = _request_from_url(url, None if connection else method)
     decision = compile_policy(policy, max(len(policy.egress), DEFAULT_MAX_RULES)).decide(request)
     if output == "json":
@@ -130,18 +151,21 @@ def _explain_text(decision: Decision, request: Request, url: str) -> str:
     return "\n".join(lines)
 
 
-def canonical_yaml(policy: Policy) -> str:
-    """The canonical text of a policy: to_document as block YAML, scalar-only collections inline."""
-    return yaml.safe_dump(to_document(policy), sort_keys=False, default_flow_style=None, width=110)
+def canonical_yaml(policy: Policy, as_written: bool = False) -> str:
+    """The canonical text of a policy as block YAML, scalar-only collections inline: what is
+    enforced (presets expanded), or `as_written` (its own rules and its `include`)."""
+    document = to_source_document(policy) if as_written else to_document(policy)
+    return yaml.safe_dump(document, sort_keys=False, default_flow_style=None, width=110)
 
 
 @group.command("fmt")
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--check", "check_only", is_flag=True, help="Exit 1 if FILE is not in canonical form.")
 @click.option("--write", is_flag=True, help="Rewrite FILE in canonical form (comments are not kept).")
-def fmt(file: Path, check_only: bool, write: bool) -> None:
+@with_presets
+def fmt(file: Path, check_only: bool, write: bool, preset_dirs: tuple[Path, ...]) -> None:
     """Print FILE's policy in canonical YAML (or check / rewrite it in place)."""
-    text = canonical_yaml(_load_or_exit(file))
+    text = canonical_yaml(_load_or_exit(file, preset_dirs), as_written=True)
     if check_only:
         if file.read_text(encoding="utf-8") != text:
             click.echo(f"{file}: not in canonical form (run `sandgate policy fmt --write {file}`)")
@@ -236,14 +260,17 @@ def suggested_text(
 @click.option("--domain", help="Server host:port for --sandbox (OPEN_SANDBOX_DOMAIN).")
 @click.option("--api-key", help="API key for --sandbox (OPEN_SANDBOX_API_KEY).")
 @click.option("--protocol", type=click.Choice(["http", "https"]), help="(OPEN_SANDBOX_PROTOCOL)")
-def diff(file: Path, other: Path | None, sandbox: str | None, **connection: Any) -> None:
-    """Show how FILE's policy differs from OTHER's or a sandbox's live one, in canonical form
-    (exit 0 same, 1 different, 2 invalid)."""
+@with_presets
+def diff(
+    file: Path, other: Path | None, sandbox: str | None, preset_dirs: tuple[Path, ...], **connection: Any
+) -> None:
+    """Show how FILE's policy differs from OTHER's or a sandbox's live one, in canonical form with
+    presets expanded (exit 0 same, 1 different, 2 invalid)."""
     if (other is None) == (sandbox is None):
         raise click.UsageError("give OTHER (a policy file) or --sandbox ID, not both")
-    mine = canonical_yaml(_load_or_exit(file))
+    mine = canonical_yaml(_load_or_exit(file, preset_dirs))
     if other is not None:
-        theirs, label = canonical_yaml(_load_or_exit(other)), str(other)
+        theirs, label = canonical_yaml(_load_or_exit(other, preset_dirs)), str(other)
     else:
         assert sandbox is not None
         theirs, label = _live_policy(sandbox, connection), f"sandbox {sandbox} (live)"

@@ -37,16 +37,18 @@ def client_from(options: dict[str, Any]) -> Client:
     return Client(base, key)
 
 
-def emit(data: Any, output: str, rows: list[dict[str, Any]] | None = None) -> None:
+def emit(
+    data: Any, output: str, rows: list[dict[str, Any]] | None = None, columns: tuple[str, ...] = COLUMNS
+) -> None:
     if output == "json":
         click.echo(json.dumps(data, indent=2))
     elif output == "yaml":
         click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
     elif rows is not None:
-        widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in COLUMNS}
-        click.echo("  ".join(c.upper().ljust(widths[c]) for c in COLUMNS))
+        widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns}
+        click.echo("  ".join(c.upper().ljust(widths[c]) for c in columns))
         for row in rows:
-            click.echo("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in COLUMNS))
+            click.echo("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
     else:
         click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
 
