@@ -121,15 +121,48 @@ def _unit(encoding: str) -> Unit:
     return (lambda cls: b"(?:\\x00%s)" % cls) if encoding == "utf-16" else (lambda cls: cls)
 
 
-def _pattern() -> re.Pattern[bytes]:
+# What escapes are written with after their first byte: an escape of an escape needs these.
+SYNTAX = frozenset("\\%&#;xXuU{}0123456789abcdefABCDEF" + "".join(sorted({c for n in _NAMED for c in n})))
+
+
+def _pattern(relevant: frozenset[str] | None = None) -> re.Pattern[bytes]:
     """One regex for every escape: an alternation per first byte (so the scan only stops at
-    LEADS), each a named group per (encoding, kind)."""
+    LEADS), each a named group per (encoding, kind). With `relevant` (the characters the
+    redactor's forms hold, and SYNTAX), a short escape or a named reference that decodes to a
+    character none of them holds is left out: it can be in no match, nor make an escape of an
+    escape (`&quot;`, `&lt;`, `\\n` in most bodies). Numeric escapes are all kept."""
     by_lead: dict[bytes, list[bytes]] = {}
     for kind, (lead, rest, _) in ESCAPES.items():
         for encoding in ("utf-16", "utf-8")[: 1 if kind in _UTF16_ONLY else 2]:
             group = f"{encoding.replace('-', '')}__{kind.replace('-', '_')}".encode()
-            by_lead.setdefault(lead, []).append(b"(?P<%s>%s)" % (group, rest(_unit(encoding))))
+            body = (
+                _restricted(kind, _unit(encoding), relevant)
+                if relevant is not None
+                else rest(_unit(encoding))
+            )
+            if body:
+                by_lead.setdefault(lead, []).append(b"(?P<%s>%s)" % (group, body))
     return re.compile(b"|".join(lead + b"(?:%s)" % b"|".join(rests) for lead, rests in by_lead.items()))
+
+
+def _restricted(kind: str, u: Unit, relevant: frozenset[str]) -> bytes | None:
+    if kind == "short":
+        chars = sorted(c for c, decoded in _SHORT.items() if decoded in relevant)
+        return u(b"[%s]" % re.escape("".join(chars)).encode()) if chars else None
+    if kind == "html-named":
+        names = sorted((n for n, v in _NAMED.items() if n.endswith(";") and set(v) <= relevant), reverse=True)
+        return (
+            b"(?:%s)" % b"|".join(b"".join(u(re.escape(c).encode()) for c in n) for n in names)
+            if names
+            else None
+        )
+    return ESCAPES[kind][1](u)
+
+
+@cache
+def pattern_for(relevant: frozenset[str]) -> re.Pattern[bytes]:
+    """The escape pattern for a redactor whose forms hold `relevant` characters (see _pattern)."""
+    return _pattern(relevant | SYNTAX | {c for lead in LEADS for c in lead.decode()})
 
 
 _PATTERN = _pattern()
@@ -170,7 +203,9 @@ class OffsetMap:
         return self.ends[i] + max(0, at - self.view_ends[i])
 
 
-def decoded_view(data: bytes, odd: int = 0) -> tuple[bytes, OffsetMap] | None:
+def decoded_view(
+    data: bytes, odd: int = 0, pattern: re.Pattern[bytes] | None = None
+) -> tuple[bytes, OffsetMap] | None:
     """`data` with every escape decoded (rule 3), or None when it holds none. `odd` is 1 when
     `data` starts at an odd offset of its text (which UTF-16 byte order an escape is in)."""
     if not any(lead in data for lead in LEADS):
@@ -180,7 +215,7 @@ def decoded_view(data: bytes, odd: int = 0) -> tuple[bytes, OffsetMap] | None:
     spans: list[tuple[int, int, int, int]] = []  # (view start, start, view end, end) per escape
     cursor = size = 0  # size: the view's length so far
     cache = _DECODED
-    for match in _PATTERN.finditer(data):
+    for match in (pattern or _PATTERN).finditer(data):
         start, end = match.span()
         group = match.lastgroup
         key: bytes | tuple[str, bytes]

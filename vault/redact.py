@@ -48,7 +48,7 @@ from functools import cached_property
 
 import ahocorasick_rs
 
-from sandgate.vault.escapes import LEADS, OffsetMap, decoded_view, ends_in_partial_escape
+from sandgate.vault.escapes import LEADS, OffsetMap, decoded_view, ends_in_partial_escape, pattern_for
 from sandgate.vault.forms import ESCAPE_DEPTH, UTF16, normal_forms, serialised_forms, span_bound
 
 REDACTED = b"[REDACTED]"
@@ -72,6 +72,9 @@ class Redactor:
         self.pattern_count = len(patterns)
         self.max_pattern_length = max(map(len, patterns), default=0)
         self.hold = max((span_bound(pattern, forms[pattern]) for pattern in patterns), default=0)
+        # Escapes of characters no form holds are not decoded (`escapes.pattern_for`).
+        held = frozenset(c for pattern in patterns for c in pattern.decode(forms[pattern], "surrogatepass"))
+        self._escapes = pattern_for(held)
         self._automaton = (
             ahocorasick_rs.BytesAhoCorasick(patterns, matchkind=ahocorasick_rs.MatchKind.LeftmostLongest)
             if patterns
@@ -146,7 +149,7 @@ class Redactor:
                 return False
             if ends_in_partial_escape(view):
                 return True
-            decoded = decoded_view(view, odd)
+            decoded = decoded_view(view, odd, self._escapes)
             if decoded is None:
                 return False
             view = decoded[0]
@@ -183,7 +186,7 @@ class Redactor:
         found = list(self._aligned(data, odd))
         view, maps = data, list[OffsetMap]()
         for _ in range(ESCAPE_DEPTH):
-            decoded = decoded_view(view, odd)
+            decoded = decoded_view(view, odd, self._escapes)
             if decoded is None:
                 break
             view, offsets = decoded
