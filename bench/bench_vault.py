@@ -1,8 +1,13 @@
 """Vault benchmark: redactor throughput, render and reveal latency.
 
 Redactor: MB/s of `redact()` and of the streaming form (64 KiB chunks) over 8 MiB of JSON-like
-text and over 8 MiB of base64 (the worst case: every byte could start a pattern), with 10 and
-1,000 secrets (each expanded into its encoded forms), and the time to build the automaton.
+text, over 8 MiB of base64 (the worst case for the automaton: every byte could start a
+pattern) and over 1 MiB of escape-dense HTML with JSON in it (the worst case for the escape
+decoder: an escape every 20 bytes), with 10 and 1,000 secrets (each expanded into its encoded
+forms), and the time to build the automaton.
+`SANDGATE_BENCH_REDACTOR=FILE` also runs the `Redactor` of another version's `vault/redact.py`
+(a standalone module before escapes were decoded: `git show 9b2125b:vault/redact.py > FILE`),
+row by row after the current one, for before/after figures from one run.
 Render: microseconds per `render(binding, store.reveal)` against a LocalStore (one stat per
 reveal; decryption only when the file changed) and per passthrough target substitution.
 """
@@ -10,6 +15,7 @@ reveal; decryption only when the file changed) and per passthrough target substi
 from __future__ import annotations
 
 import base64
+import importlib.util
 import os
 import secrets
 import statistics
@@ -22,6 +28,7 @@ from sandgate.policy import Binding
 from sandgate.vault import LocalStore, Redactor, render
 
 DATA_BYTES = 8 * 1024 * 1024
+ESCAPED_BYTES = 1024 * 1024  # an escape every 20 bytes: decoding them is what this row measures
 CHUNK = 64 * 1024
 
 
@@ -31,6 +38,16 @@ def json_text(size: int, values: list[str]) -> bytes:
     for index, value in enumerate(values[:50]):  # a few real hits to replace
         at = (index + 1) * (len(body) // 52)
         body[at : at + len(value)] = value.encode()
+    return bytes(body)
+
+
+def escaped_text(size: int, values: list[str]) -> bytes:
+    record = b'<p title="a &amp; b">it&#39;s {\\"q\\": \\"x\\u0026y\\"} at 50%25 &lt;ok&gt;</p>\n'
+    body = bytearray(record * (size // len(record)))
+    for index, value in enumerate(values[:50]):  # a few escaped echoes to replace
+        escaped = "".join(f"&#x{ord(c):x};" if not c.isalnum() else c for c in value).encode()
+        at = (index + 1) * (len(body) // 52)
+        body[at : at + len(escaped)] = escaped
     return bytes(body)
 
 
@@ -54,22 +71,42 @@ def stream_all(redactor: Redactor, data: bytes) -> None:
     stream.flush()
 
 
+def redactor_classes() -> list[tuple[str, type[Redactor]]]:
+    classes: list[tuple[str, type[Redactor]]] = [("current", Redactor)]
+    baseline = os.environ.get("SANDGATE_BENCH_REDACTOR")
+    if baseline:
+        spec = importlib.util.spec_from_file_location("baseline_redact", baseline)
+        assert spec is not None and spec.loader is not None, baseline
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        classes.append(("baseline", module.Redactor))
+    return classes
+
+
 def redactor_rows() -> None:
     print(
-        f"{'secrets':>8} {'patterns':>9} {'build ms':>9} {'data':>7} {'redact MB/s':>12} {'stream MB/s':>12}"
+        f"{'secrets':>8} {'version':>9} {'patterns':>9} {'build ms':>9} {'data':>8} "
+        f"{'redact MB/s':>12} {'stream MB/s':>12}"
     )
     for count in (10, 1000):
         values = [secrets.token_urlsafe(30) for _ in range(count)]
-        build = best_of(3, lambda v=values: Redactor(v))  # type: ignore[misc]
-        redactor = Redactor(values)
-        for label, data in (("json", json_text(DATA_BYTES, values)), ("base64", base64_text(DATA_BYTES))):
-            whole = best_of(5, lambda d=data, r=redactor: r.redact(d))  # type: ignore[misc]
-            streamed = best_of(5, lambda d=data, r=redactor: stream_all(r, d))  # type: ignore[misc]
-            mb = len(data) / 1e6
-            print(
-                f"{count:>8} {redactor.pattern_count:>9} {build * 1e3:>9.1f} {label:>7} "
-                f"{mb / whole:>12.0f} {mb / streamed:>12.0f}"
-            )
+        datas = {
+            "json": json_text(DATA_BYTES, values),
+            "base64": base64_text(DATA_BYTES),
+            "escaped": escaped_text(ESCAPED_BYTES, values),
+        }
+        for label, data in datas.items():
+            for version, redactor_class in redactor_classes():
+                build = best_of(3, lambda v=values, c=redactor_class: c(v))  # type: ignore[misc]
+                redactor = redactor_class(values)
+                whole = best_of(5, lambda d=data, r=redactor: r.redact(d))  # type: ignore[misc]
+                streamed = best_of(5, lambda d=data, r=redactor: stream_all(r, d))  # type: ignore[misc]
+                mb = len(data) / 1e6
+                print(
+                    f"{count:>8} {version:>9} {redactor.pattern_count:>9} {build * 1e3:>9.1f} {label:>8} "
+                    f"{mb / whole:>12.0f} {mb / streamed:>12.0f}",
+                    flush=True,
+                )
 
 
 def per_call_us(action: Callable[[], object], calls: int = 20000) -> float:

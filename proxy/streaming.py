@@ -2,8 +2,8 @@
 
 Rules:
 1. Every allowed request body and every response body is streamed (never buffered whole), so
-   SSE and LLM token streams arrive as the origin sends them and memory stays flat; the one
-   exception is a request whose binding substitutes placeholders in the body.
+   SSE and LLM token streams arrive as the origin sends them and memory stays flat; the
+   exceptions are a request whose binding substitutes placeholders in the body, and rule 6.
 2. Closed world for a sandbox that holds a credential: every byte the proxy sends it passes the
    redactor, or it is not sent. The channels read here: the status line's reason phrase, header
    names (a header whose name holds a secret is dropped) and values, trailers, every body
@@ -19,6 +19,15 @@ Rules:
 4. A body that turns out corrupt or a decompression bomb half-way is cut short there (its head
    is already sent): nothing unscrubbed goes out, and the audit record's detail says so.
 5. WebSocket message history is trimmed to the last message (mitmproxy would keep all of it).
+6. A request is refused, not forwarded, when its framing is invalid: an HTTP/2 or HTTP/3 request
+   carrying a credential whose DATA disagrees with its `content-length` is found only when the
+   stream ends (h2 checks at END_STREAM, or when DATA overruns), and a streamed request's head,
+   with the credential, would have left before that. So such a request that declares a length
+   of at most CHECKED_BODY_MAX is read whole first (mitmproxy's protocol layer refuses the
+   mismatch and nothing goes upstream); a longer one is streamed without its `content-length`,
+   so upstream frames it by what was really sent (chunked or END_STREAM) and a cut-off stream
+   reaches the origin as an incomplete message, never as a complete one of another length.
+   HTTP/1.1 framing is checked by mitmproxy before the head is handed on.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from sandgate.proxy.state import BODY_KEY, FLOW_KEY, SCRUB_KEY, RequestState
 
 BODYLESS_STATUS = (204, 304)
 RANGE_HEADERS = ("range", "if-range")
+CHECKED_BODY_MAX = 16 * 1024 * 1024  # rule 6: read whole before a credentialed HTTP/2 request goes
 UTF16_CODECS = frozenset({"utf-16", "utf-16-le", "utf-16-be"})
 ASCII_PROBE = string.ascii_letters + string.digits + "-_.~+/=:%\\\"'{}[],"
 
@@ -60,7 +70,7 @@ class StreamingAddon:
         if credentials.holds_secrets:
             flow.metadata[SCRUB_KEY] = credentials
             whole_identity(flow.request.headers)
-        if BODY_KEY in flow.metadata:
+        if BODY_KEY in flow.metadata or _read_whole_first(flow, request_state):
             return
 
         def count_out(chunk: bytes) -> bytes:
@@ -109,6 +119,20 @@ class StreamingAddon:
         if scrubber is not None and not message.from_client:
             message.content = scrubber.redactor.redact(message.content)  # mitmproxy re-frames it
         del messages[:-1]
+
+
+def _read_whole_first(flow: http.HTTPFlow, request_state: RequestState) -> bool:
+    """Rule 6: should this request's body be read (and its framing checked) before it goes?"""
+    request = flow.request
+    if not request_state.bindings or not (request.is_http2 or request.is_http3):
+        return False
+    declared = request.headers.get("content-length")
+    if declared is None:
+        return False  # framed by END_STREAM alone: nothing to disagree with
+    if declared.isdigit() and int(declared) <= CHECKED_BODY_MAX:
+        return True
+    del request.headers["content-length"]  # upstream frames it by the bytes really sent
+    return False
 
 
 def _unreadable(response: http.Response, has_body: bool) -> str | None:

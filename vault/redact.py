@@ -1,19 +1,20 @@
 """Redaction of known secret values, in one pass over the data.
 
 Rules:
-1. Built once per credential set: every value is expanded into the forms it commonly travels
-   in (raw, JSON-escaped with and without `\\/`, URL-encoded with every common set of characters
-   left as they are (`/`, the URI reserved set, JavaScript's encodeURI/encodeURIComponent),
-   upper- or lower-case hex, base64 and base64url at every byte alignment, and for `user:pass`
-   or base64(`user:pass`) values the password alone), each of those also in UTF-16 LE and BE
-   (a body in UTF-16 carries them so), and all forms go into one Aho-Corasick automaton
-   (leftmost-longest), so cost does not grow with the number of secrets.
+1. Built once per credential set: every value's forms (`sandgate.vault.forms`, which owns the
+   closed world of forms) go into one Aho-Corasick automaton (leftmost-longest), so cost does
+   not grow with the number of secrets. Per-character escapes (JSON `\\u0026`, `%2F`, `&#x2F;`,
+   `&amp;` ...) are not patterns: a value has exponentially many mixed forms. Data that holds an
+   escape lead (`\\`, `%`, `&`) is also searched through its decoded views
+   (`sandgate.vault.escapes`), up to ESCAPE_DEPTH levels, and a match there replaces the bytes
+   that encode it (matches of all views that overlap are replaced as one).
 2. Base64 at every alignment: a value inside a larger base64 blob (`Basic base64(user:TOKEN)`)
    encodes differently depending on its offset mod 3; each alignment's stable middle characters
    are a pattern of their own, so the value is found whatever precedes it.
-3. Streams: `stream()` holds back at most (longest pattern) bytes, so a value split across
-   chunks is caught (and rule 4 sees the form one byte later), and the output of any chunking
-   equals `redact()` of the whole.
+3. Streams: `stream()` holds back at most `hold` bytes (the longest span a form can take once
+   escaped, `forms.span_bound`), and only the longest pattern's length where the held bytes
+   hold no escape lead (`settled`), so a value split across chunks is caught (and rule 4 sees
+   the form one byte later), and the output of any chunking equals `redact()` of the whole.
 4. A UTF-16 form is replaced by `[REDACTED]` in the same UTF-16 form, so the body stays
    well-formed UTF-16 (the replacement has an even length: alignment is kept). UTF-16 text has
    its characters at even offsets: a UTF-16 form matched at an odd offset gives way to a UTF-16
@@ -21,8 +22,8 @@ Rules:
    character, `00000000` after `İ` in UTF-16-BE, also reads as the LE form one byte early; taken
    there, the replacement split `İ` and left the secret's last character.) Offsets count from
    the start of the data, or of the stream.
-5. Fail towards redaction: a derived form shorter than MIN_DERIVED_LENGTH is dropped (it would
-   blank ordinary text), but a raw value is always redacted, however short.
+5. Fail towards redaction: a derived form shorter than `forms.MIN_DERIVED_LENGTH` is dropped (it
+   would blank ordinary text), but a raw value is always redacted, however short, also escaped.
 6. Runs of zero bytes are stepped over, not searched: the UTF-16 forms hold zero bytes (a
    UTF-16-BE form of ASCII text starts with one), so on a long zero run the automaton never gets
    back to its start state and its prefilter never skips: 1 MiB of zeros took 10 ms with one
@@ -31,24 +32,26 @@ Rules:
    more than ZERO_RUN // 2 zeros in a row: else nothing is skipped), so the automaton searches
    the pieces between such runs, each run's outer `margin` bytes included; the matches are
    exactly those of one search over the whole.
+7. Early release (the one rule for when a stream may send bytes; the proxy uses it, it keeps no
+   copy): holding `hold` bytes would delay the end of every SSE event or token chunk until the
+   next one, so after each chunk the held bytes are released at once unless `may_continue`: a
+   suffix of them, or of one of their decoded views, is a proper prefix of a form, or they end
+   in what may be the start of an escape. Release never changes the output (rule 3).
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import re
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from urllib.parse import quote, quote_plus
+from functools import cached_property
 
 import ahocorasick_rs
 
+from sandgate.vault.escapes import LEADS, OffsetMap, decoded_view, ends_in_partial_escape, pattern_for
+from sandgate.vault.forms import ESCAPE_DEPTH, UTF16, normal_forms, serialised_forms, span_bound
+
 REDACTED = b"[REDACTED]"
-MIN_DERIVED_LENGTH = 6
-UTF16 = ("utf-16-le", "utf-16-be")
-# Characters URL encoders commonly leave as they are: none, `/` (Python's quote default), the
-# URI reserved set (a whole URL quoted at once), and JavaScript's encodeURIComponent / encodeURI.
-URL_SAFE_SETS = ("", "/", ":/?#[]@!$&'()*+,;=", "!'()*", ";,/?:@&=+$#!'()*")
 ZERO_RUN = 256  # zero bytes in a row that are stepped over, not searched (rule 6)
 _ZEROS = memoryview(bytes(64 * 1024))
 
@@ -59,14 +62,19 @@ class Redactor:
     def __init__(self, values: Iterable[str], replacement: bytes = REDACTED) -> None:
         forms: dict[bytes, str] = {}
         for value in values:
-            forms.update(encoded_forms(value))
+            forms.update(normal_forms(value))
         patterns = sorted(forms)
+        self._patterns = patterns
         self.replacement = replacement
         # A UTF-16 form is replaced in UTF-16, so the text around it stays well-formed.
         self._replacements = [replacement.decode().encode(forms[pattern]) for pattern in patterns]
         self._utf16 = [forms[pattern] in UTF16 for pattern in patterns]
         self.pattern_count = len(patterns)
         self.max_pattern_length = max(map(len, patterns), default=0)
+        self.hold = max((span_bound(pattern, forms[pattern]) for pattern in patterns), default=0)
+        # Escapes of characters no form holds are not decoded (`escapes.pattern_for`).
+        held = frozenset(c for pattern in patterns for c in pattern.decode(forms[pattern], "surrogatepass"))
+        self._escapes = pattern_for(held)
         self._automaton = (
             ahocorasick_rs.BytesAhoCorasick(patterns, matchkind=ahocorasick_rs.MatchKind.LeftmostLongest)
             if patterns
@@ -105,7 +113,7 @@ class Redactor:
         out: list[bytes | memoryview] = []
         cursor = 0
         replacements = self._replacements
-        for index, start, end in self._aligned(data, offset % 2):
+        for index, start, end in self._spans(data, offset % 2):
             if start >= settled:
                 break
             out += (view[cursor:start], replacements[index])
@@ -115,6 +123,101 @@ class Redactor:
         consumed = max(cursor, settled)
         out.append(view[cursor:consumed])
         return b"".join(out), consumed
+
+    def settled(self, data: bytes) -> int:
+        """How much of `data` no form still to come can reach back into (rule 3). A form spans at
+        most `hold` bytes, one without an escape at most `max_pattern_length` (the raw text before
+        a form's first escape is shorter than that too): so up to the first escape lead of the last
+        `hold` bytes, less the longest pattern (and rule 4's byte after a match). Without a lead
+        there, a stream holds what it held before escapes were decoded."""
+        size = len(data)
+        window = max(0, size - self.hold)
+        first_lead = min((at for lead in LEADS if (at := data.find(lead, window)) >= 0), default=size)
+        return max(window, first_lead - self.max_pattern_length)
+
+    def may_continue(self, tail: bytes, odd: int = 0) -> bool:
+        """Could a form begin in `tail` and go on after its end? (rule 7; `odd`: rule 4)"""
+        if self._automaton is None or not tail:
+            return False
+        if not any(lead in tail for lead in LEADS):
+            return self._begins_a_form(tail)  # no escape, nor the start of one
+        view = tail
+        for depth in range(ESCAPE_DEPTH + 1):
+            if self._begins_a_form(view):
+                return True
+            if depth == ESCAPE_DEPTH:
+                return False
+            if ends_in_partial_escape(view):
+                return True
+            decoded = decoded_view(view, odd, self._escapes)
+            if decoded is None:
+                return False
+            view = decoded[0]
+        return False
+
+    def _begins_a_form(self, data: bytes) -> bool:
+        tail = data[max(0, len(data) - self.max_pattern_length + 1) :]  # a proper prefix is shorter
+        if not tail:
+            return False
+        first_bytes = self._prefix_index[0]
+        if tail[-1] in first_bytes:
+            return True
+        if tail[-2:] not in self._prefix_index[1]:
+            return False  # the one check most chunks need: no suffix of 2+ bytes can be a prefix
+        return any(tail[i] in first_bytes and self._is_prefix(tail[i:]) for i in range(len(tail) - 1))
+
+    @cached_property
+    def _prefix_index(self) -> tuple[frozenset[int], frozenset[bytes]]:
+        """The first bytes of the forms, and every two bytes in a row in a proper prefix (a prefix
+        of 2+ bytes ends with one of them): built for the first stream, not by every Redactor."""
+        pairs = frozenset(p[n - 2 : n] for p in self._patterns for n in range(2, len(p)))
+        return frozenset(p[0] for p in self._patterns), pairs
+
+    def _is_prefix(self, data: bytes) -> bool:
+        at = bisect_left(self._patterns, data)
+        return at < len(self._patterns) and self._patterns[at].startswith(data)
+
+    def _spans(self, data: bytes, odd: int) -> Iterator[tuple[int, int, int]]:
+        """The spans to replace, in order: the automaton's matches in `data` (rule 4 applied),
+        and those in its decoded views mapped back, overlapping ones joined (rule 1)."""
+        if not any(lead in data for lead in LEADS):
+            yield from self._aligned(data, odd)
+            return
+        found = list(self._aligned(data, odd))
+        view, maps = data, list[OffsetMap]()
+        for _ in range(ESCAPE_DEPTH):
+            decoded = decoded_view(view, odd, self._escapes)
+            if decoded is None:
+                break
+            view, offsets = decoded
+            maps.append(offsets)
+            for index, start, end in self._aligned(view, odd):
+                for back in reversed(maps):
+                    start, end = back.start(start), back.end(end)
+                found.append((index, start, end))
+        yield from self._joined(found)
+
+    def _joined(self, spans: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
+        """Spans in order, overlapping ones joined (the first one's replacement stands). A UTF-16
+        replacement keeps the text's alignment only over an even span: a joined span of odd
+        length starts with a form rule 4 left one byte early (it would have cut into the next
+        match), so it starts one byte later, replaced as the member that starts there."""
+        group: list[tuple[int, int, int]] = []
+        for span in sorted(spans, key=lambda span: (span[1], -span[2])):
+            if group and span[1] >= max(end for _, _, end in group):
+                yield self._one_span(group)
+                group = []
+            group.append(span)
+        if group:
+            yield self._one_span(group)
+
+    def _one_span(self, group: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+        index, start, _ = group[0]
+        end = max(end for _, _, end in group)
+        if len(group) == 1 or not self._utf16[index] or (end - start) % 2 == 0:
+            return index, start, end
+        later = next((m for m in group if m[1] % 2 != start % 2 and self._utf16[m[0]]), None)
+        return (later[0], start + 1, end) if later else (index, start, end)
 
     def _aligned(self, data: bytes, odd: int) -> Iterator[tuple[int, int, int]]:
         """The matches to replace, in order: the automaton's, with rule 4's alignment. `odd` is 1
@@ -172,17 +275,19 @@ class RedactingStream:
         self._redactor = redactor
         self._held = b""
         self._held_at = 0  # where the held bytes start in the stream
-        self._hold = redactor.max_pattern_length  # rule 3: a match, and rule 4's byte after it
 
     def feed(self, chunk: bytes) -> bytes:
+        """The redacted output that is final: everything but what may begin a form (rule 7)."""
         data = self._held + chunk
-        settled = len(data) - self._hold
-        if settled <= 0:
-            self._held = data
-            return b""
-        out, consumed = self._redactor._redact_until(data, settled, self._held_at)
-        self._held = data[consumed:]
-        self._held_at += consumed
+        settled = self._redactor.settled(data)
+        out = b""
+        if settled > 0:
+            out, consumed = self._redactor._redact_until(data, settled, self._held_at)
+            data = data[consumed:]
+            self._held_at += consumed
+        self._held = data
+        if data and not self._redactor.may_continue(data, self._held_at % 2):
+            out += self.flush()
         return out
 
     def flush(self) -> bytes:
@@ -211,78 +316,6 @@ def _zero_run_end(data: bytes, at: int) -> int:
 
 
 def secret_forms(value: str) -> set[bytes]:
-    """Every byte form of `value` the redactor looks for."""
-    return set(encoded_forms(value))
-
-
-def encoded_forms(value: str) -> dict[bytes, str]:
-    """Every byte form of `value` the redactor looks for -> the charset it is written in."""
-    if not value:
-        return {}
-    raw = value.encode()
-    texts = {value, *_password_parts(value)}
-    utf8 = {raw}
-    for text in texts:
-        utf8 |= _text_encodings(text)
-        utf8 |= _base64_cores(text.encode())
-    forms = {form.decode().encode(utf16): utf16 for form in utf8 for utf16 in UTF16}
-    forms.update(dict.fromkeys(utf8, "utf-8"))
-    return {form: cs for form, cs in forms.items() if form == raw or len(form) >= MIN_DERIVED_LENGTH}
-
-
-def _text_encodings(text: str) -> set[bytes]:
-    escaped = {json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1]}
-    escaped |= {form.replace("/", "\\/") for form in escaped}  # PHP, some JSON writers: `\/`
-    urls = {quote(text, safe=safe) for safe in URL_SAFE_SETS}
-    urls |= {quote_plus(text, safe=safe) for safe in URL_SAFE_SETS}
-    urls |= {_lower_hex(url) for url in urls}
-    return {form.encode() for form in {text, *escaped, *urls}}
-
-
-def _lower_hex(percent_encoded: str) -> str:
-    parts = percent_encoded.split("%")
-    return parts[0] + "".join("%" + part[:2].lower() + part[2:] for part in parts[1:])
-
-
-def _base64_cores(data: bytes) -> set[bytes]:
-    """The base64 characters that encode only `data`, at each of the three byte alignments.
-
-    At alignment k the value starts k bytes into a 3-byte group; a base64 character covers
-    6 bits, and those that fall wholly inside the value's bits do not depend on its
-    neighbours. Alignment 0 also yields the complete, padded encoding.
-    """
-    cores = {base64.b64encode(data), base64.urlsafe_b64encode(data)}
-    for k in range(3):
-        encoded = base64.b64encode(bytes(k) + data)
-        first = -(-8 * k // 6)  # first character whose bits start inside the value
-        last = (8 * (k + len(data))) // 6  # characters before this end inside the value
-        core = encoded[first:last]
-        cores |= {core, core.translate(_URLSAFE)}
-    return cores
-
-
-_URLSAFE = bytes.maketrans(b"+/", b"-_")
-
-
-def _password_parts(value: str) -> set[str]:
-    """For `user:pass` and base64(`user:pass`) values, also the decoded pair and the password."""
-    parts: set[str] = set()
-    candidates = [value]
-    decoded = _decode_basic(value)
-    if decoded is not None:
-        parts.add(decoded)
-        candidates.append(decoded)
-    for candidate in candidates:
-        _, colon, password = candidate.partition(":")
-        if colon and len(password) >= MIN_DERIVED_LENGTH:
-            parts.add(password)
-    return parts
-
-
-def _decode_basic(value: str) -> str | None:
-    """`user:pass` if `value` is base64 of a printable `user:pass`, else None."""
-    try:
-        text = base64.b64decode(value, validate=True).decode()
-    except ValueError:
-        return None
-    return text if ":" in text and text.isprintable() else None
+    """What mainstream serialisers write `value` as, and the automaton's forms of it: examples
+    from the closed world the redactor covers (`sandgate.vault.forms`)."""
+    return serialised_forms(value)

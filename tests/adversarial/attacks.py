@@ -164,10 +164,19 @@ def via_proxy(target: str, then_sni: str | None = None, payload: str = "", port:
 
 
 def h2_streams(
-    host: str, authorities: list[str], path: str = "/echo", paths: list[str] | None = None
+    host: str,
+    authorities: list[str],
+    path: str = "/echo",
+    paths: list[str] | None = None,
+    content_length: int | None = None,
+    body: str = "",
+    pause: float = 0.0,
 ) -> dict[str, Any]:
     """One HTTP/2 connection (SNI `host`); one GET per :authority on it (or, with `paths`, one per
-    :path on the first :authority); status and body per stream."""
+    :path on the first :authority); status and body per stream. With `body`, each is a POST of
+    it in one DATA frame, declaring `content-length` (which need not agree: h2 does not check
+    what it sends); `pause` seconds pass between the heads and the DATA (read apart, the proxy
+    has a whole head before any DATA)."""
     import h2.config
     import h2.connection
     import h2.events
@@ -187,12 +196,14 @@ def h2_streams(
     for index, (authority, stream_path) in enumerate(wanted):
         stream_id = 1 + 2 * index
         headers = [
-            (":method", "GET"),
+            (":method", "POST" if body else "GET"),
             (":path", stream_path),
             (":scheme", "https"),
             (":authority", authority),
         ]
-        conn.send_headers(stream_id, headers, end_stream=True)
+        if content_length is not None:
+            headers.append(("content-length", str(content_length)))
+        conn.send_headers(stream_id, headers, end_stream=not body)
         streams[stream_id] = {
             "authority": authority,
             "path": stream_path,
@@ -200,6 +211,11 @@ def h2_streams(
             "body": "",
             "reset": None,
         }
+    if body:
+        sock.sendall(conn.data_to_send())
+        time.sleep(pause)
+        for stream_id in streams:
+            conn.send_data(stream_id, body.encode(), end_stream=True)
     sock.sendall(conn.data_to_send())
     deadline = time.monotonic() + TIMEOUT
     open_streams = set(streams)

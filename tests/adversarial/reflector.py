@@ -8,7 +8,8 @@ Rules:
    from), so a test proves from here what the proxy sent upstream (Range stripped, credential
    injected, ...).
 3. The channel is the path: /body (form, charset, coding from the query), /range (honours
-   Range: 206 pieces), /reason, /hname, /trailer, /badstatus, /truncated, /sse, /ws (wsproto:
+   Range: 206 pieces), /reason, /hname, /trailer, /wwwauth (a 401 whose WWW-Authenticate
+   error_description holds the form of the query), /badstatus, /truncated, /sse, /ws (wsproto:
    text, binary, fragmented and permessage-deflate messages, ping payload, close reason).
 The encodings are functions of this module, so a test computes exactly what went on the wire.
 """
@@ -25,6 +26,26 @@ import zlib
 from pathlib import Path
 from urllib.parse import parse_qs, quote, urlsplit
 
+
+def go_json(s: str) -> str:
+    """Go's encoding/json (HTMLEscape on by default): `<`, `>`, `&` as \\u003c \\u003e \\u0026."""
+    out = json.dumps(s, ensure_ascii=False)[1:-1]
+    return out.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def go_html(s: str) -> str:
+    """Go's html/template text escaper: `&<>"'` and `+` (as `&#43;`)."""
+    table = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;", "'": "&#39;", "+": "&#43;"}
+    return "".join(table.get(c, c) for c in s)
+
+
+def handlebars(s: str) -> str:
+    """Handlebars/lodash escapeExpression: `&<>"'`, the backtick, `=` and `/` (OWASP's list)."""
+    table = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;", "`": "&#x60;",
+             "=": "&#x3D;", "/": "&#x2F;"}  # fmt: skip
+    return "".join(table.get(c, c) for c in s)
+
+
 FORMS = {
     "raw": lambda s: s,
     "json": lambda s: json.dumps(s)[1:-1],
@@ -32,6 +53,14 @@ FORMS = {
     "url": lambda s: quote(s, safe="/"),
     "urlreserved": lambda s: quote(s, safe=":/?#[]@!$&'()*+,;="),
     "basic": lambda s: base64.b64encode(f"user:{s}".encode()).decode(),
+    # issue 27: what real servers and template engines write
+    "gojson": go_json,
+    "gohtml": go_html,
+    "handlebars": handlebars,
+    "htmldecimal": lambda s: "".join(c if c.isalnum() else f"&#{ord(c)};" for c in s),
+    "jsonu": lambda s: "".join(f"\\u{ord(c):04x}" for c in s),
+    "jsonofhtml": lambda s: go_json(go_html(s)),
+    "jwt": lambda s: base64.urlsafe_b64encode(f'{{"sub":"{go_json(s)}"}}'.encode()).decode().rstrip("="),
 }
 CHARSETS = ("utf-8", "utf-16-le", "utf-16-be", "utf-16")  # utf-16: with a BOM
 
@@ -155,6 +184,16 @@ class Reflector:
     ) -> None:
         name = "X-" + quote(secret, safe="")  # URL-encoded: every character a valid header-name one
         w.write(_head("200 OK", [(name, "1"), ("X-Ok", "yes"), ("Content-Length", "3")]) + b"ok\n")
+        await w.drain()
+
+    async def _wwwauth(
+        self, secret: str, q: dict[str, str], h: dict[str, str], r: object, w: asyncio.StreamWriter
+    ) -> None:
+        echo = FORMS[q.get("form", "raw")](secret)
+        challenge = f'Bearer realm="api", error="invalid_token", error_description="token {echo} rejected"'
+        w.write(
+            _head("401 Unauthorized", [("WWW-Authenticate", challenge), ("Content-Length", "3")]) + b"no\n"
+        )
         await w.drain()
 
     async def _trailer(

@@ -1,10 +1,11 @@
-"""Abusing HTTP/1 framing and the proxy's patience: CL/TE smuggling, oversize headers, slowloris."""
+"""Abusing HTTP/1 and HTTP/2 framing and the proxy's patience: CL/TE smuggling, an HTTP/2
+content-length that disagrees with its DATA, oversize headers, slowloris."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.adversarial.conftest import BOUND_HOST, DENIED_HOST, Attacker
+from tests.adversarial.conftest import BOUND_HOST, DENIED_HOST, SECRET, Attacker
 
 pytestmark = pytest.mark.root
 
@@ -37,6 +38,31 @@ def test_request_smuggling_never_reaches_another_host(attacker: Attacker, varian
     assert all(r["path"] == "/echo" for r in seen), seen
     smuggled_answers = outcome.get("reply", "").count("HTTP/1.1 200")
     assert smuggled_answers <= 1, outcome  # never a second, smuggled response
+
+
+@pytest.mark.parametrize(("declared", "sent"), [(100, 10), (5, 60), (0, 8)])
+def test_an_http2_body_that_disagrees_with_its_content_length_never_leaves_with_the_credential(
+    attacker: Attacker, declared: int, sent: int
+) -> None:
+    """Issue 27: a credentialed HTTP/2 POST whose DATA is shorter or longer than its
+    content-length: the origin's log shows no such request at all (the proxy read the body
+    whole and the protocol layer refused it before a byte went upstream). Positive control: the
+    same POST with an honest length reaches the origin with the credential injected."""
+    mark = len(attacker.internet.origin_requests())
+    body = "x" * sent
+    lying = attacker.attack(
+        "h2_streams", host=BOUND_HOST, authorities=[BOUND_HOST], content_length=declared, body=body, pause=0.5
+    )
+    assert lying["alpn"] == "h2", lying
+    [stream] = lying["streams"]
+    assert stream["status"] != 200, lying
+    assert attacker.origin_requests_since(mark) == [], "a request with invalid framing reached the origin"
+    honest = attacker.attack(
+        "h2_streams", host=BOUND_HOST, authorities=[BOUND_HOST], content_length=sent, body=body
+    )
+    assert honest["streams"][0]["status"] == 200, honest
+    [seen] = attacker.origin_requests_since(mark)
+    assert seen["method"] == "POST" and seen["headers"]["authorization"] == f"Bearer {SECRET}", seen
 
 
 @pytest.mark.parametrize(("size", "count"), [(200_000, 1), (100, 5000)])

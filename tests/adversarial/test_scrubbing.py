@@ -15,7 +15,9 @@ knows the forms independently of the redactor.
 from __future__ import annotations
 
 import base64
+import html
 import json
+import re
 import secrets
 import shutil
 import subprocess
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, quote_plus
+from urllib.parse import quote, quote_plus, unquote
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -54,11 +56,29 @@ IN_SANDBOX_CLIENT = "/workspace/scrub_client.py"
 REDACTED = "[REDACTED]"
 
 
+def unescaped(text: str) -> str:
+    """`text` read as a client reads it, twice over: HTML references (html.unescape), JSON and
+    JavaScript \\u escapes, `\\/`, percent-encoding (urllib's unquote). Independent of the vault's
+    decoder; what it finds in a scrubbed answer is a leak."""
+    for _ in range(2):
+        text = text.replace("\\\\", "\\").replace('\\"', '"')  # JSON's own (and `everything`'s)
+        text = html.unescape(text)
+        text = re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), text).replace("\\/", "/")
+        text = unquote(text)
+    return text
+
+
 def leaks(secret: str, received: str | bytes) -> str | None:
     """The form of `secret` found in what a client received, or None. Independent of the
     redactor: raw, JSON (with `\\/`), URL-encoded with any common safe set, base64 of `user:`
-    + secret at its stable middle, a long middle slice, each in UTF-8 and UTF-16 LE/BE."""
+    + secret at its stable middle, a long middle slice, each in UTF-8 and UTF-16 LE/BE; and the
+    secret in the received text once its escapes are undone (`unescaped`, for each charset)."""
     data = received.encode("latin-1") if isinstance(received, str) else received
+    for charset in ("utf-8", "utf-16-le", "utf-16-be"):
+        if secret in unescaped(data.decode(charset, "replace")) or secret in unescaped(
+            data[1:].decode(charset, "replace")
+        ):
+            return f"{secret!r} once its escapes are undone, in {charset}"
     texts = {secret, json.dumps(secret)[1:-1], json.dumps(secret)[1:-1].replace("/", "\\/"), secret[3:-3]}
     for safe in ("", "/", ":/?#[]@!$&'()*+,;="):
         texts |= {quote(secret, safe=safe), quote_plus(secret, safe=safe)}
@@ -290,6 +310,50 @@ def test_range_requests_never_reassemble_a_secret(victim: Victim, reflector: Ref
     assert len(seen) == 6 and not any("range" in r["headers"] or "if-range" in r["headers"] for r in seen)
 
 
+def assert_replaced(form: str, text: str) -> None:
+    """The echo was replaced where it stood (a JWT keeps the base64 of its own bytes around it)."""
+    assert REDACTED in text and FORMS[form](SECRET) not in text, (form, text)
+    if form != "jwt":
+        assert f"{REDACTED} rejected" in text or text == REDACTED, (form, text)
+
+
+ECHO_FORMS = ["gojson", "gohtml", "handlebars", "htmldecimal", "jsonu", "jsonofhtml", "jwt"]
+
+
+@pytest.mark.parametrize("kind", ["h1", "h2"])
+def test_what_real_servers_and_template_engines_write_is_scrubbed(
+    victim: Victim, reflector: Reflector, kind: str
+) -> None:
+    """Issue 27: the injected credential echoed as Go's encoding/json, Go's html/template,
+    Handlebars, decimal references, all-\\u JSON, JSON of HTML and a JWT-style base64url of JSON
+    write it, in a UTF-8 and a UTF-16 body and in a 401's WWW-Authenticate header: none of it
+    reaches the sandbox (`fetch` checks every result with `leaks`, which undoes the escapes with
+    the standard library's own decoders), and each echo was replaced where it stood."""
+    mark = len(reflector.requests())
+    requests = [
+        *(h1(REFLECT_HOST, f"/body?form={form}&ctype=text/html") | {"kind": kind} for form in ECHO_FORMS),
+        *(
+            h1(REFLECT_HOST, f"/body?form={form}&charset=utf-16-le&declare=1&ctype=text/plain")
+            | {"kind": kind}
+            for form in ECHO_FORMS
+        ),
+        *(h1(REFLECT_HOST, f"/wwwauth?form={form}") | {"kind": kind} for form in ECHO_FORMS),
+    ]
+    results = victim.fetch(*requests)
+    count = len(ECHO_FORMS)
+    for form, result in zip(ECHO_FORMS, results[:count], strict=True):
+        assert result["status"] == 200, (form, result)
+        assert_replaced(form, json.loads(result["body"])["echo"])
+    for form, result in zip(ECHO_FORMS, results[count : 2 * count], strict=True):
+        assert_replaced(form, json.loads(result["body"].encode("latin-1").decode("utf-16-le"))["echo"])
+    for form, result in zip(ECHO_FORMS, results[2 * count :], strict=True):
+        [challenge] = [v for k, v in result["headers"] if k.lower() == "www-authenticate"]
+        assert result["status"] == 401 and challenge.startswith('Bearer realm="api"'), (form, result)
+        assert_replaced(form, challenge)
+    seen = reflector.requests()[mark:]  # positive control: every one was injected and echoed it
+    assert len(seen) == len(requests) and all(r["source"] == "injected" for r in seen)
+
+
 # ------------------------------------------------------------------------------ heads
 
 
@@ -406,12 +470,13 @@ CHANNELS = st.one_of(
         st.sampled_from(CHARSETS),
         st.sampled_from(CODINGS),
     ),
+    st.builds(lambda form: f"/wwwauth?form={form}", st.sampled_from(sorted(FORMS))),
     st.sampled_from(
         ["/range", "/reason", "/hname", "/trailer", "/sse?n=2&gap=0.05", "/badstatus", "/truncated"]
     ),
 )
 RANDOM_SECRETS = st.text(
-    alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/+=-_.~!*'()",
+    alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/+=-_.~!*'()&<>",
     min_size=14,
     max_size=40,
 )
@@ -430,7 +495,8 @@ def test_random_reflections_of_random_secrets_never_reach_the_sandbox(
     victim: Victim, reflector: Reflector, secret: str, requests: list[tuple[str, str]]
 ) -> None:
     """A fresh random secret is stored through the API (never injected), the origin reflects it
-    through random channels, forms, charsets and codings, over HTTP/1.1, HTTP/2 and WebSocket."""
+    through random channels (WWW-Authenticate too), forms (the serialisers and template engines
+    of issue 27 too), charsets and codings, over HTTP/1.1, HTTP/2 and WebSocket."""
     set_fresh(victim, secret)
     reflector.leak(secret)
     batch = [

@@ -29,7 +29,7 @@ from sandgate.proxy.injection import InjectionAddon
 from sandgate.proxy.metrics import Metrics
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.state import FLOW_KEY, ProxyState, SandboxTable
-from sandgate.proxy.streaming import StreamingAddon
+from sandgate.proxy.streaming import CHECKED_BODY_MAX, StreamingAddon
 from sandgate.vault import generate_master_key, open_store
 
 SANDBOX = "10.213.0.2"
@@ -251,3 +251,32 @@ def test_accepted_connections_send_without_delay() -> None:
         with sock:
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
             assert not sock.getblocking()
+
+
+@pytest.mark.parametrize(
+    ("host", "version", "declared", "streamed", "length_kept"),
+    [
+        ("api.example.com", "HTTP/2.0", "100", False, True),  # read whole: h2 checks DATA against it first
+        ("api.example.com", "HTTP/2.0", str(CHECKED_BODY_MAX + 1), True, False),  # framed by what is sent
+        ("api.example.com", "HTTP/2.0", None, True, False),  # END_STREAM alone frames it
+        ("api.example.com", "HTTP/1.1", "100", True, True),  # mitmproxy checks HTTP/1 framing first
+        (ORIGIN, "HTTP/2.0", "100", True, True),  # no credential goes with it
+    ],
+)
+def test_a_credentialed_http2_body_is_read_whole_before_it_goes(
+    state: ProxyState, host: str, version: str, declared: str | None, streamed: bool, length_kept: bool
+) -> None:
+    """streaming.py rule 6 (issue 27): which requests are held until their framing is checked."""
+    flow = sandbox_flow(state, host, method="POST")
+    flow.request.scheme, flow.request.port, flow.request.http_version = "http", 80, version
+    flow.request.headers.pop("content-length", None)
+    if declared is not None:
+        flow.request.headers["content-length"] = declared
+    state.names.remember(SANDBOX, "api.example.com", [ORIGIN])
+    state.resolver.addresses = _fixed(ORIGIN)  # type: ignore[method-assign]  # no DNS in unit tests
+    asyncio.run(EnforcementAddon(state).requestheaders(flow))
+    asyncio.run(InjectionAddon(state).requestheaders(flow))
+    assert flow.response is None and flow.metadata[FLOW_KEY].verdict.allowed
+    StreamingAddon().requestheaders(flow)
+    assert bool(flow.request.stream) is streamed
+    assert ("content-length" in flow.request.headers) is length_kept

@@ -1,5 +1,6 @@
 """The response scrubber alone: streamed output equals whole-body redaction for any chunking,
-text that cannot begin a secret is released at once, and headers are scrubbed in place."""
+text that cannot begin a secret is released at once (the vault's rule: tests/vault), and headers
+are scrubbed in place."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from hypothesis import strategies as st
 from mitmproxy.http import Headers
 
 from sandgate.proxy.scrubbing import Scrubber
-from sandgate.vault import secret_forms
 from tests.support.tiers import examples
 
 SECRET = "sk-live-5e2f9a0c7d1b"
@@ -65,42 +65,6 @@ def test_headers_are_scrubbed_in_place() -> None:
     SCRUBBER.headers(headers)
     assert headers["x-reflected"] == "Bearer [REDACTED]" and headers["server"] == "origin"
     assert headers.get_all("set-cookie") == ["t=[REDACTED]", "other=1"]
-
-
-def test_early_release_knows_exactly_the_redactors_forms() -> None:
-    # Early release is sound only for the forms the vault's redactor looks for (see scrubbing.py).
-    assert SCRUBBER.may_continue(b"\n\n") is False
-    assert SCRUBBER.redactor.pattern_count == len(
-        {form for value in (SECRET, "user:pa55word-xyz") for form in secret_forms(value)}
-    )
-
-
-ALL_FORMS = sorted({form for value in (SECRET, "user:pa55word-xyz") for form in secret_forms(value)})
-
-
-@settings(max_examples=examples(500), deadline=None)
-@given(
-    pieces=st.lists(
-        st.one_of(
-            st.binary(max_size=6),
-            st.sampled_from([b"\0", b"\n", b"sk-"]),
-            st.builds(
-                lambda form, n: form[:n], st.sampled_from(ALL_FORMS), st.integers(0, 3) | st.integers(0, 90)
-            ),
-        ),
-        max_size=6,
-    )
-)
-def test_may_continue_is_true_exactly_when_a_suffix_begins_a_form(pieces: list[bytes]) -> None:
-    """The early-release check against its definition, for tails ending in any piece of any form
-    (UTF-16 ones included) or in bytes that begin none."""
-    tail = b"".join(pieces)[-SCRUBBER.hold :]
-    begins_a_form = any(
-        form.startswith(tail[i:]) and len(tail) - i < len(form)
-        for i in range(len(tail))
-        for form in ALL_FORMS
-    )
-    assert SCRUBBER.may_continue(tail) is begins_a_form
 
 
 # -- the channels of issue 15, in process -----------------------------------------------------

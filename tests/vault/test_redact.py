@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandgate.vault import REDACTED, Redactor
-from sandgate.vault.redact import ZERO_RUN, encoded_forms
+from sandgate.vault.forms import normal_forms
+from sandgate.vault.redact import ZERO_RUN
 from tests.support.tiers import examples
 
 TOKEN = "ghp_R3dact0r-Test+Value/42"
@@ -100,14 +101,14 @@ def test_every_single_split_point_and_byte_by_byte() -> None:
     assert chunked(r, data, list(range(len(data)))) == whole
 
 
-def test_stream_holds_back_at_most_the_longest_form() -> None:
+def test_stream_holds_back_at_most_the_longest_escaped_form() -> None:
     r = redactor()
     stream = r.stream()
     fed = emitted = 0
     for chunk in [b"x" * 7] * 50:
         emitted += len(stream.feed(chunk))
         fed += len(chunk)
-        assert fed - emitted <= r.max_pattern_length
+        assert fed - emitted <= r.hold
     assert emitted + len(stream.flush()) == fed
 
 
@@ -193,7 +194,7 @@ def test_a_utf16_form_is_not_moved_into_the_next_match() -> None:
     """Two forms back to back at an odd offset: moving the first one byte later would cut into
     the second, so both stay where one search finds them, and neither is left readable."""
     values = ["bench-secret-7f3a9c2e5d1b"]
-    for form in encoded_forms(values[0]):
+    for form in normal_forms(values[0]):
         data = b"\0" + form + form
         assert Redactor(values).redact(data) == leftmost_longest(values, data), form
         assert form not in Redactor(values).redact(data)
@@ -223,7 +224,7 @@ def leftmost_longest(values: list[str], data: bytes) -> bytes:
     """Redaction by one leftmost-longest search of every form over all of `data` (no rule 4)."""
     forms: dict[bytes, str] = {}
     for value in values:
-        forms.update(encoded_forms(value))
+        forms.update(normal_forms(value))
     patterns = sorted(forms)
     automaton = ahocorasick_rs.BytesAhoCorasick(patterns, matchkind=ahocorasick_rs.MatchKind.LeftmostLongest)
     out, cursor = [], 0
@@ -252,7 +253,7 @@ def test_zero_runs_change_no_match(
     """Forms next to, between and inside zero runs of every length around ZERO_RUN are redacted
     exactly as one search over the whole body would, streamed or not."""
     r = Redactor(values)
-    forms = sorted({form for value in values for form in encoded_forms(value)})
+    forms = sorted({form for value in values for form in normal_forms(value)})
     data = b"".join(
         bytes(zeros) + (forms[pick % len(forms)] if with_form else b"") + filler
         for zeros, pick, with_form, filler in parts
@@ -266,7 +267,7 @@ def test_every_form_against_zero_runs_on_either_side() -> None:
     values = ["bench-secret-7f3a9c2e5d1b", "tok-\u00e9\u0100-9"]
     r = Redactor(values)
     lengths = (0, 1, ZERO_RUN - 1, ZERO_RUN, ZERO_RUN + 1, 3 * ZERO_RUN)
-    for form in {form for value in values for form in encoded_forms(value)}:
+    for form in {form for value in values for form in normal_forms(value)}:
         for before, after in itertools.product(lengths, repeat=2):
             data = bytes(before) + form + bytes(after) + form
             assert r.redact(data) == one_search(values, data), (form, before, after)
