@@ -4,8 +4,7 @@ Rules:
 1. One writer: every line goes through `contract.audit.written` (redaction of every secret value
    the proxy holds, query strings replaced) and `to_line`; callers hand over records, not lines.
 2. The proxy owns the audit file (`AuditLog`: each line appended with one write(), rotated by
-   size to `audit.jsonl.1` ... `audit.jsonl.N` by its one writer, and published to in-process
-   subscribers; a failing subscriber is dropped, never allowed to stop the log). With proxy
+   size to `audit.jsonl.1` ... `audit.jsonl.N` by its one writer). With proxy
    workers the one writer is the pool: a worker's `AuditLog` sends its lines there (`AuditPipe`).
 3. Write-ahead (the meaning of the lines: contract/audit.py rule 5): `AuditLog.write_ahead` returns
    only once its line is in the file (through the kernel: it survives the death of any process;
@@ -25,14 +24,12 @@ import errno
 import logging
 import os
 import socket
-from collections.abc import Callable
 from pathlib import Path
 
 from sandgate.proxy.contract.audit import AuditRecord, Redact, to_line, written
 
 log = logging.getLogger(__name__)
 
-Subscriber = Callable[[AuditRecord], None]
 
 PIPE_RECORD_MAX = 256 * 1024  # bytes: larger audit lines of a worker skip the pipe (AuditPipe)
 ACK_TIMEOUT = 10.0  # seconds a worker waits for the pool to say a write-ahead line is written
@@ -49,8 +46,7 @@ def why_unwritable(exc: OSError) -> str:
 
 
 class AuditLog:
-    """Append-only JSON-lines audit stream with in-process subscribers (who get each record as it
-    was written, redacted). The lines go to an `AuditFile` (one proxy process, or the worker
+    """Append-only JSON-lines audit stream. The lines go to an `AuditFile` (one proxy process, or the worker
     pool) or, in a worker (`pipe_fd`), through an `AuditPipe` to the pool's one `AuditFile`."""
 
     def __init__(
@@ -72,7 +68,6 @@ class AuditLog:
             self.sink = AuditPipe(pipe_fd, path)
         else:
             self.sink = AuditFile(path, max_bytes, backups, fsync)
-        self._subscribers: list[Subscriber] = []
 
     @property
     def failure(self) -> str | None:
@@ -87,7 +82,6 @@ class AuditLog:
             self.sink.write(to_line(record).encode())
         except OSError as exc:
             log.error("audit record %s lost: %s", record.id, exc)
-        self._publish(record)
 
     async def write_ahead(self, record: AuditRecord) -> None:
         """Append `record` and return once it is in the file (rule 5); raises AuditUnwritable."""
@@ -105,24 +99,6 @@ class AuditLog:
         """A worker hears the pool's news (its failure, its recovery) from now on."""
         if isinstance(self.sink, AuditPipe):
             self.sink.listen(loop)
-
-    def _publish(self, record: AuditRecord) -> None:
-        for subscriber in list(self._subscribers):
-            try:
-                subscriber(record)
-            except Exception:
-                log.exception("audit subscriber %r failed; unsubscribed", subscriber)
-                self.unsubscribe(subscriber)
-
-    def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
-        """Call `subscriber` with every later record (whole ones: not write-ahead lines);
-        returns the function that unsubscribes."""
-        self._subscribers.append(subscriber)
-        return lambda: self.unsubscribe(subscriber)
-
-    def unsubscribe(self, subscriber: Subscriber) -> None:
-        if subscriber in self._subscribers:
-            self._subscribers.remove(subscriber)
 
     def close(self) -> None:
         self.sink.close()

@@ -35,13 +35,11 @@ def test_every_free_text_field_is_redacted_when_written(tmp_path: Path) -> None:
     texts = {name: f"{name} {SECRET} x" for name in FREE_TEXT}
     texts["path"] = f"/bot/{SECRET}/send?token={SECRET}"
     record = AuditRecord(kind="request", sandbox="sbx", client="c", decision="deny", **texts)
-    seen: list[AuditRecord] = []
     log = AuditLog(tmp_path / "audit.jsonl", 1 << 20, 1, Redactor([SECRET]).redact_text)
-    log.subscribe(seen.append)
     log.write(record)
     log.close()
     line = (tmp_path / "audit.jsonl").read_text()
-    assert SECRET not in line and SECRET not in seen[0].model_dump_json()  # subscribers get the written one
+    assert SECRET not in line
     written = json.loads(line)
     assert written["path"] == "/bot/[REDACTED]/send?<redacted>"
     assert all(written[name] == f"{name} [REDACTED] x" for name in FREE_TEXT if name != "path")
