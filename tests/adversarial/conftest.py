@@ -38,6 +38,7 @@ from opensandbox.config.connection_sync import ConnectionConfigSync
 from opensandbox.models.execd import RunCommandOpts
 from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
 
+from tests.support.audit import audit_records
 from tests.support.internet import DNS_ADDR, ORIGIN_V4, ORIGIN_V6, Internet, start_internet
 from tests.support.netns import Netns, ip, unique
 from tests.support.server import SANDGATE, SandgateServer, free_port, sandgate_server
@@ -330,10 +331,8 @@ class Attacker:
     # -- what the outside saw ---------------------------------------------------------------
 
     def audit(self) -> list[dict[str, Any]]:
-        records = []
-        for path in sorted(self.server.state_dir.glob("audit.jsonl*"), reverse=True):
-            records += [json.loads(line) for line in path.read_text().splitlines() if line]
-        return records
+        """Every record, one per id (tests/support/audit.py), oldest first."""
+        return audit_records(self.server.state_dir)
 
     def wait_audit(
         self, match: Callable[[dict[str, Any]], bool], timeout: float = 5.0

@@ -29,6 +29,7 @@ from opensandbox import SandboxSync
 from opensandbox.models.execd import RunCommandOpts
 
 from tests.adversarial.conftest import LONG_LIVED_AND_MINTED, ZONE, sandbox_with_policy, vault_put
+from tests.support.audit import audit_records
 from tests.support.internet import Internet, stop
 from tests.support.netns import netns, veth_to_host
 from tests.support.server import SandgateServer
@@ -156,10 +157,7 @@ class AwsSandbox:
         return execution.exit_code, out, err
 
     def audit(self) -> list[dict[str, Any]]:
-        records = []
-        for path in sorted(self.server.state_dir.glob("audit.jsonl*")):
-            records += [json.loads(line) for line in path.read_text().splitlines() if line]
-        return [r for r in records if r.get("sandbox") == self.sandbox.id]
+        return audit_records(self.server.state_dir, self.sandbox.id)
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,7 @@ from tests.adversarial.conftest import (
     vault_put,
 )
 from tests.adversarial.test_no_secret_reaches_a_sandbox import SCANNER, XOR, Canaries
+from tests.support.audit import audit_records
 from tests.support.internet import Internet, stop
 from tests.support.netns import netns, veth_to_host
 from tests.support.server import SANDGATE, SandgateServer
@@ -228,10 +229,7 @@ class Agent:
         return int(status), json.loads(body)
 
     def audit(self) -> list[dict[str, Any]]:
-        records = []
-        for path in sorted(self.server.state_dir.glob("audit.jsonl*")):
-            records += [json.loads(line) for line in path.read_text().splitlines() if line]
-        return [r for r in records if r.get("sandbox") == self.sandbox.id]
+        return audit_records(self.server.state_dir, self.sandbox.id)
 
     def mints(self, binding: str) -> list[dict[str, Any]]:
         return [r for r in self.audit() if r.get("event") == "token-mint" and r["binding"] == binding]

@@ -1,0 +1,24 @@
+"""Reading a state dir's audit log the way its readers do (lifecycle's index, `sandgate logs`).
+
+The proxy writes a request's record twice: a write-ahead line (`event: incomplete`) before its
+first byte goes upstream, and the whole record, same id, when it ends (docs/audit.md). One
+logical record per id is what tests count: the whole one where the response ended.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def audit_records(state_dir: Path, sandbox: str | None = None) -> list[dict[str, Any]]:
+    """Every record of the live file and its backups, one per id, oldest first."""
+    records: dict[str, dict[str, Any]] = {}
+    for path in sorted(state_dir.glob("audit.jsonl*"), reverse=True):
+        for line in path.read_text().splitlines():
+            if line:
+                record = json.loads(line)
+                records.pop(record["id"], None)
+                records[record["id"]] = record
+    return [r for r in records.values() if sandbox is None or r.get("sandbox") == sandbox]
