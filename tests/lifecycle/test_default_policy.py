@@ -6,15 +6,14 @@ starting, with the file:line of the fault."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.audit import dns_decision
 from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
@@ -49,17 +48,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandgateServer]
         yield running
 
 
-def dns_decision(server: SandgateServer, sandbox_id: str, name: str) -> str:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for line in (server.state_dir / "audit.jsonl").read_text().splitlines():
-            record = json.loads(line)
-            if record["kind"] == "dns" and record["sandbox"] == sandbox_id and record["host"] == name:
-                return str(record["decision"])
-        time.sleep(0.1)
-    raise AssertionError(f"no DNS record for {name}")
-
-
 def test_a_create_without_a_policy_gets_the_default(server: SandgateServer) -> None:
     sandbox_id = server.create_sandbox()["id"]
     policy = server.client().get(f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy").json()
@@ -68,17 +56,17 @@ def test_a_create_without_a_policy_gets_the_default(server: SandgateServer) -> N
         "files.example.test",
     ]
     server.run(sandbox_id, "getent hosts index.example.test files.example.test other.example.test")
-    assert dns_decision(server, sandbox_id, "index.example.test") == "allow"
-    assert dns_decision(server, sandbox_id, "files.example.test") == "allow"  # from the preset
-    assert dns_decision(server, sandbox_id, "other.example.test") == "deny"
+    assert dns_decision(server.state_dir, sandbox_id, "index.example.test") == "allow"
+    assert dns_decision(server.state_dir, sandbox_id, "files.example.test") == "allow"  # from the preset
+    assert dns_decision(server.state_dir, sandbox_id, "other.example.test") == "deny"
 
 
 def test_a_create_with_its_own_policy_does_not_get_the_default(server: SandgateServer) -> None:
     own = {"defaultAction": "deny", "egress": [{"action": "allow", "target": "own.example.test"}]}
     sandbox_id = server.create_sandbox(networkPolicy=own)["id"]
     server.run(sandbox_id, "getent hosts own.example.test index.example.test")
-    assert dns_decision(server, sandbox_id, "own.example.test") == "allow"
-    assert dns_decision(server, sandbox_id, "index.example.test") == "deny"
+    assert dns_decision(server.state_dir, sandbox_id, "own.example.test") == "allow"
+    assert dns_decision(server.state_dir, sandbox_id, "index.example.test") == "deny"
 
 
 def test_a_policy_sent_later_may_include_the_operators_presets(server: SandgateServer) -> None:

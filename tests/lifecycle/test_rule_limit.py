@@ -5,13 +5,12 @@ one rule over it is a 400 naming the limit, and the policy in force stays as it 
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.audit import dns_decision
 from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
@@ -38,24 +37,14 @@ def proxy_rule_count(server: SandgateServer, sandbox_id: str) -> int:
     return len(entry.policy["egress"])
 
 
-def dns_decision(server: SandgateServer, sandbox_id: str, name: str) -> str:
-    """The decision of the proxy's DNS record for `name` (written when the answer is sent)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for line in (server.state_dir / "audit.jsonl").read_text().splitlines():
-            record = json.loads(line)
-            if record["kind"] == "dns" and record["sandbox"] == sandbox_id and record["host"] == name:
-                return str(record["decision"])
-        time.sleep(0.1)
-    raise AssertionError(f"no DNS record for {name}")
-
-
 def test_a_policy_at_the_limit_is_in_force_at_the_proxy(server: SandgateServer) -> None:
     sandbox_id = server.create_sandbox(networkPolicy={"defaultAction": "deny", "egress": rules(LIMIT)})["id"]
     assert proxy_rule_count(server, sandbox_id) == LIMIT
     server.run(sandbox_id, f"getent hosts h{LIMIT - 1}.example.test h{LIMIT}.example.test")
-    assert dns_decision(server, sandbox_id, f"h{LIMIT - 1}.example.test") == "allow"  # the last rule
-    assert dns_decision(server, sandbox_id, f"h{LIMIT}.example.test") == "deny"
+    assert (
+        dns_decision(server.state_dir, sandbox_id, f"h{LIMIT - 1}.example.test") == "allow"
+    )  # the last rule
+    assert dns_decision(server.state_dir, sandbox_id, f"h{LIMIT}.example.test") == "deny"
 
 
 def test_one_rule_over_the_limit_is_a_400_naming_it(server: SandgateServer) -> None:

@@ -8,6 +8,7 @@ logical record per id is what tests count: the whole one where the response ende
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,3 +23,14 @@ def audit_records(state_dir: Path, sandbox: str | None = None) -> list[dict[str,
                 records.pop(record["id"], None)
                 records[record["id"]] = record
     return [r for r in records.values() if sandbox is None or r.get("sandbox") == sandbox]
+
+
+def dns_decision(state_dir: Path, sandbox: str, name: str, timeout: float = 10.0) -> str:
+    """The decision of the proxy's DNS record for `name` (written when the answer is sent)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for record in audit_records(state_dir, sandbox):
+            if record["kind"] == "dns" and record["host"] == name:
+                return str(record["decision"])
+        time.sleep(0.1)
+    raise AssertionError(f"no DNS record for {name} in {timeout:g} s")
