@@ -19,6 +19,7 @@ import pytest
 
 from sandgate.lifecycle.proxy_supervisor import secrets_pipe
 from sandgate.proxy import ProxyConfig, ProxyControl, SandboxEntry
+from tests.support.audit import audit_records
 from tests.support.internet import DNS_ADDR, Internet, start_internet
 from tests.support.netns import Netns, ip, unique
 
@@ -38,6 +39,11 @@ class RunningProxy:
         return self.config.state_dir / "mitmproxy-ca-cert.pem"
 
     def audit(self) -> list[dict[str, Any]]:
+        """The records, one per id (a request's whole record replaces its write-ahead line)."""
+        return audit_records(self.config.state_dir)
+
+    def audit_lines(self) -> list[dict[str, Any]]:
+        """Every line of the live file as written, write-ahead lines included."""
         path = self.config.audit_path
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 

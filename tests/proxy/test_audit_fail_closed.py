@@ -56,7 +56,7 @@ def test_an_unwritable_audit_log_forwards_nothing_and_says_why(
     [seen] = net.origin_requests()[mark:]
     assert seen["path"] == "/"
     assert proxy.control.health()["audit"] == "ok"
-    lines = [r for r in proxy.audit() if r["kind"] == "request"]
+    lines = [r for r in proxy.audit_lines() if r["kind"] == "request"]
     ahead, whole = lines[-2:]  # the one forwarded since: its write-ahead line, then its whole record
     assert (ahead["id"], ahead["event"], ahead["status"]) == (whole["id"], INCOMPLETE, None)
     assert (whole["event"], whole["status"]) == (None, 200)
