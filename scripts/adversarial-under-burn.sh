@@ -14,8 +14,8 @@
 # 3. Stops at the first run that is not green and exits with its status; the per-run summary
 #    (pytest's counts, seconds, load average before and after) goes to stdout and to
 #    $LOG_DIR/summary.txt, each run's whole output to $LOG_DIR/run-N.log.
-# Arguments, if any, replace the test selection and may add pytest options (default:
-# tests/adversarial).
+# Arguments are pytest's: test paths replace the selection (default tests/adversarial), options
+# are added (`-x`, `-k EXPR`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +24,9 @@ BURNERS=${BURNERS:-2}
 RUN_SECONDS=${RUN_SECONDS:-3600}  # the suite took over 20 min at load average 14
 LOG_DIR=${LOG_DIR:-$(mktemp -d /tmp/adversarial-under-burn.XXXXXX)}
 selection=("$@")
-[ ${#selection[@]} -eq 0 ] && selection=(tests/adversarial)
+names_a_path=0
+for arg in "$@"; do [ -e "${arg%%::*}" ] && names_a_path=1; done
+[ $names_a_path -eq 0 ] && selection=(tests/adversarial "$@")  # only options: the whole suite
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "adversarial-under-burn: the adversarial suite needs root (namespaces, nftables); run it with sudo" >&2
@@ -63,7 +65,7 @@ for run in $(seq "$RUNS"); do
         >"$LOG_DIR/run-$run.log" 2>&1
     status=$?
     seconds=$(($(date +%s) - started))
-    counts=$(grep -E '^=+ .*(passed|failed|error).* =+$' "$LOG_DIR/run-$run.log" | tail -1 | tr -d '=')
+    counts=$(grep -E '(passed|failed|error).* in [0-9.]+s' "$LOG_DIR/run-$run.log" | tail -1 | tr -d '=')
     [ $status -eq 124 ] && counts="cut at ${RUN_SECONDS}s"
     echo "run $run/$RUNS: exit $status,${counts:- no summary}; ${seconds}s; load average $before -> $(loadavg)" | tee -a "$summary"
     if [ $status -ne 0 ]; then
