@@ -94,6 +94,40 @@ async def run(sandbox: Sandbox, command: str, **opts: Any) -> str:
     return stdout
 
 
+async def install_playwright(sandbox: Sandbox, index: str) -> None:
+    await run(
+        sandbox,
+        "python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "
+        f"--target {PLAYWRIGHT_DIR} --index-url {shlex.quote(index)} playwright",
+    )
+
+
+async def prepare_browser_home(sandbox: Sandbox) -> None:
+    """nobody's home: an NSS database trusting the proxy's CA, and a fontconfig file."""
+    pki = f"{BROWSER_HOME}/.pki"
+    await run(sandbox, f"install -d -o {BROWSER_UID} {BROWSER_HOME} {pki} {pki}/nssdb")
+    await sandbox.files.write_file(f"{BROWSER_HOME}/fonts.conf", FONTS_CONF)
+    nssdb = f"sql:{pki}/nssdb"
+    trust = f"certutil -A -d {nssdb} -n sandgate-proxy -t C,, -i {PROXY_CA}"
+    await run(
+        sandbox, f"certutil -N -d {nssdb} --empty-password && {trust}", uid=BROWSER_UID, gid=BROWSER_UID
+    )
+
+
+async def browse(sandbox: Sandbox) -> None:
+    env = {
+        "HOME": BROWSER_HOME,
+        "PYTHONPATH": PLAYWRIGHT_DIR,
+        "FONTCONFIG_FILE": f"{BROWSER_HOME}/fonts.conf",
+    }
+    print(
+        await run(sandbox, f"python3 -c {shlex.quote(BROWSE)}", envs=env, uid=BROWSER_UID, gid=BROWSER_UID),
+        end="",
+    )
+    SCREENSHOT.write_bytes(await sandbox.files.read_bytes(f"{BROWSER_HOME}/screenshot.png"))
+    print(f"screenshot: {SCREENSHOT} ({SCREENSHOT.stat().st_size} bytes)")
+
+
 async def main() -> None:
     index = os.environ.get("PIP_INDEX_URL")
     if not index:
@@ -101,28 +135,15 @@ async def main() -> None:
     package_hosts = os.environ.get("PACKAGE_HOSTS", urlsplit(index).hostname or "").split(",")
     domain = os.environ.get("OPEN_SANDBOX_DOMAIN", "localhost:8080")
     headers = {"OPEN-SANDBOX-API-KEY": os.environ["OPEN_SANDBOX_API_KEY"]}
-    sandbox = await Sandbox.create("sandgate/host", entrypoint=["sleep", "infinity"], timeout=timedelta(minutes=10))
+    sandbox = await Sandbox.create(
+        "sandgate/host", entrypoint=["sleep", "infinity"], timeout=timedelta(minutes=10)
+    )
     async with sandbox, httpx.AsyncClient(base_url=f"http://{domain}", headers=headers) as api:
         await set_policy(api, sandbox, allow_only(*package_hosts))
-        await run(
-            sandbox,
-            f"python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "
-            f"--target {PLAYWRIGHT_DIR} --index-url {shlex.quote(index)} playwright",
-        )
+        await install_playwright(sandbox, index)
         await set_policy(api, sandbox, allow_only(urlsplit(SITE_URL).hostname or ""))
-        await run(sandbox, f"install -d -o {BROWSER_UID} {BROWSER_HOME} {BROWSER_HOME}/.pki {BROWSER_HOME}/.pki/nssdb")
-        await sandbox.files.write_file(f"{BROWSER_HOME}/fonts.conf", FONTS_CONF)
-        nssdb = f"sql:{BROWSER_HOME}/.pki/nssdb"
-        as_browser = {"uid": BROWSER_UID, "gid": BROWSER_UID}
-        await run(
-            sandbox,
-            f"certutil -N -d {nssdb} --empty-password && certutil -A -d {nssdb} -n sandgate-proxy -t C,, -i {PROXY_CA}",
-            **as_browser,
-        )
-        env = {"HOME": BROWSER_HOME, "PYTHONPATH": PLAYWRIGHT_DIR, "FONTCONFIG_FILE": f"{BROWSER_HOME}/fonts.conf"}
-        print(await run(sandbox, f"python3 -c {shlex.quote(BROWSE)}", envs=env, **as_browser), end="")
-        SCREENSHOT.write_bytes(await sandbox.files.read_bytes(f"{BROWSER_HOME}/screenshot.png"))
-        print(f"screenshot: {SCREENSHOT} ({SCREENSHOT.stat().st_size} bytes)")
+        await prepare_browser_home(sandbox)
+        await browse(sandbox)
         await sandbox.kill()
 
 

@@ -9,6 +9,7 @@ as subprocesses with only the SDK's connection variables set (server.env()).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -82,14 +83,21 @@ def test_the_guides_code_interpreter_example_runs_verbatim(
     run_the_guides_example(server)
 
 
-@pytest.fixture
-def llm_name(internet: Internet) -> Iterator[None]:
+@contextlib.contextmanager
+def names_added(internet: Internet, *hosts: str) -> Iterator[None]:
+    """`hosts` resolve to the origin besides the package's own names, until the block ends."""
     kept = {API_HOST: [ORIGIN_V4], PATCHED_HOST: [ORIGIN_V4]}
-    internet.set_names({**kept, LLM_HOST: [ORIGIN_V4]})
+    internet.set_names({**kept, **{host: [ORIGIN_V4] for host in hosts}})
     try:
         yield
     finally:
         internet.set_names(kept)
+
+
+@pytest.fixture
+def llm_name(internet: Internet) -> Iterator[None]:
+    with names_added(internet, LLM_HOST):
+        yield
 
 
 def test_the_llm_agent_example_calls_with_a_key_it_never_sees(
@@ -126,20 +134,20 @@ def test_the_llm_agent_example_calls_with_a_key_it_never_sees(
 
 @pytest.fixture
 def browser_names(internet: Internet) -> Iterator[None]:
-    kept = {API_HOST: [ORIGIN_V4], PATCHED_HOST: [ORIGIN_V4]}
-    internet.set_names({**kept, **{host: [ORIGIN_V4] for host in (INDEX_HOST, SITE_HOST, BLOCKED_HOST)}})
     internet.wheels.symlink_to(BROWSER_WHEELS, target_is_directory=True)
     try:
-        yield
+        with names_added(internet, INDEX_HOST, SITE_HOST, BLOCKED_HOST):
+            yield
     finally:
         internet.wheels.unlink()
-        internet.set_names(kept)
 
 
 def test_the_browser_example_browses_one_site_and_is_refused_another(
     server: SandgateServer, internet: Internet, browser_names: None, tmp_path: Path
 ) -> None:
-    assert list(BROWSER_WHEELS.glob("playwright-*.whl")), f"no Playwright wheel in {BROWSER_WHEELS}: run bootstrap"
+    assert list(BROWSER_WHEELS.glob("playwright-*.whl")), (
+        f"no Playwright wheel in {BROWSER_WHEELS}: run bootstrap"
+    )
     screenshot = tmp_path / "page.png"
     output = run_example(
         server,

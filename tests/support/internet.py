@@ -300,7 +300,9 @@ def _serve(workdir: Path) -> None:
         wanted = project(request.path_params["name"])
         wheels = sorted((workdir / "wheels").glob("*.whl"))
         links = [
-            f'<a href="/wheels/{w.name}">{w.name}</a>' for w in wheels if project(w.name.split("-")[0]) == wanted
+            f'<a href="/wheels/{w.name}">{w.name}</a>'
+            for w in wheels
+            if project(w.name.split("-")[0]) == wanted
         ]
         if not links:
             return PlainTextResponse(f"no project {wanted}\n", status_code=404)
