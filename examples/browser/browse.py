@@ -1,8 +1,9 @@
 """A browser automation sandbox: headless Chromium driven by Playwright, inside a sandbox whose
 policy lets it reach one site and nothing else.
 
-The sandbox runs the `sandgate/host` image, whose /usr is the host's: it needs Debian's
-`chromium`, `libnss3-tools` (certutil) and `python3-pip` on the host. Playwright for Python is
+The sandbox runs the `sandgate/host` image of the local runtime, whose /usr is the host's: it
+needs Debian's `chromium`, `libnss3-tools` (certutil) and `python3-pip` on the host (on the
+Docker runtime `sandgate/host` is the small base image, which has no browser). Playwright for Python is
 installed into the sandbox from a package index (its bundled browsers are never downloaded:
 Playwright launches Debian's Chromium by `executable_path`). Two policies, one after the other:
 

@@ -166,6 +166,9 @@ def test_the_browser_example_browses_one_site_and_is_refused_another(
     assert (INDEX_HOST, "/simple/playwright/") in seen
     assert (SITE_HOST, "/page") in seen
     assert not [hit for hit in seen if hit[0] == BLOCKED_HOST], seen
+    # nor was its name asked of the internet's DNS (the allowed one was): sandgate answered itself
+    asked = {query["name"] for query in internet.dns_queries()}
+    assert SITE_HOST in asked and BLOCKED_HOST not in asked, asked
 
 
 # -- the image on the wire, through the host's execd endpoint -----------------------------------
