@@ -24,6 +24,7 @@ import pytest
 from sandgate.lifecycle.images import ImageStore
 from tests.conformance.conftest import API_HOST, PATCHED_HOST
 from tests.docker.conftest import load_image_builder
+from tests.support.audit import audit_records
 from tests.support.internet import ORIGIN_V4, Internet
 from tests.support.server import SandgateServer
 
@@ -161,14 +162,18 @@ def test_the_browser_example_browses_one_site_and_is_refused_another(
     assert "refused: Page.goto: net::ERR_NAME_NOT_RESOLVED" in output, output
     assert screenshot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and screenshot.stat().st_size > 2000
     # the origins' side: Playwright came from the index, the page was fetched, the denied host
-    # never got a request (nor did the index once the browsing policy replaced the install one)
+    # never got a request, nor was its name asked of the internet's DNS (the allowed one was)
     seen = [(r["headers"].get("host"), r["path"]) for r in internet.origin_requests()]  # type: ignore[union-attr]
     assert (INDEX_HOST, "/simple/playwright/") in seen
     assert (SITE_HOST, "/page") in seen
     assert not [hit for hit in seen if hit[0] == BLOCKED_HOST], seen
-    # nor was its name asked of the internet's DNS (the allowed one was): sandgate answered itself
     asked = {query["name"] for query in internet.dns_queries()}
     assert SITE_HOST in asked and BLOCKED_HOST not in asked, asked
+    # TLS was terminated by the proxy (the policy inspects), so Chromium trusted the proxy's CA:
+    # the proxy could read the path, which a pass-through connection never shows it
+    records = audit_records(server.state_dir)
+    inspected = [r["path"] for r in records if r["kind"] == "request" and r["host"] == SITE_HOST]
+    assert "/page" in inspected, inspected
 
 
 # -- the image on the wire, through the host's execd endpoint -----------------------------------
