@@ -75,7 +75,7 @@ with sync_playwright() as driver:
 
 
 def allow_only(*hosts: str) -> dict[str, Any]:
-    """sandgate's policy document: HTTPS to `hosts` (inspected), everything else denied."""
+    """sandgate's policy document: `hosts` allowed (HTTPS inspected), everything else denied."""
     rules = [{"action": "allow", "target": host, "inspect": "always"} for host in hosts]
     return {"version": 1, "defaultAction": "deny", "mode": "enforce", "egress": rules}
 
@@ -140,12 +140,14 @@ async def main() -> None:
         "sandgate/host", entrypoint=["sleep", "infinity"], timeout=timedelta(minutes=10)
     )
     async with sandbox, httpx.AsyncClient(base_url=f"http://{domain}", headers=headers) as api:
-        await set_policy(api, sandbox, allow_only(*package_hosts))
-        await install_playwright(sandbox, index)
-        await set_policy(api, sandbox, allow_only(urlsplit(SITE_URL).hostname or ""))
-        await prepare_browser_home(sandbox)
-        await browse(sandbox)
-        await sandbox.kill()
+        try:
+            await set_policy(api, sandbox, allow_only(*package_hosts))
+            await install_playwright(sandbox, index)
+            await set_policy(api, sandbox, allow_only(urlsplit(SITE_URL).hostname or ""))
+            await prepare_browser_home(sandbox)
+            await browse(sandbox)
+        finally:
+            await sandbox.kill()
 
 
 if __name__ == "__main__":
