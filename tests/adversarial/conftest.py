@@ -57,6 +57,10 @@ ATTACKS = Path(__file__).with_name("attacks.py")
 IN_SANDBOX_ATTACKS = "/workspace/attacks.py"
 IN_SANDBOX_TEST_CA = "/workspace/internet-ca.pem"
 COMMAND_TIMEOUT = 60
+# Sandboxes the package or a module shares live as long as the suite, not the SDK's default 10
+# minutes: at load average 10 to 15 the suite ran 18 minutes and the attacker sandbox expired
+# under the last 25 tests (scripts/adversarial-under-burn.sh). Each is killed when its user ends.
+SHARED_SANDBOX_TIMEOUT = timedelta(hours=2)
 # Long-lived secrets and minted tokens of the modules that use their own (AWS keys, OAuth2
 # client secrets, refresh tokens, keys, every token a test server issued): added as each module
 # ends, hunted in every log line and state file by test_zz_nothing_leaked.
@@ -362,6 +366,7 @@ def sandbox_with_policy(
         network_policy=NetworkPolicy(defaultAction="deny"),
         credential_proxy=CredentialProxyConfig(enabled=True),
         connection_config=connection(server),
+        timeout=SHARED_SANDBOX_TIMEOUT,
         ready_timeout=timedelta(seconds=30),
     )
     try:
@@ -404,6 +409,7 @@ def create_attacker(server: SandgateServer, internet: Internet, ports: ProxyPort
         network_policy=NETWORK_POLICY,
         credential_proxy=CredentialProxyConfig(enabled=True),
         connection_config=connection(server),
+        timeout=SHARED_SANDBOX_TIMEOUT,
         ready_timeout=timedelta(seconds=30),
     )
     try:
