@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import re
 import secrets
 import subprocess
@@ -209,6 +210,31 @@ def canaries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Canaries]:
 # ------------------------------------------------------------------------------ internet and server
 
 
+# The runtime and isolation the suite's sandboxes run on (docs/runtime.md has the commands):
+# SANDGATE_TEST_RUNTIME `local` (default) or `docker` (the session's private dockerd),
+# SANDGATE_TEST_ISOLATION `standard` (default) or `gvisor`.
+TEST_RUNTIME = os.environ.get("SANDGATE_TEST_RUNTIME", "local")
+TEST_ISOLATION = os.environ.get("SANDGATE_TEST_ISOLATION", "standard")
+# The Python that runs the suite's scripts inside a sandbox: on the local runtime the host's own
+# (`sandgate/host` shows the host's root, read-only), on Docker the image's (sandgate/base).
+SANDBOX_PYTHON = sys.executable if TEST_RUNTIME == "local" else "python3"
+
+
+def runtime_settings(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The server settings for TEST_RUNTIME and TEST_ISOLATION; on Docker, the session's private
+    dockerd with the sandbox images built into it."""
+    if TEST_RUNTIME not in ("local", "docker"):
+        raise ValueError(f"SANDGATE_TEST_RUNTIME={TEST_RUNTIME!r}: use `local` or `docker`")
+    settings = {"SANDGATE_ISOLATION": TEST_ISOLATION}
+    if TEST_RUNTIME == "docker":
+        request.getfixturevalue("sandbox_images")
+        settings |= {
+            "SANDGATE_RUNTIME": "docker",
+            "SANDGATE_DOCKER_HOST": request.getfixturevalue("dockerd").url,
+        }
+    return settings
+
+
 @pytest.fixture(scope="package")
 def internet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
     with start_internet(tmp_path_factory.mktemp("internet")) as net:
@@ -246,9 +272,13 @@ def proxy_ports() -> ProxyPorts:
 
 @pytest.fixture(scope="package")
 def server(
-    tmp_path_factory: pytest.TempPathFactory, internet: Internet, canaries: Canaries, proxy_ports: ProxyPorts
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    internet: Internet,
+    canaries: Canaries,
+    proxy_ports: ProxyPorts,
 ) -> Iterator[SandgateServer]:
-    with adversarial_server(tmp_path_factory, internet, proxy_ports) as running:
+    with adversarial_server(tmp_path_factory, internet, proxy_ports, runtime_settings(request)) as running:
         yield running
 
 
@@ -321,7 +351,7 @@ class Attacker:
     def attack(self, attack: str, /, **arguments: Any) -> Any:
         """Run one attack of attacks.py inside the sandbox; returns what it observed (JSON)."""
         args = json.dumps(arguments).replace("'", "'\\''")
-        result = self.sh(f"{sys.executable} {IN_SANDBOX_ATTACKS} {attack} '{args}'")
+        result = self.sh(f"{SANDBOX_PYTHON} {IN_SANDBOX_ATTACKS} {attack} '{args}'")
         assert result.exit_code == 0, f"attack {attack} crashed:\n{result.stdout}\n{result.stderr}"
         return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -347,6 +377,12 @@ class Attacker:
 
     def origin_requests_since(self, mark: int) -> list[dict[str, Any]]:
         return self.internet.origin_requests()[mark:]
+
+    def isolation(self) -> str:
+        """`standard` or `gvisor`, as the server says it made this sandbox."""
+        with self.server.client() as client:
+            info = client.get(f"/v1/sandboxes/{self.sandbox.id}").json()
+        return str(info["extensions"]["sandgate.isolation"])
 
 
 @contextlib.contextmanager
@@ -383,12 +419,19 @@ def vault_put(server: SandgateServer, name: str, value: str) -> None:
     assert put.returncode == 0, put.stderr
 
 
-def sandbox_net(server: SandgateServer, sandbox_id: str) -> tuple[str, str]:
-    """(sandbox address, gateway) from the host side: the veth of that sandbox's netns."""
+def sandbox_netns(sandbox_id: str) -> str:
+    """The name of a sandbox's netns (/run/netns/<name>), on either runtime."""
     names = [p.name for p in Path("/run/netns").iterdir() if p.name.endswith(f"-{sandbox_id}")]
     assert len(names) == 1, names
+    return names[0]
+
+
+def sandbox_net(server: SandgateServer, sandbox_id: str) -> tuple[str, str]:
+    """(sandbox address, gateway) from the host side: the veth of that sandbox's netns."""
     out = subprocess.run(
-        ["ip", "-n", names[0], "-4", "-o", "addr", "show", "dev", "eth0"], capture_output=True, text=True
+        ["ip", "-n", sandbox_netns(sandbox_id), "-4", "-o", "addr", "show", "dev", "eth0"],
+        capture_output=True,
+        text=True,
     ).stdout
     match = re.search(r"inet (\d+\.\d+\.\d+\.(\d+))/30", out)
     assert match, out

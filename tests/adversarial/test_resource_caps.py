@@ -14,7 +14,6 @@ import errno
 import os
 import shlex
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,11 +22,11 @@ import pytest
 from sandgate.lifecycle.cgroups import SandboxCgroup
 from sandgate.lifecycle.kernel import mount, mount_points, umount
 from sandgate.lifecycle.runtime.sandbox_disk import loop_devices
+from tests.adversarial.conftest import SANDBOX_PYTHON, runtime_settings
 from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
 
-PYTHON = sys.executable  # bound read-only into every sandbox at the same path
 DISK = "96Mi"
 FILL = r"""
 import os, sys
@@ -55,18 +54,22 @@ for _ in range(3000):
     started += 1
 print(started)
 """
-FORK_BOMB = f"{PYTHON} -I -c {shlex.quote(BOMB)}"
+FORK_BOMB = f"{SANDBOX_PYTHON} -I -c {shlex.quote(BOMB)}"
 
 
 @pytest.fixture(scope="module")
-def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandgateServer]:
+def capped(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SandgateServer]:
     root = tmp_path_factory.mktemp("caps")
     state_fs, disk_fs = root / "statefs", root / "diskfs"
     for path, size in ((state_fs, "96m"), (disk_fs, "384m")):
         path.mkdir()
         mount("tmpfs", path, "tmpfs", 0, f"size={size}")
     try:
-        with sandgate_server(state_fs, {"SANDGATE_SANDBOX_DISK_DIR": str(disk_fs)}) as server:
+        with sandgate_server(
+            state_fs, {"SANDGATE_SANDBOX_DISK_DIR": str(disk_fs), **runtime_settings(request)}
+        ) as server:
             yield server
     finally:
         for path in (state_fs, disk_fs):
@@ -133,7 +136,7 @@ def test_a_disk_filler_gets_enospc_at_its_quota_and_the_state_dir_keeps_its_spac
     sandbox_id = capped.create_sandbox(resourceLimits={"disk": DISK})["id"]
     before = free_bytes(capped.state_dir)
     # the writable layer (/root, /tmp) and /workspace share the one quota
-    fill = f"{PYTHON} -I -c {shlex.quote(FILL)} /root/fill /workspace/fill /tmp/fill"
+    fill = f"{SANDBOX_PYTHON} -I -c {shlex.quote(FILL)} /root/fill /workspace/fill /tmp/fill"
     result = capped.run(sandbox_id, fill, timeout=120)
     written, error = result.stdout.split()
     assert int(error) == errno.ENOSPC, result

@@ -6,7 +6,6 @@ origin's log shows nothing on them afterwards and the audit file one `revoked` r
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,6 +21,7 @@ from tests.adversarial.conftest import (
     BOUND_HOST,
     IN_SANDBOX_TEST_CA,
     OPEN_HOST,
+    SANDBOX_PYTHON,
     Attacker,
     ProxyPorts,
     connection,
@@ -106,7 +106,7 @@ def test_a_policy_change_closes_held_connections_inside_a_real_sandbox(holder: A
         GO,
     ]
     holder.sandbox.commands.run(
-        f"{sys.executable} {IN_SANDBOX_HOLD} {' '.join(args)} > {OUT} 2>&1",
+        f"{SANDBOX_PYTHON} {IN_SANDBOX_HOLD} {' '.join(args)} > {OUT} 2>&1",
         opts=RunCommandOpts(background=True, timeout=timedelta(seconds=120)),
     )
     assert output_lines(holder, 1)[:1] == ["open"], output_lines(holder, 1)
