@@ -58,6 +58,9 @@ ATTACKS = Path(__file__).with_name("attacks.py")
 IN_SANDBOX_ATTACKS = "/workspace/attacks.py"
 IN_SANDBOX_TEST_CA = "/workspace/internet-ca.pem"
 COMMAND_TIMEOUT = 60
+# The suite's sandboxes live as long as their package or module: past the SDK's default of ten
+# minutes when the suite runs on gvisor, where the attacker outlives the slow whole-root scans.
+SANDBOX_LIFETIME = timedelta(hours=2)
 # Long-lived secrets and minted tokens of the modules that use their own (AWS keys, OAuth2
 # client secrets, refresh tokens, keys, every token a test server issued): added as each module
 # ends, hunted in every log line and state file by test_zz_nothing_leaked.
@@ -398,6 +401,7 @@ def sandbox_with_policy(
         network_policy=NetworkPolicy(defaultAction="deny"),
         credential_proxy=CredentialProxyConfig(enabled=True),
         connection_config=connection(server),
+        timeout=SANDBOX_LIFETIME,
         ready_timeout=timedelta(seconds=30),
     )
     try:
@@ -447,6 +451,7 @@ def create_attacker(server: SandgateServer, internet: Internet, ports: ProxyPort
         network_policy=NETWORK_POLICY,
         credential_proxy=CredentialProxyConfig(enabled=True),
         connection_config=connection(server),
+        timeout=SANDBOX_LIFETIME,
         ready_timeout=timedelta(seconds=30),
     )
     try:

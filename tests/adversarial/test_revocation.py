@@ -21,6 +21,7 @@ from tests.adversarial.conftest import (
     BOUND_HOST,
     IN_SANDBOX_TEST_CA,
     OPEN_HOST,
+    SANDBOX_LIFETIME,
     SANDBOX_PYTHON,
     Attacker,
     ProxyPorts,
@@ -61,6 +62,7 @@ def holder(server: SandgateServer, internet: Internet, proxy_ports: ProxyPorts) 
             ],
         ),
         connection_config=connection(server),
+        timeout=SANDBOX_LIFETIME,
         ready_timeout=timedelta(seconds=30),
     )
     try:

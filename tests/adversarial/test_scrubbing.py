@@ -37,7 +37,7 @@ from opensandbox import SandboxSync
 from opensandbox.models.execd import RunCommandOpts
 from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
 
-from tests.adversarial.conftest import SANDBOX_PYTHON, ZONE, connection
+from tests.adversarial.conftest import SANDBOX_LIFETIME, SANDBOX_PYTHON, ZONE, connection
 from tests.adversarial.reflector import CHARSETS, FORMS
 from tests.support.internet import Internet
 from tests.support.netns import Netns, ip, unique
@@ -189,6 +189,7 @@ def victim(server: SandgateServer, reflector: Reflector) -> Iterator[Victim]:
         ),
         credential_proxy=CredentialProxyConfig(enabled=True),
         connection_config=connection(server),
+        timeout=SANDBOX_LIFETIME,
         ready_timeout=timedelta(seconds=30),
     )
     try:
