@@ -25,10 +25,17 @@ from sandgate.lifecycle.cgroups import SandboxCgroup
 from sandgate.lifecycle.kernel import mount, mount_points, umount
 from sandgate.lifecycle.runtime.gvisor import processes as gvisor_processes
 from sandgate.lifecycle.runtime.sandbox_disk import loop_devices
-from tests.adversarial.conftest import SANDBOX_PYTHON, TEST_ISOLATION, runtime_settings
+from tests.adversarial.conftest import SANDBOX_PYTHON, TEST_ISOLATION, TEST_RUNTIME, runtime_settings
 from tests.support.server import SandgateServer, sandgate_server
 
-pytestmark = pytest.mark.root
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(
+        TEST_RUNTIME == "docker",
+        reason="the local runtime's cgroup, loop-device quota and state dir; Docker's pids and disk "
+        "caps are tests/docker/test_runtime.py's",
+    ),
+]
 
 DISK = "96Mi"
 FILL = r"""
