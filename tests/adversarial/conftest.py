@@ -25,6 +25,7 @@ import re
 import secrets
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -219,8 +220,11 @@ def canaries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Canaries]:
 TEST_RUNTIME = os.environ.get("SANDGATE_TEST_RUNTIME", "local")
 TEST_ISOLATION = os.environ.get("SANDGATE_TEST_ISOLATION", "standard")
 # The Python that runs the suite's scripts inside a sandbox: on the local runtime the host's own
-# (`sandgate/host` shows the host's root, read-only), on Docker the image's (sandgate/base).
-SANDBOX_PYTHON = sys.executable if TEST_RUNTIME == "local" else "python3"
+# (`sandgate/host` shows the host's root, read-only), on Docker the image's (sandgate/base, the
+# same Python as the test venv's), with the venv's libraries (boto3 for test_aws_sigv4) bound
+# read-only at TEST_SITE by the servers' `binds`.
+TEST_SITE = "/opt/sandgate-test-site"
+SANDBOX_PYTHON = sys.executable if TEST_RUNTIME == "local" else f"PYTHONPATH={TEST_SITE} python3"
 
 
 def runtime_settings(request: pytest.FixtureRequest) -> dict[str, str]:
@@ -234,6 +238,7 @@ def runtime_settings(request: pytest.FixtureRequest) -> dict[str, str]:
         settings |= {
             "SANDGATE_RUNTIME": "docker",
             "SANDGATE_DOCKER_HOST": request.getfixturevalue("dockerd").url,
+            "SANDGATE_BINDS": json.dumps([f"{sysconfig.get_paths()['purelib']}:{TEST_SITE}:ro"]),
         }
     return settings
 
@@ -274,14 +279,20 @@ def proxy_ports() -> ProxyPorts:
 
 
 @pytest.fixture(scope="package")
+def server_settings(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The runtime and isolation of the package's servers (tests/gvisor/adversarial: gvisor)."""
+    return runtime_settings(request)
+
+
+@pytest.fixture(scope="package")
 def server(
-    request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     internet: Internet,
     canaries: Canaries,
     proxy_ports: ProxyPorts,
+    server_settings: dict[str, str],
 ) -> Iterator[SandgateServer]:
-    with adversarial_server(tmp_path_factory, internet, proxy_ports, runtime_settings(request)) as running:
+    with adversarial_server(tmp_path_factory, internet, proxy_ports, server_settings) as running:
         yield running
 
 
@@ -292,7 +303,7 @@ def adversarial_server(
     proxy_ports: ProxyPorts,
     extra: dict[str, str] | None = None,
 ) -> Iterator[SandgateServer]:
-    """The suite's server (`extra`: more settings, e.g. tests/gvisor's SANDGATE_ISOLATION)."""
+    """The suite's server (`extra`: more settings, the runtime's and isolation's)."""
     env = {
         "SANDGATE_UPSTREAM_DNS": json.dumps([DNS_ADDR]),
         "SANDGATE_UPSTREAM_CA": str(internet.ca_cert),

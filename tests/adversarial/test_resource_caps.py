@@ -25,7 +25,7 @@ from sandgate.lifecycle.cgroups import SandboxCgroup
 from sandgate.lifecycle.kernel import mount, mount_points, umount
 from sandgate.lifecycle.runtime.gvisor import processes as gvisor_processes
 from sandgate.lifecycle.runtime.sandbox_disk import loop_devices
-from tests.adversarial.conftest import SANDBOX_PYTHON, TEST_ISOLATION, TEST_RUNTIME, runtime_settings
+from tests.adversarial.conftest import SANDBOX_PYTHON, TEST_RUNTIME
 from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = [
@@ -69,7 +69,7 @@ FORK_BOMB = f"{SANDBOX_PYTHON} -I -c {shlex.quote(BOMB)}"
 
 @pytest.fixture(scope="module")
 def capped(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    tmp_path_factory: pytest.TempPathFactory, server_settings: dict[str, str]
 ) -> Iterator[SandgateServer]:
     root = tmp_path_factory.mktemp("caps")
     state_fs, disk_fs = root / "statefs", root / "diskfs"
@@ -78,7 +78,7 @@ def capped(
         mount("tmpfs", path, "tmpfs", 0, f"size={size}")
     try:
         with sandgate_server(
-            state_fs, {"SANDGATE_SANDBOX_DISK_DIR": str(disk_fs), **runtime_settings(request)}
+            state_fs, {"SANDGATE_SANDBOX_DISK_DIR": str(disk_fs), **server_settings}
         ) as server:
             yield server
     finally:
@@ -138,7 +138,7 @@ def assert_a_fork_bomb_stops_at(capped: SandgateServer, sandbox_id: str, cap: in
     pids = pids_cgroup(capped, sandbox_id)
     try:
         assert (pids / "pids.max").read_text().strip() == str(cap)
-        if TEST_ISOLATION == "gvisor":
+        if capped.extra_env["SANDGATE_ISOLATION"] == "gvisor":
             with contextlib.suppress(httpx.RemoteProtocolError):
                 capped.run(sandbox_id, FORK_BOMB, timeout=120)
         else:

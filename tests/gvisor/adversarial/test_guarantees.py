@@ -26,6 +26,11 @@ from tests.adversarial.test_network import (  # noqa: F401
     victim,
 )
 from tests.adversarial.test_resilience import test_proxy_crash_mid_stream_fails_closed_and_restarts  # noqa: F401
+from tests.adversarial.test_resource_caps import (  # noqa: F401
+    capped,
+    test_a_disk_filler_gets_enospc_at_its_quota_and_the_state_dir_keeps_its_space,
+    test_delete_and_a_failed_create_leave_no_loop_device_mount_image_or_cgroup,
+)
 
 pytestmark = pytest.mark.root
 
