@@ -23,6 +23,7 @@ from tests.adversarial.conftest import (
     OPEN_HOST,
     SANDBOX_LIFETIME,
     SANDBOX_PYTHON,
+    TEST_RUNTIME,
     Attacker,
     ProxyPorts,
     connection,
@@ -36,7 +37,11 @@ pytestmark = pytest.mark.root
 HOLD = Path(__file__).parents[1] / "support" / "hold_connections.py"
 IN_SANDBOX_HOLD = "/workspace/hold_connections.py"
 GO, OUT = "/workspace/go", "/workspace/hold.out"
-PROXY_CA = "/etc/ssl/certs/sandgate-proxy.crt"  # where a local sandbox finds the deployment CA
+# Where a sandbox finds the deployment CA: a file of its own on the local runtime, in the image's
+# bundle on Docker.
+PROXY_CA = {"local": "/etc/ssl/certs/sandgate-proxy.crt", "docker": "/etc/ssl/certs/ca-certificates.crt"}[
+    TEST_RUNTIME
+]
 HELD = {
     "defaultAction": "deny",
     "egress": [
