@@ -124,6 +124,18 @@ def test_a_missing_entrypoint_is_named_without_the_launcher_source(harness: Harn
     assert "Traceback" not in message and "posix_spawnp" not in message and "import os" not in message
 
 
+def test_a_failing_entrypoint_is_quoted_with_its_status_and_stderr(harness: Harness) -> None:
+    """An entrypoint that starts and fails ends the sandbox; the error quotes its path, exit
+    status and stderr, never the launcher."""
+    with pytest.raises(RuntimeError_) as failed:
+        harness.start(["/bin/sh", "-c", "echo boom-on-stderr >&2; exit 3"])
+    message = str(failed.value)
+    assert "boom-on-stderr" in message
+    assert "the entrypoint /bin/sh exited with status 3" in message
+    assert message.index("boom-on-stderr") < message.index("exited with status 3")
+    assert "Traceback" not in message and "posix_spawnp" not in message and "import os" not in message
+
+
 def test_memory_limit_kills_the_hog(harness: Harness) -> None:
     hog = f"{PYTHON} -I -c 'b = bytearray(600 << 20)'; echo $? > /workspace/rc"
     sandbox_id, _ = harness.start(["/bin/sh", "-c", hog], memory_bytes=160 << 20)
