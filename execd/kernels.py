@@ -7,7 +7,8 @@ Rules:
    so an image's kernels (its own Python with its own packages, as in the code-interpreter image)
    win over execd's.
 2. Last come the kernels of execd's own environment (written as kernelspecs into execd's state
-   dir, `own_kernelspecs`): ipykernel and bash_kernel under execd's Python, Deno's kernel
+   dir, `own_kernelspecs`): ipykernel and bash_kernel (`QUICK_BASH_KERNEL`) under execd's
+   Python, Deno's kernel
    (`deno jupyter --kernel`) from the `deno` next to execd's Python or on the sandbox's PATH.
    This is what a `sandgate/host` sandbox runs (execd's Python is the host venv, bound read-only).
    Deno's kernel implements no interrupt (neither SIGINT nor `interrupt_request`): SIGINT ends
@@ -47,6 +48,23 @@ INSTALL_HINTS = {
 }
 
 
+# bash_kernel as `python -m bash_kernel` runs it, but with pexpect's 50 ms pause before every
+# write (`delaybeforesend`, meant for password prompts that turn echo off) removed: bash_kernel
+# writes each line only after bash's prompt, so the pause only slows it. Its start-up writes
+# ~40 lines (3.2 s of a bash context's create here, 0.4 s without), and every cell line paid it.
+# Inline (`-c`), since the kernel's Python cannot be assumed to import sandgate.
+QUICK_BASH_KERNEL = (
+    "import pexpect\n"
+    "class Spawn(pexpect.spawn):\n"
+    "    def __init__(self, *args, **kwargs):\n"
+    "        super().__init__(*args, **kwargs)\n"
+    "        self.delaybeforesend = None\n"
+    "pexpect.spawn = Spawn\n"
+    "import runpy\n"
+    "runpy.run_module('bash_kernel', run_name='__main__', alter_sys=True)\n"
+)
+
+
 class NoKernel(Exception):
     """No kernelspec serves the language; the message names what to install."""
 
@@ -74,7 +92,7 @@ def own_kernelspecs(env: dict[str, str]) -> dict[str, dict[str, object]]:
         argv = [*python, "ipykernel_launcher", "-f", "{connection_file}"]
         specs["python3"] = {"argv": argv, "language": "python", "display_name": "Python 3"}
     if importlib.util.find_spec("bash_kernel") is not None:
-        argv = [*python, "bash_kernel", "-f", "{connection_file}"]
+        argv = [sys.executable, "-c", QUICK_BASH_KERNEL, "-f", "{connection_file}"]
         specs["bash"] = {"argv": argv, "language": "bash", "display_name": "Bash"}
     deno = find_deno(env)
     if deno is not None:
