@@ -446,3 +446,55 @@ def test_contexts_die_with_execd(stop: str) -> None:
         assert not Path(f"/proc/{pid}").exists(), f"the context's kernel outlived execd ({stop})"
     finally:
         stop_execd(server)
+
+
+def kernels_of(execd: Execd) -> set[int]:
+    """The pids of execd's kernel processes (its children running a Jupyter kernel)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == execd.process.pid and b"ipykernel_launcher" in cmdline:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def wait_for_kernels(execd: Execd, count: int) -> set[int]:
+    deadline = time.monotonic() + 60
+    while len(found := kernels_of(execd)) != count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(found) == count, f"execd has kernels {found}, expected {count}"
+    return found
+
+
+def test_a_spare_kernel_serves_the_next_create_and_ends_with_execd() -> None:
+    """After a python context, one spare kernel waits; the next create with the same cwd and
+    env takes it (the new context's pid is the spare's), one with another cwd does not (the
+    spare is ended), and no spare outlives execd."""
+    server = start_execd()
+    try:
+        with server.client() as http:
+            first = http.post("/code/context", json={"language": "python"}).json()["id"]
+            first_pid = int(run_cell(http, first, "import os\nos.getpid()")[-2]["results"]["text"])
+            [spare] = wait_for_kernels(server, 2) - {first_pid}
+            second = http.post("/code/context", json={"language": "python"}).json()["id"]
+            assert run_cell(http, second, "import os\nos.getpid()")[-2]["results"]["text"] == str(spare)
+            [next_spare] = wait_for_kernels(server, 3) - {first_pid, spare}
+            elsewhere = http.post("/code/context", json={"language": "python", "cwd": "/tmp"}).json()["id"]
+            pid = int(run_cell(http, elsewhere, "import os\nos.getpid()")[-2]["results"]["text"])
+            assert (
+                pid != next_spare
+                and run_cell(http, elsewhere, "os.getcwd()")[-2]["results"]["text"] == "'/tmp'"
+            )
+            kernels = wait_for_kernels(server, 4)  # first, second, elsewhere and its spare
+            assert next_spare not in kernels
+        stop_execd(server)
+        deadline = time.monotonic() + 5
+        while any(Path(f"/proc/{k}").exists() for k in kernels) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not [k for k in kernels if Path(f"/proc/{k}").exists()], "a kernel outlived execd"
+    finally:
+        stop_execd(server)
