@@ -7,14 +7,15 @@ Rules:
    so an image's kernels (its own Python with its own packages, as in the code-interpreter image)
    win over execd's.
 2. Last come the kernels of execd's own environment (written as kernelspecs into execd's state
-   dir, `own_kernelspecs`): ipykernel and bash_kernel (`QUICK_BASH_KERNEL`) under execd's
-   Python, Deno's kernel
+   dir, `own_kernelspecs`): ipykernel and bash_kernel under execd's Python, Deno's kernel
    (`deno jupyter --kernel`) from the `deno` next to execd's Python or on the sandbox's PATH.
    This is what a `sandgate/host` sandbox runs (execd's Python is the host venv, bound read-only).
    Deno's kernel implements no interrupt (neither SIGINT nor `interrupt_request`): SIGINT ends
    it, so an interrupted javascript/typescript context ends, and a new one starts fresh.
 3. A language none of them serves is `NoKernel`, whose message says what to install.
 4. This module imports jupyter_client only when a context is created (execd starts without it).
+5. A kernelspec that starts bash_kernel as `-m bash_kernel` (execd's own, the code-interpreter
+   image's) starts it as `-c QUICK_BASH_KERNEL` instead, in the same Python.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ INSTALL_HINTS = {
 # write (`delaybeforesend`, meant for password prompts that turn echo off) removed: bash_kernel
 # writes each line only after bash's prompt, so the pause only slows it. Its start-up writes
 # ~40 lines (3.2 s of a bash context's create here, 0.4 s without), and every cell line paid it.
-# Inline (`-c`), since the kernel's Python cannot be assumed to import sandgate.
+# Inline (`-c`), since the kernel's Python cannot be assumed to import sandgate (rule 5).
 QUICK_BASH_KERNEL = (
     "import pexpect\n"
     "class Spawn(pexpect.spawn):\n"
@@ -92,7 +93,7 @@ def own_kernelspecs(env: dict[str, str]) -> dict[str, dict[str, object]]:
         argv = [*python, "ipykernel_launcher", "-f", "{connection_file}"]
         specs["python3"] = {"argv": argv, "language": "python", "display_name": "Python 3"}
     if importlib.util.find_spec("bash_kernel") is not None:
-        argv = [sys.executable, "-c", QUICK_BASH_KERNEL, "-f", "{connection_file}"]
+        argv = [*python, "bash_kernel", "-f", "{connection_file}"]
         specs["bash"] = {"argv": argv, "language": "bash", "display_name": "Bash"}
     deno = find_deno(env)
     if deno is not None:
@@ -103,16 +104,30 @@ def own_kernelspecs(env: dict[str, str]) -> dict[str, dict[str, object]]:
     return specs
 
 
+def quick_bash(argv: list[str]) -> list[str]:
+    """`argv` with `-m bash_kernel` replaced by `-c QUICK_BASH_KERNEL` (rule 5)."""
+    for at in range(len(argv) - 1):
+        if argv[at : at + 2] == ["-m", "bash_kernel"]:
+            return [*argv[:at], "-c", QUICK_BASH_KERNEL, *argv[at + 2 :]]
+    return argv
+
+
 def kernel_manager_specs(env: dict[str, str], state_dir: str) -> KernelSpecManager:
     """A KernelSpecManager over the sandbox's kernel dirs, then execd's own kernels."""
-    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+
+    class Specs(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+            spec = super().get_kernel_spec(kernel_name)
+            spec.argv = quick_bash(spec.argv)
+            return spec
 
     own = os.path.join(state_dir, "kernels")
     for name, spec in own_kernelspecs(env).items():
         os.makedirs(os.path.join(own, name), exist_ok=True)
         with open(os.path.join(own, name, "kernel.json"), "w", encoding="utf-8") as handle:
             json.dump(spec, handle)
-    return KernelSpecManager(kernel_dirs=[*sandbox_kernel_dirs(env), own], ensure_native_kernel=False)
+    return Specs(kernel_dirs=[*sandbox_kernel_dirs(env), own], ensure_native_kernel=False)
 
 
 def kernel_name(language: str, specs: KernelSpecManager) -> str:

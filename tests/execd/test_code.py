@@ -448,8 +448,8 @@ def test_contexts_die_with_execd(stop: str) -> None:
         stop_execd(server)
 
 
-def kernels_of(execd: Execd) -> set[int]:
-    """The pids of execd's kernel processes (its children running a Jupyter kernel)."""
+def kernels_of(execd: Execd, marker: bytes = b"ipykernel_launcher") -> set[int]:
+    """The pids of execd's kernel processes (its children whose command line holds `marker`)."""
     found = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -457,7 +457,7 @@ def kernels_of(execd: Execd) -> set[int]:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == execd.process.pid and b"ipykernel_launcher" in cmdline:
+        if ppid == execd.process.pid and marker in cmdline:
             found.add(int(stat.parent.name))
     return found
 
