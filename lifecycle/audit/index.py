@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sandgate.lifecycle.audit.query import MAX_PAGE, AuditFilter, CountRow, Cursor, Page, Summary
+from sandgate.lifecycle.audit.query import MAX_PAGE, AuditFilter, CountRow, Cursor, IngestStats, Page, Summary
 from sandgate.lifecycle.audit.reader import Position, RotatingLog
 from sandgate.lifecycle.audit.record import COLUMNS, AuditRecord, RecordJSON, format_ts, from_row, to_row
 from sandgate.proxy import INCOMPLETE
@@ -300,12 +300,12 @@ class AuditIndex:
             bound, op = sandbox, ">"
         return found
 
-    def ingest_stats(self) -> dict[str, int]:
+    def ingest_stats(self) -> IngestStats:
         row = self._conn().execute(
             "SELECT coalesce(sum(malformed), 0), coalesce(sum(gaps), 0) FROM ingest_state"
         )
         malformed, gaps = row.fetchone()
-        return {"records": self.count(), "malformed_lines": malformed, "gaps": gaps}
+        return IngestStats(records=self.count(), malformed_lines=malformed, gaps=gaps)
 
     # -- retention -----------------------------------------------------------------------------
     def apply_retention(self, retention: Retention, now_us: int | None = None) -> int:

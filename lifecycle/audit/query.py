@@ -127,6 +127,17 @@ class CountRow(BaseModel):
     example: str | None = None  # a host or reason that illustrates the row
 
 
+class IngestStats(BaseModel):
+    """The index's own health: what it holds and what it could not take from the JSONL. A
+    malformed line is one the proxy did not write whole (a crash mid-line); a gap is a rotation
+    that went by before the ingester read the rotated file's end (records the index never saw,
+    still in the rotated files on disk)."""
+
+    records: int
+    malformed_lines: int
+    gaps: int
+
+
 class Summary(BaseModel):
     """What a sandbox (or everything) did in a window: the console's and `logs --summary`'s view."""
 

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from sandgate.lifecycle.audit.audit_store import AuditStore
 from sandgate.lifecycle.audit.ocsf import to_ocsf
-from sandgate.lifecycle.audit.query import AuditFilter, Page, QueryError, Summary
+from sandgate.lifecycle.audit.query import AuditFilter, IngestStats, Page, QueryError, Summary
 from sandgate.lifecycle.audit.record import RecordJSON
 
 Format = Literal["native", "ocsf"]
@@ -138,5 +138,9 @@ def audit_router(store: AuditStore, auth: Callable[..., Any]) -> APIRouter:
     @router.get("/summary", response_model=Summary)
     def summary(query: Filter, top: Annotated[int, Query(ge=1, le=100)] = 15) -> Summary:
         return store.index.summary(query, top)
+
+    @router.get("/index", response_model=IngestStats)
+    def index_health() -> IngestStats:
+        return store.index.ingest_stats()
 
     return router

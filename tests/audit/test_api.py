@@ -15,7 +15,7 @@ AUTH = {"OPEN-SANDBOX-API-KEY": API_KEY}
 
 
 def test_every_route_needs_the_api_key(served: Served) -> None:
-    for path in ("/v1/audit", "/v1/audit/summary", "/v1/audit/follow"):
+    for path in ("/v1/audit", "/v1/audit/summary", "/v1/audit/follow", "/v1/audit/index"):
         assert httpx.get(served.url + path).status_code == 401
         assert httpx.get(served.url + path, headers={"OPEN-SANDBOX-API-KEY": "wrong"}).status_code == 401
 
@@ -70,6 +70,17 @@ def test_ocsf_format_and_summary(served: Served) -> None:
     mine = [r for r in records if r["sandbox"] == "sbx-0001"]
     assert summary["total"] == len(mine)
     assert summary["denied"] == sum(r["decision"] == "deny" for r in mine)
+
+
+def test_index_health_counts_what_it_could_not_take(served: Served) -> None:
+    records = generated(5)
+    write_records(served.state_dir, records[:3])
+    with (served.state_dir / "audit.jsonl").open("a") as handle:
+        handle.write('{"v":1,"kind":"request","id":"cut-mid-li\n')  # a line a crash cut short
+    write_records(served.state_dir, records[3:])
+    wait_indexed(served.store, 5)
+    health = httpx.get(served.url + "/v1/audit/index", headers=AUTH).raise_for_status().json()
+    assert health == {"records": 5, "malformed_lines": 1, "gaps": 0}
 
 
 def read_events(response: httpx.Response, wanted: int, timeout: float) -> list[tuple[int, dict[str, Any]]]:

@@ -52,7 +52,7 @@ def test_rotation_during_load_loses_no_record(tmp_path: Path) -> None:
     ids = all_ids(index)
     assert len(ids) == len(set(ids)) == len(records)
     assert set(ids) == {r["id"] for r in records}
-    assert not result.gap and index.ingest_stats()["gaps"] == 0
+    assert not result.gap and index.ingest_stats().gaps == 0
 
 
 def test_listing_taken_mid_rotation_skips_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,7 +114,7 @@ def test_malformed_lines_are_counted_and_skipped(tmp_path: Path) -> None:
     index = open_index(tmp_path)
     result = index.ingest()
     assert (result.added, result.malformed) == (3, 2)
-    assert index.ingest_stats()["malformed_lines"] == 2
+    assert index.ingest_stats().malformed_lines == 2
 
 
 def test_file_rotated_away_unread_is_reported_as_gap(tmp_path: Path) -> None:
