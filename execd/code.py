@@ -22,8 +22,8 @@ Rules:
    died (checked every `LIVENESS_POLL_S` while a cell waits), has ended its context: the run
    gets an error saying so, later runs a 410, and a new context starts a new kernel. Deleting
    a context kills its kernel's process group.
-5. `python`, `bash`, `javascript` and `typescript` are the languages; creating or running any
-   other is a 400 that lists them. Listing or deleting by another language matches nothing. A
+5. `python`, `bash`, `javascript`, `typescript` and `java` are the languages; creating or
+   running any other is a 400 that lists them. Listing or deleting by another language matches nothing. A
    run without a context id uses the language's default context, created on first use.
 6. Spare kernels: once a language has had a context, execd starts one more kernel of it in the
    background, so the next create takes a started kernel instead of waiting for one (a kernel's

@@ -9,6 +9,8 @@ Rules:
 2. Last come the kernels of execd's own environment (written as kernelspecs into execd's state
    dir, `own_kernelspecs`): ipykernel and bash_kernel under execd's Python, Deno's kernel
    (`deno jupyter --kernel`) from the `deno` next to execd's Python or on the sandbox's PATH.
+   JJava's kernel (`pip install jjava`: the wheel carries its jar and kernelspec) when `java` is
+   on the sandbox's PATH.
    This is what a `sandgate/host` sandbox runs (execd's Python is the host venv, bound read-only).
    Deno's kernel implements no interrupt (neither SIGINT nor `interrupt_request`): SIGINT ends
    it, so an interrupted javascript/typescript context ends, and a new one starts fresh.
@@ -37,6 +39,7 @@ KERNEL_NAMES: dict[str, tuple[str, ...]] = {
     "bash": ("bash",),
     "javascript": ("deno", "javascript"),
     "typescript": ("deno", "typescript"),
+    "java": ("java",),
 }
 SUPPORTED_LANGUAGES = tuple(KERNEL_NAMES)
 SYSTEM_JUPYTER_DIRS = ("/usr/local/share/jupyter", "/usr/share/jupyter")
@@ -46,7 +49,9 @@ INSTALL_HINTS = {
     "bash": "bash_kernel (`pip install bash_kernel`)",
     "javascript": "Deno (`pip install deno`, whose `deno jupyter` is the kernel)",
     "typescript": "Deno (`pip install deno`, whose `deno jupyter` is the kernel)",
+    "java": "a JDK (`java` on PATH, 11 or later) and JJava (`pip install jjava`, its kernelspec `java`)",
 }
+JJAVA_KERNELSPEC = Path(sys.prefix, "share", "jupyter", "kernels", "java")  # where the jjava wheel puts it
 
 
 # bash_kernel as `python -m bash_kernel` runs it, but with pexpect's 50 ms pause before every
@@ -101,6 +106,11 @@ def own_kernelspecs(env: dict[str, str]) -> dict[str, dict[str, object]]:
         # NO_COLOR: values are shown as plain text, as Node's REPL shows them to a pipe
         env_ = {"NO_COLOR": "1"}
         specs["deno"] = {"argv": argv, "language": "typescript", "display_name": "Deno", "env": env_}
+    java = shutil.which("java", path=env.get("PATH", os.defpath))
+    if java is not None and (JJAVA_KERNELSPEC / "kernel.json").is_file():
+        spec = json.loads((JJAVA_KERNELSPEC / "kernel.json").read_text(encoding="utf-8"))
+        spec["argv"] = [word.replace("{resource_dir}", str(JJAVA_KERNELSPEC)) for word in spec["argv"]]
+        specs["java"] = spec
     return specs
 
 

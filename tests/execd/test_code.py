@@ -325,11 +325,11 @@ def test_list_get_and_delete_contexts(client: httpx.Client) -> None:
 
 
 def test_bad_requests_are_refused(client: httpx.Client) -> None:
-    for language in ("go", "java", ""):
+    for language in ("go", "ruby", ""):
         refused = client.post("/code/context", json={"language": language})
         assert refused.status_code == 400
     unsupported = client.post("/code/context", json={"language": "go"}).json()
-    supported = "supported: python, bash, javascript, typescript"
+    supported = "supported: python, bash, javascript, typescript, java"
     assert unsupported["code"] == "UNSUPPORTED_LANGUAGE" and supported in unsupported["message"]
     run_go = client.post("/code", json={"context": {"language": "go"}, "code": "1"})
     assert run_go.status_code == 400 and supported in run_go.json()["message"]
@@ -413,10 +413,10 @@ def test_sdk_interrupt_and_default_context(codes: CodesAdapterSync) -> None:
 def test_sdk_unsupported_language_is_a_clear_400(codes: CodesAdapterSync) -> None:
     with pytest.raises(SandboxApiException) as refused:
         codes.create_context(SupportedLanguageSync.GO)
-    supported = "supported: python, bash, javascript, typescript"
+    supported = "supported: python, bash, javascript, typescript, java"
     assert refused.value.status_code == 400 and supported in str(refused.value)
     with pytest.raises(SandboxApiException) as run_refused:
-        codes.run("1", context=CodeContextSync(language=SupportedLanguageSync.JAVA))
+        codes.run("1", context=CodeContextSync(language=SupportedLanguageSync.GO))
     assert run_refused.value.status_code == 400
 
 

@@ -4,6 +4,7 @@ execd, through the real code-interpreter SDK (`CodesAdapterSync`) and on the wir
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import threading
 import time
@@ -161,3 +162,20 @@ def test_an_images_bash_kernelspec_starts_without_pexpects_pause(tmp_path: Path)
             assert argv[:2] == [sys.executable.encode(), b"-c"] and b"bash_kernel" in argv[2]
     finally:
         stop_execd(server)
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="no JDK on this host (bootstrap installs one)")
+def test_sdk_java_context_on_jjava(codes: CodesAdapterSync) -> None:
+    """Java cells run in JJava's kernel (the jjava wheel, on the host's JDK): state lasts across
+    cells, the last expression is the result, println is stdout, an exception is an error."""
+    context = codes.create_context(SupportedLanguageSync.JAVA)
+    assert context.language == "java"
+    assert codes.run("int x = 41;", context=context).error is None
+    assert [r.text for r in codes.run("x + 1", context=context).result] == ["42"]
+    printed = codes.run('System.out.println("hi " + x);', context=context)
+    assert "".join(m.text for m in printed.logs.stdout) == "hi 41\n"
+    failed = codes.run('throw new IllegalStateException("boom");', context=context)
+    # JJava's error: the exception in the traceback's first line, its class and message in evalue
+    assert failed.error is not None and failed.error.traceback[0] == "java.lang.IllegalStateException: boom"
+    assert failed.error.value == "java.lang.IllegalStateException, boom"
+    codes.delete_context(context.id)
