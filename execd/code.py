@@ -23,8 +23,10 @@ Rules:
    gets an error saying so, later runs a 410, and a new context starts a new kernel. Deleting
    a context kills its kernel's process group.
 5. `python`, `bash`, `javascript`, `typescript` and `java` are the languages; creating or
-   running any other is a 400 that lists them. Listing or deleting by another language matches nothing. A
-   run without a context id uses the language's default context, created on first use.
+   running any other is a 400 that lists them; so is one this sandbox has no kernel for (the
+   message lists those it has, and what to install). Listing or deleting by another language
+   matches nothing. A run without a context id uses the language's default context, created on
+   first use.
 6. Spare kernels: once a language has had a context, execd starts one more kernel of it in the
    background, so the next create takes a started kernel instead of waiting for one (a kernel's
    start is 0.5-3 s; taking a spare is milliseconds). At most one spare per language that was
@@ -366,7 +368,7 @@ class CodeContexts:
         try:
             name = kernel_name(language, specs)
         except NoKernel as exc:
-            raise ApiError(500, "RUNTIME_ERROR", str(exc)) from None
+            raise bad_request(str(exc), UNSUPPORTED_LANGUAGE) from None
         context_id = uuid.uuid4().hex
         files = os.path.join(self.state_dir, f"kernel-{context_id}")
         manager = AsyncKernelManager(

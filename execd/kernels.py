@@ -14,7 +14,8 @@ Rules:
    This is what a `sandgate/host` sandbox runs (execd's Python is the host venv, bound read-only).
    Deno's kernel implements no interrupt (neither SIGINT nor `interrupt_request`): SIGINT ends
    it, so an interrupted javascript/typescript context ends, and a new one starts fresh.
-3. A language none of them serves is `NoKernel`, whose message says what to install.
+3. A language none of them serves is `NoKernel` (a 400), whose message lists the languages this
+   sandbox has kernels for and says what to install.
 4. This module imports jupyter_client only when a context is created (execd starts without it).
 5. A kernelspec that starts bash_kernel as `-m bash_kernel` (execd's own, the code-interpreter
    image's) starts it as `-c QUICK_BASH_KERNEL` instead, in the same Python.
@@ -145,8 +146,10 @@ def kernel_name(language: str, specs: KernelSpecManager) -> str:
     for name in KERNEL_NAMES[language]:
         if name in found:
             return name
+    available = [lang for lang, names in KERNEL_NAMES.items() if any(name in found for name in names)]
     raise NoKernel(
         f"no Jupyter kernel for {language} in this sandbox (looked for kernelspecs named "
-        f"{', '.join(KERNEL_NAMES[language])} in {', '.join(specs.kernel_dirs)}); install "
-        f"{INSTALL_HINTS[language]} in the image, or use the opensandbox/code-interpreter image"
+        f"{', '.join(KERNEL_NAMES[language])} in {', '.join(specs.kernel_dirs)}); this sandbox "
+        f"has kernels for: {', '.join(available) or 'none'}; install {INSTALL_HINTS[language]} in "
+        "the image, or use an image that has it"
     )

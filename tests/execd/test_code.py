@@ -498,3 +498,20 @@ def test_a_spare_kernel_serves_the_next_create_and_ends_with_execd() -> None:
         assert not [k for k in kernels if Path(f"/proc/{k}").exists()], "a kernel outlived execd"
     finally:
         stop_execd(server)
+
+
+def test_a_language_without_a_kernel_here_is_a_400_naming_those_it_has(tmp_path: Path) -> None:
+    """Java without a JDK on the sandbox's PATH (as in the code-interpreter image): a 400 that
+    lists the languages this sandbox has kernels for and what to install."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/bash").symlink_to("/bin/bash")
+    server = start_execd(env={"PATH": str(tmp_path / "bin")})
+    try:
+        with server.client() as http:
+            refused = http.post("/code/context", json={"language": "java"})
+        assert refused.status_code == 400 and refused.json()["code"] == "UNSUPPORTED_LANGUAGE"
+        message = refused.json()["message"]
+        assert "no Jupyter kernel for java" in message and "install a JDK" in message
+        assert "has kernels for: python, bash, javascript, typescript;" in message
+    finally:
+        stop_execd(server)
