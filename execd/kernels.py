@@ -52,7 +52,6 @@ INSTALL_HINTS = {
     "typescript": "Deno (`pip install deno`, whose `deno jupyter` is the kernel)",
     "java": "a JDK (`java` on PATH, 11 or later) and JJava (`pip install jjava`, its kernelspec `java`)",
 }
-JJAVA_KERNELSPEC = Path(sys.prefix, "share", "jupyter", "kernels", "java")  # where the jjava wheel puts it
 
 
 # bash_kernel as `python -m bash_kernel` runs it, but with pexpect's 50 ms pause before every
@@ -107,12 +106,27 @@ def own_kernelspecs(env: dict[str, str]) -> dict[str, dict[str, object]]:
         # NO_COLOR: values are shown as plain text, as Node's REPL shows them to a pipe
         env_ = {"NO_COLOR": "1"}
         specs["deno"] = {"argv": argv, "language": "typescript", "display_name": "Deno", "env": env_}
-    java = shutil.which("java", path=env.get("PATH", os.defpath))
-    if java is not None and (JJAVA_KERNELSPEC / "kernel.json").is_file():
-        spec = json.loads((JJAVA_KERNELSPEC / "kernel.json").read_text(encoding="utf-8"))
-        spec["argv"] = [word.replace("{resource_dir}", str(JJAVA_KERNELSPEC)) for word in spec["argv"]]
+    jjava = jjava_kernelspec()
+    if jjava is not None and shutil.which("java", path=env.get("PATH", os.defpath)):
+        spec = json.loads((jjava / "kernel.json").read_text(encoding="utf-8"))
+        spec["argv"] = [word.replace("{resource_dir}", str(jjava)) for word in spec["argv"]]
         specs["java"] = spec
     return specs
+
+
+def jjava_kernelspec() -> Path | None:
+    """The directory of the kernelspec the jjava wheel installed, found by its file list (execd
+    runs with -S, so sys.prefix is the base Python's, not the venv the wheel went into)."""
+    from importlib import metadata
+
+    try:
+        files = metadata.files("jjava") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.as_posix().endswith("share/jupyter/kernels/java/kernel.json"):
+            return Path(str(file.locate())).resolve().parent
+    return None
 
 
 def quick_bash(argv: list[str]) -> list[str]:
