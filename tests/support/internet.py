@@ -21,6 +21,10 @@ and the origin addresses):
     GET  /bytes?n=N      N bytes of b"x" (?type=T: content-type T, default application/octet-stream)
     WS   /ws             echoes every message
 
+A request whose Host is a name given to `net.serve_site(name, directory)` is served from that
+directory instead (GET and HEAD; a directory answers with its index.html): a package index, a git
+repository over git's dumb HTTP protocol, any static site a test builds from local files.
+
 DNS (UDP and TCP, `DNS_ADDR`:53) answers only the names the test sets with `net.set_names({...})`
 (A/AAAA) and the records it sets with `net.set_records([...])` (zone-file lines, any type), and
 records every query with its raw bytes; `net.dns_queries()` returns them in order. The origins
@@ -79,6 +83,14 @@ class Internet:
         tmp = self.workdir / "records.json.tmp"
         tmp.write_text(json.dumps(lines))
         os.replace(tmp, self.workdir / "records.json")
+
+    def serve_site(self, name: str, directory: Path) -> None:
+        """Serve `directory`'s files to requests for Host `name` (on every origin address and port)."""
+        sites = self.workdir / "sites"
+        sites.mkdir(exist_ok=True)
+        link = sites / name.lower().rstrip(".")
+        link.unlink(missing_ok=True)
+        link.symlink_to(directory.resolve(), target_is_directory=True)
 
     def dns_queries(self) -> list[dict[str, str]]:
         """Every query the DNS server got so far: [{"name", "type": "A"|"AAAA"|..., "transport":
@@ -228,6 +240,7 @@ def _serve(workdir: Path) -> None:
         StreamingResponse,
     )
     from starlette.routing import Route, WebSocketRoute
+    from starlette.staticfiles import StaticFiles
     from starlette.websockets import WebSocket, WebSocketDisconnect
 
     async def hello(request: Request) -> Response:
@@ -301,6 +314,22 @@ def _serve(workdir: Path) -> None:
                 }
                 with (workdir / "requests.jsonl").open("a") as fh:
                     fh.write(json.dumps(entry) + "\n")
+            await inner(scope, receive, send)  # type: ignore[operator]
+
+        return app
+
+    def static_sites(inner: object) -> object:
+        """ASGI middleware: a request for a Host under workdir/sites/ is served from its files."""
+
+        async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+            if scope["type"] == "http":
+                host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+                name, _colon, port = host.rpartition(":")
+                name = (name if port.isdigit() else host).lower().rstrip(".")
+                site = workdir / "sites" / name
+                if name and "/" not in name and site.is_dir():
+                    await StaticFiles(directory=site, html=True)(scope, receive, send)  # type: ignore[arg-type]
+                    return
             await inner(scope, receive, send)  # type: ignore[operator]
 
         return app
@@ -380,7 +409,7 @@ def _serve(workdir: Path) -> None:
             "ws": "websockets",
             "timeout_keep_alive": 120,  # a connection a test holds is not closed by the origin
         }
-        recorded = record_requests(app)
+        recorded = record_requests(static_sites(app))
         plain = uvicorn.Server(uvicorn.Config(recorded, **common))  # type: ignore[arg-type]
         tls = uvicorn.Server(
             uvicorn.Config(
