@@ -47,6 +47,7 @@ REPORT: dict[str, object] = {
 }
 ROOTS = "/tmp/roots.pem"  # in the sandbox: its own CA bundle plus the test internet's CA
 SYSTEM_PYTHON = "/usr/bin/python3"  # the sandbox's python (the host's /usr), with Debian's pip
+OUTPUT = ["installed from the test index", "cloned over HTTPS"]  # the module's greeting, the README
 
 
 def build_wheel(workdir: Path) -> Path:
@@ -113,7 +114,7 @@ def sites(internet: Internet, tmp_path_factory: pytest.TempPathFactory) -> Itera
     internet.set_names({API_HOST: [ORIGIN_V4], PATCHED_HOST: [ORIGIN_V4]})
 
 
-def workload(server: SandgateServer, sandbox_id: str, run: str) -> str:
+def workload(server: SandgateServer, sandbox_id: str, run: str) -> list[str]:
     """pip install, git clone, two API calls; fails (set -e) at the first step that fails."""
     # pip's requests prefers REQUESTS_CA_BUNDLE (set for the sandbox) to its own --cert
     env = " ".join(f"{name}={ROOTS}" for name in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO"))
@@ -128,7 +129,7 @@ def workload(server: SandgateServer, sandbox_id: str, run: str) -> str:
     ])  # fmt: skip
     done = server.run(sandbox_id, f"set -e; {script}", timeout=240)
     assert done.exit_code == 0, f"workload {run} failed: {done.stdout}\n{done.stderr}"
-    return done.stdout
+    return done.stdout.splitlines()
 
 
 def set_policy(server: SandgateServer, sandbox_id: str, policy: dict[str, object]) -> None:
@@ -182,7 +183,7 @@ def test_a_policy_learned_from_pip_git_and_an_api_lets_them_pass_and_nothing_els
     set_policy(server, sandbox_id, REPORT)
     bind_api_key(server, sandbox_id)
     trust_the_test_internet(server, sandbox_id, internet)
-    assert workload(server, sandbox_id, "report") == "installed from the test index\ncloned over HTTPS\n"
+    assert workload(server, sandbox_id, "report") == OUTPUT
     learned = tmp_path / "learned.yaml"
     ran = sandgate(
         "--state-dir", str(server.state_dir), "policy", "suggest", "--sandbox", sandbox_id, "-o", str(learned)
@@ -200,7 +201,7 @@ def test_a_policy_learned_from_pip_git_and_an_api_lets_them_pass_and_nothing_els
     ]
 
     set_policy(server, sandbox_id, {**policy, "mode": "enforce"})
-    assert workload(server, sandbox_id, "enforce") == "installed from the test index\ncloned over HTTPS\n"
+    assert workload(server, sandbox_id, "enforce") == OUTPUT
     wanted = [
         (INDEX, "GET", f"/simple/{PACKAGE}/"),
         (FILES, "GET", f"/packages/{WHEEL}"),
