@@ -23,9 +23,11 @@ RUN_PACKAGES=(nftables iproute2 bubblewrap ca-certificates e2fsprogs skopeo)
 # Tests and benchmarks: docker.io for the Docker runtime (the tests start a private dockerd),
 # busybox for tiny test images (`make images`), chromium drives the console tests, the test
 # internet's and the benchmarks' servers and load generators, dig for DNS answers seen from inside,
-# docker-registry (distribution) and htpasswd (apache2-utils) for the test registry.
+# docker-registry (distribution) and htpasswd (apache2-utils) for the test registry; git and
+# python3-pip (with setuptools and wheel) for the workload a sandbox runs in
+# tests/conformance/test_policy_workload.py (pip builds the test index's wheel, too).
 TEST_PACKAGES=(iptables busybox-static docker.io curl chromium nginx-light wrk squid nghttp2-client
-  bind9-dnsutils docker-registry apache2-utils)
+  bind9-dnsutils docker-registry apache2-utils git python3-pip)
 # gVisor's runsc for the `gvisor` isolation (tests; a server that offers gvisor needs it too).
 # Bookworm's 0.0~20221219 fails statx(2) as Debian 12's coreutils call it (`ls /` inside says
 # "Invalid argument"), so it comes from bookworm-backports (docs/runtime.md has the measurements).
