@@ -219,7 +219,9 @@ def test_a_policy_learned_from_pip_git_and_an_api_lets_them_pass_and_nothing_els
         status(server, sandbox_id, f"-X DELETE https://{API}/echo/v1/models") == "403"
     )  # a method never used
     assert status(server, sandbox_id, f"https://{API}/echo/v1/keys") == "403"  # a path never used
+    assert status(server, sandbox_id, f"http://{INDEX}/simple/") in ("000", "403")  # a port never used
     assert not arrived(internet, ELSEWHERE, "GET", "/echo/out")
+    assert not arrived(internet, INDEX, "GET", "/simple/")
     assert not arrived(internet, API, "DELETE", "/echo/v1/models")
     assert not arrived(internet, API, "GET", "/echo/v1/keys")
     refusals = {
@@ -230,3 +232,4 @@ def test_a_policy_learned_from_pip_git_and_an_api_lets_them_pass_and_nothing_els
     assert (API, "DELETE", "/echo/v1/models", "method_not_allowed") in refusals, refusals
     assert (API, "GET", "/echo/v1/keys", "path_not_allowed") in refusals, refusals
     assert any(host == ELSEWHERE and reason == "default" for host, _m, _p, reason in refusals), refusals
+    assert any(host == INDEX and reason == "port_not_allowed" for host, _m, _p, reason in refusals), refusals
