@@ -1,18 +1,21 @@
 """A policy learned from a real developer workload: inside a sandbox, pip installs a package from
 a PEP 503 index (the index on one host, the wheel on a second, as public indexes split them), git
-clones a repository over HTTPS (git's dumb HTTP protocol), and curl calls an API whose credential
-the proxy injects. All of it is real and served by the test internet from files this module
-builds: a wheel made by `pip wheel`, a bare repository after `git update-server-info`.
+clones a private repository over HTTPS (git's smart HTTP protocol, `git http-backend`), and curl
+calls an API; the proxy injects the git host's token and the API's key. All of it is real and
+served by the test internet from files this module builds: a wheel made by `pip wheel`, a bare
+repository made by git.
 
 The run goes first under a report-mode policy, `sandgate policy suggest` writes a policy from the
 audit log, and that policy in enforce mode lets the same workload pass again (proven by the
 origins' logs: every request arrived twice, the API's with the credential), while what the
-workload never did is refused: another host, another method and another path on the API (proven
-by the origins' logs, where they never arrive, and by the audit records of the refusals).
+workload never did is refused: another host, the index on another port, another method and
+another path on the API, a push to the repository (proven by the origins' logs, where they never
+arrive, and by the audit records of the refusals).
 
-The index and the git host are passed through (no rule needs their paths), so the sandbox checks
+The index and its file host are passed through (no rule needs their paths), so the sandbox checks
 their certificates itself: it is given the test internet's CA, as a real sandbox trusts the
-public web's roots; the API is intercepted for its binding, under the proxy's CA.
+public web's roots; the git host and the API are intercepted for their bindings, under the
+proxy's CA, so what the run did there is learned request by request (methods and paths).
 """
 
 from __future__ import annotations
@@ -37,14 +40,22 @@ pytestmark = pytest.mark.root
 INDEX, FILES, GIT = "pypi.example.test", "files.example.test", "git.example.test"
 API, ELSEWHERE = "api.example.test", "elsewhere.example.test"
 PACKAGE, WHEEL = "sgdemo", "sgdemo-1.0-py3-none-any.whl"
-API_KEY = "workload-api-key-8d41c2"
-# The API is allowed from the start (a binding needs an explicit allow rule for its host);
-# everything else is learned.
+API_KEY, GIT_TOKEN = "workload-api-key-8d41c2", "workload-git-token-5be7a0"
+# The bound hosts are allowed from the start (a binding needs an explicit allow rule for its
+# host); their methods and paths, and everything else, are learned.
 REPORT: dict[str, object] = {
     "mode": "report",
     "defaultAction": "deny",
-    "egress": [{"action": "allow", "target": API}],
+    "egress": [{"action": "allow", "target": API}, {"action": "allow", "target": GIT}],
 }
+WORKLOAD_REQUESTS = [  # (host, method, path): what each run sends (git's smart HTTP POSTs twice)
+    (INDEX, "GET", f"/simple/{PACKAGE}/"),
+    (FILES, "GET", f"/packages/{WHEEL}"),
+    (GIT, "GET", "/repo.git/info/refs?service=git-upload-pack"),
+    (GIT, "POST", "/repo.git/git-upload-pack"),
+    (API, "GET", "/echo/v1/models"),
+    (API, "POST", "/echo/v1/chat"),
+]
 ROOTS = "/tmp/roots.pem"  # in the sandbox: its own CA bundle plus the test internet's CA
 SYSTEM_PYTHON = "/usr/bin/python3"  # the sandbox's python (the host's /usr), with Debian's pip
 OUTPUT = ["installed from the test index", "cloned over HTTPS"]  # the module's greeting, the README
@@ -85,7 +96,7 @@ def package_index(workdir: Path, wheel: Path) -> tuple[Path, Path]:
 
 
 def git_repository(workdir: Path) -> Path:
-    """A directory holding repo.git: one commit, ready for git's dumb HTTP protocol."""
+    """A directory holding repo.git (bare, one commit), for `git http-backend`."""
     work, site = workdir / "work", workdir / "git"
     identity = ["-c", "user.name=sandgate test", "-c", "user.email=test@example.test"]
 
@@ -97,7 +108,6 @@ def git_repository(workdir: Path) -> Path:
     git("-C", str(work), "add", "README")
     git("-C", str(work), "commit", "-q", "-m", "first")
     git("clone", "-q", "--bare", str(work), str(site / "repo.git"))
-    git("-C", str(site / "repo.git"), "update-server-info")  # info/refs and objects/info/packs
     return site
 
 
@@ -105,8 +115,9 @@ def git_repository(workdir: Path) -> Path:
 def sites(internet: Internet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     workdir = tmp_path_factory.mktemp("workload-sites")
     index, files = package_index(workdir, build_wheel(workdir))
-    for name, directory in ((INDEX, index), (FILES, files), (GIT, git_repository(workdir))):
-        internet.serve_site(name, directory)
+    internet.serve_site(INDEX, index)
+    internet.serve_site(FILES, files)
+    internet.serve_git(GIT, git_repository(workdir))
     internet.set_names(
         {name: [ORIGIN_V4] for name in [API_HOST, PATCHED_HOST, INDEX, FILES, GIT, API, ELSEWHERE]}
     )
@@ -138,14 +149,19 @@ def set_policy(server: SandgateServer, sandbox_id: str, policy: dict[str, object
     assert answer.status_code == 200, answer.text
 
 
-def bind_api_key(server: SandgateServer, sandbox_id: str) -> None:
-    """The API's key, injected by the proxy through the sandbox's credential-vault API."""
+def bind_credentials(server: SandgateServer, sandbox_id: str) -> None:
+    """The API's key and the git host's token, injected by the proxy, through the sandbox's
+    credential-vault API."""
     with server.client() as client:
         egress = client.get(f"/v1/sandboxes/{sandbox_id}/endpoints/18080").json()
     vault = {
-        "credentials": [{"name": "api-key", "source": {"type": "inline", "value": API_KEY}}],
+        "credentials": [
+            {"name": "api-key", "source": {"type": "inline", "value": API_KEY}},
+            {"name": "git-token", "source": {"type": "inline", "value": GIT_TOKEN}},
+        ],
         "bindings": [
-            {"name": "api", "match": {"hosts": [API]}, "auth": {"type": "bearer", "credential": "api-key"}}
+            {"name": "api", "match": {"hosts": [API]}, "auth": {"type": "bearer", "credential": "api-key"}},
+            {"name": "git", "match": {"hosts": [GIT]}, "auth": {"type": "bearer", "credential": "git-token"}},
         ],
     }
     answer = httpx.post(
@@ -181,9 +197,11 @@ def test_a_policy_learned_from_pip_git_and_an_api_lets_them_pass_and_nothing_els
 ) -> None:
     sandbox_id = server.create_sandbox()["id"]
     set_policy(server, sandbox_id, REPORT)
-    bind_api_key(server, sandbox_id)
+    bind_credentials(server, sandbox_id)
     trust_the_test_internet(server, sandbox_id, internet)
     assert workload(server, sandbox_id, "report") == OUTPUT
+    requests_of_one_run = {request: len(arrived(internet, *request)) for request in WORKLOAD_REQUESTS}
+    assert all(requests_of_one_run.values()), requests_of_one_run  # each reached its origin
     learned = tmp_path / "learned.yaml"
     ran = sandgate(
         "--state-dir", str(server.state_dir), "policy", "suggest", "--sandbox", sandbox_id, "-o", str(learned)
@@ -192,27 +210,23 @@ def test_a_policy_learned_from_pip_git_and_an_api_lets_them_pass_and_nothing_els
     checked = sandgate("policy", "check", str(learned))
     assert checked.returncode == 0, checked.stdout + checked.stderr + learned.read_text()
     policy = yaml.safe_load(learned.read_text())
-    targets = [rule["target"] for rule in policy["egress"]]
-    assert sorted(targets) == sorted([API, FILES, GIT, INDEX]), learned.read_text()  # exact names only
-    api_rule = next(rule for rule in policy["egress"] if rule["target"] == API)
-    assert api_rule["methods"] == ["GET", "POST"] and api_rule["paths"] == [
-        "/echo/v1/chat",
-        "/echo/v1/models",
-    ]
+    learned_l7 = {rule["target"]: (rule.get("methods"), rule.get("paths")) for rule in policy["egress"]}
+    assert learned_l7 == {  # exact names, one rule each
+        API: (["GET", "POST"], ["/echo/v1/chat", "/echo/v1/models"]),
+        GIT: (["GET", "POST"], ["/repo.git/git-upload-pack", "/repo.git/info/refs"]),
+        INDEX: (None, None),  # passed through: the connection is all there is to allow
+        FILES: (None, None),
+    }, learned.read_text()
+    assert all(rule["ports"] == [443] for rule in policy["egress"]), learned.read_text()
 
     set_policy(server, sandbox_id, {**policy, "mode": "enforce"})
     assert workload(server, sandbox_id, "enforce") == OUTPUT
-    wanted = [
-        (INDEX, "GET", f"/simple/{PACKAGE}/"),
-        (FILES, "GET", f"/packages/{WHEEL}"),
-        (GIT, "GET", "/repo.git/info/refs?service=git-upload-pack"),
-        (API, "GET", "/echo/v1/models"),
-        (API, "POST", "/echo/v1/chat"),
-    ]
-    for host, method, path in wanted:
-        assert len(arrived(internet, host, method, path)) == 2, (host, method, path)  # both runs
+    for request, count in requests_of_one_run.items():
+        assert len(arrived(internet, *request)) == 2 * count, request  # the enforced run made them all again
     for request in arrived(internet, API, "GET", "/echo/v1/models"):
         assert request["headers"]["authorization"] == f"Bearer {API_KEY}"
+    for request in arrived(internet, GIT, "POST", "/repo.git/git-upload-pack"):
+        assert request["headers"]["authorization"] == f"Bearer {GIT_TOKEN}"
 
     assert status(server, sandbox_id, f"https://{ELSEWHERE}/echo/out") in ("000", "403")  # a host never seen
     assert (
@@ -220,6 +234,9 @@ def test_a_policy_learned_from_pip_git_and_an_api_lets_them_pass_and_nothing_els
     )  # a method never used
     assert status(server, sandbox_id, f"https://{API}/echo/v1/keys") == "403"  # a path never used
     assert status(server, sandbox_id, f"http://{INDEX}/simple/") in ("000", "403")  # a port never used
+    push = f"-X POST -H 'content-type: application/x-git-receive-pack-request' https://{GIT}/repo.git/git-receive-pack"
+    assert status(server, sandbox_id, push) == "403"  # a push: a path the clone never used
+    assert not arrived(internet, GIT, "POST", "/repo.git/git-receive-pack")
     assert not arrived(internet, ELSEWHERE, "GET", "/echo/out")
     assert not arrived(internet, INDEX, "GET", "/simple/")
     assert not arrived(internet, API, "DELETE", "/echo/v1/models")
@@ -231,5 +248,6 @@ def test_a_policy_learned_from_pip_git_and_an_api_lets_them_pass_and_nothing_els
     }
     assert (API, "DELETE", "/echo/v1/models", "method_not_allowed") in refusals, refusals
     assert (API, "GET", "/echo/v1/keys", "path_not_allowed") in refusals, refusals
+    assert (GIT, "POST", "/repo.git/git-receive-pack", "path_not_allowed") in refusals, refusals
     assert any(host == ELSEWHERE and reason == "default" for host, _m, _p, reason in refusals), refusals
     assert any(host == INDEX and reason == "port_not_allowed" for host, _m, _p, reason in refusals), refusals
