@@ -386,7 +386,12 @@ def _serve(workdir: Path) -> None:
         process = await asyncio.create_subprocess_exec(
             "git", "http-backend", stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
         )
-        output, _ = await asyncio.wait_for(process.communicate(body), 60)
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(body), 60)
+        except TimeoutError:
+            process.kill()  # the backend this request started, by its own process
+            await process.wait()
+            raise
         # CGI: header lines, a blank line, the body (git ends lines with CRLF; take the first end)
         ends = [(output.find(sep), sep) for sep in (b"\r\n\r\n", b"\n\n") if sep in output]
         end, separator = min(ends, default=(len(output), b""))
