@@ -11,9 +11,9 @@ Rules:
    `wildcard_after` or more siblings under one parent of three or more labels were seen
    (`*.cdn.example.com` for CDN shards, never `*.example.com`), and follows the exact names.
    An IP literal becomes a /32 (or /128) CIDR rule on its ports. A name only looked up (DNS,
-   port 0) that has no dot is a local name (the sandbox's own hostname, which `git` and `pip`
-   resolve; a bare name tried before a search list): nothing connected to it, so it is a note,
-   never a rule (a rule without ports would open the name on every port).
+   port 0) that has no dot is a local name (the sandbox's own hostname, which the pip and git
+   workload's tools looked up; a bare name tried before a search list): nothing connected to it,
+   so it is a note, never a rule (a rule without ports would open the name on every port).
 3. Never suggested: what the policy refuses whatever the rules say (malformed hosts, always-denied
    ranges such as loopback and metadata addresses: `ALWAYS_ENFORCED`); the caller passes such
    requests as `refused` and they are listed as notes.
