@@ -20,6 +20,10 @@ and the origin addresses):
     GET  /redirect?to=URL  302 to URL
     GET  /bytes?n=N      N bytes of b"x" (?type=T: content-type T, default application/octet-stream)
     WS   /ws             echoes every message
+    GET  /page           an HTML page titled "Example Domain" (what a browser test loads)
+    GET  /simple/NAME/   a PEP 503 package index page linking the wheels of project NAME found in
+                         `net.wheels` (WORKDIR/wheels, empty unless a test fills it), served at
+    GET  /wheels/FILE    (pip install --index-url https://HOST/simple/ NAME)
 
 DNS (UDP and TCP, `DNS_ADDR`:53) answers only the names the test sets with `net.set_names({...})`
 (A/AAAA) and the records it sets with `net.set_records([...])` (zone-file lines, any type), and
@@ -38,6 +42,7 @@ import datetime
 import ipaddress
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -90,6 +95,11 @@ class Internet:
 
     def clear_dns_queries(self) -> None:
         (self.workdir / "queries.jsonl").unlink(missing_ok=True)
+
+    @property
+    def wheels(self) -> Path:
+        """The directory the origins' package index serves (/simple/, /wheels/): put wheels here."""
+        return self.workdir / "wheels"
 
     def origin_requests(self) -> list[dict[str, object]]:
         """Every request the origins got so far: [{"type": "http"|"websocket", "client": "ip:port",
@@ -221,6 +231,8 @@ def _serve(workdir: Path) -> None:
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import (
+        FileResponse,
+        HTMLResponse,
         JSONResponse,
         PlainTextResponse,
         RedirectResponse,
@@ -275,6 +287,34 @@ def _serve(workdir: Path) -> None:
         media_type = request.query_params.get("type", "application/octet-stream")
         return Response(b"x" * int(request.query_params.get("n", "1024")), media_type=media_type)
 
+    async def page(request: Request) -> Response:
+        return HTMLResponse(
+            "<!doctype html><html><head><title>Example Domain</title></head>"
+            "<body><h1>Example Domain</h1><p>This page is served by the test internet.</p></body></html>"
+        )
+
+    def project(name: str) -> str:  # PEP 503 normalisation; a wheel's name uses _ for the runs
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    async def simple(request: Request) -> Response:
+        wanted = project(request.path_params["name"])
+        wheels = sorted((workdir / "wheels").glob("*.whl"))
+        links = [
+            f'<a href="/wheels/{w.name}">{w.name}</a>'
+            for w in wheels
+            if project(w.name.split("-")[0]) == wanted
+        ]
+        if not links:
+            return PlainTextResponse(f"no project {wanted}\n", status_code=404)
+        return HTMLResponse("<!doctype html><html><body>" + "<br>".join(links) + "</body></html>")
+
+    async def wheel(request: Request) -> Response:
+        name = request.path_params["file"]
+        path = workdir / "wheels" / name
+        if "/" in name or not path.is_file():
+            return PlainTextResponse("not found\n", status_code=404)
+        return FileResponse(path, media_type="application/octet-stream")
+
     async def ws_echo(websocket: WebSocket) -> None:
         await websocket.accept()
         try:
@@ -314,6 +354,9 @@ def _serve(workdir: Path) -> None:
             Route("/sse", sse),
             Route("/redirect", redirect),
             Route("/bytes", many_bytes),
+            Route("/page", page),
+            Route("/simple/{name}/", simple),
+            Route("/wheels/{file}", wheel),
             WebSocketRoute("/ws", ws_echo),
         ]
     )
