@@ -56,6 +56,8 @@ lint: bootstrap
 	@mkdir -p .typeroot/sandgate && for c in policy vault proxy lifecycle execd; do ln -sfn ../../$$c .typeroot/sandgate/$$c; done
 	$(VENV)/mypy
 	$(VENV)/lint-imports
+	@# every example policy and preset, as CI would check an operator's presets and their users
+	$(VENV)/sandgate policy check --preset-dir examples/presets $$(find examples -name '*.yaml' | sort)
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache .typeroot

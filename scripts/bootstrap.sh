@@ -23,9 +23,13 @@ RUN_PACKAGES=(nftables iproute2 bubblewrap ca-certificates e2fsprogs skopeo)
 # Tests and benchmarks: docker.io for the Docker runtime (the tests start a private dockerd),
 # busybox for tiny test images (`make images`), chromium drives the console tests, the test
 # internet's and the benchmarks' servers and load generators, dig for DNS answers seen from inside,
-# docker-registry (distribution) and htpasswd (apache2-utils) for the test registry.
+# docker-registry (distribution) and htpasswd (apache2-utils) for the test registry; certutil
+# (libnss3-tools) and pip for python3 in the browser example's sandbox (examples/browser); git and
+# pip (with setuptools and wheel) for the workload a sandbox runs in
+# tests/conformance/test_policy_workload.py (pip builds the test index's wheel, too); a JDK for
+# Java inside `sandgate/host` sandboxes (truststore with the proxy CA, Java code contexts).
 TEST_PACKAGES=(iptables busybox-static docker.io curl chromium nginx-light wrk squid nghttp2-client
-  bind9-dnsutils docker-registry apache2-utils)
+  bind9-dnsutils docker-registry apache2-utils libnss3-tools python3-pip git default-jdk-headless)
 # gVisor's runsc for the `gvisor` isolation (tests; a server that offers gvisor needs it too).
 # Bookworm's 0.0~20221219 fails statx(2) as Debian 12's coreutils call it (`ls /` inside says
 # "Invalid argument"), so it comes from bookworm-backports (docs/runtime.md has the measurements).
@@ -165,6 +169,18 @@ test_stage() {
   pip_install '.[dev]' .venv/.sandgate-installed
   js_test_clients
   code_interpreter_wheels
+  browser_wheels
+}
+
+# Playwright (the version the console tests use) for the host's python3, which the browser
+# example installs inside a sandbox from the test internet's package index (tests/conformance).
+browser_wheels() {
+  local wheels=${SANDGATE_BROWSER_WHEELS:-$HOME/.cache/sandgate/browser-wheels} version
+  version=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("playwright"))')
+  compgen -G "$wheels/playwright-$version-*.whl" >/dev/null && return 0
+  rm -f "$wheels"/*.whl  # an older version's
+  /usr/bin/python3 -m pip download --quiet --disable-pip-version-check --only-binary :all: \
+    -d "$wheels" "playwright==$version" >/dev/null
 }
 
 # The opensandbox/code-interpreter image's packages (sandbox-images/code-interpreter), downloaded

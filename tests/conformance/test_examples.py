@@ -9,7 +9,9 @@ as subprocesses with only the SDK's connection variables set (server.env()).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ import pytest
 from sandgate.lifecycle.images import ImageStore
 from tests.conformance.conftest import API_HOST, PATCHED_HOST
 from tests.docker.conftest import load_image_builder
+from tests.support.audit import audit_records
 from tests.support.internet import ORIGIN_V4, Internet
 from tests.support.server import SandgateServer
 
@@ -31,6 +34,12 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "opensandbox/code-interpreter:v1.1.0"
 LLM_HOST = "llm.example.com"
 LLM_KEY = "llm-key-3c9e51"
+# the browser example: an index serving Playwright, the one site it may browse, one it may not
+INDEX_HOST, SITE_HOST, BLOCKED_HOST = "pypi.example.test", "www.example.test", "blocked.example.test"
+# Playwright's wheels for the host's python3, which bootstrap downloads (scripts/bootstrap.sh)
+BROWSER_WHEELS = Path(
+    os.environ.get("SANDGATE_BROWSER_WHEELS", Path.home() / ".cache" / "sandgate" / "browser-wheels")
+)
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +84,21 @@ def test_the_guides_code_interpreter_example_runs_verbatim(
     run_the_guides_example(server)
 
 
-@pytest.fixture
-def llm_name(internet: Internet) -> Iterator[None]:
+@contextlib.contextmanager
+def names_added(internet: Internet, *hosts: str) -> Iterator[None]:
+    """`hosts` resolve to the origin besides the package's own names, until the block ends."""
     kept = {API_HOST: [ORIGIN_V4], PATCHED_HOST: [ORIGIN_V4]}
-    internet.set_names({**kept, LLM_HOST: [ORIGIN_V4]})
+    internet.set_names({**kept, **{host: [ORIGIN_V4] for host in hosts}})
     try:
         yield
     finally:
         internet.set_names(kept)
+
+
+@pytest.fixture
+def llm_name(internet: Internet) -> Iterator[None]:
+    with names_added(internet, LLM_HOST):
+        yield
 
 
 def test_the_llm_agent_example_calls_with_a_key_it_never_sees(
@@ -115,6 +131,49 @@ def test_the_llm_agent_example_calls_with_a_key_it_never_sees(
     # the origin's side: the request carried the key, which the agent never sent
     seen = [r for r in internet.origin_requests() if r["path"] == "/echo/v1/chat/completions"]
     assert seen and seen[-1]["headers"]["authorization"] == f"Bearer {LLM_KEY}"
+
+
+@pytest.fixture
+def browser_names(internet: Internet) -> Iterator[None]:
+    internet.wheels.symlink_to(BROWSER_WHEELS, target_is_directory=True)
+    try:
+        with names_added(internet, INDEX_HOST, SITE_HOST, BLOCKED_HOST):
+            yield
+    finally:
+        internet.wheels.unlink()
+
+
+def test_the_browser_example_browses_one_site_and_is_refused_another(
+    server: SandgateServer, internet: Internet, browser_names: None, tmp_path: Path
+) -> None:
+    assert list(BROWSER_WHEELS.glob("playwright-*.whl")), (
+        f"no Playwright wheel in {BROWSER_WHEELS}: run bootstrap"
+    )
+    screenshot = tmp_path / "page.png"
+    output = run_example(
+        server,
+        "examples/browser/browse.py",
+        PIP_INDEX_URL=f"https://{INDEX_HOST}/simple/",
+        SITE_URL=f"https://{SITE_HOST}/page",
+        BLOCKED_URL=f"https://{BLOCKED_HOST}/page",
+        SCREENSHOT=str(screenshot),
+    )
+    assert "title: Example Domain" in output.splitlines(), output
+    assert "refused: Page.goto: net::ERR_NAME_NOT_RESOLVED" in output, output
+    assert screenshot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and screenshot.stat().st_size > 2000
+    # the origins' side: Playwright came from the index, the page was fetched, the denied host
+    # never got a request, nor was its name asked of the internet's DNS (the allowed one was)
+    seen = [(r["headers"].get("host"), r["path"]) for r in internet.origin_requests()]  # type: ignore[union-attr]
+    assert (INDEX_HOST, "/simple/playwright/") in seen
+    assert (SITE_HOST, "/page") in seen
+    assert not [hit for hit in seen if hit[0] == BLOCKED_HOST], seen
+    asked = {query["name"] for query in internet.dns_queries()}
+    assert SITE_HOST in asked and BLOCKED_HOST not in asked, asked
+    # TLS was terminated by the proxy (the policy inspects), so Chromium trusted the proxy's CA:
+    # the proxy could read the path, which a pass-through connection never shows it
+    records = audit_records(server.state_dir)
+    inspected = [r["path"] for r in records if r["kind"] == "request" and r["host"] == SITE_HOST]
+    assert "/page" in inspected, inspected
 
 
 # -- the image on the wire, through the host's execd endpoint -----------------------------------

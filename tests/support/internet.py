@@ -20,6 +20,16 @@ and the origin addresses):
     GET  /redirect?to=URL  302 to URL
     GET  /bytes?n=N      N bytes of b"x" (?type=T: content-type T, default application/octet-stream)
     WS   /ws             echoes every message
+    GET  /page           an HTML page titled "Example Domain" (what a browser test loads)
+    GET  /simple/NAME/   a PEP 503 package index page linking the wheels of project NAME found in
+                         `net.wheels` (WORKDIR/wheels, empty unless a test fills it), served at
+    GET  /wheels/FILE    (pip install --index-url https://HOST/simple/ NAME)
+
+A request whose Host is a name given to `net.serve_site(name, directory)` is served from that
+directory instead (GET and HEAD; a directory answers with its index.html): a package index, any
+static site a test builds from local files. A name given to `net.serve_git(name, directory)` is
+served by `git http-backend` (CGI) from the repositories in that directory: git's smart HTTP
+protocol (`git clone https://name/repo.git`; pushes are refused, as no request is authenticated).
 
 DNS (UDP and TCP, `DNS_ADDR`:53) answers only the names the test sets with `net.set_names({...})`
 (A/AAAA) and the records it sets with `net.set_records([...])` (zone-file lines, any type), and
@@ -38,6 +48,7 @@ import datetime
 import ipaddress
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,6 +91,21 @@ class Internet:
         tmp.write_text(json.dumps(lines))
         os.replace(tmp, self.workdir / "records.json")
 
+    def serve_site(self, name: str, directory: Path) -> None:
+        """Serve `directory`'s files to requests for Host `name` (on every origin address and port)."""
+        self._link("sites", name, directory)
+
+    def serve_git(self, name: str, directory: Path) -> None:
+        """Serve the git repositories in `directory` to Host `name` with `git http-backend`."""
+        self._link("git", name, directory)
+
+    def _link(self, kind: str, name: str, directory: Path) -> None:
+        folder = self.workdir / kind
+        folder.mkdir(exist_ok=True)
+        link = folder / name.lower().rstrip(".")
+        link.unlink(missing_ok=True)
+        link.symlink_to(directory.resolve(), target_is_directory=True)
+
     def dns_queries(self) -> list[dict[str, str]]:
         """Every query the DNS server got so far: [{"name", "type": "A"|"AAAA"|..., "transport":
         "udp"|"tcp", "raw": the message as received, hex}]."""
@@ -90,6 +116,11 @@ class Internet:
 
     def clear_dns_queries(self) -> None:
         (self.workdir / "queries.jsonl").unlink(missing_ok=True)
+
+    @property
+    def wheels(self) -> Path:
+        """The directory the origins' package index serves (/simple/, /wheels/): put wheels here."""
+        return self.workdir / "wheels"
 
     def origin_requests(self) -> list[dict[str, object]]:
         """Every request the origins got so far: [{"type": "http"|"websocket", "client": "ip:port",
@@ -221,6 +252,8 @@ def _serve(workdir: Path) -> None:
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import (
+        FileResponse,
+        HTMLResponse,
         JSONResponse,
         PlainTextResponse,
         RedirectResponse,
@@ -228,6 +261,7 @@ def _serve(workdir: Path) -> None:
         StreamingResponse,
     )
     from starlette.routing import Route, WebSocketRoute
+    from starlette.staticfiles import StaticFiles
     from starlette.websockets import WebSocket, WebSocketDisconnect
 
     async def hello(request: Request) -> Response:
@@ -275,6 +309,34 @@ def _serve(workdir: Path) -> None:
         media_type = request.query_params.get("type", "application/octet-stream")
         return Response(b"x" * int(request.query_params.get("n", "1024")), media_type=media_type)
 
+    async def page(request: Request) -> Response:
+        return HTMLResponse(
+            "<!doctype html><html><head><title>Example Domain</title></head>"
+            "<body><h1>Example Domain</h1><p>This page is served by the test internet.</p></body></html>"
+        )
+
+    def project(name: str) -> str:  # PEP 503 normalisation; a wheel's name uses _ for the runs
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    async def simple(request: Request) -> Response:
+        wanted = project(request.path_params["name"])
+        wheels = sorted((workdir / "wheels").glob("*.whl"))
+        links = [
+            f'<a href="/wheels/{w.name}">{w.name}</a>'
+            for w in wheels
+            if project(w.name.split("-")[0]) == wanted
+        ]
+        if not links:
+            return PlainTextResponse(f"no project {wanted}\n", status_code=404)
+        return HTMLResponse("<!doctype html><html><body>" + "<br>".join(links) + "</body></html>")
+
+    async def wheel(request: Request) -> Response:
+        name = request.path_params["file"]
+        path = workdir / "wheels" / name
+        if "/" in name or not path.is_file():
+            return PlainTextResponse("not found\n", status_code=404)
+        return FileResponse(path, media_type="application/octet-stream")
+
     async def ws_echo(websocket: WebSocket) -> None:
         await websocket.accept()
         try:
@@ -305,6 +367,60 @@ def _serve(workdir: Path) -> None:
 
         return app
 
+    async def git_http_backend(root: Path, request: Request) -> Response:
+        """One CGI request to `git http-backend` for the repositories under `root`."""
+        body = await request.body()
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "GIT_PROJECT_ROOT": str(root),
+            "GIT_HTTP_EXPORT_ALL": "1",
+            "REQUEST_METHOD": request.method,
+            "PATH_INFO": request.url.path,
+            "QUERY_STRING": request.url.query,
+            "CONTENT_TYPE": request.headers.get("content-type", ""),
+            "CONTENT_LENGTH": str(len(body)),
+            "REMOTE_ADDR": request.client.host if request.client else "",
+            "HTTP_CONTENT_ENCODING": request.headers.get("content-encoding", ""),
+            "GIT_PROTOCOL": request.headers.get("git-protocol", ""),
+        }
+        process = await asyncio.create_subprocess_exec(
+            "git", "http-backend", stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+        )
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(body), 60)
+        except TimeoutError:
+            process.kill()  # the backend this request started, by its own process
+            await process.wait()
+            raise
+        # CGI: header lines, a blank line, the body (git ends lines with CRLF; take the first end)
+        ends = [(output.find(sep), sep) for sep in (b"\r\n\r\n", b"\n\n") if sep in output]
+        end, separator = min(ends, default=(len(output), b""))
+        head, payload = output[:end], output[end + len(separator) :]
+        headers = dict(line.split(": ", 1) for line in head.decode("latin-1").splitlines() if ": " in line)
+        status = int(headers.pop("Status", "200").split()[0])
+        return Response(payload, status_code=status, headers=headers)
+
+    def served_sites(inner: object) -> object:
+        """ASGI middleware: a request for a Host under workdir/sites/ is served from its files, one
+        under workdir/git/ by `git http-backend`."""
+
+        async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+            if scope["type"] == "http":
+                host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+                name, _colon, port = host.rpartition(":")
+                name = (name if port.isdigit() else host).lower().rstrip(".")
+                if name and "/" not in name and (workdir / "sites" / name).is_dir():
+                    files = StaticFiles(directory=workdir / "sites" / name, html=True)
+                    await files(scope, receive, send)  # type: ignore[arg-type]
+                    return
+                if name and "/" not in name and (workdir / "git" / name).is_dir():
+                    answer = await git_http_backend(workdir / "git" / name, Request(scope, receive))  # type: ignore[arg-type]
+                    await answer(scope, receive, send)  # type: ignore[arg-type]
+                    return
+            await inner(scope, receive, send)  # type: ignore[operator]
+
+        return app
+
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE"]
     app = Starlette(
         routes=[
@@ -314,6 +430,9 @@ def _serve(workdir: Path) -> None:
             Route("/sse", sse),
             Route("/redirect", redirect),
             Route("/bytes", many_bytes),
+            Route("/page", page),
+            Route("/simple/{name}/", simple),
+            Route("/wheels/{file}", wheel),
             WebSocketRoute("/ws", ws_echo),
         ]
     )
@@ -380,7 +499,7 @@ def _serve(workdir: Path) -> None:
             "ws": "websockets",
             "timeout_keep_alive": 120,  # a connection a test holds is not closed by the origin
         }
-        recorded = record_requests(app)
+        recorded = record_requests(served_sites(app))
         plain = uvicorn.Server(uvicorn.Config(recorded, **common))  # type: ignore[arg-type]
         tls = uvicorn.Server(
             uvicorn.Config(
