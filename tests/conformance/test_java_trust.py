@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conformance.conftest import API_HOST
+from tests.conformance.conftest import API_HOST, sandbox_meeting_the_proxy_ca
 from tests.support.internet import Internet
 from tests.support.server import SandgateServer
 
@@ -40,15 +40,8 @@ public class Main {
 
 @pytest.fixture(scope="module")
 def sandbox_id(server: SandgateServer) -> Iterator[str]:
-    created = server.create_sandbox()
-    policy = {"version": 1, "defaultAction": "deny", "egress": [{"action": "allow", "target": API_HOST}]}
-    policy["egress"][0]["inspect"] = "always"  # the proxy's CA signs what Java sees
-    with server.client() as api:
-        put = api.put(f"/v1/sandboxes/{created['id']}/egress/sandgate-policy", json={"policy": policy})
-        assert put.status_code == 200, put.text
-    yield created["id"]
-    with server.client() as api:
-        api.delete(f"/v1/sandboxes/{created['id']}")
+    with sandbox_meeting_the_proxy_ca(server) as created:
+        yield created
 
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="no JDK on this host (bootstrap installs one)")

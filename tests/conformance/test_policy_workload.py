@@ -30,7 +30,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conformance.conftest import API_HOST, PATCHED_HOST
+from tests.conformance.conftest import API_HOST, PATCHED_HOST, curl_status, set_policy
 from tests.support.audit import audit_records
 from tests.support.cli import sandgate
 from tests.support.internet import ORIGIN_V4, Internet
@@ -143,12 +143,6 @@ def workload(server: SandgateServer, sandbox_id: str, run: str) -> list[str]:
     return done.stdout.splitlines()
 
 
-def set_policy(server: SandgateServer, sandbox_id: str, policy: dict[str, object]) -> None:
-    with server.client() as client:
-        answer = client.put(f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy", json={"policy": policy})
-    assert answer.status_code == 200, answer.text
-
-
 def bind_credentials(server: SandgateServer, sandbox_id: str) -> None:
     """The API's key and the git host's token, injected by the proxy, through the sandbox's
     credential-vault API."""
@@ -187,11 +181,6 @@ def arrived(internet: Internet, host: str, method: str, path: str) -> list[dict[
     ]
 
 
-def status(server: SandgateServer, sandbox_id: str, curl_args: str) -> str:
-    command = f"curl -sS --max-time 15 -o /dev/null -w '%{{http_code}}' {curl_args}"
-    return server.run(sandbox_id, command, timeout=60).stdout.strip()
-
-
 def test_a_policy_learned_from_pip_git_and_an_api_lets_them_pass_and_nothing_else(
     server: SandgateServer, internet: Internet, sites: None, tmp_path: Path
 ) -> None:
@@ -228,14 +217,15 @@ def test_a_policy_learned_from_pip_git_and_an_api_lets_them_pass_and_nothing_els
     for request in arrived(internet, GIT, "POST", "/repo.git/git-upload-pack"):
         assert request["headers"]["authorization"] == f"Bearer {GIT_TOKEN}"
 
-    assert status(server, sandbox_id, f"https://{ELSEWHERE}/echo/out") in ("000", "403")  # a host never seen
+    never_seen = curl_status(server, sandbox_id, f"https://{ELSEWHERE}/echo/out")
+    assert never_seen in ("000", "403")  # a host never seen
     assert (
-        status(server, sandbox_id, f"-X DELETE https://{API}/echo/v1/models") == "403"
+        curl_status(server, sandbox_id, f"-X DELETE https://{API}/echo/v1/models") == "403"
     )  # a method never used
-    assert status(server, sandbox_id, f"https://{API}/echo/v1/keys") == "403"  # a path never used
-    assert status(server, sandbox_id, f"http://{INDEX}/simple/") in ("000", "403")  # a port never used
+    assert curl_status(server, sandbox_id, f"https://{API}/echo/v1/keys") == "403"  # a path never used
+    assert curl_status(server, sandbox_id, f"http://{INDEX}/simple/") in ("000", "403")  # a port never used
     push = f"-X POST -H 'content-type: application/x-git-receive-pack-request' https://{GIT}/repo.git/git-receive-pack"
-    assert status(server, sandbox_id, push) == "403"  # a push: a path the clone never used
+    assert curl_status(server, sandbox_id, push) == "403"  # a push: a path the clone never used
     assert not arrived(internet, GIT, "POST", "/repo.git/git-receive-pack")
     assert not arrived(internet, ELSEWHERE, "GET", "/echo/out")
     assert not arrived(internet, INDEX, "GET", "/simple/")
