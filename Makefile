@@ -4,7 +4,7 @@
 VENV := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap bootstrap-run serve test test-fast bench lint images clean
+.PHONY: bootstrap bootstrap-run serve test test-fast test-adversarial bench lint images clean
 
 # Everything: run time, test and benchmark tools, dev extras (scripts/bootstrap.sh test).
 bootstrap:
@@ -34,6 +34,14 @@ test-fast: bootstrap
 	PYTHONDONTWRITEBYTECODE= SANDGATE_TEST_TIER=fast $(VENV)/pytest -m "not root" -p no:schemathesis \
 	  -n $(FAST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
+# The whole adversarial suite (root) on one runtime and isolation: `make test-adversarial
+# ISOLATION=gvisor`, `RUNTIME=docker` for the private dockerd (docs/runtime.md). `make test`
+# runs it on local/standard, and tests/gvisor/adversarial's subset on gvisor.
+ISOLATION ?= standard
+RUNTIME ?= local
+test-adversarial: bootstrap
+	SANDGATE_TEST_ISOLATION=$(ISOLATION) SANDGATE_TEST_RUNTIME=$(RUNTIME) $(VENV)/pytest tests/adversarial $(PYTEST_ARGS)
+
 bench: bootstrap
 	$(VENV)/python -m bench
 
@@ -48,6 +56,8 @@ lint: bootstrap
 	@mkdir -p .typeroot/sandgate && for c in policy vault proxy lifecycle execd; do ln -sfn ../../$$c .typeroot/sandgate/$$c; done
 	$(VENV)/mypy
 	$(VENV)/lint-imports
+	@# every example policy and preset, as CI would check an operator's presets and their users
+	$(VENV)/sandgate policy check --preset-dir examples/presets $$(find examples -name '*.yaml' | sort)
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache .typeroot

@@ -1,7 +1,10 @@
 """gVisor beside the standard isolation, through one real `sandgate serve` (local runtime):
 create-to-ready (POST /v1/sandboxes until it answers 202, execd ready), a command round trip
-(`true` through the server's reverse proxy) and a 100 MiB download through the egress proxy
-(curl inside the sandbox, from the test internet's origin).
+(`true` through the server's reverse proxy), a 100 MiB download through the egress proxy (curl
+inside the sandbox, from the test internet's origin) and the CPU an idle sandbox uses (its
+cgroup's cpu.stat). Only the measured sandbox is alive while it is measured: each earlier create
+is deleted at once (an idle gVisor sandbox uses CPU, which would otherwise be charged to the
+figures on this 2-core machine).
 
 Goals (issue 26): gvisor create-to-ready under 1 s, round trip within 2x of standard, download
 within 1.5x. `python -m bench gvisor` (root; its own netns and test internet).
@@ -9,6 +12,7 @@ within 1.5x. `python -m bench gvisor` (root; its own netns and test internet).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import tempfile
@@ -25,6 +29,8 @@ DOWNLOADS = 3
 DOWNLOAD_HOST = "download.example.com"
 DOWNLOAD_BYTES = 100 * 2**20
 ISOLATIONS = ("standard", "gvisor")
+IDLE_SECONDS = 5.0
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def main() -> None:
@@ -53,12 +59,13 @@ def _measure(server: Any, isolation: str) -> dict[str, list[float]]:
         "networkPolicy": {"defaultAction": "deny", "egress": [{"action": "allow", "target": DOWNLOAD_HOST}]},
     }
     ready: list[float] = []
-    ids = []
+    sandbox_id = ""
     for _ in range(CREATES):
+        if sandbox_id:
+            _delete(server, sandbox_id)
         start = time.perf_counter()
-        ids.append(server.create_sandbox(**body)["id"])
+        sandbox_id = server.create_sandbox(**body)["id"]
         ready.append(time.perf_counter() - start)
-    sandbox_id = ids[-1]
     for _ in range(3):  # warm execd's first spawns
         server.run(sandbox_id, "true")
     trips = []
@@ -75,19 +82,46 @@ def _measure(server: Any, isolation: str) -> dict[str, list[float]]:
         seconds, size = done.stdout.split()
         assert int(size) == DOWNLOAD_BYTES, done
         downloads.append(float(seconds))
+    idle = _idle_cpu(sandbox_id)
+    _delete(server, sandbox_id)
+    load = os.getloadavg()[0]
+    return {"ready": ready, "trip": trips, "download": downloads, "idle": [idle], "load": [load]}
+
+
+def _delete(server: Any, sandbox_id: str) -> None:
     with server.client() as client:
-        for sandbox in ids:
-            client.delete(f"/v1/sandboxes/{sandbox}")
-    return {"ready": ready, "trip": trips, "download": downloads}
+        client.delete(f"/v1/sandboxes/{sandbox_id}").raise_for_status()
+
+
+def _idle_cpu(sandbox_id: str) -> float:
+    """Share of one core the sandbox's processes used over IDLE_SECONDS with nothing asked of
+    them (user + system time of every process in its cgroup; cgroup v1 or v2)."""
+    pattern = f"sandgate-*-{sandbox_id}"
+    (cgroup,) = [*CGROUP_ROOT.glob(pattern), *CGROUP_ROOT.glob(f"pids/{pattern}")]
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+
+    def used_s() -> float:
+        ticks = 0
+        for pid in (cgroup / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):  # a process that just exited
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        return ticks / ticks_per_s
+
+    time.sleep(1.0)  # let the last command's exit settle
+    before = used_s()
+    time.sleep(IDLE_SECONDS)
+    return (used_s() - before) / IDLE_SECONDS
 
 
 def _report(results: dict[str, dict[str, list[float]]]) -> None:
-    print(f"one sandgate serve, local runtime; load average {os.getloadavg()[0]:.1f}")
+    print("one sandgate serve, local runtime")
     for isolation, rows in results.items():
-        print(f"{isolation}:")
+        print(f"{isolation} (load average {rows['load'][0]:.1f} after its figures):")
         row(f"create-to-ready ({CREATES})", rows["ready"])
         row(f"command round trip ({ROUND_TRIPS})", rows["trip"])
         row(f"download 100 MiB ({DOWNLOADS})", rows["download"])
+        print(f"  {'idle CPU (one sandbox)':<28} {rows['idle'][0] * 100:5.1f} % of a core")
     standard, gvisor = results["standard"], results["gvisor"]
     for label, key, goal in (
         ("create-to-ready", "ready", None),

@@ -17,6 +17,7 @@ import os
 import signal
 
 from .app import ExecdApp, ExecdConfig
+from .entrypoint import Entrypoint
 from .web import serve
 
 
@@ -30,18 +31,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="require this X-EXECD-ACCESS-TOKEN on every route but /ping (default: $EXECD_ACCESS_TOKEN)",
     )
     parser.add_argument("--root", help="resolve every file path under DIR; paths may never leave it")
+    parser.add_argument(
+        "--entrypoint-pid",
+        type=int,
+        help="(the launcher's) pid of the entrypoint it started: execd reaps it, reports its end, "
+        "and stops with its status if it fails (entrypoint.py)",
+    )
+    parser.add_argument("--entrypoint", default="the entrypoint", help="its path, for that report")
     return parser.parse_args(argv)
 
 
-async def run(app: ExecdApp, host: str, port: int) -> None:
+async def run(app: ExecdApp, host: str, port: int, entrypoint: Entrypoint | None = None) -> int:
+    """Serve until stopped; the exit status: the entrypoint's if it failed, else 0."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if entrypoint is not None:
+        entrypoint.watch(loop, stop.set)
     try:
         await serve(app.respond, app.state, host, port, stop)
     finally:
         app.state.shutdown()
+    return (entrypoint.status or 0) if entrypoint is not None else 0
 
 
 PR_SET_DUMPABLE = 4
@@ -59,7 +71,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.root and not os.path.isdir(args.root):
         raise SystemExit(f"sandgate-execd: --root {args.root!r} is not a directory")
     app = ExecdApp(ExecdConfig(token=args.token or None, root=args.root))
-    asyncio.run(run(app, args.host, args.port))
+    entrypoint = Entrypoint(args.entrypoint_pid, args.entrypoint) if args.entrypoint_pid else None
+    status = asyncio.run(run(app, args.host, args.port, entrypoint))
+    if status:
+        raise SystemExit(status)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,18 @@ Rules:
    died (checked every `LIVENESS_POLL_S` while a cell waits), has ended its context: the run
    gets an error saying so, later runs a 410, and a new context starts a new kernel. Deleting
    a context kills its kernel's process group.
-5. `python`, `bash`, `javascript` and `typescript` are the languages; creating or running any
-   other is a 400 that lists them. Listing or deleting by another language matches nothing. A
-   run without a context id uses the language's default context, created on first use.
+5. `python`, `bash`, `javascript`, `typescript` and `java` are the languages; creating or
+   running any other is a 400 that lists them; so is one this sandbox has no kernel for (the
+   message lists those it has, and what to install). Listing or deleting by another language
+   matches nothing. A run without a context id uses the language's default context, created on
+   first use.
+6. Spare kernels: once a language has had a context, execd starts one more kernel of it in the
+   background, so the next create takes a started kernel instead of waiting for one (a kernel's
+   start is 0.5-3 s; taking a spare is milliseconds). At most one spare per language that was
+   used; it is taken only if the sandbox's environment (execd's env file included) and the
+   cwd are what they were when it started, otherwise it is ended and a kernel starts fresh. A
+   spare that died is never handed out. Spares end with execd. `EXECD_SPARE_KERNELS=0` in
+   execd's environment turns them off (each costs an idle kernel: ~50 MB for ipykernel).
 """
 
 from __future__ import annotations
@@ -242,15 +251,27 @@ class Context:
         return None
 
 
+@dataclass
+class Spare:
+    """A kernel started ahead for the next create of its language (rule 6), and what it was
+    started with (cwd, environment): it serves only a create that would start it the same."""
+
+    started_with: tuple[str, tuple[tuple[str, str], ...]]
+    kernel: asyncio.Task[Context]
+
+
 class CodeContexts:
     """Every code context of this execd: created, run, interrupted and ended on request."""
 
-    def __init__(self, default_cwd: str, state_dir: str) -> None:
+    def __init__(self, default_cwd: str, state_dir: str, spares: bool = True) -> None:
         self.default_cwd = default_cwd
         self.state_dir = state_dir
         self.contexts: dict[str, Context] = {}
         self.defaults: dict[str, str] = {}
         self.default_lock = asyncio.Lock()
+        self.use_spares = spares
+        self.spares: dict[str, Spare] = {}
+        self.unclaimed: dict[str, Context] = {}  # kernels started but in no context yet (spares)
         # Kernels end with execd: when its event loop shuts down it cancels this task, which
         # kills every kernel; atexit covers an exit that skips the loop's shutdown.
         self.closer = asyncio.get_running_loop().create_task(self._end_all_when_cancelled())
@@ -292,7 +313,7 @@ class CodeContexts:
             self.delete(context.id)
 
     def shutdown(self) -> None:
-        for context in self.contexts.values():
+        for context in [*self.contexts.values(), *self.unclaimed.values()]:
             if context.pid:
                 kill_group(context.pid)
 
@@ -305,15 +326,49 @@ class CodeContexts:
     # -- creation -------------------------------------------------------------------------------
 
     async def create(self, language: str, cwd: str | None) -> Context:
-        from jupyter_client.manager import AsyncKernelManager
-
         env = child_env(None, None)
         directory = expand_cwd(cwd, env, self.default_cwd)
+        started_with = (directory, tuple(sorted(env.items())))
+        context = await self._take_spare(language, started_with)
+        context = context or await self._start(language, env, directory)
+        self.contexts[context.id] = self.unclaimed.pop(context.id, context)
+        if self.use_spares:
+            spare = asyncio.ensure_future(self._start(language, env, directory))
+            spare.add_done_callback(_retrieve_error)  # a spare that failed is only not taken
+            self.spares[language] = Spare(started_with, spare)
+        return context
+
+    async def _take_spare(self, language: str, started_with: tuple[str, Any]) -> Context | None:
+        """The language's spare kernel if it would have been started the same and is alive."""
+        spare = self.spares.pop(language, None)
+        if spare is None:
+            return None
+        if spare.started_with != started_with:
+            spare.kernel.add_done_callback(self._end_unused)
+            return None
+        try:
+            context = await spare.kernel
+        except ApiError:
+            return None  # a fresh start reports why
+        if context.ended or await context.exit_status() is not None:
+            self._end_unused(spare.kernel)
+            return None
+        return context
+
+    def _end_unused(self, kernel: asyncio.Future[Context]) -> None:
+        if not kernel.cancelled() and kernel.exception() is None:
+            context = kernel.result()
+            context.end("a spare kernel not taken")
+            self.unclaimed.pop(context.id, None)
+
+    async def _start(self, language: str, env: dict[str, str], directory: str) -> Context:
+        from jupyter_client.manager import AsyncKernelManager
+
         specs = kernel_manager_specs(env, self.state_dir)
         try:
             name = kernel_name(language, specs)
         except NoKernel as exc:
-            raise ApiError(500, "RUNTIME_ERROR", str(exc)) from None
+            raise bad_request(str(exc), UNSUPPORTED_LANGUAGE) from None
         context_id = uuid.uuid4().hex
         files = os.path.join(self.state_dir, f"kernel-{context_id}")
         manager = AsyncKernelManager(
@@ -329,16 +384,17 @@ class CodeContexts:
         client = manager.client()
         client.start_channels()
         context = Context(context_id, language, manager, client)
+        self.unclaimed[context.id] = context
         try:
             await client.wait_for_ready(timeout=READY_TIMEOUT_S)
         except (RuntimeError, TimeoutError) as exc:
             context.end("it did not start")
+            self.unclaimed.pop(context.id, None)
             raise ApiError(
                 500,
                 "RUNTIME_ERROR",
                 f"the {language} kernel ({name}) did not start: {exc}; its output: {startup_log(files)}",
             ) from None
-        self.contexts[context.id] = context
         return context
 
     async def default(self, language: str) -> Context:
@@ -403,6 +459,12 @@ class CodeContexts:
         return timeout_error(timeout_ms or 0, bool(done), interrupted)
 
 
+def _retrieve_error(kernel: asyncio.Future[Context]) -> None:
+    """Mark a spare's failure as seen (asyncio would log it as never retrieved)."""
+    if not kernel.cancelled():
+        kernel.exception()
+
+
 def wire_bundle(data: dict[str, Any]) -> dict[str, Any]:
     """The Go execd's result shape: `text/plain` is sent as `text` (what the SDK reads)."""
     return {("text" if mime == "text/plain" else mime): value for mime, value in data.items()}
@@ -465,7 +527,8 @@ def timeout_error(timeout_ms: int, stopped: bool, interrupted: dict[str, Any] | 
 def contexts_of(request: Request) -> CodeContexts:
     state = request.state
     if not hasattr(state, "code_contexts"):
-        state.code_contexts = CodeContexts(state.default_cwd, state.state_dir)
+        spares = os.environ.get("EXECD_SPARE_KERNELS", "1") != "0"
+        state.code_contexts = CodeContexts(state.default_cwd, state.state_dir, spares)
     contexts: CodeContexts = state.code_contexts
     return contexts
 

@@ -9,11 +9,16 @@ Rules:
 2. Last come the kernels of execd's own environment (written as kernelspecs into execd's state
    dir, `own_kernelspecs`): ipykernel and bash_kernel under execd's Python, Deno's kernel
    (`deno jupyter --kernel`) from the `deno` next to execd's Python or on the sandbox's PATH.
+   JJava's kernel (`pip install jjava`: the wheel carries its jar and kernelspec) when `java` is
+   on the sandbox's PATH.
    This is what a `sandgate/host` sandbox runs (execd's Python is the host venv, bound read-only).
    Deno's kernel implements no interrupt (neither SIGINT nor `interrupt_request`): SIGINT ends
    it, so an interrupted javascript/typescript context ends, and a new one starts fresh.
-3. A language none of them serves is `NoKernel`, whose message says what to install.
+3. A language none of them serves is `NoKernel` (a 400), whose message lists the languages this
+   sandbox has kernels for and says what to install.
 4. This module imports jupyter_client only when a context is created (execd starts without it).
+5. A kernelspec that starts bash_kernel as `-m bash_kernel` (execd's own, the code-interpreter
+   image's) starts it as `-c QUICK_BASH_KERNEL` instead, in the same Python.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ KERNEL_NAMES: dict[str, tuple[str, ...]] = {
     "bash": ("bash",),
     "javascript": ("deno", "javascript"),
     "typescript": ("deno", "typescript"),
+    "java": ("java",),
 }
 SUPPORTED_LANGUAGES = tuple(KERNEL_NAMES)
 SYSTEM_JUPYTER_DIRS = ("/usr/local/share/jupyter", "/usr/share/jupyter")
@@ -44,7 +50,25 @@ INSTALL_HINTS = {
     "bash": "bash_kernel (`pip install bash_kernel`)",
     "javascript": "Deno (`pip install deno`, whose `deno jupyter` is the kernel)",
     "typescript": "Deno (`pip install deno`, whose `deno jupyter` is the kernel)",
+    "java": "a JDK (`java` on PATH, 11 or later) and JJava (`pip install jjava`, its kernelspec `java`)",
 }
+
+
+# bash_kernel as `python -m bash_kernel` runs it, but with pexpect's 50 ms pause before every
+# write (`delaybeforesend`, meant for password prompts that turn echo off) removed: bash_kernel
+# writes each line only after bash's prompt, so the pause only slows it. Its start-up writes
+# ~40 lines (3.2 s of a bash context's create here, 0.4 s without), and every cell line paid it.
+# Inline (`-c`), since the kernel's Python cannot be assumed to import sandgate (rule 5).
+QUICK_BASH_KERNEL = (
+    "import pexpect\n"
+    "class Spawn(pexpect.spawn):\n"
+    "    def __init__(self, *args, **kwargs):\n"
+    "        super().__init__(*args, **kwargs)\n"
+    "        self.delaybeforesend = None\n"
+    "pexpect.spawn = Spawn\n"
+    "import runpy\n"
+    "runpy.run_module('bash_kernel', run_name='__main__', alter_sys=True)\n"
+)
 
 
 class NoKernel(Exception):
@@ -82,19 +106,53 @@ def own_kernelspecs(env: dict[str, str]) -> dict[str, dict[str, object]]:
         # NO_COLOR: values are shown as plain text, as Node's REPL shows them to a pipe
         env_ = {"NO_COLOR": "1"}
         specs["deno"] = {"argv": argv, "language": "typescript", "display_name": "Deno", "env": env_}
+    jjava = jjava_kernelspec()
+    if jjava is not None and shutil.which("java", path=env.get("PATH", os.defpath)):
+        spec = json.loads((jjava / "kernel.json").read_text(encoding="utf-8"))
+        spec["argv"] = [word.replace("{resource_dir}", str(jjava)) for word in spec["argv"]]
+        specs["java"] = spec
     return specs
+
+
+def jjava_kernelspec() -> Path | None:
+    """The directory of the kernelspec the jjava wheel installed, found by its file list (execd
+    runs with -S, so sys.prefix is the base Python's, not the venv the wheel went into)."""
+    from importlib import metadata
+
+    try:
+        files = metadata.files("jjava") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.as_posix().endswith("share/jupyter/kernels/java/kernel.json"):
+            return Path(str(file.locate())).resolve().parent
+    return None
+
+
+def quick_bash(argv: list[str]) -> list[str]:
+    """`argv` with `-m bash_kernel` replaced by `-c QUICK_BASH_KERNEL` (rule 5)."""
+    for at in range(len(argv) - 1):
+        if argv[at : at + 2] == ["-m", "bash_kernel"]:
+            return [*argv[:at], "-c", QUICK_BASH_KERNEL, *argv[at + 2 :]]
+    return argv
 
 
 def kernel_manager_specs(env: dict[str, str], state_dir: str) -> KernelSpecManager:
     """A KernelSpecManager over the sandbox's kernel dirs, then execd's own kernels."""
-    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+
+    class Specs(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+            spec = super().get_kernel_spec(kernel_name)
+            spec.argv = quick_bash(spec.argv)
+            return spec
 
     own = os.path.join(state_dir, "kernels")
     for name, spec in own_kernelspecs(env).items():
         os.makedirs(os.path.join(own, name), exist_ok=True)
         with open(os.path.join(own, name, "kernel.json"), "w", encoding="utf-8") as handle:
             json.dump(spec, handle)
-    return KernelSpecManager(kernel_dirs=[*sandbox_kernel_dirs(env), own], ensure_native_kernel=False)
+    return Specs(kernel_dirs=[*sandbox_kernel_dirs(env), own], ensure_native_kernel=False)
 
 
 def kernel_name(language: str, specs: KernelSpecManager) -> str:
@@ -102,8 +160,10 @@ def kernel_name(language: str, specs: KernelSpecManager) -> str:
     for name in KERNEL_NAMES[language]:
         if name in found:
             return name
+    available = [lang for lang, names in KERNEL_NAMES.items() if any(name in found for name in names)]
     raise NoKernel(
         f"no Jupyter kernel for {language} in this sandbox (looked for kernelspecs named "
-        f"{', '.join(KERNEL_NAMES[language])} in {', '.join(specs.kernel_dirs)}); install "
-        f"{INSTALL_HINTS[language]} in the image, or use the opensandbox/code-interpreter image"
+        f"{', '.join(KERNEL_NAMES[language])} in {', '.join(specs.kernel_dirs)}); this sandbox "
+        f"has kernels for: {', '.join(available) or 'none'}; install {INSTALL_HINTS[language]} in "
+        "the image, or use an image that has it"
     )

@@ -33,6 +33,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import fcntl
+import fnmatch
 import hashlib
 import json
 import os
@@ -72,7 +73,9 @@ OPAQUE = ".wh..wh..opq"
 # (a merged-/usr host's /bin, /sbin, /lib* are symlinks into /usr, and stay symlinks).
 HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # What of the host's /etc a sandbox gets (copied; names are relative to /etc): users and groups
-# for `id` and `ls -l`, name resolution, CA trust, the dynamic linker, time zone, shell profiles.
+# for `id` and `ls -l`, name resolution, CA trust, the dynamic linker, time zone, shell profiles,
+# the JDKs' config (Debian keeps java.security, jvm.cfg... in /etc/java-N-openjdk and links the
+# JDK's lib/ and conf/ there; names are glob patterns).
 # Never: shadow files, ssh, sandgate's config, package-manager credentials (pip.conf, npmrc,
 # apt auth), environment files, machine-id, git's system config.
 HOST_ETC = (
@@ -81,10 +84,12 @@ HOST_ETC = (
     "localtime", "timezone", "os-release", "debian_version", "lsb-release", "issue",
     "ld.so.conf", "ld.so.conf.d", "ld.so.cache", "alternatives", "ssl", "ca-certificates",
     "ca-certificates.conf", "pki", "mime.types", "magic", "magic.mime", "terminfo",
-    "locale.alias", "python3", "xattr.conf",
+    "locale.alias", "python3", "xattr.conf", "java-*-openjdk",
 )  # fmt: skip
-# Inside the copied directories: private keys stay out.
-HOST_ETC_NEVER = frozenset({"ssl/private", "pki/tls/private", "pki/CA/private", "pki/rsyslog"})
+# Inside the copied directories: private keys stay out (and JMX's password files, glob patterns).
+HOST_ETC_NEVER = frozenset(
+    {"ssl/private", "pki/tls/private", "pki/CA/private", "pki/rsyslog", "java-*-openjdk/management"}
+)
 # Fresh, private and writable in each sandbox (in its overlay), with their modes.
 PRIVATE_DIRS = {
     "tmp": 0o1777,
@@ -462,8 +467,8 @@ def _checked_platform_config(config: dict[str, Any], platform: Platform, referen
 
 def _host_etc_entries(etc: Path) -> Iterator[tuple[str, os.stat_result]]:
     """(path relative to /etc, lstat) of everything `HOST_ETC` lets into a sandbox, parents first."""
-    for name in HOST_ETC:
-        path = etc / name
+    for path in (found for pattern in HOST_ETC for found in sorted(etc.glob(pattern))):
+        name = path.relative_to(etc).as_posix()
         try:
             info = path.lstat()
         except FileNotFoundError:
@@ -472,9 +477,13 @@ def _host_etc_entries(etc: Path) -> Iterator[tuple[str, os.stat_result]]:
         if stat.S_ISDIR(info.st_mode):
             for parent, dirs, files in os.walk(path):
                 relative_parent = Path(parent).relative_to(etc)
-                dirs[:] = sorted(d for d in dirs if (relative_parent / d).as_posix() not in HOST_ETC_NEVER)
+                dirs[:] = sorted(d for d in dirs if not _never_copied((relative_parent / d).as_posix()))
                 for child in [*dirs, *sorted(files)]:
                     yield (relative_parent / child).as_posix(), (Path(parent) / child).lstat()
+
+
+def _never_copied(relative: str) -> bool:
+    return any(fnmatch.fnmatchcase(relative, pattern) for pattern in HOST_ETC_NEVER)
 
 
 def _fingerprint(entries: list[tuple[str, os.stat_result]]) -> str:

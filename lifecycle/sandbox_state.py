@@ -5,7 +5,10 @@ state the table does not list is `IllegalMove`, which the service answers 409 wi
 would accept. A sandbox is stored once it is Running (creation is one transaction), so the
 stored states are Running and Paused; Pending exists while a create is in flight. OpenSandbox's
 wire enum has more (Pausing, Resuming, Stopping, Terminated, Failed): sandgate's pause and resume
-are synchronous and a deleted sandbox leaves the store, so it never reports those.
+are synchronous and a deleted sandbox leaves the store, so it never reports the others. Failed
+is never stored either: GET shows a Running sandbox whose processes have ended (its entrypoint
+failed after the create answered, or something killed it) as Failed, with the end of its log
+(`Service.observed`); delete is then the only move.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ class SandboxState(StrEnum):
     PENDING = "Pending"
     RUNNING = "Running"
     PAUSED = "Paused"
+    FAILED = "Failed"  # shown, never stored (see above)
 
 
 @dataclass(frozen=True)

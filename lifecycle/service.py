@@ -199,6 +199,16 @@ class Service:
     def get(self, sandbox_id: str) -> SandboxRecord:
         return existing(self.store, sandbox_id)
 
+    def observed(self, sandbox_id: str) -> SandboxRecord:
+        """The record as GET shows it: Failed (never stored) when a Running sandbox's processes
+        have ended, its message the end of the sandbox's log (the entrypoint's own output and
+        how it ended), so an entrypoint that fails after the create answered is seen."""
+        record = self.get(sandbox_id)
+        if record.state != SandboxState.RUNNING or self.runtime.alive(sandbox_id):
+            return record
+        tail = self.runtime.log_tail(sandbox_id)
+        return replace(record, state=SandboxState.FAILED, reason="SANDBOX_EXITED", message=tail)
+
     def delete(self, sandbox_id: str, expired_at: datetime | None = None) -> None:
         """Delete the sandbox; `expired_at` (from the reaper) is remembered for later lookups."""
         with self._lock(sandbox_id):

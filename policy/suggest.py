@@ -10,7 +10,10 @@ Rules:
    (`/v1/*`). Exact names come first; a wildcard (`*.parent`) replaces exact names only when
    `wildcard_after` or more siblings under one parent of three or more labels were seen
    (`*.cdn.example.com` for CDN shards, never `*.example.com`), and follows the exact names.
-   An IP literal becomes a /32 (or /128) CIDR rule on its ports.
+   An IP literal becomes a /32 (or /128) CIDR rule on its ports. A name only looked up (DNS,
+   port 0) that has no dot is a local name (the sandbox's own hostname, which the pip and git
+   workload's tools looked up; a bare name tried before a search list): nothing connected to it,
+   so it is a note, never a rule (a rule without ports would open the name on every port).
 3. Never suggested: what the policy refuses whatever the rules say (malformed hosts, always-denied
    ranges such as loopback and metadata addresses: `ALWAYS_ENFORCED`); the caller passes such
    requests as `refused` and they are listed as notes.
@@ -54,8 +57,13 @@ def suggest_policy(
 ) -> Suggestion:
     """The smallest policy (rule 2) that allows every request in `seen`."""
     hosts: dict[str, _Seen] = defaultdict(_Seen)
+    local: set[str] = set()
     for request in seen:
-        entry = hosts[request.host.lower().rstrip(".")]
+        host = request.host.lower().rstrip(".")
+        if _local_lookup(host, request):
+            local.add(host)
+            continue
+        entry = hosts[host]
         if request.port:
             entry.ports.add(request.port)
         if request.method and request.path is not None:
@@ -64,6 +72,10 @@ def suggest_policy(
         else:
             entry.connections = True
     notes = [f"not suggested: {r.host}:{r.port} was refused as {why}" for r, why in refused]
+    notes += [
+        f"not suggested: {host} was only looked up (a local name, no dot)"
+        for host in sorted(local - hosts.keys())
+    ]
     names = {host: s for host, s in hosts.items() if _ip(host) is None}
     addresses = {host: s for host, s in hosts.items() if _ip(host) is not None}
     exact, wildcards = _group_names(names, wildcard_after, notes)
@@ -73,6 +85,10 @@ def suggest_policy(
         rule for host in sorted(addresses) for rule in _rules(_cidr(host), addresses[host], exact_paths)
     ]
     return Suggestion({"version": 1, "defaultAction": "deny", "egress": rules}, notes)
+
+
+def _local_lookup(host: str, request: Request) -> bool:
+    return not request.port and request.method is None and "." not in host and _ip(host) is None
 
 
 def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

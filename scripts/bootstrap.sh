@@ -24,9 +24,12 @@ RUN_PACKAGES=(nftables iproute2 bubblewrap ca-certificates e2fsprogs skopeo)
 # busybox for tiny test images (`make images`), chromium drives the console tests, the test
 # internet's and the benchmarks' servers and load generators, dig for DNS answers seen from inside,
 # docker-registry (distribution) and htpasswd (apache2-utils) for the test registry; certutil
-# (libnss3-tools) and pip for python3 in the browser example's sandbox (examples/browser).
+# (libnss3-tools) and pip for python3 in the browser example's sandbox (examples/browser); git and
+# pip (with setuptools and wheel) for the workload a sandbox runs in
+# tests/conformance/test_policy_workload.py (pip builds the test index's wheel, too); a JDK for
+# Java inside `sandgate/host` sandboxes (truststore with the proxy CA, Java code contexts).
 TEST_PACKAGES=(iptables busybox-static docker.io curl chromium nginx-light wrk squid nghttp2-client
-  bind9-dnsutils docker-registry apache2-utils libnss3-tools python3-pip)
+  bind9-dnsutils docker-registry apache2-utils libnss3-tools python3-pip git default-jdk-headless)
 # gVisor's runsc for the `gvisor` isolation (tests; a server that offers gvisor needs it too).
 # Bookworm's 0.0~20221219 fails statx(2) as Debian 12's coreutils call it (`ls /` inside says
 # "Invalid argument"), so it comes from bookworm-backports (docs/runtime.md has the measurements).

@@ -196,7 +196,7 @@ def list_sandboxes(
 
 @router.get("/sandboxes/{sandbox_id}", response_model=Sandbox, response_model_exclude_none=True)
 def get_sandbox(request: Request, sandbox_id: str) -> Sandbox:
-    return to_sandbox(call(service_of(request).get, sandbox_id))
+    return to_sandbox(call(service_of(request).observed, sandbox_id))
 
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=204, response_class=Response)
@@ -330,7 +330,7 @@ def diagnostics_summary(request: Request, sandbox_id: str) -> str:
 
 @router.get("/sandboxes/{sandbox_id}/diagnostics/inspect", tags=["DevOps"], response_class=PlainTextResponse)
 def diagnostics_inspect(request: Request, sandbox_id: str) -> str:
-    return to_sandbox(call(service_of(request).get, sandbox_id)).model_dump_json(by_alias=True, indent=2)
+    return to_sandbox(call(service_of(request).observed, sandbox_id)).model_dump_json(by_alias=True, indent=2)
 
 
 @router.post("/metrics/events", status_code=204, response_class=Response, tags=["Metrics"])

@@ -182,7 +182,12 @@ class DockerRuntime:
 
     def log_tail(self, sandbox_id: str, limit: int = 2000) -> str:
         container = self._container(sandbox_id)
-        return "(no container)" if container is None else self._logs(container, limit)
+        if container is None:
+            return "(no container)"
+        state = container.attrs.get("State", {})
+        if state.get("Status") != "exited":
+            return self._logs(container, limit)
+        return f"{self._logs(container, limit)}\n(the container exited with status {state.get('ExitCode')})"
 
     def root_path(self, sandbox_id: str) -> Path:
         """The container's root as the host sees it (through its init's /proc entry)."""

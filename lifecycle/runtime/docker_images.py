@@ -67,7 +67,7 @@ FOREIGN_LAUNCHER = (
     " open('/run/sandgate/ca-bundle.crt','wb').write(b+b'\\n'+open(c,'rb').read())\n"
     f" for k in {CA_ENV!r}:os.environ[k]='/run/sandgate/ca-bundle.crt'\n"
     "n=int(sys.argv[1]);e=sys.argv[2:2+n];p,s,*x=sys.argv[2+n:]\n"
-    "e and os.posix_spawnp(e[0],e,os.environ)\n"
+    "if e:x+=[f'--entrypoint-pid={os.posix_spawnp(e[0],e,os.environ)}','--entrypoint='+e[0]]\n"
     "sys.path[:0]=[s];m=type(sys)('sandgate');m.__path__=[p];sys.modules['sandgate']=m\n"
     "from sandgate.execd.__main__ import main\n"
     "main(x+['--token='+t] if t else x)\n"

@@ -23,6 +23,9 @@ Rules:
    measurable cost at start-up here), so the host's and the sandbox's view of the root agree.
    syslog(2) is gVisor's own (its boot lines), so the host kernel log filter of the standard
    isolation is not needed.
+4. /tmp is the root's own /tmp, bound explicitly: without a /tmp mount in the spec, runsc puts
+   an internal tmpfs there, outside the sandbox's disk quota (a filler wrote 12 GiB of host
+   memory into it), where `standard` keeps /tmp on the overlay, under the quota.
 """
 
 from __future__ import annotations
@@ -70,6 +73,9 @@ class Gvisor:
         """Write the bundle into `box` and return the argv that runs it (after nsenter)."""
         bundle = box / BUNDLE
         bundle.mkdir(exist_ok=True)
+        tmp = launch.root / "tmp"
+        tmp.mkdir(exist_ok=True)  # a pulled image may have none; runsc needs the mount point
+        tmp.chmod(0o1777)
         config = oci_config(spec, net, launch)
         (bundle / "config.json").write_text(json.dumps(config), encoding="utf-8")
         flags = [
@@ -99,8 +105,18 @@ def oci_config(spec: SandboxSpec, net: SandboxNet, launch: Launch) -> dict[str, 
         },
         "root": {"path": str(launch.root), "readonly": False},
         "hostname": "sandbox",
-        "mounts": [*KERNEL_MOUNTS, *bind_mounts(launch)],
+        "mounts": [*KERNEL_MOUNTS, own_tmp(launch), *bind_mounts(launch)],
         "linux": {"namespaces": [{"type": kind} for kind in ("pid", "ipc", "uts", "mount")]},
+    }
+
+
+def own_tmp(launch: Launch) -> dict[str, Any]:
+    """/tmp on the root's own /tmp, under the disk quota (rule 4), not runsc's internal tmpfs."""
+    return {
+        "destination": "/tmp",
+        "type": "bind",
+        "source": str(launch.root / "tmp"),
+        "options": ["rbind", "rw"],
     }
 
 

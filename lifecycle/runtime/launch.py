@@ -60,7 +60,8 @@ LAUNCH_ENV = {"PATH": DEFAULT_PATH}
 # stdin: execd's token (empty for none; passed as --token=T, since a token may start with '-'),
 # then /dev/null for the entrypoint. An entrypoint that cannot start (missing, not executable)
 # ends the sandbox with one line naming it and exit status 127, the shell's, never a traceback
-# of this source.
+# of this source. One that starts is execd's child: execd reaps it, and if it fails, says so
+# in one line and ends the sandbox with its status (execd/entrypoint.py).
 # Starts the entrypoint, then becomes execd in the same interpreter (-I -S: no site, no .pth
 # processing, no second interpreter start-up); `sandgate` is a bare package whose path is the
 # parent of the execd package, so `sandgate.execd` imports from where it is installed.
@@ -68,9 +69,10 @@ LAUNCHER = (
     "import os,sys,ctypes;ctypes.CDLL(None).prctl(4,0,0,0,0);"
     "t=os.read(0,4096).decode();os.dup2(os.open('/dev/null',os.O_RDONLY),0);"
     "n=int(sys.argv[1]);e=sys.argv[2:2+n];p,s,*x=sys.argv[2+n:]\n"
-    "try:e and os.posix_spawnp(e[0],e,os.environ)\n"
+    "try:i=e and os.posix_spawnp(e[0],e,os.environ)\n"
     "except OSError as f:os.write(2,f'sandgate: the entrypoint {e[0]} cannot start: {f.strerror}"
     " (errno {f.errno}); exit status 127\\n'.encode());os._exit(127)\n"
+    "if e:x+=[f'--entrypoint-pid={i}','--entrypoint='+e[0]]\n"
     "sys.path[:0]=[s];m=type(sys)('sandgate');"
     "m.__path__=[p];sys.modules['sandgate']=m;from sandgate.execd.__main__ import main;"
     "main(x+['--token='+t] if t else x)"

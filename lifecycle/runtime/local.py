@@ -6,8 +6,9 @@ Rules:
    `ImageStore.host_root`) is only ever its lower layer. The overlay is mounted with
    /proc/self/fd paths, so the sandbox's mountinfo names no host directory. `/workspace` is in
    the overlay and lives as long as the sandbox.
-2. Files the runtime puts into a sandbox root (resolv.conf, the CA bundle, execd's env file)
-   are written by runtime/sandbox_root.py, never through a path an image's symlink can bend.
+2. Files the runtime puts into a sandbox root (resolv.conf, the CA bundle, Java's keystore with
+   the proxy CA (runtime/java_trust.py), execd's env file) are written by
+   runtime/sandbox_root.py, never through a path an image's symlink can bend.
 3. How a sandbox's processes start (cgroup first, capabilities, seccomp, environment, execd's
    token, the binds of execd's Python) is runtime/launch.py; this runtime adds a seccomp filter
    that denies syslog(2) (`seccomp.DENY_KERNEL_LOG`). Delete = kill the cgroup, unmount, remove
@@ -40,6 +41,7 @@ from sandgate.lifecycle.images import HOST_IMAGE, HostRoot, Image, ImageStore
 from sandgate.lifecycle.kernel import instance_tag, mount, umount
 from sandgate.lifecycle.runtime.base import BindMount, RuntimeError_, SandboxNet, SandboxSpec, wait_for_execd
 from sandgate.lifecycle.runtime.gvisor import Gvisor, Platform, find_runsc, require
+from sandgate.lifecycle.runtime.java_trust import JavaTrust
 from sandgate.lifecycle.runtime.launch import Launch, hand_over_token, python_paths, start_chain
 from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
 from sandgate.lifecycle.runtime.sandbox_root import (
@@ -97,6 +99,7 @@ class LocalRuntime:
         self._kernel_log_filter = deny_syscalls(DENY_KERNEL_LOG)
         self.execd_paths = python_paths(execd_python)
         self.execd_in_image = self.execd_paths.in_image(execd_python)
+        self.java_trust = JavaTrust(self.state_dir / "java-trust")
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         runsc_path = find_runsc(runsc)
         self.gvisor = Gvisor(runsc_path, gvisor_platform) if runsc_path else None
@@ -278,7 +281,9 @@ class LocalRuntime:
                 f"nameserver {net.gateway}\noptions timeout:2 attempts:2\n".encode(),
             )
             if spec.ca_cert is not None:
-                env.update(install_ca(root_fd, spec.ca_cert.read_bytes()))
+                ca = spec.ca_cert.read_bytes()
+                env.update(install_ca(root_fd, ca))
+                self.java_trust.install(root_fd, ca, env)
         finally:
             os.close(root_fd)
         env["EXECD_ENVS"] = "/" + EXECD_ENV_FILE

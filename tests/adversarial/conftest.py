@@ -20,10 +20,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import re
 import secrets
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -57,10 +59,10 @@ ATTACKS = Path(__file__).with_name("attacks.py")
 IN_SANDBOX_ATTACKS = "/workspace/attacks.py"
 IN_SANDBOX_TEST_CA = "/workspace/internet-ca.pem"
 COMMAND_TIMEOUT = 60
-# Sandboxes the package or a module shares live as long as the suite, not the SDK's default 10
-# minutes: at load average 10 to 15 the suite ran 18 minutes and the attacker sandbox expired
-# under the last 25 tests (scripts/adversarial-under-burn.sh). Each is killed when its user ends.
-SHARED_SANDBOX_TIMEOUT = timedelta(hours=2)
+# The suite's sandboxes live as long as their package or module: past the SDK's default of ten
+# minutes when the suite runs on gvisor, where the attacker outlives the slow whole-root scans,
+# and under load (18 minutes at load average 10 to 15, scripts/adversarial-under-burn.sh).
+SANDBOX_LIFETIME = timedelta(hours=2)
 # Long-lived secrets and minted tokens of the modules that use their own (AWS keys, OAuth2
 # client secrets, refresh tokens, keys, every token a test server issued): added as each module
 # ends, hunted in every log line and state file by test_zz_nothing_leaked.
@@ -213,6 +215,35 @@ def canaries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Canaries]:
 # ------------------------------------------------------------------------------ internet and server
 
 
+# The runtime and isolation the suite's sandboxes run on (docs/runtime.md has the commands):
+# SANDGATE_TEST_RUNTIME `local` (default) or `docker` (the session's private dockerd),
+# SANDGATE_TEST_ISOLATION `standard` (default) or `gvisor`.
+TEST_RUNTIME = os.environ.get("SANDGATE_TEST_RUNTIME", "local")
+TEST_ISOLATION = os.environ.get("SANDGATE_TEST_ISOLATION", "standard")
+# The Python that runs the suite's scripts inside a sandbox: on the local runtime the host's own
+# (`sandgate/host` shows the host's root, read-only), on Docker the image's (sandgate/base, the
+# same Python as the test venv's), with the venv's libraries (boto3 for test_aws_sigv4) bound
+# read-only at TEST_SITE by the servers' `binds`.
+TEST_SITE = "/opt/sandgate-test-site"
+SANDBOX_PYTHON = sys.executable if TEST_RUNTIME == "local" else f"PYTHONPATH={TEST_SITE} python3"
+
+
+def runtime_settings(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The server settings for TEST_RUNTIME and TEST_ISOLATION; on Docker, the session's private
+    dockerd with the sandbox images built into it."""
+    if TEST_RUNTIME not in ("local", "docker"):
+        raise ValueError(f"SANDGATE_TEST_RUNTIME={TEST_RUNTIME!r}: use `local` or `docker`")
+    settings = {"SANDGATE_ISOLATION": TEST_ISOLATION}
+    if TEST_RUNTIME == "docker":
+        request.getfixturevalue("sandbox_images")
+        settings |= {
+            "SANDGATE_RUNTIME": "docker",
+            "SANDGATE_DOCKER_HOST": request.getfixturevalue("dockerd").url,
+            "SANDGATE_BINDS": json.dumps([f"{sysconfig.get_paths()['purelib']}:{TEST_SITE}:ro"]),
+        }
+    return settings
+
+
 @pytest.fixture(scope="package")
 def internet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
     with start_internet(tmp_path_factory.mktemp("internet")) as net:
@@ -249,10 +280,20 @@ def proxy_ports() -> ProxyPorts:
 
 
 @pytest.fixture(scope="package")
+def server_settings(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The runtime and isolation of the package's servers (tests/gvisor/adversarial: gvisor)."""
+    return runtime_settings(request)
+
+
+@pytest.fixture(scope="package")
 def server(
-    tmp_path_factory: pytest.TempPathFactory, internet: Internet, canaries: Canaries, proxy_ports: ProxyPorts
+    tmp_path_factory: pytest.TempPathFactory,
+    internet: Internet,
+    canaries: Canaries,
+    proxy_ports: ProxyPorts,
+    server_settings: dict[str, str],
 ) -> Iterator[SandgateServer]:
-    with adversarial_server(tmp_path_factory, internet, proxy_ports) as running:
+    with adversarial_server(tmp_path_factory, internet, proxy_ports, server_settings) as running:
         yield running
 
 
@@ -263,7 +304,7 @@ def adversarial_server(
     proxy_ports: ProxyPorts,
     extra: dict[str, str] | None = None,
 ) -> Iterator[SandgateServer]:
-    """The suite's server (`extra`: more settings, e.g. tests/gvisor's SANDGATE_ISOLATION)."""
+    """The suite's server (`extra`: more settings, the runtime's and isolation's)."""
     env = {
         "SANDGATE_UPSTREAM_DNS": json.dumps([DNS_ADDR]),
         "SANDGATE_UPSTREAM_CA": str(internet.ca_cert),
@@ -325,7 +366,7 @@ class Attacker:
     def attack(self, attack: str, /, **arguments: Any) -> Any:
         """Run one attack of attacks.py inside the sandbox; returns what it observed (JSON)."""
         args = json.dumps(arguments).replace("'", "'\\''")
-        result = self.sh(f"{sys.executable} {IN_SANDBOX_ATTACKS} {attack} '{args}'")
+        result = self.sh(f"{SANDBOX_PYTHON} {IN_SANDBOX_ATTACKS} {attack} '{args}'")
         assert result.exit_code == 0, f"attack {attack} crashed:\n{result.stdout}\n{result.stderr}"
         return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -352,6 +393,12 @@ class Attacker:
     def origin_requests_since(self, mark: int) -> list[dict[str, Any]]:
         return self.internet.origin_requests()[mark:]
 
+    def isolation(self) -> str:
+        """`standard` or `gvisor`, as the server says it made this sandbox."""
+        with self.server.client() as client:
+            info = client.get(f"/v1/sandboxes/{self.sandbox.id}").json()
+        return str(info["extensions"]["sandgate.isolation"])
+
 
 @contextlib.contextmanager
 def sandbox_with_policy(
@@ -366,7 +413,7 @@ def sandbox_with_policy(
         network_policy=NetworkPolicy(defaultAction="deny"),
         credential_proxy=CredentialProxyConfig(enabled=True),
         connection_config=connection(server),
-        timeout=SHARED_SANDBOX_TIMEOUT,
+        timeout=SANDBOX_LIFETIME,
         ready_timeout=timedelta(seconds=30),
     )
     try:
@@ -388,12 +435,19 @@ def vault_put(server: SandgateServer, name: str, value: str) -> None:
     assert put.returncode == 0, put.stderr
 
 
-def sandbox_net(server: SandgateServer, sandbox_id: str) -> tuple[str, str]:
-    """(sandbox address, gateway) from the host side: the veth of that sandbox's netns."""
+def sandbox_netns(sandbox_id: str) -> str:
+    """The name of a sandbox's netns (/run/netns/<name>), on either runtime."""
     names = [p.name for p in Path("/run/netns").iterdir() if p.name.endswith(f"-{sandbox_id}")]
     assert len(names) == 1, names
+    return names[0]
+
+
+def sandbox_net(server: SandgateServer, sandbox_id: str) -> tuple[str, str]:
+    """(sandbox address, gateway) from the host side: the veth of that sandbox's netns."""
     out = subprocess.run(
-        ["ip", "-n", names[0], "-4", "-o", "addr", "show", "dev", "eth0"], capture_output=True, text=True
+        ["ip", "-n", sandbox_netns(sandbox_id), "-4", "-o", "addr", "show", "dev", "eth0"],
+        capture_output=True,
+        text=True,
     ).stdout
     match = re.search(r"inet (\d+\.\d+\.\d+\.(\d+))/30", out)
     assert match, out
@@ -409,7 +463,7 @@ def create_attacker(server: SandgateServer, internet: Internet, ports: ProxyPort
         network_policy=NETWORK_POLICY,
         credential_proxy=CredentialProxyConfig(enabled=True),
         connection_config=connection(server),
-        timeout=SHARED_SANDBOX_TIMEOUT,
+        timeout=SANDBOX_LIFETIME,
         ready_timeout=timedelta(seconds=30),
     )
     try:

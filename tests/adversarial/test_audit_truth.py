@@ -27,6 +27,7 @@ from tests.adversarial.conftest import (
     BOUND_HOST,
     EXFIL_ZONE,
     OPEN_HOST,
+    SANDBOX_LIFETIME,
     ZONE,
     Attacker,
     connection,
@@ -103,6 +104,7 @@ def allowing(server: SandgateServer, host: str) -> SandboxSync:
         network_policy=NetworkPolicy(defaultAction="deny", egress=[NetworkRule(action="allow", target=host)]),
         credential_proxy=CredentialProxyConfig(enabled=True),
         connection_config=connection(server),
+        timeout=SANDBOX_LIFETIME,
         ready_timeout=timedelta(seconds=30),
     )
 

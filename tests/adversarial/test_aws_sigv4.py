@@ -28,7 +28,13 @@ import pytest
 from opensandbox import SandboxSync
 from opensandbox.models.execd import RunCommandOpts
 
-from tests.adversarial.conftest import LONG_LIVED_AND_MINTED, ZONE, sandbox_with_policy, vault_put
+from tests.adversarial.conftest import (
+    LONG_LIVED_AND_MINTED,
+    SANDBOX_PYTHON,
+    ZONE,
+    sandbox_with_policy,
+    vault_put,
+)
 from tests.support.audit import audit_records
 from tests.support.internet import Internet, stop
 from tests.support.netns import netns, veth_to_host
@@ -191,7 +197,7 @@ def test_moto_checks_signatures(moto: Moto) -> None:
 
 
 def test_boto3_in_a_sandbox_lists_uploads_and_multiparts_with_the_placeholder(aws: AwsSandbox) -> None:
-    code, out, err = aws.sh(f"{sys.executable} {IN_SANDBOX_CLIENT} {BUCKET}")
+    code, out, err = aws.sh(f"{SANDBOX_PYTHON} {IN_SANDBOX_CLIENT} {BUCKET}")
     assert code == 0, err
     result = json.loads(out.strip().splitlines()[-1])
     assert BUCKET in result["buckets"]
@@ -245,7 +251,7 @@ def test_a_presigned_url_from_the_sdk_is_refused(aws: AwsSandbox, version: str) 
         f"config=c.Config(signature_version='{version}'))"
         f".generate_presigned_url('get_object', Params={{'Bucket': '{BUCKET}', 'Key': 'small.txt'}}))"
     )
-    code, url, err = aws.sh(f'{sys.executable} -c "{presign}"')
+    code, url, err = aws.sh(f'{SANDBOX_PYTHON} -c "{presign}"')
     assert code == 0 and PLACEHOLDER_KEY in url, err
     code, out, _ = aws.sh(f"curl -sS -w '\\n%{{http_code}}' '{url.strip()}'")
     assert out.rsplit("\n", 1)[1] == "400" and "presigned URLs" in out, out

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,7 @@ from tests.adversarial.conftest import (
     Attacker,
     Canaries,
     create_attacker,
+    sandbox_netns,
 )
 from tests.support.internet import DNS_ADDR, ORIGIN_V4, ORIGIN_V6, Internet
 from tests.support.server import SandgateServer
@@ -73,7 +76,20 @@ def test_icmp_gets_no_answer(attacker: Attacker) -> None:
 
 
 def test_ipv6_is_off_inside(attacker: Attacker) -> None:
-    assert attacker.sh("cat /proc/sys/net/ipv6/conf/all/disable_ipv6").stdout.strip() == "1"
+    """IPv6 is off in the sandbox's netns, read from the host side (under gVisor, whose sockets
+    are that netns's own, /proc/sys inside has no ipv6 tree); inside, the sandbox's kernel agrees,
+    and an IPv6 connect gets nowhere."""
+    sysctl = "/proc/sys/net/ipv6/conf/all/disable_ipv6"
+    netns = Path("/run/netns", sandbox_netns(attacker.sandbox.id))
+    host_side = subprocess.run(
+        ["nsenter", f"--net={netns}", "--", "cat", sysctl], capture_output=True, text=True
+    )
+    assert host_side.stdout.strip() == "1", host_side.stderr
+    inside = attacker.sh(f"cat {sysctl}")
+    if attacker.isolation() == "gvisor":
+        assert inside.exit_code != 0 and "No such file" in inside.stderr, inside
+    else:
+        assert inside.stdout.strip() == "1"
     outcome = attacker.attack("raw", host=ORIGIN_V6, port=443, family="inet6")
     assert outcome["connected"] is False
 

@@ -6,7 +6,6 @@ origin's log shows nothing on them afterwards and the audit file one `revoked` r
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,6 +21,9 @@ from tests.adversarial.conftest import (
     BOUND_HOST,
     IN_SANDBOX_TEST_CA,
     OPEN_HOST,
+    SANDBOX_LIFETIME,
+    SANDBOX_PYTHON,
+    TEST_RUNTIME,
     Attacker,
     ProxyPorts,
     connection,
@@ -35,7 +37,11 @@ pytestmark = pytest.mark.root
 HOLD = Path(__file__).parents[1] / "support" / "hold_connections.py"
 IN_SANDBOX_HOLD = "/workspace/hold_connections.py"
 GO, OUT = "/workspace/go", "/workspace/hold.out"
-PROXY_CA = "/etc/ssl/certs/sandgate-proxy.crt"  # where a local sandbox finds the deployment CA
+# Where a sandbox finds the deployment CA: a file of its own on the local runtime, in the image's
+# bundle on Docker.
+PROXY_CA = {"local": "/etc/ssl/certs/sandgate-proxy.crt", "docker": "/etc/ssl/certs/ca-certificates.crt"}[
+    TEST_RUNTIME
+]
 HELD = {
     "defaultAction": "deny",
     "egress": [
@@ -61,6 +67,7 @@ def holder(server: SandgateServer, internet: Internet, proxy_ports: ProxyPorts) 
             ],
         ),
         connection_config=connection(server),
+        timeout=SANDBOX_LIFETIME,
         ready_timeout=timedelta(seconds=30),
     )
     try:
@@ -106,7 +113,7 @@ def test_a_policy_change_closes_held_connections_inside_a_real_sandbox(holder: A
         GO,
     ]
     holder.sandbox.commands.run(
-        f"{sys.executable} {IN_SANDBOX_HOLD} {' '.join(args)} > {OUT} 2>&1",
+        f"{SANDBOX_PYTHON} {IN_SANDBOX_HOLD} {' '.join(args)} > {OUT} 2>&1",
         opts=RunCommandOpts(background=True, timeout=timedelta(seconds=120)),
     )
     assert output_lines(holder, 1)[:1] == ["open"], output_lines(holder, 1)

@@ -37,7 +37,7 @@ from opensandbox import SandboxSync
 from opensandbox.models.execd import RunCommandOpts
 from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
 
-from tests.adversarial.conftest import ZONE, connection
+from tests.adversarial.conftest import SANDBOX_LIFETIME, SANDBOX_PYTHON, ZONE, connection
 from tests.adversarial.reflector import CHARSETS, FORMS
 from tests.support.internet import Internet
 from tests.support.netns import Netns, ip, unique
@@ -162,7 +162,7 @@ class Victim:
         """Run the requests inside the sandbox; fails on any form of SECRET in what it printed."""
         args = json.dumps(list(requests)).replace("'", "'\\''")
         execution = self.sandbox.commands.run(
-            f"{sys.executable} {IN_SANDBOX_CLIENT} '{args}'",
+            f"{SANDBOX_PYTHON} {IN_SANDBOX_CLIENT} '{args}'",
             opts=RunCommandOpts(timeout=timedelta(seconds=90)),
         )
         stdout = "".join(m.text for m in execution.logs.stdout)
@@ -189,6 +189,7 @@ def victim(server: SandgateServer, reflector: Reflector) -> Iterator[Victim]:
         ),
         credential_proxy=CredentialProxyConfig(enabled=True),
         connection_config=connection(server),
+        timeout=SANDBOX_LIFETIME,
         ready_timeout=timedelta(seconds=30),
     )
     try:

@@ -7,6 +7,7 @@ namespace; otherwise their traffic would reach this one's origins, signed by ano
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,3 +47,29 @@ def direct_execd_server(
     extra = {**upstream(internet), "SANDGATE_EXECD_ENDPOINT": "direct"}
     with sandgate_server(Path(tmp_path_factory.mktemp("sandgate-direct")), extra) as running:
         yield running
+
+
+def set_policy(server: SandgateServer, sandbox_id: str, policy: dict[str, object] | str) -> None:
+    with server.client() as client:
+        answer = client.put(f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy", json={"policy": policy})
+    assert answer.status_code == 200, answer.text
+
+
+def curl_status(server: SandgateServer, sandbox_id: str, curl_args: str) -> str:
+    """The HTTP status curl gets inside the sandbox ("000" when it got no answer at all)."""
+    command = f"curl -sS --max-time 15 -o /dev/null -w '%{{http_code}}' {curl_args}"
+    return server.run(sandbox_id, command, timeout=60).stdout.strip()
+
+
+@contextlib.contextmanager
+def sandbox_meeting_the_proxy_ca(server: SandgateServer, **create: object) -> Iterator[str]:
+    """A sandbox (created with `create`) that may reach API_HOST only, with TLS intercepted so
+    its HTTP clients meet the proxy's CA; deleted after."""
+    sandbox_id = server.create_sandbox(**create)["id"]
+    try:
+        egress = [{"action": "allow", "target": API_HOST, "inspect": "always"}]
+        set_policy(server, sandbox_id, {"version": 1, "defaultAction": "deny", "egress": egress})
+        yield sandbox_id
+    finally:
+        with server.client() as api:
+            api.delete(f"/v1/sandboxes/{sandbox_id}")

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from sandgate.lifecycle.images import ImageStore
-from tests.conformance.conftest import API_HOST, PATCHED_HOST
+from tests.conformance.conftest import API_HOST, PATCHED_HOST, sandbox_meeting_the_proxy_ca
 from tests.docker.conftest import load_image_builder
 from tests.support.audit import audit_records
 from tests.support.internet import ORIGIN_V4, Internet
@@ -190,17 +190,10 @@ def events(client: httpx.Client, context_id: str, code: str, **extra: Any) -> li
 def sandbox_id(server: SandgateServer, code_interpreter: str) -> Iterator[str]:
     """A code-interpreter sandbox (its entrypoint running) whose policy allows api.example.com
     with TLS intercepted, so its HTTP clients meet the proxy's CA."""
-    created = server.create_sandbox(
-        image={"uri": code_interpreter}, entrypoint=["/opt/code-interpreter/code-interpreter.sh"]
-    )
-    policy = {"version": 1, "defaultAction": "deny", "egress": [{"action": "allow", "target": API_HOST}]}
-    policy["egress"][0]["inspect"] = "always"
-    with server.client() as api:
-        put = api.put(f"/v1/sandboxes/{created['id']}/egress/sandgate-policy", json={"policy": policy})
-        assert put.status_code == 200, put.text
-    yield created["id"]
-    with server.client() as api:
-        api.delete(f"/v1/sandboxes/{created['id']}")
+    image = {"uri": code_interpreter}
+    entrypoint = ["/opt/code-interpreter/code-interpreter.sh"]
+    with sandbox_meeting_the_proxy_ca(server, image=image, entrypoint=entrypoint) as created:
+        yield created
 
 
 @pytest.fixture(scope="module")

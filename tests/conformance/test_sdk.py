@@ -8,11 +8,13 @@ the credential injected (and never sees it) -> kill.
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 
 import pytest
 from opensandbox import SandboxSync
 from opensandbox.config.connection_sync import ConnectionConfigSync
+from opensandbox.exceptions import SandboxException
 from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
 
 from tests.conformance.conftest import API_HOST
@@ -117,3 +119,36 @@ def test_sdk_through_server_proxy(server: SandgateServer) -> None:
     finally:
         sandbox.kill()
         sandbox.close()
+
+
+def test_sdk_create_quotes_a_failing_entrypoint(server: SandgateServer) -> None:
+    """An entrypoint that starts and exits non-zero: the create's error quotes its path, status
+    and stderr; one that fails after the create answered shows as Failed on GET, the same words."""
+    with pytest.raises(SandboxException) as failed:
+        SandboxSync.create(
+            "sandgate/host",
+            entrypoint=["/bin/sh", "-c", "echo boom-on-stderr >&2; exit 3"],
+            connection_config=connection(server),
+            ready_timeout=timedelta(seconds=20),
+        )
+    message = str(failed.value)
+    assert "boom-on-stderr" in message and "the entrypoint /bin/sh exited with status 3" in message
+    assert "Traceback" not in message and "posix_spawnp" not in message
+
+    late = SandboxSync.create(
+        "sandgate/host",
+        entrypoint=["/bin/sh", "-c", "sleep 1; echo late-failure >&2; exit 4"],
+        connection_config=connection(server),
+        ready_timeout=timedelta(seconds=20),
+    )
+    try:
+        assert late.get_info().status.state == "Running"
+        deadline = time.monotonic() + 15
+        while (status := late.get_info().status).state == "Running" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status.state == "Failed" and status.reason == "SANDBOX_EXITED"
+        assert "late-failure" in status.message
+        assert "the entrypoint /bin/sh exited with status 4" in status.message
+    finally:
+        late.kill()
+        late.close()

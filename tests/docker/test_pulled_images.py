@@ -74,3 +74,16 @@ def test_private_image_on_docker_with_auth(docker_server: SandgateServer, regist
     )
     assert docker_server.run(sandbox["id"], "cat /etc/sandgate-test").stdout == "private image"
     assert registry.password not in docker_server.log()
+
+
+def test_a_failing_entrypoint_on_docker_is_quoted(docker_server: SandgateServer) -> None:
+    """A pulled image's entrypoint that exits non-zero (execd is the foreign launcher's): the
+    create's error quotes its stderr and status, never the launcher."""
+    failing = ["/bin/sh", "-c", "echo boom-on-stderr >&2; exit 3"]
+    body = {"image": {"uri": "python:3.12"}, "entrypoint": failing}
+    with docker_server.client(timeout=90) as client:
+        failed = client.post("/v1/sandboxes", json=body)
+    assert failed.status_code == 503, failed.text
+    message = failed.json()["message"]
+    assert "boom-on-stderr" in message and "the entrypoint /bin/sh exited with status 3" in message
+    assert "Traceback" not in message and "posix_spawnp" not in message

@@ -325,11 +325,11 @@ def test_list_get_and_delete_contexts(client: httpx.Client) -> None:
 
 
 def test_bad_requests_are_refused(client: httpx.Client) -> None:
-    for language in ("go", "java", ""):
+    for language in ("go", "ruby", ""):
         refused = client.post("/code/context", json={"language": language})
         assert refused.status_code == 400
     unsupported = client.post("/code/context", json={"language": "go"}).json()
-    supported = "supported: python, bash, javascript, typescript"
+    supported = "supported: python, bash, javascript, typescript, java"
     assert unsupported["code"] == "UNSUPPORTED_LANGUAGE" and supported in unsupported["message"]
     run_go = client.post("/code", json={"context": {"language": "go"}, "code": "1"})
     assert run_go.status_code == 400 and supported in run_go.json()["message"]
@@ -413,10 +413,10 @@ def test_sdk_interrupt_and_default_context(codes: CodesAdapterSync) -> None:
 def test_sdk_unsupported_language_is_a_clear_400(codes: CodesAdapterSync) -> None:
     with pytest.raises(SandboxApiException) as refused:
         codes.create_context(SupportedLanguageSync.GO)
-    supported = "supported: python, bash, javascript, typescript"
+    supported = "supported: python, bash, javascript, typescript, java"
     assert refused.value.status_code == 400 and supported in str(refused.value)
     with pytest.raises(SandboxApiException) as run_refused:
-        codes.run("1", context=CodeContextSync(language=SupportedLanguageSync.JAVA))
+        codes.run("1", context=CodeContextSync(language=SupportedLanguageSync.GO))
     assert run_refused.value.status_code == 400
 
 
@@ -444,5 +444,74 @@ def test_contexts_die_with_execd(stop: str) -> None:
         while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not Path(f"/proc/{pid}").exists(), f"the context's kernel outlived execd ({stop})"
+    finally:
+        stop_execd(server)
+
+
+def kernels_of(execd: Execd, marker: bytes = b"ipykernel_launcher") -> set[int]:
+    """The pids of execd's kernel processes (its children whose command line holds `marker`)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == execd.process.pid and marker in cmdline:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def wait_for_kernels(execd: Execd, count: int) -> set[int]:
+    deadline = time.monotonic() + 60
+    while len(found := kernels_of(execd)) != count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(found) == count, f"execd has kernels {found}, expected {count}"
+    return found
+
+
+def test_a_spare_kernel_serves_the_next_create_and_ends_with_execd() -> None:
+    """After a python context, one spare kernel waits; the next create with the same cwd and
+    env takes it (the new context's pid is the spare's), one with another cwd does not (the
+    spare is ended), and no spare outlives execd."""
+    server = start_execd()
+    try:
+        with server.client() as http:
+            first = http.post("/code/context", json={"language": "python"}).json()["id"]
+            first_pid = int(run_cell(http, first, "import os\nos.getpid()")[-2]["results"]["text"])
+            [spare] = wait_for_kernels(server, 2) - {first_pid}
+            second = http.post("/code/context", json={"language": "python"}).json()["id"]
+            assert run_cell(http, second, "import os\nos.getpid()")[-2]["results"]["text"] == str(spare)
+            [next_spare] = wait_for_kernels(server, 3) - {first_pid, spare}
+            elsewhere = http.post("/code/context", json={"language": "python", "cwd": "/tmp"}).json()["id"]
+            pid = int(run_cell(http, elsewhere, "import os\nos.getpid()")[-2]["results"]["text"])
+            assert (
+                pid != next_spare
+                and run_cell(http, elsewhere, "os.getcwd()")[-2]["results"]["text"] == "'/tmp'"
+            )
+            kernels = wait_for_kernels(server, 4)  # first, second, elsewhere and its spare
+            assert next_spare not in kernels
+        stop_execd(server)
+        deadline = time.monotonic() + 5
+        while any(Path(f"/proc/{k}").exists() for k in kernels) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not [k for k in kernels if Path(f"/proc/{k}").exists()], "a kernel outlived execd"
+    finally:
+        stop_execd(server)
+
+
+def test_a_language_without_a_kernel_here_is_a_400_naming_those_it_has(tmp_path: Path) -> None:
+    """Java without a JDK on the sandbox's PATH (as in the code-interpreter image): a 400 that
+    lists the languages this sandbox has kernels for and what to install."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/bash").symlink_to("/bin/bash")
+    server = start_execd(env={"PATH": str(tmp_path / "bin")})
+    try:
+        with server.client() as http:
+            refused = http.post("/code/context", json={"language": "java"})
+        assert refused.status_code == 400 and refused.json()["code"] == "UNSUPPORTED_LANGUAGE"
+        message = refused.json()["message"]
+        assert "no Jupyter kernel for java" in message and "install a JDK" in message
+        assert "has kernels for: python, bash, javascript, typescript;" in message
     finally:
         stop_execd(server)

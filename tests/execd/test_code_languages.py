@@ -3,6 +3,9 @@ execd, through the real code-interpreter SDK (`CodesAdapterSync`) and on the wir
 
 from __future__ import annotations
 
+import json
+import shutil
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,8 +18,8 @@ from code_interpreter.models.code_sync import SupportedLanguageSync
 from code_interpreter.sync.adapters.code_adapter import CodesAdapterSync
 from opensandbox.models.execd_sync import ExecutionHandlersSync
 
-from .conftest import Execd
-from .test_code import kinds, run_cell, stdout_text
+from .conftest import Execd, start_execd, stop_execd
+from .test_code import kernels_of, kinds, run_cell, stdout_text
 from .test_files import snapshot
 
 
@@ -140,3 +143,39 @@ def test_bad_language_requests_change_nothing(execd: Execd, execd_root: Path) ->
         assert no_code.status_code == 400
         assert client.get("/code/contexts").json() == listed
     assert snapshot(execd_root) == before
+
+
+def test_an_images_bash_kernelspec_starts_without_pexpects_pause(tmp_path: Path) -> None:
+    """A kernelspec that runs `python -m bash_kernel` (as the code-interpreter image's does) is
+    started with pexpect's 50 ms pause before each write removed; its cells work as before."""
+    spec = {"argv": [sys.executable, "-m", "bash_kernel", "-f", "{connection_file}"], "language": "bash"}
+    (tmp_path / "kernels/bash").mkdir(parents=True)
+    (tmp_path / "kernels/bash/kernel.json").write_text(json.dumps(spec))
+    server = start_execd(env={"JUPYTER_PATH": str(tmp_path), "EXECD_SPARE_KERNELS": "0"})
+    try:
+        with server.client() as http:
+            context_id = http.post("/code/context", json={"language": "bash"}).json()["id"]
+            events = run_cell(http, context_id, "for i in 1 2; do\n  echo line-$i\ndone\necho $$")
+            assert stdout_text(events).startswith("line-1\nline-2\n")
+            [kernel] = kernels_of(server, b"delaybeforesend = None")
+            argv = Path(f"/proc/{kernel}/cmdline").read_bytes().split(b"\0")
+            assert argv[:2] == [sys.executable.encode(), b"-c"] and b"bash_kernel" in argv[2]
+    finally:
+        stop_execd(server)
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="no JDK on this host (bootstrap installs one)")
+def test_sdk_java_context_on_jjava(codes: CodesAdapterSync) -> None:
+    """Java cells run in JJava's kernel (the jjava wheel, on the host's JDK): state lasts across
+    cells, the last expression is the result, println is stdout, an exception is an error."""
+    context = codes.create_context(SupportedLanguageSync.JAVA)
+    assert context.language == "java"
+    assert codes.run("int x = 41;", context=context).error is None
+    assert [r.text for r in codes.run("x + 1", context=context).result] == ["42"]
+    printed = codes.run('System.out.println("hi " + x);', context=context)
+    assert "".join(m.text for m in printed.logs.stdout) == "hi 41\n"
+    failed = codes.run('throw new IllegalStateException("boom");', context=context)
+    # JJava's error: the exception in the traceback's first line, its class and message in evalue
+    assert failed.error is not None and failed.error.traceback[0] == "java.lang.IllegalStateException: boom"
+    assert failed.error.value == "java.lang.IllegalStateException, boom"
+    codes.delete_context(context.id)

@@ -82,3 +82,14 @@ def test_refusals_are_notes_never_rules() -> None:
     assert suggestion.notes == [
         "not suggested: 169.254.169.254:80 was refused as always_denied_range (always)"
     ]
+
+
+def test_a_local_name_only_looked_up_is_a_note() -> None:
+    seen = [
+        Request("sandbox", 0, "https"),
+        Request("sandbox", 0, "https"),
+        Request("api.example.test", 0, "https"),
+    ]
+    suggestion = suggest_policy(seen)
+    assert suggestion.document["egress"] == [{"action": "allow", "target": "api.example.test"}]
+    assert suggestion.notes == ["not suggested: sandbox was only looked up (a local name, no dot)"]

@@ -50,6 +50,7 @@ result = {
     "cap_eff": [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0],
     "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
     "hostname": socket.gethostname(),
+    "java_etc": {d: sorted(os.listdir("/etc/" + d)) for d in os.listdir("/etc") if d.startswith("java-")},
     "cwd": os.getcwd(),
 }
 json.dump(result, open("/workspace/.fs", "w")); os.rename("/workspace/.fs", "/workspace/fs.json")
@@ -111,6 +112,9 @@ def test_the_host_image_is_an_allowlist_on_an_overlay(harness: Harness, tmp_path
     assert CA_MARK in seen["bundle"] and "BEGIN CERTIFICATE" in seen["bundle"].split(CA_MARK)[0]
     assert CA_MARK not in Path("/etc/ssl/certs/ca-certificates.crt").read_text()  # host bundle untouched
     assert seen["hostname"] == "sandbox" and seen["cwd"] == "/workspace"
+    # the JDKs' config comes along (java.security), JMX's management dir (password files) never
+    for jdk in Path("/etc").glob("java-*-openjdk"):
+        assert "security" in seen["java_etc"][jdk.name] and "management" not in seen["java_etc"][jdk.name]
     assert max(seen["processes"]) < 20  # its own pid namespace
 
 
@@ -121,6 +125,18 @@ def test_a_missing_entrypoint_is_named_without_the_launcher_source(harness: Harn
     message = str(failed.value)
     assert "the entrypoint /opt/code-interpreter/code-interpreter.sh cannot start" in message
     assert "No such file or directory (errno 2); exit status 127" in message
+    assert "Traceback" not in message and "posix_spawnp" not in message and "import os" not in message
+
+
+def test_a_failing_entrypoint_is_quoted_with_its_status_and_stderr(harness: Harness) -> None:
+    """An entrypoint that starts and fails ends the sandbox; the error quotes its path, exit
+    status and stderr, never the launcher."""
+    with pytest.raises(RuntimeError_) as failed:
+        harness.start(["/bin/sh", "-c", "echo boom-on-stderr >&2; exit 3"])
+    message = str(failed.value)
+    assert "boom-on-stderr" in message
+    assert "the entrypoint /bin/sh exited with status 3" in message
+    assert message.index("boom-on-stderr") < message.index("exited with status 3")
     assert "Traceback" not in message and "posix_spawnp" not in message and "import os" not in message
 
 

@@ -25,6 +25,12 @@ and the origin addresses):
                          `net.wheels` (WORKDIR/wheels, empty unless a test fills it), served at
     GET  /wheels/FILE    (pip install --index-url https://HOST/simple/ NAME)
 
+A request whose Host is a name given to `net.serve_site(name, directory)` is served from that
+directory instead (GET and HEAD; a directory answers with its index.html): a package index, any
+static site a test builds from local files. A name given to `net.serve_git(name, directory)` is
+served by `git http-backend` (CGI) from the repositories in that directory: git's smart HTTP
+protocol (`git clone https://name/repo.git`; pushes are refused, as no request is authenticated).
+
 DNS (UDP and TCP, `DNS_ADDR`:53) answers only the names the test sets with `net.set_names({...})`
 (A/AAAA) and the records it sets with `net.set_records([...])` (zone-file lines, any type), and
 records every query with its raw bytes; `net.dns_queries()` returns them in order. The origins
@@ -84,6 +90,21 @@ class Internet:
         tmp = self.workdir / "records.json.tmp"
         tmp.write_text(json.dumps(lines))
         os.replace(tmp, self.workdir / "records.json")
+
+    def serve_site(self, name: str, directory: Path) -> None:
+        """Serve `directory`'s files to requests for Host `name` (on every origin address and port)."""
+        self._link("sites", name, directory)
+
+    def serve_git(self, name: str, directory: Path) -> None:
+        """Serve the git repositories in `directory` to Host `name` with `git http-backend`."""
+        self._link("git", name, directory)
+
+    def _link(self, kind: str, name: str, directory: Path) -> None:
+        folder = self.workdir / kind
+        folder.mkdir(exist_ok=True)
+        link = folder / name.lower().rstrip(".")
+        link.unlink(missing_ok=True)
+        link.symlink_to(directory.resolve(), target_is_directory=True)
 
     def dns_queries(self) -> list[dict[str, str]]:
         """Every query the DNS server got so far: [{"name", "type": "A"|"AAAA"|..., "transport":
@@ -240,6 +261,7 @@ def _serve(workdir: Path) -> None:
         StreamingResponse,
     )
     from starlette.routing import Route, WebSocketRoute
+    from starlette.staticfiles import StaticFiles
     from starlette.websockets import WebSocket, WebSocketDisconnect
 
     async def hello(request: Request) -> Response:
@@ -345,6 +367,60 @@ def _serve(workdir: Path) -> None:
 
         return app
 
+    async def git_http_backend(root: Path, request: Request) -> Response:
+        """One CGI request to `git http-backend` for the repositories under `root`."""
+        body = await request.body()
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "GIT_PROJECT_ROOT": str(root),
+            "GIT_HTTP_EXPORT_ALL": "1",
+            "REQUEST_METHOD": request.method,
+            "PATH_INFO": request.url.path,
+            "QUERY_STRING": request.url.query,
+            "CONTENT_TYPE": request.headers.get("content-type", ""),
+            "CONTENT_LENGTH": str(len(body)),
+            "REMOTE_ADDR": request.client.host if request.client else "",
+            "HTTP_CONTENT_ENCODING": request.headers.get("content-encoding", ""),
+            "GIT_PROTOCOL": request.headers.get("git-protocol", ""),
+        }
+        process = await asyncio.create_subprocess_exec(
+            "git", "http-backend", stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+        )
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(body), 60)
+        except TimeoutError:
+            process.kill()  # the backend this request started, by its own process
+            await process.wait()
+            raise
+        # CGI: header lines, a blank line, the body (git ends lines with CRLF; take the first end)
+        ends = [(output.find(sep), sep) for sep in (b"\r\n\r\n", b"\n\n") if sep in output]
+        end, separator = min(ends, default=(len(output), b""))
+        head, payload = output[:end], output[end + len(separator) :]
+        headers = dict(line.split(": ", 1) for line in head.decode("latin-1").splitlines() if ": " in line)
+        status = int(headers.pop("Status", "200").split()[0])
+        return Response(payload, status_code=status, headers=headers)
+
+    def served_sites(inner: object) -> object:
+        """ASGI middleware: a request for a Host under workdir/sites/ is served from its files, one
+        under workdir/git/ by `git http-backend`."""
+
+        async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+            if scope["type"] == "http":
+                host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+                name, _colon, port = host.rpartition(":")
+                name = (name if port.isdigit() else host).lower().rstrip(".")
+                if name and "/" not in name and (workdir / "sites" / name).is_dir():
+                    files = StaticFiles(directory=workdir / "sites" / name, html=True)
+                    await files(scope, receive, send)  # type: ignore[arg-type]
+                    return
+                if name and "/" not in name and (workdir / "git" / name).is_dir():
+                    answer = await git_http_backend(workdir / "git" / name, Request(scope, receive))  # type: ignore[arg-type]
+                    await answer(scope, receive, send)  # type: ignore[arg-type]
+                    return
+            await inner(scope, receive, send)  # type: ignore[operator]
+
+        return app
+
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE"]
     app = Starlette(
         routes=[
@@ -423,7 +499,7 @@ def _serve(workdir: Path) -> None:
             "ws": "websockets",
             "timeout_keep_alive": 120,  # a connection a test holds is not closed by the origin
         }
-        recorded = record_requests(app)
+        recorded = record_requests(served_sites(app))
         plain = uvicorn.Server(uvicorn.Config(recorded, **common))  # type: ignore[arg-type]
         tls = uvicorn.Server(
             uvicorn.Config(

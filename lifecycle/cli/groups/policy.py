@@ -31,6 +31,7 @@ from sandgate.policy import (
     Suggestion,
     compile_policy,
     load_policy,
+    load_preset,
     policy_from_dict,
     suggest_policy,
     to_document,
@@ -87,9 +88,13 @@ def _load_or_exit(path: Path, preset_dirs: tuple[Path, ...] = ()) -> Policy:
 @click.option("--max-rules", default=DEFAULT_MAX_RULES, show_default=True, help="Rule limit to enforce.")
 @with_presets
 def check(files: tuple[Path, ...], max_rules: int, preset_dirs: tuple[Path, ...]) -> None:
-    """Validate policy files; print every error as file:line:column: message (hint: ...)."""
+    """Validate policy and preset files (a file with a `preset:` block is a preset); print every
+    error as file:line:column: message (hint: ...)."""
     failed = False
     for path in files:
+        if is_preset_file(path):
+            failed |= not check_preset(path)
+            continue
         policy = load_reporting(path, max_rules, Presets(preset_dirs))
         if policy is None:
             failed = True
@@ -97,6 +102,27 @@ def check(files: tuple[Path, ...], max_rules: int, preset_dirs: tuple[Path, ...]
             click.echo(f"ok {path} ({len(policy.egress)} rules, {len(policy.bindings)} bindings)")
     if failed:
         sys.exit(INVALID)
+
+
+def is_preset_file(path: Path) -> bool:
+    """A file whose top level holds a `preset:` block (a policy never has one)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False  # the policy loader says what is wrong with it, with its line
+    return isinstance(data, dict) and "preset" in data
+
+
+def check_preset(path: Path) -> bool:
+    """Check one preset as an include would load it; print ok or every problem at its file:line."""
+    try:
+        preset = load_preset(path)
+    except PolicyError as exc:
+        for issue in exc.issues:
+            click.echo(str(issue))
+        return False
+    click.echo(f"ok {path} (preset {preset.name}@{preset.version}, {len(preset.rules)} rules)")
+    return True
 
 
 @group.command("explain")

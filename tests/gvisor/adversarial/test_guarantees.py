@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import platform
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -21,12 +19,18 @@ from tests.adversarial.test_identity import (  # noqa: F401
 from tests.adversarial.test_network import (  # noqa: F401
     test_another_sandbox_is_unreachable,
     test_icmp_gets_no_answer,
+    test_ipv6_is_off_inside,
     test_the_hosts_other_services_are_out_of_reach,
     test_the_state_dir_and_control_socket_are_not_in_the_sandbox,
     test_udp_and_quic_go_nowhere,
     victim,
 )
 from tests.adversarial.test_resilience import test_proxy_crash_mid_stream_fails_closed_and_restarts  # noqa: F401
+from tests.adversarial.test_resource_caps import (  # noqa: F401
+    capped,
+    test_a_disk_filler_gets_enospc_at_its_quota_and_the_state_dir_keeps_its_space,
+    test_delete_and_a_failed_create_leave_no_loop_device_mount_image_or_cgroup,
+)
 
 pytestmark = pytest.mark.root
 
@@ -35,20 +39,4 @@ def test_the_attacker_runs_on_gvisor(attacker: Attacker) -> None:
     """The control for everything above: these sandboxes really run on gVisor's kernel."""
     assert attacker.sh("uname -r").stdout.strip() != platform.release()
     assert "Starting gVisor" in attacker.sh("dmesg").stdout
-    with attacker.server.client() as client:
-        info = client.get(f"/v1/sandboxes/{attacker.sandbox.id}").json()
-    assert info["extensions"]["sandgate.isolation"] == "gvisor"
-
-
-def test_ipv6_is_off_in_the_sandboxs_netns(attacker: Attacker) -> None:
-    """gVisor's network is the netns's own (--network=host) and its /proc/sys shows no ipv6 tree:
-    the netns itself (where the sockets live) has IPv6 off."""
-    tag = (attacker.server.state_dir / "instance-tag").read_text().strip()
-    [netns] = Path("/run/netns").glob(f"sg-{tag}-*-{attacker.sandbox.id}")
-    sysctl = ["cat", "/proc/sys/net/ipv6/conf/all/disable_ipv6"]
-    inside = subprocess.run(["nsenter", f"--net={netns}", "--", *sysctl], capture_output=True, text=True)
-    assert inside.stdout.strip() == "1"
-    probe = (
-        "import socket; s = socket.socket(socket.AF_INET6); s.settimeout(2); s.connect(('2001:db8::10', 80))"
-    )
-    assert attacker.sh(f'python3 -c "{probe}"').exit_code != 0
+    assert attacker.isolation() == "gvisor"
