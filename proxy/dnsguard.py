@@ -87,11 +87,12 @@ class DnsAddon:
         elif not verdict.allowed:
             flow.response = self._blocked(request, verdict)
         elif question.type in FAMILIES:
-            verdict, flow.response, answered = await self._answer(
+            verdict, flow.response, answered, failure = await self._answer(
                 request, sandbox, name, question.type, verdict
             )
             self.state.names.remember(sandbox.address, name, answered)
             detail += f" answers={','.join(answered)}" if answered else ""
+            detail += f" failed: {failure}" if failure else ""
         else:
             flow.response, outcome = await self._forward(request, sandbox, name, question.type)
             detail += f" {outcome}"
@@ -125,16 +126,17 @@ class DnsAddon:
 
     async def _answer(
         self, request: dns.DNSMessage, sandbox: Sandbox, name: str, qtype: int, verdict: Verdict
-    ) -> tuple[Verdict, dns.DNSMessage, list[str]]:
+    ) -> tuple[Verdict, dns.DNSMessage, list[str], str | None]:
+        """(verdict, answer, the addresses answered, why the lookup failed if it did)."""
         try:
             found = await self.state.resolver.lookup(name, FAMILIES[qtype])
         except ResolveError as exc:
             code = dns.response_codes.NXDOMAIN if exc.nxdomain else dns.response_codes.SERVFAIL
-            return verdict, _failed(request, code), []
+            return verdict, _failed(request, code), [], str(exc)
         usable = [a for a in found if check_upstream(sandbox.policy, a).allowed]
         if found and not usable:
             refusal = check_upstream(sandbox.policy, found[0])
-            return refusal, self._blocked(request, refusal), []
+            return refusal, self._blocked(request, refusal), [], None
         question = request.questions[0]
         records = [
             dns.ResourceRecord(
@@ -146,7 +148,7 @@ class DnsAddon:
             )
             for a in usable
         ]
-        return verdict, with_edns(request, request.succeed(records)), usable
+        return verdict, with_edns(request, request.succeed(records)), usable, None
 
 
 def screened(reply: dns.DNSMessage, sandbox: Sandbox) -> tuple[dns.DNSMessage, list[str]]:

@@ -7,7 +7,9 @@ Rules:
    flags, extra records and EDNS options would each be a channel out); the name's letter case
    neither (0x20 bits).
 2. Upstream answers are accepted only from the server asked (a connected UDP socket), with the
-   query's id and question; a truncated UDP answer is asked again over TCP.
+   query's id and question; a truncated UDP answer is asked again over TCP. An unanswered UDP
+   query is sent again (UDP_RESENDS) within its UPSTREAM_TIMEOUT, as stub resolvers do: one lost
+   or late datagram must not become a SERVFAIL, which the sandbox's stub takes as final.
 3. The answer a sandbox gets is upstream's sections under the sandbox's own id and question (its
    letter case restored in owner names). Over UDP it is cut to 512 bytes, or the size its EDNS
    OPT offers (at most MAX_UDP_ANSWER): larger answers are sent truncated (TC), and the sandbox
@@ -27,6 +29,7 @@ from mitmproxy import dns
 from mitmproxy.net.dns import domain_names
 
 UPSTREAM_TIMEOUT = 2.0  # seconds per server and transport
+UDP_RESENDS = (0.4, 1.0)  # seconds after the first send at which an unanswered UDP query is sent again
 PLAIN_UDP_LIMIT = 512  # bytes of a DNS answer over UDP without EDNS (RFC 1035)
 MAX_UDP_ANSWER = 1232  # the EDNS payload size we offer and honour (DNS flag day 2020)
 EDE_OPTION = 15  # EDNS option code of Extended DNS Errors (RFC 8914)
@@ -69,10 +72,16 @@ class _Reply(asyncio.DatagramProtocol):
     def __init__(self, query: bytes) -> None:
         self.query = query
         self.answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.DatagramTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.DatagramTransport)
-        transport.sendto(self.query)
+        self.transport = transport
+        self.send()
+
+    def send(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.sendto(self.query)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         if data[:2] == self.query[:2] and not self.answer.done():  # another id: not our answer
@@ -86,14 +95,17 @@ class _Reply(asyncio.DatagramProtocol):
 async def _ask_udp(server: tuple[str, int], query: bytes) -> dns.DNSMessage:
     loop = asyncio.get_running_loop()
     transport, reply = await loop.create_datagram_endpoint(lambda: _Reply(query), remote_addr=server)
+    resends = [loop.call_later(delay, reply.send) for delay in UDP_RESENDS if delay < UPSTREAM_TIMEOUT]
     try:
         # asyncio.wait, not wait_for: after the loop was busy, the answer and the timeout can be
         # due in the same iteration, and an answer that arrived in time must not be thrown away.
         await asyncio.wait([reply.answer], timeout=UPSTREAM_TIMEOUT)
         if not reply.answer.done():
-            raise TimeoutError(f"no answer within {UPSTREAM_TIMEOUT:g} s")
+            raise TimeoutError(f"no answer within {UPSTREAM_TIMEOUT:g} s (sent {1 + len(resends)} times)")
         return dns.DNSMessage.unpack(reply.answer.result())
     finally:
+        for resend in resends:
+            resend.cancel()
         transport.close()
 
 

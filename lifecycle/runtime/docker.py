@@ -56,6 +56,7 @@ from sandgate.lifecycle.runtime.base import (
 from sandgate.lifecycle.runtime.docker_images import DockerImages
 from sandgate.lifecycle.runtime.runsc_wrapper import NETNS_VAR
 from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
+from sandgate.lifecycle.runtime.sandbox_root import RESOLVER_OPTIONS
 
 LABEL_SANDBOX = "io.sandgate.sandbox"
 LABEL_INSTANCE = "io.sandgate.instance"
@@ -225,6 +226,7 @@ class DockerRuntime:
             "environment": env,
             "network_mode": "none",
             "dns": [net.gateway],  # any resolver works: the netns redirects port 53 to the proxy
+            "dns_opt": list(RESOLVER_OPTIONS),
             "sysctls": {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"},
             "cap_drop": ["ALL"],
             "cap_add": self.cap_add or None,

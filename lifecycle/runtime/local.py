@@ -46,6 +46,7 @@ from sandgate.lifecycle.runtime.launch import Launch, hand_over_token, python_pa
 from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
 from sandgate.lifecycle.runtime.sandbox_root import (
     EXECD_ENV_FILE,
+    RESOLVER_OPTIONS,
     ensure_dir,
     env_file_value,
     image_env,
@@ -278,7 +279,7 @@ class LocalRuntime:
             write_file(
                 root_fd,
                 "etc/resolv.conf",
-                f"nameserver {net.gateway}\noptions timeout:2 attempts:2\n".encode(),
+                f"nameserver {net.gateway}\noptions {' '.join(RESOLVER_OPTIONS)}\n".encode(),
             )
             if spec.ca_cert is not None:
                 ca = spec.ca_cert.read_bytes()

@@ -26,6 +26,10 @@ CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL
 # appends to it). A warm-pool sandbox gets its request's env here when it is claimed.
 EXECD_ENV_FILE = "etc/sandgate-execd.env"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The sandbox's stub resolver waits longer than the proxy's own upstream timeout (2 s), so a slow
+# upstream reaches the sandbox as the proxy's answer (or its SERVFAIL), not as a stub timeout
+# whose retry queues behind the first query (the proxy answers one client socket in order).
+RESOLVER_OPTIONS = ("timeout:3", "attempts:2")
 
 
 def env_file_value(value: str) -> str:

@@ -226,6 +226,9 @@ class Agent:
     def get(self, path: str, host: str = API_HOST) -> tuple[int, dict[str, Any]]:
         out = self.sh(f"curl -sS --max-time 20 -w '\\n%{{http_code}}' https://{host}{path}")
         body, status = out.rsplit("\n", 1)
+        if not status.isdigit():  # curl failed: what the proxy's resolver did says why
+            answered = [r["detail"] for r in self.audit() if r["kind"] == "dns" and r["host"] == host]
+            raise AssertionError(f"curl {host}{path}: {out!r}; the proxy's dns records: {answered[-6:]}")
         return int(status), json.loads(body)
 
     def audit(self) -> list[dict[str, Any]]:

@@ -251,7 +251,7 @@ def test_every_content_coding_is_decoded_scrubbed_and_sent_decoded(
     requests = [{"kind": kind, "host": REFLECT_HOST, "path": f"/body?coding={coding}"} for coding in CODINGS]
     results = victim.fetch(*requests)
     for coding, result in zip(CODINGS, results, strict=True):
-        assert result["status"] == 200, result
+        assert result.get("status") == 200, result
         assert json.loads(result["body"])["echo"] == REDACTED, result  # whole, decoded, scrubbed
         names = {name.lower() for name, _ in result["headers"]}
         assert "content-encoding" not in names, (coding, result["headers"])
@@ -275,7 +275,7 @@ def test_forms_and_utf16_bodies_are_scrubbed(victim: Victim, kind: str) -> None:
         for form, charset in cases
     ]
     for (form, charset), result in zip(cases, victim.fetch(*requests), strict=True):
-        assert result["status"] == 200, result
+        assert result.get("status") == 200, result
         body = result["body"].encode("latin-1").decode(charset)
         assert REDACTED in body and FORMS[form](SECRET) not in body, (form, charset, body)
 
@@ -289,7 +289,7 @@ def test_a_coding_or_charset_the_proxy_cannot_read_is_refused_with_its_own_502(
         {"kind": kind, "host": REFLECT_HOST, "path": "/body?charset=utf-32&declare=1&ctype=text/plain"},
     )
     for result in results:
-        assert result["status"] == 502, result
+        assert result.get("status") == 502, result
         assert json.loads(result["body"])["reason"] == "response-refused", result
     audit = victim.audit_text()
     assert "response-refused: content-encoding compress" in audit and "charset 'utf-32'" in audit
@@ -305,7 +305,7 @@ def test_range_requests_never_reassemble_a_secret(victim: Victim, reflector: Ref
         *({"kind": kind, "host": REFLECT_HOST, "path": "/range", "range": p} for p in pieces)
     )
     for result in results:
-        assert result["status"] == 200 and REDACTED in result["body"], result
+        assert result.get("status") == 200 and REDACTED in result["body"], result
     assert leaks(SECRET, "".join(r["body"] for r in results)) is None
     seen = reflector.requests()[mark:]
     assert len(seen) == 6 and not any("range" in r["headers"] or "if-range" in r["headers"] for r in seen)
@@ -343,13 +343,13 @@ def test_what_real_servers_and_template_engines_write_is_scrubbed(
     results = victim.fetch(*requests)
     count = len(ECHO_FORMS)
     for form, result in zip(ECHO_FORMS, results[:count], strict=True):
-        assert result["status"] == 200, (form, result)
+        assert result.get("status") == 200, (form, result)
         assert_replaced(form, json.loads(result["body"])["echo"])
     for form, result in zip(ECHO_FORMS, results[count : 2 * count], strict=True):
         assert_replaced(form, json.loads(result["body"].encode("latin-1").decode("utf-16-le"))["echo"])
     for form, result in zip(ECHO_FORMS, results[2 * count :], strict=True):
         [challenge] = [v for k, v in result["headers"] if k.lower() == "www-authenticate"]
-        assert result["status"] == 401 and challenge.startswith('Bearer realm="api"'), (form, result)
+        assert result.get("status") == 401 and challenge.startswith('Bearer realm="api"'), (form, result)
         assert_replaced(form, challenge)
     seen = reflector.requests()[mark:]  # positive control: every one was injected and echoed it
     assert len(seen) == len(requests) and all(r["source"] == "injected" for r in seen)
@@ -379,7 +379,7 @@ def test_reason_phrase_header_names_and_trailers(victim: Victim, kind: str) -> N
 def test_proxy_made_error_pages_never_quote_upstream_bytes(victim: Victim, kind: str, path: str) -> None:
     before = len(victim.audit_text())
     [result] = victim.fetch({"kind": kind, "host": REFLECT_HOST, "path": path})
-    assert result["status"] == 502, result
+    assert result.get("status") == 502, result
     assert json.loads(result["body"]) == {
         "error": "upstream failed",
         "status": 502,
@@ -430,7 +430,7 @@ def test_a_value_is_scrubbed_right_after_vault_put(victim: Victim, reflector: Re
     assert put.returncode == 0 and "warning" not in put.stderr, put.stderr
     reflector.leak(value)
     [result] = victim.fetch(h1(LEAK_HOST, "/body?form=raw"))
-    assert result["status"] == 200 and json.loads(result["body"])["echo"] == REDACTED, result
+    assert result.get("status") == 200 and json.loads(result["body"])["echo"] == REDACTED, result
     assert leaks(value, everything(result)) is None
 
 
@@ -457,7 +457,7 @@ def test_a_value_is_scrubbed_right_after_the_credential_vault_api_stores_it(
     set_fresh(victim, value)
     reflector.leak(value)
     [result] = victim.fetch(h2(LEAK_HOST, "/body?form=json"))
-    assert result["status"] == 200 and json.loads(result["body"])["echo"] == REDACTED, result
+    assert result.get("status") == 200 and json.loads(result["body"])["echo"] == REDACTED, result
     assert leaks(value, everything(result)) is None
 
 

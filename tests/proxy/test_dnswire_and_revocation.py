@@ -131,3 +131,31 @@ def test_an_answer_that_arrived_while_the_loop_was_busy_is_used(monkeypatch: pyt
     assert (
         reply.response_code == 0 and reply.question is not None and reply.question.name == "svc.example.com"
     )
+
+
+def test_a_lost_upstream_datagram_is_sent_again_within_the_timeout() -> None:
+    """The resolver ignores the first copy of each query (a lost datagram, or a resolver too busy
+    to read it): the resend gets the answer, with the same id; a SERVFAIL would have been final."""
+
+    async def ask() -> tuple[dns.DNSMessage, list[bytes]]:
+        server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        server.bind(("127.0.0.1", 0))
+        server.setblocking(False)
+        received: list[bytes] = []
+
+        def answer_the_second_copy() -> None:
+            data, peer = server.recvfrom(512)
+            received.append(data)
+            if len(received) == 2:
+                server.sendto(data[:2] + b"\x81\x80" + data[4:], peer)
+
+        loop = asyncio.get_running_loop()
+        loop.add_reader(server.fileno(), answer_the_second_copy)
+        try:
+            return await dnswire.forward([server.getsockname()], "svc.example.com", dns.types.A), received
+        finally:
+            loop.remove_reader(server.fileno())
+            server.close()
+
+    reply, received = asyncio.run(ask())
+    assert reply.response_code == 0 and len(received) == 2 and received[0] == received[1]
