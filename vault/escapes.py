@@ -229,12 +229,17 @@ def decoded_view(
         return None
     if b"\0" not in data:
         return _decoded_view_utf8(data, pattern or _PATTERN)
+    return _decoded_view_loop(data, odd, pattern or _PATTERN)
+
+
+def _decoded_view_loop(data: bytes, odd: int, pattern: re.Pattern[bytes]) -> tuple[bytes, OffsetMap] | None:
+    """decoded_view of any data (UTF-16 escapes too), one match at a time."""
     view = memoryview(data)
     pieces: list[bytes | memoryview] = []
     spans: list[tuple[int, int, int, int]] = []  # (view start, start, view end, end) per escape
     cursor = size = 0  # size: the view's length so far
     cache = _DECODED
-    for match in (pattern or _PATTERN).finditer(data):
+    for match in pattern.finditer(data):
         start, end = match.span()
         group = match.lastgroup
         key: bytes | tuple[str, bytes]
