@@ -77,9 +77,10 @@ HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # the JDKs' config (Debian keeps java.security, jvm.cfg... in /etc/java-N-openjdk and links the
 # JDK's lib/ and conf/ there; names are glob patterns).
 # Never: shadow files, ssh, sandgate's config, package-manager credentials (pip.conf, npmrc,
-# apt auth), environment files, machine-id, git's system config.
+# apt auth), environment files, machine-id, git's system config, hosts (the host's name and its
+# LAN's names; the runtime writes each sandbox its own: runtime/sandbox_root.py SANDBOX_HOSTS).
 HOST_ETC = (
-    "passwd", "group", "hosts", "host.conf", "nsswitch.conf", "gai.conf", "networks", "protocols",
+    "passwd", "group", "host.conf", "nsswitch.conf", "gai.conf", "networks", "protocols",
     "services", "rpc", "ethertypes", "shells", "profile", "profile.d", "bash.bashrc", "inputrc",
     "localtime", "timezone", "os-release", "debian_version", "lsb-release", "issue",
     "ld.so.conf", "ld.so.conf.d", "ld.so.cache", "alternatives", "ssl", "ca-certificates",

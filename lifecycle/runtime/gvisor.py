@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from sandgate.lifecycle.runtime.base import RuntimeError_, SandboxNet, SandboxSpec
 from sandgate.lifecycle.runtime.launch import LAUNCH_ENV, SANDBOX_CAPS, Launch, launcher_argv
+from sandgate.lifecycle.runtime.sandbox_root import SANDBOX_HOSTNAME
 
 Platform = Literal["ptrace", "systrap", "kvm"]
 RUNSC_STATE = "runsc"  # runsc's --root, inside the sandbox's directory
@@ -104,7 +105,7 @@ def oci_config(spec: SandboxSpec, net: SandboxNet, launch: Launch) -> dict[str, 
             "noNewPrivileges": True,
         },
         "root": {"path": str(launch.root), "readonly": False},
-        "hostname": "sandbox",
+        "hostname": SANDBOX_HOSTNAME,
         "mounts": [*KERNEL_MOUNTS, own_tmp(launch), *bind_mounts(launch)],
         "linux": {"namespaces": [{"type": kind} for kind in ("pid", "ipc", "uts", "mount")]},
     }

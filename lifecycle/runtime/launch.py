@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, RuntimeError_, SandboxNet, SandboxSpec
-from sandgate.lifecycle.runtime.sandbox_root import DEFAULT_PATH
+from sandgate.lifecycle.runtime.sandbox_root import DEFAULT_PATH, SANDBOX_HOSTNAME
 
 SANDBOX_CAPS = (
     "CAP_CHOWN",
@@ -169,7 +169,7 @@ def bwrap_argv(spec: SandboxSpec, net: SandboxNet, launch: Launch) -> list[str]:
     argv += [word for source, target in launch.execd.moved for word in ("--ro-bind", source, target)]
     argv += [word for bind in launch.binds for word in bind.bwrap_args()]
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-    argv += ["--hostname", "sandbox", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--hostname", SANDBOX_HOSTNAME, "--new-session", "--cap-drop", "ALL"]
     argv += [word for cap in SANDBOX_CAPS for word in ("--cap-add", cap)]
     argv += ["--chdir", "/workspace", "--clearenv"]
     argv += [word for key, value in launch.env.items() for word in ("--setenv", key, value)]

@@ -47,6 +47,7 @@ from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
 from sandgate.lifecycle.runtime.sandbox_root import (
     EXECD_ENV_FILE,
     RESOLVER_OPTIONS,
+    SANDBOX_HOSTS,
     ensure_dir,
     env_file_value,
     image_env,
@@ -281,6 +282,7 @@ class LocalRuntime:
                 "etc/resolv.conf",
                 f"nameserver {net.gateway}\noptions {' '.join(RESOLVER_OPTIONS)}\n".encode(),
             )
+            write_file(root_fd, "etc/hosts", SANDBOX_HOSTS.encode())
             if spec.ca_cert is not None:
                 ca = spec.ca_cert.read_bytes()
                 env.update(install_ca(root_fd, ca))

@@ -1,4 +1,4 @@
-"""Files the runtime puts into a sandbox's root: resolv.conf, the proxy CA, execd's env file.
+"""Files the runtime puts into a sandbox's root: resolv.conf, hosts, the proxy CA, execd's env file.
 
 Rules:
 1. Every path is resolved inside the root with openat2(RESOLVE_IN_ROOT) (`kernel.open_in_root`),
@@ -30,6 +30,13 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # upstream reaches the sandbox as the proxy's answer (or its SERVFAIL), not as a stub timeout
 # whose retry queues behind the first query (the proxy answers one client socket in order).
 RESOLVER_OPTIONS = ("timeout:3", "attempts:2")
+# Every local sandbox's hostname, answered by its own /etc/hosts: a lookup of it (Python's
+# getfqdn, pip, git) never becomes a DNS query, and the host's /etc/hosts (its name, its LAN's
+# names) is not what a sandbox reads.
+SANDBOX_HOSTNAME = "sandbox"
+SANDBOX_HOSTS = (
+    f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{SANDBOX_HOSTNAME}\n"
+)
 
 
 def env_file_value(value: str) -> str:

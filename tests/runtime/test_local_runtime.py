@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -50,6 +51,8 @@ result = {
     "cap_eff": [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0],
     "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
     "hostname": socket.gethostname(),
+    "hosts": open("/etc/hosts").read(),
+    "own_address": socket.gethostbyname(socket.gethostname()),
     "java_etc": {d: sorted(os.listdir("/etc/" + d)) for d in os.listdir("/etc") if d.startswith("java-")},
     "cwd": os.getcwd(),
 }
@@ -112,6 +115,8 @@ def test_the_host_image_is_an_allowlist_on_an_overlay(harness: Harness, tmp_path
     assert CA_MARK in seen["bundle"] and "BEGIN CERTIFICATE" in seen["bundle"].split(CA_MARK)[0]
     assert CA_MARK not in Path("/etc/ssl/certs/ca-certificates.crt").read_text()  # host bundle untouched
     assert seen["hostname"] == "sandbox" and seen["cwd"] == "/workspace"
+    # its own name is answered by its own /etc/hosts (no DNS query); the host's names are not there
+    assert seen["own_address"] == "127.0.1.1" and socket.gethostname() not in seen["hosts"]
     # the JDKs' config comes along (java.security), JMX's management dir (password files) never
     for jdk in Path("/etc").glob("java-*-openjdk"):
         assert "security" in seen["java_etc"][jdk.name] and "management" not in seen["java_etc"][jdk.name]
