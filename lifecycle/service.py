@@ -194,7 +194,9 @@ class Service:
         )
 
     def list_sandboxes(self) -> list[SandboxRecord]:
-        return self.store.list_sandboxes()
+        """Every sandbox as GET shows it (`observed`): a list never says Running for a sandbox
+        whose processes have ended."""
+        return [self._observe(record) for record in self.store.list_sandboxes()]
 
     def get(self, sandbox_id: str) -> SandboxRecord:
         return existing(self.store, sandbox_id)
@@ -203,10 +205,12 @@ class Service:
         """The record as GET shows it: Failed (never stored) when a Running sandbox's processes
         have ended, its message the end of the sandbox's log (the entrypoint's own output and
         how it ended), so an entrypoint that fails after the create answered is seen."""
-        record = self.get(sandbox_id)
-        if record.state != SandboxState.RUNNING or self.runtime.alive(sandbox_id):
+        return self._observe(self.get(sandbox_id))
+
+    def _observe(self, record: SandboxRecord) -> SandboxRecord:
+        if record.state != SandboxState.RUNNING or self.runtime.alive(record.id):
             return record
-        tail = self.runtime.log_tail(sandbox_id)
+        tail = self.runtime.log_tail(record.id)
         return replace(record, state=SandboxState.FAILED, reason="SANDBOX_EXITED", message=tail)
 
     def delete(self, sandbox_id: str, expired_at: datetime | None = None) -> None:

@@ -12,10 +12,10 @@ import time
 from datetime import timedelta
 
 import pytest
-from opensandbox import SandboxSync
+from opensandbox import SandboxManagerSync, SandboxSync
 from opensandbox.config.connection_sync import ConnectionConfigSync
 from opensandbox.exceptions import SandboxException
-from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
+from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule, SandboxFilter
 
 from tests.conformance.conftest import API_HOST
 from tests.support.server import SandgateServer
@@ -149,6 +149,14 @@ def test_sdk_create_quotes_a_failing_entrypoint(server: SandgateServer) -> None:
         assert status.state == "Failed" and status.reason == "SANDBOX_EXITED"
         assert "late-failure" in status.message
         assert "the entrypoint /bin/sh exited with status 4" in status.message
+        # the list says what GET says, and a state filter goes by it
+        manager = SandboxManagerSync.create(connection(server))
+        try:
+            failed_ones = manager.list_sandbox_infos(SandboxFilter(states=["Failed"])).sandbox_infos
+            running = manager.list_sandbox_infos(SandboxFilter(states=["Running"])).sandbox_infos
+        finally:
+            manager.close()
+        assert late.id in [info.id for info in failed_ones] and late.id not in [info.id for info in running]
     finally:
         late.kill()
         late.close()
