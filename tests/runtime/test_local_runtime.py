@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -201,7 +202,8 @@ def test_adopt_keeps_running_sandboxes_and_removes_dead_ones(harness: Harness) -
     running_id, running_net = harness.start(["sleep", "3600"])
     dead_id, _ = harness.start(["sleep", "3600"])
     for pid in SandboxCgroup(harness.runtime._cgroup_name(dead_id)).pids():
-        os.kill(pid, 9)  # the sandbox died while the server was down
+        with contextlib.suppress(ProcessLookupError):  # gone already: its parent was killed first
+            os.kill(pid, 9)  # the sandbox died while the server was down
 
     restarted = LocalRuntime(harness.state_dir, harness.images, instance=harness.runtime.instance)
     adopted = restarted.adopt()
