@@ -13,7 +13,9 @@ Rules:
      automaton's patterns (`normal_forms`): the value itself (always, however short); for
      `user:pass` or base64(`user:pass`) the pair and the password; `+` for space (HTML forms);
      base64 and base64url at every byte alignment of the value and of each of its serialisations
-     in `SERIALISERS` (a JWT or a base64 blob of JSON carries the JSON-escaped value); each in
+     in `SERIALISERS` (a JWT or a base64 blob of JSON carries the JSON-escaped value); a value
+     that holds escape syntax itself (`0000\\%00`) also as the decoder reads it, each level
+     (`_decoded_forms`; not when that leaves a lone byte: `%80` in UTF-8, a gap); each in
      UTF-8 and in UTF-16 LE and BE.
 2. `SERIALISERS` is a table of what real writers do to a whole string (Go's encoding/json escapes
    `<>&` as `\\u003c\\u003e\\u0026`, Go's html/template writes `+` as `&#43;`, Handlebars `=` as
@@ -34,7 +36,7 @@ from collections.abc import Callable
 from functools import cache
 from urllib.parse import quote
 
-from sandgate.vault.escapes import LONGEST_ESCAPE_OF_ESCAPE_CHARACTER, longest_escape
+from sandgate.vault.escapes import LONGEST_ESCAPE_OF_ESCAPE_CHARACTER, decoded_view, longest_escape
 
 MIN_DERIVED_LENGTH = 6
 ESCAPE_DEPTH = 2
@@ -103,13 +105,31 @@ def normal_forms(value: str) -> dict[bytes, str]:
         return {}
     raw = value.encode()
     texts = {value, *_password_parts(value)}
-    utf8 = {raw} | {text.replace(" ", "+").encode() for text in texts}
+    utf8 = {raw} | {text.replace(" ", "+").encode() for text in texts} | _decoded_forms(raw)
     serialised = {serialise(text) for text in texts for serialise in SERIALISERS.values()} | texts
     for text in serialised:  # most serialisers leave a token as it is: each distinct text once
         utf8 |= _base64_cores(text.encode())
     forms = {form.decode().encode(utf16, "surrogatepass"): utf16 for form in utf8 for utf16 in UTF16}
     forms.update(dict.fromkeys(utf8, "utf-8"))
     return {form: cs for form, cs in forms.items() if form == raw or len(form) >= MIN_DERIVED_LENGTH}
+
+
+def _decoded_forms(raw: bytes) -> set[bytes]:
+    """A value that holds escape syntax itself (`0000\\%00`, `a&amp;b`) as the redactor's decoder
+    reads it, each level: the data around an escaped copy is decoded, `%00` in the value too,
+    so only the decoded value can match there."""
+    found: set[bytes] = set()
+    for _ in range(ESCAPE_DEPTH):
+        decoded = decoded_view(raw)
+        if decoded is None:
+            break
+        raw = decoded[0]
+        try:  # `%80` decodes to a lone byte in UTF-8: no text, so no form (a gap, not matched)
+            raw.decode()
+        except UnicodeDecodeError:
+            break
+        found.add(raw)
+    return found
 
 
 def serialised_forms(value: str) -> set[bytes]:
