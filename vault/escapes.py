@@ -212,6 +212,16 @@ class OffsetMap:
             return at
         return self.starts[i] if at < self.view_ends[i] else self.ends[i] + at - self.view_ends[i]
 
+    def escape_ending_at(self, at: int) -> int:
+        """Where the escape whose decoding ends at view offset `at` starts in the view (else `at`)."""
+        i = bisect_left(self.view_ends, at)
+        return self.view_starts[i] if i < len(self.view_ends) and self.view_ends[i] == at else at
+
+    def escape_starting_at(self, at: int) -> int:
+        """Where the escape whose decoding starts at view offset `at` ends in the view (else `at`)."""
+        i = bisect_left(self.view_starts, at)
+        return self.view_ends[i] if i < len(self.view_starts) and self.view_starts[i] == at else at
+
     def end(self, at: int) -> int:
         """Where a match ending at view offset `at` (exclusive) ends in the data."""
         i = bisect_left(self.view_starts, at) - 1
@@ -334,6 +344,8 @@ def _longest_named() -> dict[str, int]:
 _LONGEST_NAMED = _longest_named()
 # `&#x` + MAX_DIGITS + `;`, or a surrogate pair `\uD83D\uDE00` for a character beyond the BMP.
 _LONGEST_NUMERIC = 3 + MAX_DIGITS + 1
+# The longest escape of any character: a named reference (`&CounterClockwiseContourIntegral;`).
+LONGEST_ESCAPE = max(_LONGEST_NUMERIC, 12, *_LONGEST_NAMED.values())
 
 
 @cache
@@ -355,6 +367,24 @@ _PARTIAL_PIECES = (
     b"|&(?:#(?:[xX]%(h)s{0,8}|[0-9]{0,8})|[A-Za-z][A-Za-z0-9]{0,31})?"
 ) % {b"h": _HEX}
 _PARTIAL = re.compile(b"(?:%s)\\Z" % _PARTIAL_PIECES)
+_WHOLLY_PARTIAL = re.compile(_PARTIAL_PIECES)
+# What text can be the end of an escape that began before it (`%` + `ab`, `&#x` + `41;`, `\\` +
+# `u0041`, `&am` + `p;`, `\\` + `n`): a superset, it is only used to cut values (boundary forms).
+_ESCAPE_TAIL = re.compile(
+    b"(?:[uU]\\{?|[xX]|\\{|#[xX]?)?%(h)s{1,%(n)d}[;}]?|[A-Za-z0-9#]{0,32};|[\\\\/\"'bfnrt]"
+    % {b"h": _HEX, b"n": MAX_DIGITS}
+)
+LONGEST_ESCAPE_TAIL = 40
+
+
+def is_partial_escape(data: bytes) -> bool:
+    """Is `data` the beginning of an escape, which what follows it may complete (`%4`, `\\u00`)?"""
+    return _WHOLLY_PARTIAL.fullmatch(data) is not None
+
+
+def is_escape_tail(data: bytes) -> bool:
+    """May `data` be the end of an escape that began before it (`ab` after `%`)?"""
+    return _ESCAPE_TAIL.fullmatch(data) is not None
 
 
 def ends_in_partial_escape(data: bytes) -> bool:

@@ -15,8 +15,9 @@ Rules:
      base64 and base64url at every byte alignment of the value and of each of its serialisations
      in `SERIALISERS` (a JWT or a base64 blob of JSON carries the JSON-escaped value); a value
      that holds escape syntax itself (`0000\\%00`) also as the decoder reads it, each level
-     (`_decoded_forms`; not when that leaves a lone byte: `%80` in UTF-8, a gap); each in
-     UTF-8 and in UTF-16 LE and BE.
+     (`_decoded_forms`); each in UTF-8 and in UTF-16 LE and BE, but a decoded form that is not
+     text (`%80` decodes to a lone byte in UTF-8) in UTF-8 only: in UTF-16 data `%80` is no
+     escape, so the value's own UTF-16 form matches there.
 2. `SERIALISERS` is a table of what real writers do to a whole string (Go's encoding/json escapes
    `<>&` as `\\u003c\\u003e\\u0026`, Go's html/template writes `+` as `&#43;`, Handlebars `=` as
    `&#x3D;`...). Its rows feed the base64 forms, and `serialised_forms` (the published examples
@@ -24,19 +25,36 @@ Rules:
 3. A derived form shorter than MIN_DERIVED_LENGTH is dropped (it would blank ordinary text).
 4. `span_bound`: how many bytes of data a form can take once escaped (ESCAPE_DEPTH levels), so a
    stream holds back enough to see a whole escaped form.
+5. Cores (`boundary_forms`): text written next to a value can make one escape with its ends,
+   which the decoder then reads as one character: a sandbox has `%` reflected before `ab12...`
+   (`%ab` is a byte), or `41` after a value that ends in `%`. Each text the value is matched as
+   (the value, its password part, its decoded forms) is also a pattern without each start that
+   may end an escape (`escapes.is_escape_tail`: hex digits, `u0041`, `#x41;`, `amp;`, `n` ...)
+   and without each end that begins one (`escapes.is_partial_escape`), each combination of the
+   two; the redactor extends a core's match over the escape it merged into (redact.py rule 8).
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import itertools
 import json
 import re
 from collections.abc import Callable
 from functools import cache
 from urllib.parse import quote
 
-from sandgate.vault.escapes import LONGEST_ESCAPE_OF_ESCAPE_CHARACTER, decoded_view, longest_escape
+from sandgate.vault.escapes import (
+    LEADS,
+    LONGEST_ESCAPE,
+    LONGEST_ESCAPE_OF_ESCAPE_CHARACTER,
+    LONGEST_ESCAPE_TAIL,
+    decoded_view,
+    is_escape_tail,
+    is_partial_escape,
+    longest_escape,
+)
 
 MIN_DERIVED_LENGTH = 6
 ESCAPE_DEPTH = 2
@@ -109,7 +127,12 @@ def normal_forms(value: str) -> dict[bytes, str]:
     serialised = {serialise(text) for text in texts for serialise in SERIALISERS.values()} | texts
     for text in serialised:  # most serialisers leave a token as it is: each distinct text once
         utf8 |= _base64_cores(text.encode())
-    forms = {form.decode().encode(utf16, "surrogatepass"): utf16 for form in utf8 for utf16 in UTF16}
+    forms = {
+        form.decode().encode(utf16, "surrogatepass"): utf16
+        for form in utf8
+        if _is_text(form)
+        for utf16 in UTF16
+    }
     forms.update(dict.fromkeys(utf8, "utf-8"))
     return {form: cs for form, cs in forms.items() if form == raw or len(form) >= MIN_DERIVED_LENGTH}
 
@@ -117,19 +140,50 @@ def normal_forms(value: str) -> dict[bytes, str]:
 def _decoded_forms(raw: bytes) -> set[bytes]:
     """A value that holds escape syntax itself (`0000\\%00`, `a&amp;b`) as the redactor's decoder
     reads it, each level: the data around an escaped copy is decoded, `%00` in the value too,
-    so only the decoded value can match there."""
+    so only the decoded value can match there. `%80` decodes to a lone byte, as in the data."""
     found: set[bytes] = set()
     for _ in range(ESCAPE_DEPTH):
         decoded = decoded_view(raw)
         if decoded is None:
             break
         raw = decoded[0]
-        try:  # `%80` decodes to a lone byte in UTF-8: no text, so no form (a gap, not matched)
-            raw.decode()
-        except UnicodeDecodeError:
-            break
         found.add(raw)
     return found
+
+
+def _is_text(form: bytes) -> bool:
+    try:
+        form.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def form_text(form: bytes, charset: str) -> str:
+    """A form's characters: a lone byte of a UTF-8 form (a decoded `%80`) as its surrogate escape."""
+    return form.decode(charset, "surrogateescape" if charset == "utf-8" else "surrogatepass")
+
+
+def boundary_forms(value: str) -> dict[bytes, tuple[str, bool, bool]]:
+    """The cores of `value` (rule 5) -> (charset, cut at the start, cut at the end)."""
+    raw = value.encode()
+    written = {raw, *(part.encode() for part in _password_parts(value))}
+    forms: dict[bytes, tuple[str, bool, bool]] = {}
+    for text in written | {form for one in written for form in _decoded_forms(one)}:
+        longest = min(len(text) - 1, LONGEST_ESCAPE_TAIL)
+        starts = [0, *(i for i in range(1, longest + 1) if is_escape_tail(text[:i]))]
+        ends = [
+            len(text),
+            *(j for j in range(len(text)) if text[j : j + 1] in LEADS and is_partial_escape(text[j:])),
+        ]
+        for start, end in itertools.product(starts, ends):
+            core = text[start:end]
+            if (start, end) == (0, len(text)) or len(core) < MIN_DERIVED_LENGTH:
+                continue
+            for charset in CHARSETS if _is_text(core) else ("utf-8",):
+                form = core if charset == "utf-8" else core.decode().encode(charset, "surrogatepass")
+                forms[form] = (charset, start > 0, end < len(text))
+    return forms
 
 
 def serialised_forms(value: str) -> set[bytes]:
@@ -140,9 +194,12 @@ def serialised_forms(value: str) -> set[bytes]:
     return out | set(normal_forms(value))
 
 
-def span_bound(form: bytes, charset: str, depth: int = ESCAPE_DEPTH) -> int:
-    """The most bytes `form` can take in data once its characters are escaped `depth` levels."""
-    return sum(_character_bound(c, charset, depth) for c in form.decode(charset, "surrogatepass"))
+def span_bound(form: bytes, charset: str, cuts: int = 0) -> int:
+    """The most bytes `form` can take in data once its characters are escaped ESCAPE_DEPTH levels,
+    with the escape each of its `cuts` (a core's, rule 5) may take beside it."""
+    width = 2 if charset in UTF16 else 1
+    merged = width * LONGEST_ESCAPE * LONGEST_ESCAPE_OF_ESCAPE_CHARACTER ** (ESCAPE_DEPTH - 1)
+    return sum(_character_bound(c, charset, ESCAPE_DEPTH) for c in form_text(form, charset)) + cuts * merged
 
 
 @cache

@@ -37,6 +37,11 @@ Rules:
    next one, so after each chunk the held bytes are released at once unless `may_continue`: a
    suffix of them, or of one of their decoded views, is a proper prefix of a form, or they end
    in what may be the start of an escape. Release never changes the output (rule 3).
+8. Merged ends: a core (`forms.boundary_forms`, a value cut where an escape written beside it
+   may take its start or end) that matches in a decoded view is extended over the escape it
+   merged into, on the side it was cut: `%ab12\\/cd34` is replaced whole, not as `%ab` and a
+   core, so no character of the value is left. `hold` counts that escape (`span_bound`'s
+   `cuts`), and its lead lies inside the held window, so streams still equal `redact()`.
 """
 
 from __future__ import annotations
@@ -49,7 +54,15 @@ from functools import cached_property
 import ahocorasick_rs
 
 from sandgate.vault.escapes import LEADS, OffsetMap, decoded_view, ends_in_partial_escape, pattern_for
-from sandgate.vault.forms import ESCAPE_DEPTH, UTF16, normal_forms, serialised_forms, span_bound
+from sandgate.vault.forms import (
+    ESCAPE_DEPTH,
+    UTF16,
+    boundary_forms,
+    form_text,
+    normal_forms,
+    serialised_forms,
+    span_bound,
+)
 
 REDACTED = b"[REDACTED]"
 ZERO_RUN = 256  # zero bytes in a row that are stepped over, not searched (rule 6)
@@ -61,8 +74,12 @@ class Redactor:
 
     def __init__(self, values: Iterable[str], replacement: bytes = REDACTED) -> None:
         forms: dict[bytes, str] = {}
+        cuts: dict[bytes, tuple[bool, bool]] = {}
         for value in values:
             forms.update(normal_forms(value))
+            for core, (charset, cut_start, cut_end) in boundary_forms(value).items():
+                forms.setdefault(core, charset)
+                cuts[core] = (cut_start, cut_end)
         patterns = sorted(forms)
         self._patterns = patterns
         self.replacement = replacement
@@ -71,9 +88,13 @@ class Redactor:
         self._utf16 = [forms[pattern] in UTF16 for pattern in patterns]
         self.pattern_count = len(patterns)
         self.max_pattern_length = max(map(len, patterns), default=0)
-        self.hold = max((span_bound(pattern, forms[pattern]) for pattern in patterns), default=0)
+        self._cuts = [cuts.get(pattern, (False, False)) for pattern in patterns]
+        self.hold = max(
+            (span_bound(p, forms[p], sum(cut)) for p, cut in zip(patterns, self._cuts, strict=True)),
+            default=0,
+        )
         # Escapes of characters no form holds are not decoded (`escapes.pattern_for`).
-        held = frozenset(c for pattern in patterns for c in pattern.decode(forms[pattern], "surrogatepass"))
+        held = frozenset(c for pattern in patterns for c in form_text(pattern, forms[pattern]))
         self._escapes = pattern_for(held)
         self._automaton = (
             ahocorasick_rs.BytesAhoCorasick(patterns, matchkind=ahocorasick_rs.MatchKind.LeftmostLongest)
@@ -192,10 +213,20 @@ class Redactor:
             view, offsets = decoded
             maps.append(offsets)
             for index, start, end in self._aligned(view, odd):
+                start, end = self._with_merged_escapes(index, start, end, offsets)
                 for back in reversed(maps):
                     start, end = back.start(start), back.end(end)
                 found.append((index, start, end))
         yield from self._joined(found)
+
+    def _with_merged_escapes(self, index: int, start: int, end: int, offsets: OffsetMap) -> tuple[int, int]:
+        """A core's match, with the escape its cut merged into (rule 8), in view offsets."""
+        cut_start, cut_end = self._cuts[index]
+        if cut_start:
+            start = offsets.escape_ending_at(start)
+        if cut_end:
+            end = offsets.escape_starting_at(end)
+        return start, end
 
     def _joined(self, spans: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
         """Spans in order, overlapping ones joined (the first one's replacement stands). A UTF-16

@@ -88,13 +88,16 @@ CODINGS = {
 }
 
 
-def body_text(secret: str, form: str) -> str:
-    return f'{{"echo": "{FORMS[form](secret)}", "note": "reflected"}}\n'
+def body_text(secret: str, form: str, before: str = "", after: str = "") -> str:
+    """The echo: what the writer `form` makes of the secret and the text a client had put beside it."""
+    return f'{{"echo": "{FORMS[form](before + secret + after)}", "note": "reflected"}}\n'
 
 
-def encode_body(secret: str, form: str, charset: str, coding: str) -> bytes:
+def encode_body(
+    secret: str, form: str, charset: str, coding: str, before: str = "", after: str = ""
+) -> bytes:
     """The body /body sends; `coding` may be a chain ("gzip,br") or one the proxy cannot decode."""
-    data = body_text(secret, form).encode(charset)
+    data = body_text(secret, form, before, after).encode(charset)
     for name in filter(None, coding.split(",")):
         data = CODINGS[name](data) if name in CODINGS else data  # an unknown coding: bytes as they are
     return data
@@ -144,7 +147,9 @@ class Reflector:
         self, secret: str, q: dict[str, str], h: dict[str, str], r: object, w: asyncio.StreamWriter
     ) -> None:
         charset, coding = q.get("charset", "utf-8"), q.get("coding", "identity")
-        body = encode_body(secret, q.get("form", "raw"), charset, coding)
+        body = encode_body(
+            secret, q.get("form", "raw"), charset, coding, q.get("before", ""), q.get("after", "")
+        )
         ctype = q.get("ctype", "application/json") + (f"; charset={charset}" if q.get("declare") else "")
         fields = [("Content-Type", ctype), ("Content-Length", str(len(body)))]
         if coding != "identity":

@@ -461,6 +461,39 @@ def test_a_value_is_scrubbed_right_after_the_credential_vault_api_stores_it(
     assert leaks(value, everything(result)) is None
 
 
+@pytest.mark.parametrize("kind", ["h1", "h2"])
+def test_text_written_beside_a_secret_cannot_make_an_escape_with_its_ends(
+    victim: Victim, reflector: Reflector, kind: str
+) -> None:
+    """Issue 27, security case 83: the sandbox has the origin write `%` before a secret that starts
+    with two hex digits (`%ab` is one escape, a byte, and `12/...` no form of the secret), or `41`
+    after one that ends in `%`, by a writer that escapes another of its characters (PHP's `\\/`,
+    Go html/template's `&#43;`). The whole merged text is replaced, and no decoder's reading of
+    what the sandbox got shows the secret."""
+    value = f"ab12/{secrets.token_hex(8)}+scrub%"
+    set_fresh(victim, value)
+    reflector.leak(value)
+    cases = [("jsonslash", "%", ""), ("gohtml", "%", ""), ("jsonslash", "", "41"), ("gohtml", "%", "41")]
+    mark = len(reflector.requests())
+    results = victim.fetch(
+        *(
+            {
+                "kind": kind,
+                "host": LEAK_HOST,
+                "path": f"/body?form={form}&before={quote(before)}&after={after}",
+            }
+            for form, before, after in cases
+        )
+    )
+    for case, result in zip(cases, results, strict=True):
+        assert result.get("status") == 200 and json.loads(result["body"])["echo"] == REDACTED, (case, result)
+        assert leaks(value, everything(result)) is None, (case, result)
+    seen = reflector.requests()[mark:]  # positive control: the origin wrote each of them
+    assert [unquote(r["path"]).split("&before=")[1] for r in seen] == [
+        f"{before}&after={after}" for _, before, after in cases
+    ]
+
+
 # ------------------------------------------------------------------------------ property
 
 

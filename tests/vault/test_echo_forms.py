@@ -15,7 +15,7 @@ import html.entities
 import itertools
 import json
 from collections.abc import Callable
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 from xml.sax.saxutils import escape as xml_escape
 
 import markupsafe
@@ -225,3 +225,84 @@ def test_no_byte_of_an_escaped_form_is_released_before_the_form_is_complete(
     cut = min(cut, len(form) - 1)
     released = r.stream().feed(before + form[:cut])
     assert len(released) <= len(before)
+
+
+# -- text beside the secret that completes an escape with it -------------------------------------
+
+# What a sandbox can have an origin write next to the secret (a reflected query parameter): the
+# pieces escapes are made of, so that its end and the secret's start read as one escape
+# (`%` + `ab12...` is `\xab` + `12...`), or the secret's end and its start (`...%` + `41`).
+BESIDE = st.text(alphabet="%&#;\\xXuU{}0123456789abcdefABCDEF: ", max_size=10)
+TOKEN_LIKE = st.text(
+    alphabet=st.sampled_from("0123456789abcdefABCDEFghijkxyzGHXYZ/+=-_.~é%&\\"), min_size=10, max_size=32
+).filter(lambda s: len(set(s)) > 4)
+
+
+def decoded_views(data: bytes) -> list[bytes]:
+    """`data` and each level of it as a reader would unescape it (the standard library's own
+    decoders, one family at a time and each level of any two)."""
+    readers = [
+        lambda t: t,
+        lambda t: json.loads(f'"{t}"') if _json_string(t) else t,
+        lambda t: html.unescape(t),
+        lambda t: unquote(t),
+    ]
+    text = data.decode("utf-8", "surrogateescape")
+    views = {text}
+    for first, second in itertools.product(readers, repeat=2):
+        views.add(second(first(text)))
+    return [view.encode("utf-8", "surrogateescape") for view in views]
+
+
+def _json_string(text: str) -> bool:
+    try:
+        json.loads(f'"{text}"')
+    except ValueError:
+        return False
+    return True
+
+
+@settings(max_examples=examples(500), deadline=None)
+@given(
+    secret=TOKEN_LIKE,
+    writer=st.sampled_from(sorted(REAL_WRITERS)),
+    before=BESIDE,
+    after=BESIDE,
+    cuts=st.lists(st.integers(0, 600), max_size=4),
+)
+def test_text_beside_the_secret_cannot_merge_with_it_into_an_escape(
+    secret: str, writer: str, before: str, after: str, cuts: list[int]
+) -> None:
+    """A real writer writes what a sandbox chose around the secret, and the secret: whatever ends
+    or starts next to it, no reader's unescaping of the output shows the secret's middle (its
+    ends may be taken into the escape they merged with, and are redacted with it)."""
+    data = REAL_WRITERS[writer](before + secret + after).encode()
+    r = Redactor([secret])
+    out = r.redact(data)
+    middle = secret[3:-3].encode()
+    for view in decoded_views(out):
+        assert middle not in view, (data, out, view)
+    assert chunked(r, data, cuts) == out
+
+
+@pytest.mark.parametrize(
+    ("secret", "written", "redacted"),
+    [
+        # PHP's json_encode writes `/` as `\/`: `%ab` is one escape, and no reading shows `ab12/...`
+        ("ab12/cd34+efgh5678", '{"q": "%ab12\\/cd34+efgh5678"}', '{"q": "[REDACTED]"}'),
+        # Go's html/template writes `+` as `&#43;`
+        ("ab12/cd34+efgh5678", "<p>%ab12/cd34&#43;efgh5678</p>", "<p>[REDACTED]</p>"),
+        # a secret that ends in `%`, written with `\u002d` for `-`, and `41` after it
+        ("sk-live-abc%", '{"a": "sk\\u002dlive\\u002dabc%41"}', '{"a": "[REDACTED]"}'),
+        # `&#x` before a secret that starts `41;`
+        ("41;token-é-value", '{"a": "&#x41;token-\\u00e9-value"}', '{"a": "[REDACTED]"}'),
+    ],
+)
+def test_an_escape_begun_beside_the_secret_is_redacted_with_it(
+    secret: str, written: str, redacted: str
+) -> None:
+    r = Redactor([secret])
+    assert r.redact(written.encode()) == redacted.encode()
+    in_utf16 = r.redact(written.encode("utf-16-le")).decode("utf-16-le")  # `%ab` is no character there
+    assert "[REDACTED]" in in_utf16 and secret[3:-3] not in html.unescape(unquote(in_utf16))
+    assert chunked(r, written.encode(), list(range(len(written)))) == redacted.encode()
