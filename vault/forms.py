@@ -14,10 +14,9 @@ Rules:
      `user:pass` or base64(`user:pass`) the pair and the password; `+` for space (HTML forms);
      base64 and base64url at every byte alignment of the value and of each of its serialisations
      in `SERIALISERS` (a JWT or a base64 blob of JSON carries the JSON-escaped value); a value
-     that holds escape syntax itself (`0000\\%00`) also as the decoder reads it, each level
-     (`_decoded_forms`); each in UTF-8 and in UTF-16 LE and BE, but a decoded form that is not
-     text (`%80` decodes to a lone byte in UTF-8) in UTF-8 only: in UTF-16 data `%80` is no
-     escape, so the value's own UTF-16 form matches there.
+     that holds escape syntax itself (`0000\\%00`) also as the decoder reads it in each
+     charset, each level (`_decoded_readings`: in UTF-8 `%80` is a lone byte, in UTF-16 no
+     escape); each in UTF-8 and in UTF-16 LE and BE.
 2. `SERIALISERS` is a table of what real writers do to a whole string (Go's encoding/json escapes
    `<>&` as `\\u003c\\u003e\\u0026`, Go's html/template writes `+` as `&#43;`, Handlebars `=` as
    `&#x3D;`...). Its rows feed the base64 forms, and `serialised_forms` (the published examples
@@ -58,6 +57,7 @@ from sandgate.vault.escapes import (
 
 MIN_DERIVED_LENGTH = 6
 ESCAPE_DEPTH = 2
+LEAD_CHARACTERS = "".join(lead.decode() for lead in LEADS)
 UTF16 = ("utf-16-le", "utf-16-be")
 CHARSETS = ("utf-8", *UTF16)
 # Characters URL encoders commonly leave as they are: none, `/` (Python's quote default), the
@@ -123,40 +123,40 @@ def normal_forms(value: str) -> dict[bytes, str]:
         return {}
     raw = value.encode()
     texts = {value, *_password_parts(value)}
-    utf8 = {raw} | {text.replace(" ", "+").encode() for text in texts} | _decoded_forms(raw)
+    utf8 = {raw} | {text.replace(" ", "+").encode() for text in texts}
     serialised = {serialise(text) for text in texts for serialise in SERIALISERS.values()} | texts
     for text in serialised:  # most serialisers leave a token as it is: each distinct text once
         utf8 |= _base64_cores(text.encode())
-    forms = {
-        form.decode().encode(utf16, "surrogatepass"): utf16
-        for form in utf8
-        if _is_text(form)
-        for utf16 in UTF16
-    }
+    forms = {form.decode().encode(utf16, "surrogatepass"): utf16 for form in utf8 for utf16 in UTF16}
     forms.update(dict.fromkeys(utf8, "utf-8"))
+    forms.update(
+        {encoded(text, charset): charset for one in texts for text, charset in _decoded_readings(one)}
+    )
     return {form: cs for form, cs in forms.items() if form == raw or len(form) >= MIN_DERIVED_LENGTH}
 
 
-def _decoded_forms(raw: bytes) -> set[bytes]:
+def _decoded_readings(text: str) -> set[tuple[str, str]]:
     """A value that holds escape syntax itself (`0000\\%00`, `a&amp;b`) as the redactor's decoder
-    reads it, each level: the data around an escaped copy is decoded, `%00` in the value too,
-    so only the decoded value can match there. `%80` decodes to a lone byte, as in the data."""
-    found: set[bytes] = set()
-    for _ in range(ESCAPE_DEPTH):
-        decoded = decoded_view(raw)
-        if decoded is None:
-            break
-        raw = decoded[0]
-        found.add(raw)
+    reads it, in each charset, each level: (text, charset). The data around an escaped copy is
+    decoded, `%00` in the value too, so only the decoded value can match there. In UTF-8 `%80`
+    is a lone byte (kept as its surrogate escape); in UTF-16 it is no escape, but `%01` is one."""
+    if not any(lead in text for lead in LEAD_CHARACTERS):
+        return set()
+    found: set[tuple[str, str]] = set()
+    for charset in CHARSETS:
+        data = encoded(text, charset)
+        for _ in range(ESCAPE_DEPTH):
+            decoded = decoded_view(data)
+            if decoded is None:
+                break
+            data = decoded[0]
+            found.add((form_text(data, charset), charset))
     return found
 
 
-def _is_text(form: bytes) -> bool:
-    try:
-        form.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
+def encoded(text: str, charset: str) -> bytes:
+    """`text` in `charset`; in UTF-8 a surrogate escape is the lone byte it stands for."""
+    return text.encode(charset, "surrogateescape" if charset == "utf-8" else "surrogatepass")
 
 
 def form_text(form: bytes, charset: str) -> str:
@@ -166,24 +166,30 @@ def form_text(form: bytes, charset: str) -> str:
 
 def boundary_forms(value: str) -> dict[bytes, tuple[str, bool, bool]]:
     """The cores of `value` (rule 5) -> (charset, cut at the start, cut at the end)."""
-    raw = value.encode()
-    written = {raw, *(part.encode() for part in _password_parts(value))}
+    texts = {value, *_password_parts(value)}
+    readings = {(text, charset) for text in texts for charset in CHARSETS}
+    readings |= {reading for text in texts for reading in _decoded_readings(text)}
     forms: dict[bytes, tuple[str, bool, bool]] = {}
-    for text in written | {form for one in written for form in _decoded_forms(one)}:
-        longest = min(len(text) - 1, LONGEST_ESCAPE_TAIL)
-        starts = [0, *(i for i in range(1, longest + 1) if is_escape_tail(text[:i]))]
-        ends = [
-            len(text),
-            *(j for j in range(len(text)) if text[j : j + 1] in LEADS and is_partial_escape(text[j:])),
-        ]
-        for start, end in itertools.product(starts, ends):
-            core = text[start:end]
-            if (start, end) == (0, len(text)) or len(core) < MIN_DERIVED_LENGTH:
-                continue
-            for charset in CHARSETS if _is_text(core) else ("utf-8",):
-                form = core if charset == "utf-8" else core.decode().encode(charset, "surrogatepass")
-                forms[form] = (charset, start > 0, end < len(text))
+    for text, charset in readings:
+        for start, end in _cuts(text):
+            if end - start >= MIN_DERIVED_LENGTH:
+                forms[encoded(text[start:end], charset)] = (charset, start > 0, end < len(text))
     return forms
+
+
+def _cuts(text: str) -> list[tuple[int, int]]:
+    """Where `text` may be cut for its cores: after each start that may end an escape begun
+    before it, before each end that may begin one; every pair but the whole text."""
+    longest = min(len(text) - 1, LONGEST_ESCAPE_TAIL)
+    starts = [0, *(i for i in range(1, longest + 1) if is_escape_tail(_ascii(text[:i])))]
+    ends = [len(text)]
+    ends += [j for j, c in enumerate(text) if c in LEAD_CHARACTERS and is_partial_escape(_ascii(text[j:]))]
+    return [(start, end) for start, end in itertools.product(starts, ends) if (start, end) != (0, len(text))]
+
+
+def _ascii(piece: str) -> bytes:
+    """`piece` as the escape patterns read it (they match ASCII only; anything else stays other)."""
+    return piece.encode("utf-8", "surrogatepass")
 
 
 def serialised_forms(value: str) -> set[bytes]:

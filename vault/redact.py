@@ -20,8 +20,9 @@ Rules:
    its characters at even offsets: a UTF-16 form matched at an odd offset gives way to a UTF-16
    form that starts one byte later and reaches at least as far. (A secret of one repeated
    character, `00000000` after `İ` in UTF-16-BE, also reads as the LE form one byte early; taken
-   there, the replacement split `İ` and left the secret's last character.) Offsets count from
-   the start of the data, or of the stream.
+   there, the replacement split `İ` and left the secret's last character.) A run of such forms
+   back to back moves together (a secret, then a core of it, in LE text read as BE one byte
+   early). Offsets count from the start of the data, or of the stream.
 5. Fail towards redaction: a derived form shorter than `forms.MIN_DERIVED_LENGTH` is dropped (it
    would blank ordinary text), but a raw value is always redacted, however short, also escaped.
 6. Runs of zero bytes are stepped over, not searched: the UTF-16 forms hold zero bytes (a
@@ -253,19 +254,19 @@ class Redactor:
     def _aligned(self, data: bytes, odd: int) -> Iterator[tuple[int, int, int]]:
         """The matches to replace, in order: the automaton's, with rule 4's alignment. `odd` is 1
         when `data` starts at an odd offset."""
-        matches = self._matches(data)
-        pending: tuple[int, int, int] | None = None
-        while (current := pending or next(matches, None)) is not None:
-            pending = None
-            later = self._utf16_one_byte_later(data, *current, odd)
-            if later is None:
-                yield current
-                continue
-            pending = next(matches, None)
-            # Unless the later form would cut into the next match: then the automaton's stands.
-            # (A next match that starts at or after the later form's end is the one a search from
-            # there finds, so the automaton's matches go on unchanged.)
-            yield current if pending is not None and pending[1] < later[2] else later
+        matches = list(self._matches(data))
+        laters = [self._utf16_one_byte_later(data, *match, odd) for match in matches]
+        # A form moves one byte later unless it would then cut into the next match where that one
+        # stands (itself moved, or not): decided from the last match back, so a run of forms read
+        # one byte early (UTF-16 text read in the other byte order) moves whole. A next match at
+        # or after the later form's end is the one a search from there finds.
+        next_start: int | None = None
+        for at in reversed(range(len(matches))):
+            later = laters[at]
+            if later is not None and (next_start is None or next_start >= later[2]):
+                matches[at] = later
+            next_start = matches[at][1]
+        yield from matches
 
     def _utf16_one_byte_later(
         self, data: bytes, index: int, start: int, end: int, odd: int

@@ -20,7 +20,7 @@ from xml.sax.saxutils import escape as xml_escape
 
 import markupsafe
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sandgate.vault import REDACTED, Redactor
@@ -150,6 +150,12 @@ REAL_WRITERS: dict[str, Callable[[str], str]] = {
     "JSON in a JSON string": lambda s: json.dumps(json.dumps(s)[1:-1])[1:-1],
     "URL of HTML": lambda s: quote(html.escape(s), safe=""),
 }
+TWO_LEVELS = {
+    "JSON of HTML (a template in a JSON API)",
+    "HTML of JSON (JSON in an attribute)",
+    "JSON in a JSON string",
+    "URL of HTML",
+}
 TOKENS = ["ghp_R3dact0r+Test/Value=42", "tok<en>&'\"é€-0123456789", "c2stbGl2ZS0xMjM0NTY3ODkw+/=="]
 
 
@@ -238,8 +244,8 @@ TOKEN_LIKE = st.text(
 ).filter(lambda s: len(set(s)) > 4)
 
 
-def decoded_views(data: bytes) -> list[bytes]:
-    """`data` and each level of it as a reader would unescape it (the standard library's own
+def decoded_views(text: str) -> list[str]:
+    """`text` and each level of it as a reader would unescape it (the standard library's own
     decoders, one family at a time and each level of any two)."""
     readers = [
         lambda t: t,
@@ -247,11 +253,7 @@ def decoded_views(data: bytes) -> list[bytes]:
         lambda t: html.unescape(t),
         lambda t: unquote(t),
     ]
-    text = data.decode("utf-8", "surrogateescape")
-    views = {text}
-    for first, second in itertools.product(readers, repeat=2):
-        views.add(second(first(text)))
-    return [view.encode("utf-8", "surrogateescape") for view in views]
+    return list({second(first(text)) for first, second in itertools.product(readers, repeat=2)})
 
 
 def _json_string(text: str) -> bool:
@@ -266,21 +268,25 @@ def _json_string(text: str) -> bool:
 @given(
     secret=TOKEN_LIKE,
     writer=st.sampled_from(sorted(REAL_WRITERS)),
+    charset=st.sampled_from(["utf-8", "utf-16-le", "utf-16-be"]),
     before=BESIDE,
     after=BESIDE,
-    cuts=st.lists(st.integers(0, 600), max_size=4),
+    cuts=st.lists(st.integers(0, 1200), max_size=4),
 )
 def test_text_beside_the_secret_cannot_merge_with_it_into_an_escape(
-    secret: str, writer: str, before: str, after: str, cuts: list[int]
+    secret: str, writer: str, charset: str, before: str, after: str, cuts: list[int]
 ) -> None:
     """A real writer writes what a sandbox chose around the secret, and the secret: whatever ends
     or starts next to it, no reader's unescaping of the output shows the secret's middle (its
     ends may be taken into the escape they merged with, and are redacted with it)."""
-    data = REAL_WRITERS[writer](before + secret + after).encode()
+    middle = secret[3:-3]
+    assume(not any(middle in view for view in decoded_views(f"{before}\n{after}")))  # not the writer's
+    # Two levels of escaping, a writer's two, or one and the secret's own (docs/vault.md's limits)
+    assume(writer not in TWO_LEVELS or decoded_views(secret) == [secret])
+    data = REAL_WRITERS[writer](before + secret + after).encode(charset)
     r = Redactor([secret])
     out = r.redact(data)
-    middle = secret[3:-3].encode()
-    for view in decoded_views(out):
+    for view in decoded_views(out.decode(charset, "surrogateescape" if charset == "utf-8" else "strict")):
         assert middle not in view, (data, out, view)
     assert chunked(r, data, cuts) == out
 
