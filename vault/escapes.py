@@ -367,19 +367,27 @@ _PARTIAL_PIECES = (
     b"|&(?:#(?:[xX]%(h)s{0,8}|[0-9]{0,8})|[A-Za-z][A-Za-z0-9]{0,31})?"
 ) % {b"h": _HEX}
 _PARTIAL = re.compile(b"(?:%s)\\Z" % _PARTIAL_PIECES)
-_WHOLLY_PARTIAL = re.compile(_PARTIAL_PIECES)
+# What a value's end may be the beginning of, with what follows it: a partial escape, or a
+# complete one that the next can extend (a high surrogate `\\uD83D` before its low half, and in
+# UTF-16 a UTF-8 lead `%C3` before `%A9`). A superset, used only to cut values (boundary forms).
+_ESCAPE_HEAD = re.compile(
+    b"(?:%s)|" % _PARTIAL_PIECES
+    + b"\\\\u[Dd][89ABab]%(h)s{2}|%%[C-Fc-f]%(h)s(?:%%[89ABab]%(h)s){0,2}" % {b"h": _HEX}
+)
 # What text can be the end of an escape that began before it (`%` + `ab`, `&#x` + `41;`, `\\` +
-# `u0041`, `&am` + `p;`, `\\` + `n`): a superset, it is only used to cut values (boundary forms).
+# `u0041`, `&am` + `p;`, `\\` + `n`, `\\u{41` + `}`, `\\uD83D` + `\\uDE00`, `%C3` + `%A9`): a
+# superset, used only to cut values (boundary forms).
 _ESCAPE_TAIL = re.compile(
-    b"(?:[uU]\\{?|[xX]|\\{|#[xX]?)?%(h)s{1,%(n)d}[;}]?|[A-Za-z0-9#]{0,32};|[\\\\/\"'bfnrt]"
-    % {b"h": _HEX, b"n": MAX_DIGITS}
+    b"(?:[uU]\\{?|[xX]|\\{|#[xX]?)?%(h)s{1,%(n)d}[;}]?|%(h)s{0,%(n)d}[;}]|[A-Za-z0-9#]{0,32};"
+    b"|[\\\\/\"'bfnrt]|\\\\u[Dd][C-Fc-f]%(h)s{2}|(?:%%[89ABab]%(h)s){1,3}" % {b"h": _HEX, b"n": MAX_DIGITS}
 )
 LONGEST_ESCAPE_TAIL = 40
 
 
-def is_partial_escape(data: bytes) -> bool:
-    """Is `data` the beginning of an escape, which what follows it may complete (`%4`, `\\u00`)?"""
-    return _WHOLLY_PARTIAL.fullmatch(data) is not None
+def is_escape_head(data: bytes) -> bool:
+    """May `data` be the beginning of an escape that what follows it completes or extends
+    (`%4`, `\\u00`, `\\uD83D`)?"""
+    return _ESCAPE_HEAD.fullmatch(data) is not None
 
 
 def is_escape_tail(data: bytes) -> bool:

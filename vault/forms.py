@@ -27,10 +27,12 @@ Rules:
 5. Cores (`boundary_forms`): text written next to a value can make one escape with its ends,
    which the decoder then reads as one character: a sandbox has `%` reflected before `ab12...`
    (`%ab` is a byte), or `41` after a value that ends in `%`. Each text the value is matched as
-   (the value, its password part, its decoded forms) is also a pattern without each start that
+   (the value, its password part, its readings) is also a pattern without each start that
    may end an escape (`escapes.is_escape_tail`: hex digits, `u0041`, `#x41;`, `amp;`, `n` ...)
-   and without each end that begins one (`escapes.is_partial_escape`), each combination of the
-   two; the redactor extends a core's match over the escape it merged into (redact.py rule 8).
+   and without each end that may begin or extend one (`escapes.is_escape_head`: `%`, `\\u00`, a
+   high surrogate, in UTF-16 a UTF-8 lead `%C3`), each combination of the two, in the charset
+   of its reading (in UTF-16 `%01` is an escape, `%80` none); the redactor extends a core's
+   match over the escape it merged into (redact.py rule 8).
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ from sandgate.vault.escapes import (
     LONGEST_ESCAPE_OF_ESCAPE_CHARACTER,
     LONGEST_ESCAPE_TAIL,
     decoded_view,
+    is_escape_head,
     is_escape_tail,
-    is_partial_escape,
     longest_escape,
 )
 
@@ -183,7 +185,7 @@ def _cuts(text: str) -> list[tuple[int, int]]:
     longest = min(len(text) - 1, LONGEST_ESCAPE_TAIL)
     starts = [0, *(i for i in range(1, longest + 1) if is_escape_tail(_ascii(text[:i])))]
     ends = [len(text)]
-    ends += [j for j, c in enumerate(text) if c in LEAD_CHARACTERS and is_partial_escape(_ascii(text[j:]))]
+    ends += [j for j, c in enumerate(text) if c in LEAD_CHARACTERS and is_escape_head(_ascii(text[j:]))]
     return [(start, end) for start, end in itertools.product(starts, ends) if (start, end) != (0, len(text))]
 
 

@@ -240,7 +240,7 @@ def test_no_byte_of_an_escaped_form_is_released_before_the_form_is_complete(
 # (`%` + `ab12...` is `\xab` + `12...`), or the secret's end and its start (`...%` + `41`).
 BESIDE = st.text(alphabet="%&#;\\xXuU{}0123456789abcdefABCDEF: ", max_size=10)
 TOKEN_LIKE = st.text(
-    alphabet=st.sampled_from("0123456789abcdefABCDEFghijkxyzGHXYZ/+=-_.~é%&\\"), min_size=10, max_size=32
+    alphabet=st.sampled_from("0123456789abcdefABCDEFghijkxyzGHXYZ/+=-_.~é%&\\;}"), min_size=10, max_size=32
 ).filter(lambda s: len(set(s)) > 4)
 
 
@@ -302,6 +302,8 @@ def test_text_beside_the_secret_cannot_merge_with_it_into_an_escape(
         ("sk-live-abc%", '{"a": "sk\\u002dlive\\u002dabc%41"}', '{"a": "[REDACTED]"}'),
         # `&#x` before a secret that starts `41;`
         ("41;token-é-value", '{"a": "&#x41;token-\\u00e9-value"}', '{"a": "[REDACTED]"}'),
+        # `\u{41` before a secret that starts `}`, in HTML (where `\` is not escaped)
+        ("}ab+cdef-0123", "<p>\\u{41}ab&#43;cdef-0123</p>", "<p>[REDACTED]</p>"),
     ],
 )
 def test_an_escape_begun_beside_the_secret_is_redacted_with_it(
@@ -312,3 +314,12 @@ def test_an_escape_begun_beside_the_secret_is_redacted_with_it(
     in_utf16 = r.redact(written.encode("utf-16-le")).decode("utf-16-le")  # `%ab` is no character there
     assert "[REDACTED]" in in_utf16 and secret[3:-3] not in html.unescape(unquote(in_utf16))
     assert chunked(r, written.encode(), list(range(len(written)))) == redacted.encode()
+
+
+@pytest.mark.parametrize("charset", ["utf-16-le", "utf-16-be"])
+def test_a_utf8_lead_at_the_end_of_a_secret_merges_with_what_follows_in_utf16(charset: str) -> None:
+    """In UTF-16 `%C3` alone is no escape, but `%C3%A9` is `é`: a secret that ends in `%C3`, with
+    `%A9` written after it, reads as `...é` there."""
+    written = "<p>tok&#43;en-1234%C3%A9</p>"
+    out = Redactor(["tok+en-1234%C3"]).redact(written.encode(charset))
+    assert out.decode(charset) == "<p>[REDACTED]</p>"
