@@ -25,6 +25,7 @@ from mitmproxy import options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver
 from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.master import Master
+from mitmproxy.proxy import server as mitmproxy_server
 from mitmproxy.proxy.mode_specs import ProxyMode
 
 from sandgate.policy import PolicyError
@@ -39,8 +40,22 @@ from sandgate.proxy.state import ProxyState, SandboxTable, proxy_store
 log = logging.getLogger(__name__)
 
 
+# mitmproxy ends a UDP peer's connection after `server.UDP_TIMEOUT` (20 s) idle, but mitmproxy_rs
+# keeps the closed peer for 60 s after its last packet (each new packet restarts that) and drops
+# whatever it sends: a client asking again from the same port (a resolver that keeps its socket,
+# or glibc reusing a port by chance) got no answer for as long as it kept asking. Above
+# mitmproxy_rs's 60 s and its 5 s sweep, mitmproxy_rs ends an idle peer first (its reader sees the
+# end), and the peer's next packet opens a new connection.
+UDP_PEER_TIMEOUT = 75
+
+
 def dns_mode(config: ProxyConfig) -> str:
     return f"dns@{config.listen_host}:{config.dns_port}"
+
+
+def outlast_mitmproxy_rs_udp_peers() -> None:
+    """Call before serving DNS: mitmproxy's UDP idle timeout, above mitmproxy_rs's (see above)."""
+    mitmproxy_server.UDP_TIMEOUT = UDP_PEER_TIMEOUT
 
 
 class PoolDns:
@@ -63,6 +78,7 @@ class PoolDns:
         """Hold `entries`, then serve the DNS port; raises ListenError if it cannot be bound."""
         for entry in entries:
             await self.put(entry)
+        outlast_mitmproxy_rs_udp_peers()
         master = Master(options.Options())
         master.addons.add(
             core.Core(),

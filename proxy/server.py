@@ -36,7 +36,7 @@ from sandgate.proxy.identity import IdentityAddon
 from sandgate.proxy.injection import InjectionAddon
 from sandgate.proxy.metrics import Metrics
 from sandgate.proxy.minting import TokenMinter
-from sandgate.proxy.pooldns import dns_mode
+from sandgate.proxy.pooldns import dns_mode, outlast_mitmproxy_rs_udp_peers
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.revocation import Revoker
 from sandgate.proxy.state import ProxyState, SandboxTable, proxy_store
@@ -135,6 +135,7 @@ async def serve(config: ProxyConfig, slot: WorkerSlot | None = None) -> None:
     ensure_ca(config.state_dir)
     errorpages.install()  # proxy-made error pages never quote upstream bytes
     websocket.install()  # WebSocket control frames pass the scrubber too
+    outlast_mitmproxy_rs_udp_peers()  # a DNS client asking again from a port it used answers
     state = build_state(config, slot)
     state.audit.listen(asyncio.get_running_loop())
     state.table.on_change.append(Revoker(state, asyncio.get_running_loop()).table_changed)

@@ -224,11 +224,19 @@ class Agent:
         return text
 
     def get(self, path: str, host: str = API_HOST) -> tuple[int, dict[str, Any]]:
+        started = time.time()
         out = self.sh(f"curl -sS --max-time 20 -w '\\n%{{http_code}}' https://{host}{path}")
         body, status = out.rsplit("\n", 1)
-        if not status.isdigit():  # curl failed: what the proxy's resolver did says why
-            answered = [r["detail"] for r in self.audit() if r["kind"] == "dns" and r["host"] == host]
-            raise AssertionError(f"curl {host}{path}: {out!r}; the proxy's dns records: {answered[-6:]}")
+        if not status.isdigit():  # curl failed: what the proxy's resolver did, and does now, says why
+            ended = time.time()
+            answered = [
+                f"{r['ts']} {r['detail']}" for r in self.audit() if r["kind"] == "dns" and r["host"] == host
+            ]
+            again = self.sh(f"getent ahostsv4 {host}; echo $?")
+            raise AssertionError(
+                f"curl {host}{path} from {started:.3f} to {ended:.3f}: {out!r}; the proxy's dns records:"
+                f" {answered[-6:]}; a lookup after it: {again!r}"
+            )
         return int(status), json.loads(body)
 
     def audit(self) -> list[dict[str, Any]]:

@@ -179,3 +179,37 @@ def test_dig_inside_the_sandbox_shows_records_and_the_block(proxy: RunningProxy,
     # Without EDNS the answer is truncated over UDP; dig asks again over TCP and gets it whole.
     big = client.run(["dig", f"@{GATEWAY}", "+noedns", "+tries=1", "+time=5", "TXT", "big.svc.example.com"])
     assert "Truncated, retrying in TCP mode" in big.stdout and "009-" in big.stdout, big.stdout
+
+
+# In the client namespace: one UDP socket (one source port) asks, is idle for argv[1] seconds,
+# and asks again, as a resolver that keeps its socket does (and glibc when it reuses a port).
+SAME_PORT = f"""
+import json, socket, sys, time
+from dnslib import DNSRecord
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.settimeout(3)
+sock.connect(("{GATEWAY}", 53))
+answers = []
+for pause in (0, float(sys.argv[1])):
+    time.sleep(pause)
+    query = DNSRecord.question("svc.example.com", "A")
+    sock.send(query.pack())
+    try:
+        reply = DNSRecord.parse(sock.recv(4096))
+        answers.append([reply.header.id == query.header.id, [str(rr.rdata) for rr in reply.rr]])
+    except TimeoutError:
+        answers.append("no answer within 3 s")
+print(json.dumps(answers))
+"""
+
+
+def test_a_client_that_asks_again_from_the_same_port_after_an_idle_gap_is_answered(
+    proxy: RunningProxy, client: Client
+) -> None:
+    """mitmproxy closed an idle UDP peer after 20 s while mitmproxy_rs kept it, closed, for 60 s
+    more and dropped what it sent (proxy/pooldns.py, `UDP_PEER_TIMEOUT`): a query 21 s after the
+    last one from the same port was never answered (both tries of glibc's stub failed in the
+    adversarial suite when a lookup reused a recent port)."""
+    result = client.run([sys.executable, "-c", SAME_PORT, "21"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [[True, [ORIGIN_V4]], [True, [ORIGIN_V4]]]
