@@ -19,6 +19,8 @@ Rules:
 4. This module imports jupyter_client only when a context is created (execd starts without it).
 5. A kernelspec that starts bash_kernel as `-m bash_kernel` (execd's own, the code-interpreter
    image's) starts it as `-c QUICK_BASH_KERNEL` instead, in the same Python.
+6. An ipykernel (`-m ipykernel_launcher` or `-m ipykernel`) also gets `EXACT_FD_OUTPUT` to run at
+   start, so a cell's fd-level output (a child process's) is all in the cell's events.
 """
 
 from __future__ import annotations
@@ -69,6 +71,59 @@ QUICK_BASH_KERNEL = (
     "import runpy\n"
     "runpy.run_module('bash_kernel', run_name='__main__', alter_sys=True)\n"
 )
+
+
+# ipykernel sends what reaches fds 1 and 2 (a child process's output) from a thread that reads
+# their pipe, and a cell's end does not wait for it: under load a child's output came after the
+# cell's idle, or never (ipykernel 7.4). Run at the kernel's start: the same thread, but it reads
+# and hands on each chunk under a lock, and after every cell (`post_run_cell`, before ipykernel's
+# last flush and its idle) the pipes are drained: the lock held with nothing left to read means
+# every byte written so far is in the stream. Bounded at 1 s, as a child may keep writing.
+EXACT_FD_OUTPUT = """
+import fcntl, os, select, struct, sys, termios, threading, time
+def watch(stream, lock):
+    while True:
+        select.select([stream._fid], [], [])
+        with lock:
+            data = os.read(stream._fid, 65536)
+            if not data or not stream._should_watch:
+                return
+            stream.write(data.decode(errors="replace"))
+            os.write(stream._original_stdstream_copy, data)
+def unread(stream):
+    return struct.unpack("i", fcntl.ioctl(stream._fid, termios.FIONREAD, bytes(4)))[0]
+def drain(*_):
+    deadline = time.monotonic() + 1.0
+    for stream, lock in watched:
+        while time.monotonic() < deadline:
+            with lock:
+                if not unread(stream):
+                    break
+            time.sleep(0.002)
+        stream.flush()
+watched = []
+for stream in (sys.stdout, sys.stderr):
+    if getattr(stream, "_fid", None) is None or not getattr(stream, "_should_watch", False):
+        continue
+    stream._should_watch = False
+    os.write(stream._original_stdstream_fd, bytes(1))
+    stream.watch_fd_thread.join()
+    lock = threading.Lock()
+    stream._should_watch = True
+    stream.watch_fd_thread = threading.Thread(target=watch, args=(stream, lock), daemon=True)
+    stream.watch_fd_thread.start()
+    watched.append((stream, lock))
+get_ipython().events.register("post_run_cell", drain)
+"""
+
+
+def exact_fd_output(argv: list[str]) -> list[str]:
+    """`argv` of an ipykernel with EXACT_FD_OUTPUT to run at its start (rule 6)."""
+    for at in range(len(argv) - 1):
+        if argv[at] == "-m" and argv[at + 1] in ("ipykernel_launcher", "ipykernel"):
+            code = f"exec({EXACT_FD_OUTPUT!r}, dict(get_ipython=get_ipython))"
+            return [*argv, f"--IPKernelApp.code_to_run={code}"]
+    return argv
 
 
 class NoKernel(Exception):
@@ -144,7 +199,7 @@ def kernel_manager_specs(env: dict[str, str], state_dir: str) -> KernelSpecManag
     class Specs(KernelSpecManager):
         def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
             spec = super().get_kernel_spec(kernel_name)
-            spec.argv = quick_bash(spec.argv)
+            spec.argv = exact_fd_output(quick_bash(spec.argv))
             return spec
 
     own = os.path.join(state_dir, "kernels")

@@ -118,6 +118,10 @@ def test_cells_keep_state_and_stream_events_like_the_go_execd(client: httpx.Clie
     ]
     child = run_cell(client, context_id, "import subprocess\nsubprocess.run(['echo', 'from a child'])\nNone")
     assert stdout_text(child) == "from a child\n"  # fd-level output is captured too
+    children = run_cell(
+        client, context_id, "for n in range(40):\n    subprocess.run(['echo', f'child {n}'])\nNone"
+    )  # each one's output inside its cell, none after the cell's end (execd/kernels.py rule 6)
+    assert stdout_text(children) == "".join(f"child {n}\n" for n in range(40))
 
 
 GUIDE_CELL = """

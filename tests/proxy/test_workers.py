@@ -23,6 +23,7 @@ from sandgate.proxy import INCOMPLETE, ProxyControl, SandboxEntry
 from sandgate.proxy.contract.config import ConnectionLimits
 from sandgate.proxy.workers import worker_socket
 from tests.proxy.conftest import CLIENT_ADDR, Client, RunningProxy, start_proxy, stop_proxy
+from tests.proxy.test_dns import SAME_PORT
 from tests.support.internet import ORIGIN_V4, Internet
 
 pytestmark = pytest.mark.root
@@ -215,3 +216,13 @@ def test_a_killed_worker_lets_nothing_through_and_comes_back_with_every_entry(
     after = request_decisions(proxy, 1)
     assert after.get("allow", 0) > before.get("allow", 0) and after.get("deny", 0) > before.get("deny", 0)
     assert "sandgate_proxy_worker_restarts_total 1" in proxy.control.metrics()
+
+
+def test_the_pools_dns_answers_a_client_that_asks_again_from_the_same_port(
+    proxy: RunningProxy, client: Client
+) -> None:
+    """The pool serves DNS in a process of its own (proxy/pooldns.py): the same 21 s idle gap on
+    one UDP socket as tests/proxy/test_dns.py's single-process case."""
+    result = client.run([sys.executable, "-c", SAME_PORT, "21", ALLOWED], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [[True, [ORIGIN_V4]], [True, [ORIGIN_V4]]]
