@@ -135,7 +135,7 @@ async def serve(config: ProxyConfig, slot: WorkerSlot | None = None) -> None:
     ensure_ca(config.state_dir)
     errorpages.install()  # proxy-made error pages never quote upstream bytes
     websocket.install()  # WebSocket control frames pass the scrubber too
-    outlast_mitmproxy_rs_udp_peers()  # a DNS client asking again from a port it used answers
+    outlast_mitmproxy_rs_udp_peers()  # a DNS client asking again from a port it used is answered
     state = build_state(config, slot)
     state.audit.listen(asyncio.get_running_loop())
     state.table.on_change.append(Revoker(state, asyncio.get_running_loop()).table_changed)
