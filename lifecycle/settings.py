@@ -123,6 +123,12 @@ class Settings(BaseSettings):
         "control-plane headers) or 'direct' (the sandbox's address; only for clients you trust "
         "to send nothing secret)",
     )
+    exec_audit: Literal["off", "execd"] = Field(
+        "execd",
+        description="the exec audit trail (docs/audit.md): 'execd' records every execd call the "
+        "host's reverse proxy forwards (commands, code cells, file operations) as `command` and "
+        "`file` audit records; 'off' records none",
+    )
 
     # vault
     vault_backend: Literal["local", "openbao"] = "local"
