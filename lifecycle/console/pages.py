@@ -21,6 +21,7 @@ from fastapi.responses import FileResponse, HTMLResponse
 
 from sandgate.lifecycle.audit import AuditFilter, AuditStore, QueryError
 from sandgate.lifecycle.console.views import ConsoleSandbox
+from sandgate.lifecycle.exec_trail import KINDS as EXEC_KINDS
 from sandgate.lifecycle.visible import visible
 from sandgate.policy import OUTCOMES
 from sandgate.proxy import RECORD_KINDS
@@ -40,7 +41,7 @@ _templates = jinja2.Environment(
     loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined
 )
 _templates.filters["visible"] = visible
-_templates.globals.update(outcomes=list(OUTCOMES), kinds=list(RECORD_KINDS))
+_templates.globals.update(outcomes=list(OUTCOMES), kinds=list(RECORD_KINDS), exec_kinds=list(EXEC_KINDS))
 
 
 @dataclass(frozen=True)

@@ -251,3 +251,36 @@ def test_the_chain_holds_and_verify_finds_an_edit(
     env = {**server.server_env(), "SANDGATE_STATE_DIR": str(tmp_path)}
     found = subprocess.run([*SANDGATE, "logs", "verify"], env=env, capture_output=True, text=True)
     assert found.returncode == 1 and f"audit.jsonl:{edited + 2}" in found.stdout, found.stdout + found.stderr
+
+
+def test_the_surfaces_show_commands_and_files(server: SandgateServer, sandbox: str) -> None:
+    server.run(sandbox, "echo surfaces-marker > /tmp/surfaces.txt")
+    with server.client() as client:
+        client.get(f"{execd(sandbox)}/files/download", params={"path": "/tmp/surfaces.txt"})
+        for _ in range(100):  # the index takes the lines in about every 0.25 s
+            files = client.get("/v1/audit", params={"sandbox": sandbox, "kind": "file", "limit": 5})
+            if files.json()["records"] and files.json()["records"][0]["path"] == "/tmp/surfaces.txt":
+                break
+            threading.Event().wait(0.1)
+        api = client.get("/v1/audit", params={"sandbox": sandbox, "kind": "command", "limit": 1000})
+        client.post("/console/login", data={"key": server.api_key})
+        page = client.get(f"/console/sandboxes/{sandbox}")
+    assert api.status_code == 200 and {r["kind"] for r in api.json()["records"]} == {"command"}
+    assert any("surfaces-marker" in r["reason"] for r in api.json()["records"])
+    assert files.json()["records"][0]["method"] == "read"
+    assert files.json()["records"][0]["path"] == "/tmp/surfaces.txt"
+    assert page.status_code == 200 and 'id="timeline"' in page.text and "surfaces-marker" in page.text
+    cli = subprocess.run(
+        [*SANDGATE, "logs", "--sandbox", sandbox, "--kind", "file", "-o", "json", "--limit", "1"],
+        env=server.server_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert cli.returncode == 0 and json.loads(cli.stdout.splitlines()[-1])["path"] == "/tmp/surfaces.txt", cli
+    table = subprocess.run(
+        [*SANDGATE, "logs", "--sandbox", sandbox, "--kind", "command", "--limit", "3", "--no-color"],
+        env=server.server_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert "surfaces-marker" in table.stdout and "command" in table.stdout, table

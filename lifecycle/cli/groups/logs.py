@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from sandgate.lifecycle.exec_trail import KINDS as EXEC_KINDS
 from sandgate.lifecycle.visible import visible
 from sandgate.policy import OUTCOMES
 from sandgate.proxy import RECORD_KINDS
@@ -32,6 +33,9 @@ MAX_CANDIDATES = 10  # ids listed when a --sandbox prefix is ambiguous
 
 
 def request_text(record: RecordJSON) -> str:
+    if record["kind"] in EXEC_KINDS:  # what was done to the sandbox: the operation and its path
+        text = f"{record.get('method') or ''} {record.get('path') or ''}".strip()
+        return f"{text} [{record['event']}]" if record.get("event") else text
     port = record.get("port")
     target = (record.get("host") or "") + (f":{port}" if port and port not in (80, 443) else "")
     text = f"{record.get('method') or ''} {target}{record.get('path') or ''}".strip()
