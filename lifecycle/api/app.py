@@ -30,11 +30,12 @@ from sandgate.lifecycle.api import (
 )
 from sandgate.lifecycle.api.auth import OPEN_PATHS, AuthMiddleware
 from sandgate.lifecycle.api.errors import install_error_handlers
-from sandgate.lifecycle.api.exec_audit import ExecTrail, Secrets
+from sandgate.lifecycle.api.exec_audit import ExecTrail
 from sandgate.lifecycle.api.sandbox_proxy import ProxyFrontDoor
 from sandgate.lifecycle.api.sandboxes import HostVolumes
 from sandgate.lifecycle.api.upstream import Pool
 from sandgate.lifecycle.service import Service
+from sandgate.lifecycle.trail_secrets import Secrets
 
 API_PREFIXES = ("", "/v1")
 

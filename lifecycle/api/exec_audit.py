@@ -20,9 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -43,35 +42,10 @@ from sandgate.lifecycle.exec_trail import (
 )
 from sandgate.lifecycle.runtime.base import EXECD_PORT
 from sandgate.lifecycle.sandbox_store import SandboxRecord
+from sandgate.lifecycle.trail_secrets import Secrets
 from sandgate.proxy import INCOMPLETE, AuditRecord, append_record
-from sandgate.vault import Redactor
 
 log = logging.getLogger(__name__)
-
-# sandbox id -> (the vault revision read, every vault value it has had here)
-VaultValues = Callable[[str], tuple[int, frozenset[str]]]
-
-
-class Secrets:
-    """Per sandbox, the redactor of what must never appear in its exec records (rule 3); values
-    a vault held once stay in it (an old value is still a secret)."""
-
-    def __init__(self, vault_values: VaultValues, api_key: str) -> None:
-        self.vault_values = vault_values
-        self.api_key = api_key
-        self._cache: dict[str, tuple[int, frozenset[str], Redactor]] = {}
-        self._lock = threading.Lock()
-
-    def redact(self, record: SandboxRecord) -> Callable[[str], str]:
-        revision, values = self.vault_values(record.id)
-        with self._lock:
-            cached = self._cache.get(record.id)
-            if cached is None or cached[0] != revision:
-                known = (cached[1] if cached else frozenset()) | values
-                known |= {s for s in (self.api_key, record.execd_token, record.egress_token) if s}
-                cached = (revision, known, Redactor(known))
-                self._cache[record.id] = cached
-        return cached[2].redact_text
 
 
 class ExecTrail:

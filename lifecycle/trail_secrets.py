@@ -1,0 +1,35 @@
+"""What a sandbox's exec and process records must never hold: every value its credential vault
+has held here, its execd and egress tokens, and the API key. One redactor per sandbox, rebuilt
+when its vault changes; a value once held stays in it (an old value is still a secret)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from sandgate.lifecycle.sandbox_store import SandboxRecord
+from sandgate.vault import Redactor
+
+# sandbox id -> (the vault revision read, every vault value it has had here)
+VaultValues = Callable[[str], tuple[int, frozenset[str]]]
+
+
+class Secrets:
+    """Per sandbox, the redactor of what must never appear in its records."""
+
+    def __init__(self, vault_values: VaultValues, api_key: str) -> None:
+        self.vault_values = vault_values
+        self.api_key = api_key
+        self._cache: dict[str, tuple[int, frozenset[str], Redactor]] = {}
+        self._lock = threading.Lock()
+
+    def redact(self, record: SandboxRecord) -> Callable[[str], str]:
+        revision, values = self.vault_values(record.id)
+        with self._lock:
+            cached = self._cache.get(record.id)
+            if cached is None or cached[0] != revision:
+                known = (cached[1] if cached else frozenset()) | values
+                known |= {s for s in (self.api_key, record.execd_token, record.egress_token) if s}
+                cached = (revision, known, Redactor(known))
+                self._cache[record.id] = cached
+        return cached[2].redact_text
