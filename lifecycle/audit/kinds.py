@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sandgate.lifecycle.audit.policy_change import Change
 from sandgate.lifecycle.audit.record import RecordJSON
 
 OCSF_VERSION = "1.3.0"
@@ -55,10 +56,15 @@ class AuditKind:
 
 # HTTP Activity's activity_id by request method (OCSF 1.3.0 enumerates no PATCH: Other + name).
 HTTP_METHODS = {"CONNECT": 1, "DELETE": 2, "GET": 3, "HEAD": 4, "OPTIONS": 5, "POST": 6, "PUT": 7, "TRACE": 8}
-# API Activity's activity_id by the last word of a policy change (`policy.Reason`'s control-plane
-# members: "create", "policy patch", "credential-vault delete", "approval allow-sandbox"...).
-API_CHANGES = {"create": (1, "Create"), "replace": (3, "Update"), "patch": (3, "Update"),
-               "allow-sandbox": (3, "Update"), "delete": (4, "Delete")}  # fmt: skip
+_CREATE, _UPDATE, _DELETE = (1, "Create"), (3, "Update"), (4, "Delete")
+# API Activity's activity by control-plane change (a word no row has: 99 Other).
+API_CHANGES: dict[str, Activity] = {
+    Change.CREATE: _CREATE, Change.VAULT_CREATE: _CREATE,
+    Change.POLICY_REPLACE: _UPDATE, Change.POLICY_PATCH: _UPDATE, Change.NETWORKPOLICY_REPLACE: _UPDATE,
+    Change.NETWORKPOLICY_PATCH: _UPDATE, Change.SANDGATE_POLICY_REPLACE: _UPDATE, Change.VAULT_PATCH: _UPDATE,
+    Change.APPROVAL_ALLOW_SANDBOX: _UPDATE,
+    Change.POLICY_DELETE: _DELETE, Change.NETWORKPOLICY_DELETE: _DELETE, Change.VAULT_DELETE: _DELETE,
+}  # fmt: skip
 
 
 def http_method(record: RecordJSON) -> Activity:
@@ -82,7 +88,7 @@ def security_event(record: RecordJSON) -> Activity:
 
 def api_change(record: RecordJSON) -> Activity:
     change = record.get("event") or record["reason"]
-    return API_CHANGES.get(change.rsplit(" ", 1)[-1], (OTHER, change))
+    return API_CHANGES.get(change, (OTHER, change))
 
 
 KINDS: dict[str, AuditKind] = {

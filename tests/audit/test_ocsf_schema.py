@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from ocsf_json_schema import get_ocsf_schema
 
-from sandgate.lifecycle.audit import KINDS, OCSF_VERSION, to_ocsf
+from sandgate.lifecycle.audit import KINDS, OCSF_VERSION, Change, to_ocsf
+from sandgate.lifecycle.audit.kinds import API_CHANGES
 from sandgate.proxy import RECORD_KINDS
 from tests.audit.test_query import record_of
 from tests.support.ocsf import ocsf_errors
@@ -95,3 +96,9 @@ def _broken(change: str) -> dict[str, Any]:
 @pytest.mark.parametrize("change", ["ip", "type_uid", "caption", "attribute", "required"])
 def test_the_check_refuses_what_the_schema_refuses(change: str) -> None:
     assert ocsf_errors(_broken(change)), change
+
+
+def test_every_control_plane_change_has_its_api_activity() -> None:
+    assert set(API_CHANGES) == set(Change)
+    enum = SCHEMA["classes"]["api_activity"]["attributes"]["activity_id"]["enum"]
+    assert all(enum[str(number)]["caption"] == name for number, name in API_CHANGES.values())
