@@ -28,6 +28,7 @@ from importlib import metadata
 from typing import Any
 
 from sandgate.lifecycle.audit.kinds import (
+    DNS_ACTIVITY,
     HTTP_METHODS,
     KINDS,
     OCSF_VERSION,
@@ -129,12 +130,12 @@ def _network(event: Event, record: RecordJSON, kind: AuditKind) -> None:
     if source:
         event["src_endpoint"] = source
     destination = _address(record.get("upstream"))
-    host = record.get("host")
+    host = None if kind.ocsf.uid == DNS_ACTIVITY.uid else record.get("host")  # DNS: the question's
     if host and _is_ip(host):
         destination.setdefault("ip", host)
     elif host and _hostname(host):
         destination["hostname"] = host
-    else:
+    elif host:
         event["unmapped"]["host"] = host
     if destination:
         if record.get("port") is not None:
@@ -186,11 +187,14 @@ def _http(event: Event, record: RecordJSON, kind: AuditKind) -> None:
 
 def _dns(event: Event, record: RecordJSON, kind: AuditKind) -> None:
     _network(event, record, kind)
+    """The name asked is the query's, not an endpoint's (dst_endpoint is the resolver's address)."""
     host = record.get("host")
     if host and _hostname(host):
         event["query"] = {"hostname": host}
         if qtype := _QTYPE.match(record.get("detail") or ""):
             event["query"]["type"] = qtype.group(1)
+    else:
+        event["unmapped"]["host"] = host
 
 
 def _api(event: Event, record: RecordJSON, _kind: AuditKind) -> None:

@@ -102,3 +102,8 @@ def test_every_control_plane_change_has_its_api_activity() -> None:
     assert set(API_CHANGES) == set(Change)
     enum = SCHEMA["classes"]["api_activity"]["attributes"]["activity_id"]["enum"]
     assert all(enum[str(number)]["caption"] == name for number, name in API_CHANGES.values())
+
+
+def test_a_dns_name_is_the_querys_not_an_endpoints() -> None:
+    event = to_ocsf(record_of("dns", upstream=None, sni=None, port=53, detail="qtype=A answers=198.51.100.7"))
+    assert event["query"] == {"hostname": "api.example.com", "type": "A"} and "dst_endpoint" not in event
