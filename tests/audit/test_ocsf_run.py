@@ -1,20 +1,21 @@
 """Every record a real run writes, exported as OCSF, is valid against the OCSF schema (issue 45).
 
 A real `sandgate serve` and a real sandbox: policy changes (create, a sandgate policy, a
-credential vault, a delete), DNS queries (allowed, and denied by name), requests through the
-proxy (intercepted with a credential injected, a PATCH, a path the policy refuses, one held for
-approval until it times out), pass-through TLS (its decision and closing records), a connection
-refused at the address, and security events (a placeholder sent to a host it is not bound to,
-the approval request). The export is `sandgate logs -o ocsf` and `/v1/audit?format=ocsf`, as a
-data lake would receive it; each event is checked by tests/support/ocsf.py against the schema
-of the version it names.
+credential vault, a reviewer's allow-sandbox), DNS queries (allowed, and denied by name),
+requests through the proxy (intercepted with a credential injected, a PATCH, a path the policy
+refuses, one held for approval until it times out, one a reviewer allows), pass-through TLS (its
+decision and closing records), a connection refused at the address, and security events (a
+placeholder sent to a host it is not bound to, the approval requests). The export is `sandgate
+logs -o ocsf` and `/v1/audit?format=ocsf`, as a data lake would receive it; each event is
+checked by tests/support/ocsf.py against the schema of the version it names.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.root
 BOUND_HOST = "api.example.com"  # intercepted; a credential is injected on /echo
 OPEN_HOST = "open.example.com"  # TLS passes through
 ASKED_HOST = "ask.example.com"  # held for a reviewer nobody is
+APPROVED_HOST = "approve.example.com"  # held, then allowed for the sandbox by a reviewer
 DENIED_HOST = "denied.example.com"  # resolvable upstream, denied by the policy
 PLACEHOLDER = "SANDGATE_PLACEHOLDER_TOKEN"
 POLICY = {
@@ -41,6 +43,7 @@ POLICY = {
         {"action": "allow", "target": BOUND_HOST, "inspect": "always", "paths": ["/echo", "/echo/*", "/"]},
         {"action": "allow", "target": OPEN_HOST},
         {"action": "ask", "target": ASKED_HOST},
+        {"action": "ask", "target": APPROVED_HOST},
     ],
 }
 VAULT = {
@@ -79,7 +82,8 @@ WORKLOAD = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandgateServer]:
     with start_internet(tmp_path_factory.mktemp("internet")) as internet:
-        internet.set_names({name: [ORIGIN_V4] for name in (BOUND_HOST, OPEN_HOST, ASKED_HOST, DENIED_HOST)})
+        hosts = (BOUND_HOST, OPEN_HOST, ASKED_HOST, APPROVED_HOST, DENIED_HOST)
+        internet.set_names({name: [ORIGIN_V4] for name in hosts})
         extra = {
             "SANDGATE_UPSTREAM_DNS": json.dumps([DNS_ADDR]),
             "SANDGATE_UPSTREAM_CA": str(internet.ca_cert),
@@ -99,6 +103,7 @@ def run_workload(server: SandgateServer, internet: Internet) -> None:
     assert vault.status_code == 201, vault.text
     for command in WORKLOAD:
         server.run(sandbox_id, command, timeout=60)
+    approve_for_the_sandbox(server, sandbox_id)
     # The other side: the allowed requests reached the origin, the refused ones did not.
     reached = {
         (r["method"], r["headers"]["host"], r["path"])  # type: ignore[index]
@@ -108,6 +113,27 @@ def run_workload(server: SandgateServer, internet: Internet) -> None:
     assert not {("GET", BOUND_HOST, "/refused-path"), ("GET", ASKED_HOST, "/")} & reached
     with server.client() as client:
         assert client.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+
+def approve_for_the_sandbox(server: SandgateServer, sandbox_id: str) -> None:
+    """A request held until a reviewer allows its host for the sandbox (a policy change too)."""
+    server.run(sandbox_id, f"curl -sSk --max-time 60 https://{APPROVED_HOST}/", background=True)
+    with server.client() as client:
+        held = until(lambda: client.get("/v1/approvals").json(), "the request to be held")
+        answer = client.post(f"/v1/approvals/{held[0]['id']}", json={"decision": "allow-sandbox"})
+        assert answer.status_code == 200, answer.text
+    until(
+        lambda: any(r["reason"] == "approved" for r in native_records(server) if r["kind"] == "request"),
+        "the approved request's record",
+    )
+
+
+def until(probe: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (found := probe()):
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.1)
+    return found
 
 
 def native_records(server: SandgateServer) -> list[dict[str, Any]]:
@@ -157,11 +183,17 @@ def test_the_run_has_every_kind_and_every_optional_field(server: SandgateServer)
     assert not empty, f"no record of the run fills {empty}"
     reasons = {(r["kind"], r["decision"], r["reason"]) for r in records}
     assert {("request", "deny", "path_not_allowed"), ("request", "deny", "approval-timeout")} <= reasons
+    assert ("request", "allow", "approved") in reasons
     assert ("dns", "deny", "default") in reasons and ("connection", "deny", "default") in reasons
     events = {r["event"] for r in records if r["kind"] == "security_event"}
     assert {"placeholder-outside-binding", "ask"} <= events
     changes = {r["event"] for r in records if r["kind"] == "policy_change"}
-    assert {"create", "sandgate-policy replace", "credential-vault create"} <= changes
+    assert {
+        "create",
+        "sandgate-policy replace",
+        "credential-vault create",
+        "approval allow-sandbox",
+    } <= changes
 
 
 def test_the_api_exports_the_same_events(server: SandgateServer) -> None:
