@@ -5,9 +5,9 @@ which records it (api/exec_audit.py) with what this module reads from it.
 
 Rules:
 1. One table (`OPERATIONS`) says which execd routes are recorded, as which kind (`command` or
-   `file`) and operation, and how the operation maps to OCSF (`KINDS`). A route not in it (ping,
-   metrics, status and log polling, listings of contexts) is not an operation on the sandbox and
-   is not recorded. A new route is one row.
+   `file`, rows of lifecycle/audit/kinds.py) and operation, with the operation's OCSF activity. A
+   route not in it (ping, metrics, status and log polling, listings of contexts) is not an
+   operation on the sandbox and is not recorded. A new route is one row.
 2. What is read comes from the request as the client sent it (before execd sees it) and from the
    answer as execd sent it: never from the sandbox's own word about itself beyond its answer.
 3. Bounded: a command line or cell is kept up to `TEXT_MAX` characters, at most `PATHS_MAX`
@@ -32,23 +32,6 @@ FRAME_MAX = 64 * 1024  # bytes of one answer frame looked at for an outcome (ini
 IDENTITY = re.compile(r"^/v1/filesystem/(?P<uid>[0-9]+)/(?P<gid>[0-9]+)(?P<rest>/.*)$")
 
 Facts = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Kind:
-    """One audit kind this trail writes: its console label and its OCSF class (the row it
-    becomes in the table of audit kinds)."""
-
-    label: str
-    ocsf_class: int
-    ocsf_name: str
-
-
-# The kinds the exec trail adds; `process` is written by the process watcher.
-KINDS: dict[str, Kind] = {
-    "command": Kind("Command", 1007, "Process Activity"),
-    "file": Kind("File", 1001, "File System Activity"),
-}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import pytest
 
 from sandgate.proxy import verify_chain
 from tests.support.audit import audit_records
+from tests.support.ocsf import ocsf_errors
 from tests.support.server import SANDGATE, SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
@@ -284,3 +285,32 @@ def test_the_surfaces_show_commands_and_files(server: SandgateServer, sandbox: s
         text=True,
     )
     assert "surfaces-marker" in table.stdout and "command" in table.stdout, table
+
+
+def test_ocsf_export_of_commands_and_files_passes_the_schema(server: SandgateServer, sandbox: str) -> None:
+    with server.client() as client:
+        upload(client, sandbox, "/tmp/ocsf/one.txt", b"ocsf\n")
+        client.post(
+            f"{execd(sandbox)}/files/mv", json=[{"src": "/tmp/ocsf/one.txt", "dest": "/tmp/ocsf/two.txt"}]
+        )
+        server.run(sandbox, "exit 4")
+        for _ in range(100):  # the index takes the lines in about every 0.25 s
+            page = client.get(
+                "/v1/audit", params={"sandbox": sandbox, "format": "ocsf", "limit": 1000}
+            ).json()
+            events = [e for e in page["records"] if e["class_uid"] in (1001, 1007)]
+            if any(e.get("exit_code") == 4 for e in events):
+                break
+            threading.Event().wait(0.1)
+    assert {e["class_uid"] for e in events} == {1001, 1007}
+    for event in events:
+        assert ocsf_errors(event) == [], event
+    digest = hashlib.sha256(b"ocsf\n").hexdigest()
+    files = [e for e in events if e["class_uid"] == 1001]
+    written = next(e for e in files if e["file"].get("path") == "/tmp/ocsf/one.txt" and e["activity_id"] == 1)
+    assert written["file"]["hashes"][0]["value"] == digest and written["activity_name"] == "Create"
+    moved = next(e for e in files if e["activity_id"] == 5)
+    assert moved["file_result"]["path"] == "/tmp/ocsf/two.txt"
+    failed = next(e for e in events if e.get("exit_code") == 4)
+    assert failed["status_id"] == 2 and failed["process"]["cmd_line"] == "exit 4"
+    assert failed["actor"]["user"]["name"] == "api-key" and failed["device"]["uid"] == sandbox

@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from sandgate.lifecycle.audit import to_ocsf
 from sandgate.proxy import verify_chain
 from tests.support.audit import audit_records
+from tests.support.ocsf import ocsf_errors
 from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
@@ -120,3 +122,14 @@ def test_a_flood_of_processes_is_recorded_or_its_loss_is(server: SandgateServer,
     # the kernel's overflow is.
     assert len(children) == count or lost, (len(children), lost)
     assert all(p.get("exe", "/usr/bin/true").endswith("true") for p in children)
+
+
+def test_ocsf_export_of_processes_passes_the_schema(server: SandgateServer, sandbox: str) -> None:
+    server.run(sandbox, "sh -c 'sleep 0.3; true'")
+    seen = processes(server, sandbox, 2)
+    events = [to_ocsf({k: v for k, v in p["record"].items() if k != "prev"}) for p in seen[:200]]
+    assert events and all(e["class_uid"] == 1007 for e in events)
+    for event in events:
+        assert ocsf_errors(event) == [], event
+    launched = next(e for e in events if e["activity_name"] == "Launch" and "cmd_line" in e["process"])
+    assert launched["process"]["parent_process"]["pid"] == launched["actor"]["process"]["pid"]

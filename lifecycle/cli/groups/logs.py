@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from sandgate.lifecycle.exec_trail import KINDS as EXEC_KINDS
 from sandgate.lifecycle.visible import visible
 from sandgate.policy import OUTCOMES
 from sandgate.proxy import RECORD_KINDS
@@ -33,7 +32,9 @@ MAX_CANDIDATES = 10  # ids listed when a --sandbox prefix is ambiguous
 
 
 def request_text(record: RecordJSON) -> str:
-    if record["kind"] in EXEC_KINDS:  # what was done to the sandbox: the operation and its path
+    from sandgate.lifecycle.audit import SYSTEM_KINDS
+
+    if record["kind"] in SYSTEM_KINDS:  # what was done to the sandbox: the operation and its path
         text = f"{record.get('method') or ''} {record.get('path') or ''}".strip()
         return f"{text} [{record['event']}]" if record.get("event") else text
     port = record.get("port")
