@@ -7,7 +7,9 @@ Rules:
 2. A process belongs to a sandbox when its cgroup is the sandbox's (`sandgate-<instance>-<id>`,
    lifecycle/cgroups.py rule 2: every sandbox process is in it from its first instruction), read
    once at its exec, or when its parent is known to be one (forks are followed in memory, so a
-   child that is gone before it can be read is still placed). Host processes leave nothing here.
+   child that is gone before it can be read is still placed; the kernel may send a child's fork
+   event after its exec, so such an exec waits for it). Host processes leave nothing here
+   beyond a bounded wait of the execs of those that were gone at once.
 3. Each `exec` of a sandbox process is one `process` record: pid (the host's, and the sandbox's
    own), its parent, executable, argv (bounded), cwd, uid, the kernel's time of the exec. A
    `ptrace` attach by a sandbox process is a record too. What /proc no longer shows (a process
@@ -54,6 +56,7 @@ ARGV_MAX = 4096  # characters of a command line kept
 STOP_POLL_S = 0.5  # how long a wait for events lasts before the thread checks it should stop
 BATCH_MAX = 256  # datagrams read before the records of a batch are written
 TRACKED_MAX = 65_536  # sandbox processes followed at once (their pids, parents, sandboxes)
+UNPLACED_MAX = 4096  # execs waiting for the fork event that says whose child they were
 CGROUP_PREFIX = "sandgate-"
 
 
@@ -164,6 +167,7 @@ class ProcessWatcher:
         self.lost = 0
         self._sandbox_of: dict[int, str] = {}  # tgid -> sandbox id, for followed processes
         self._parent_of: dict[int, int] = {}
+        self._unplaced: dict[int, ProcEvent] = {}  # execs of processes gone before /proc was read
         self._writes: list[tuple[SandboxRecord | None, dict[str, Any]]] = []
         self._sock: socket.socket | None = None
         self._stop = threading.Event()
@@ -227,6 +231,8 @@ class ProcessWatcher:
         if event.what == PROC_EVENT_FORK:
             if event.pid == event.tgid and (sandbox := self._sandbox_of.get(event.other_tgid)):
                 self._follow(event.tgid, sandbox, event.other_tgid)
+                if (early := self._unplaced.pop(event.tgid, None)) is not None:
+                    self._exec(early)  # its exec came first and it was gone: placed by its parent now
         elif event.what == PROC_EVENT_EXIT:
             if event.pid == event.tgid:
                 self._sandbox_of.pop(event.tgid, None)
@@ -241,7 +247,8 @@ class ProcessWatcher:
         if sandbox is None:
             try:
                 sandbox = sandbox_of_cgroup(Path(f"/proc/{event.tgid}/cgroup").read_text(), self.prefix)
-            except OSError:
+            except OSError:  # gone already; the kernel sends a fork event after the child may
+                self._hold(event)  # have run, so its parent may still place it
                 return
             if sandbox is None:
                 return
@@ -260,6 +267,11 @@ class ProcessWatcher:
         if record is not None:
             facts = {"op": "ptrace", "pid": event.other_tgid, "target_pid": event.tgid}
             self._writes.append((record, {**facts, "kernel_ns": event.timestamp_ns}))
+
+    def _hold(self, event: ProcEvent) -> None:
+        if len(self._unplaced) >= UNPLACED_MAX:
+            self._unplaced.pop(next(iter(self._unplaced)))
+        self._unplaced[event.tgid] = event
 
     def _follow(self, tgid: int, sandbox: str, parent: int | None) -> None:
         if len(self._sandbox_of) >= TRACKED_MAX:  # bounded: forget the oldest followed

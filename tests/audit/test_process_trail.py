@@ -94,7 +94,8 @@ def test_reaching_for_host_processes_fails_and_is_recorded(server: SandgateServe
     fake = '{"kind":"process","sandbox":"forged"}'
     for attempt in attempts:  # each in a shell that lives on a while, so /proc shows its argv
         assert server.run(sandbox, f'sh -c "{attempt}; s=\\$?; sleep 0.3; exit \\$s"').exit_code != 0
-    server.run(sandbox, f"echo '{fake}' | tee /tmp/audit.jsonl /dev/shm/audit.jsonl > /dev/null; sleep 0.3")
+    write = f"echo '{fake}' | tee /tmp/audit.jsonl /dev/shm/audit.jsonl > /dev/null; sleep 0.3; true"
+    server.run(sandbox, write)  # (a last builtin: bash does not exec sleep in its own place)
     assert server.process.poll() is None and server.proxy_pid() == host_pids[1]  # both live on
     argvs = " | ".join(" ".join(p.get("argv", [])) for p in processes(server, sandbox))
     for attempt in [*attempts, "tee /tmp/audit.jsonl"]:
