@@ -52,6 +52,7 @@ def _child() -> None:
                 "SANDGATE_EXEC_AUDIT": setting,
                 "SANDGATE_PROCESS_EVENTS_NETNS": f"/proc/{os.getpid()}/fd/{host_netns}",
             }
+            (Path(temp) / setting).mkdir()
             servers[setting] = stack.enter_context(sandgate_server(Path(temp) / setting, extra))
         clients = {}
         for setting, server in servers.items():

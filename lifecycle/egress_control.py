@@ -176,10 +176,13 @@ class EgressControl:
 
     # --- the policy -----------------------------------------------------------------------------
 
-    def vault_values(self, sandbox_id: str) -> tuple[int, frozenset[str]]:
-        """The sandbox's vault revision and its credentials' values: what the exec audit trail
-        redacts (api/exec_audit.py). A value the vault cannot give is left out."""
+    def vault_values(self, sandbox_id: str, known_revision: int) -> tuple[int, frozenset[str] | None]:
+        """The sandbox's vault revision, and its credentials' values unless that revision is
+        `known_revision` (None then: nothing is read from the vault): what the exec audit trail
+        redacts (lifecycle/trail_secrets.py). A value the vault cannot give is left out."""
         stored = self._stored_vault(sandbox_id)
+        if stored.revision == known_revision:
+            return stored.revision, None
         values = set()
         for name in stored.document.entries().values():
             with suppress(VaultError):

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from sandgate.lifecycle.sandbox_store import SandboxRecord
 from sandgate.vault import Redactor
 
-# sandbox id -> (the vault revision read, every vault value it has had here)
-VaultValues = Callable[[str], tuple[int, frozenset[str]]]
+# (sandbox id, the revision already known) -> (its vault revision, its values; None: unchanged)
+VaultValues = Callable[[str, int], tuple[int, frozenset[str] | None]]
 
 
 class Secrets:
@@ -24,12 +24,14 @@ class Secrets:
         self._lock = threading.Lock()
 
     def redact(self, record: SandboxRecord) -> Callable[[str], str]:
-        revision, values = self.vault_values(record.id)
+        """The sandbox's redactor; the vault is read only when its revision changed."""
         with self._lock:
             cached = self._cache.get(record.id)
-            if cached is None or cached[0] != revision:
-                known = (cached[1] if cached else frozenset()) | values
-                known |= {s for s in (self.api_key, record.execd_token, record.egress_token) if s}
-                cached = (revision, known, Redactor(known))
+        revision, values = self.vault_values(record.id, cached[0] if cached else -1)
+        if cached is None or values is not None:
+            known = (cached[1] if cached else frozenset()) | (values or frozenset())
+            known |= {s for s in (self.api_key, record.execd_token, record.egress_token) if s}
+            cached = (revision, known, Redactor(known))
+            with self._lock:
                 self._cache[record.id] = cached
         return cached[2].redact_text
