@@ -153,7 +153,8 @@ def read_process(pid: int) -> dict[str, Any]:
 
 
 Lookup = Callable[[str], SandboxRecord | None]
-Write = Callable[[SandboxRecord | None, dict[str, Any]], None]
+# A batch of records to write: each the sandbox (None: no sandbox, `events_lost`) and its facts.
+Write = Callable[[list[tuple[SandboxRecord | None, dict[str, Any]]]], None]
 
 
 class ProcessWatcher:
@@ -167,7 +168,10 @@ class ProcessWatcher:
         self.lost = 0
         self._sandbox_of: dict[int, str] = {}  # tgid -> sandbox id, for followed processes
         self._parent_of: dict[int, int] = {}
-        self._unplaced: dict[int, ProcEvent] = {}  # execs of processes gone before /proc was read
+        self._unplaced: dict[int, ProcEvent] = {}
+        self._records: dict[
+            str, SandboxRecord | None
+        ] = {}  # this batch's lookups  # execs of processes gone before /proc was read
         self._writes: list[tuple[SandboxRecord | None, dict[str, Any]]] = []
         self._sock: socket.socket | None = None
         self._stop = threading.Event()
@@ -220,12 +224,14 @@ class ProcessWatcher:
         return messages
 
     def _flush(self) -> None:
+        """The batch's records, with one locked append; sandboxes looked up afresh next batch."""
         writes, self._writes = self._writes, []
-        for record, facts in writes:
+        self._records.clear()
+        if writes:
             try:
-                self.write(record, facts)
+                self.write(writes)
             except Exception:
-                log.exception("process events: a %s record not written", facts.get("op"))
+                log.exception("process events: %d records not written", len(writes))
 
     def handle(self, event: ProcEvent) -> None:
         if event.what == PROC_EVENT_FORK:
@@ -255,7 +261,7 @@ class ProcessWatcher:
         facts = read_process(event.tgid)
         parent = self._parent_of.get(event.tgid, facts.get("ppid"))
         self._follow(event.tgid, sandbox, parent)
-        record = self.lookup(sandbox)
+        record = self._record(sandbox)
         if record is None or record.extensions.get("sandgate.isolation") == "gvisor":
             return  # on gVisor the host sees only runsc's own processes (docs/audit.md)
         facts = {"op": "exec", "pid": event.tgid, "ppid": parent, **facts, "kernel_ns": event.timestamp_ns}
@@ -263,10 +269,15 @@ class ProcessWatcher:
 
     def _ptrace(self, event: ProcEvent) -> None:
         sandbox = self._sandbox_of.get(event.other_tgid)
-        record = self.lookup(sandbox) if sandbox else None
+        record = self._record(sandbox) if sandbox else None
         if record is not None:
             facts = {"op": "ptrace", "pid": event.other_tgid, "target_pid": event.tgid}
             self._writes.append((record, {**facts, "kernel_ns": event.timestamp_ns}))
+
+    def _record(self, sandbox: str) -> SandboxRecord | None:
+        if sandbox not in self._records:
+            self._records[sandbox] = self.lookup(sandbox)
+        return self._records[sandbox]
 
     def _hold(self, event: ProcEvent) -> None:
         if len(self._unplaced) >= UNPLACED_MAX:

@@ -399,7 +399,7 @@ def process_watcher(
     runs without what was asked for."""
     from sandgate.lifecycle.process_events import ProcessWatcher, summary, to_json
     from sandgate.lifecycle.sandbox_store import NotFound
-    from sandgate.proxy import AuditRecord, append_record
+    from sandgate.proxy import AuditRecord, append_records
 
     if settings.exec_audit != "processes":
         return None
@@ -415,18 +415,26 @@ def process_watcher(
         except NotFound:
             return None
 
-    def write(record: SandboxRecord | None, facts: dict[str, Any]) -> None:
-        line = AuditRecord(
-            kind="process",
-            sandbox=record.id if record else "-",
-            client="kernel",
-            decision="allow",
-            reason=summary(facts),
-            method=facts["op"],
-            path=facts.get("exe"),
-            detail=to_json(facts),
-        )
-        append_record(settings.audit_log, line, secrets.redact(record) if record else None)
+    def write(batch: list[tuple[SandboxRecord | None, dict[str, Any]]]) -> None:
+        sandboxes = {record.id: record for record, _ in batch if record}
+        redactors = {sandbox_id: secrets.redact(record) for sandbox_id, record in sandboxes.items()}
+        lines = [
+            (
+                AuditRecord(
+                    kind="process",
+                    sandbox=record.id if record else "-",
+                    client="kernel",
+                    decision="allow",
+                    reason=summary(facts),
+                    method=facts["op"],
+                    path=facts.get("exe"),
+                    detail=to_json(facts),
+                ),
+                redactors[record.id] if record else None,
+            )
+            for record, facts in batch
+        ]
+        append_records(settings.audit_log, lines)
 
     watcher = ProcessWatcher(instance, lookup, write, settings.process_events_netns)
     try:

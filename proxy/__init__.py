@@ -22,7 +22,16 @@ _PUBLIC = {
     **dict.fromkeys(("AUDIT_FILE", "CONFIG_FILE", "CONTROL_SOCKET", "LOG_FILE"), "names"),
     **dict.fromkeys(("audit_path", "config_path", "control_socket", "log_path"), "names"),
     **dict.fromkeys(
-        ("INCOMPLETE", "RECORD_KINDS", "AuditRecord", "RecordKind", "append_record", "redact_path"), "audit"
+        (
+            "INCOMPLETE",
+            "RECORD_KINDS",
+            "AuditRecord",
+            "RecordKind",
+            "append_record",
+            "append_records",
+            "redact_path",
+        ),
+        "audit",
     ),
     "verify_chain": "chain",
     **dict.fromkeys(("CaFiles", "ensure_ca"), "ca"),
@@ -38,6 +47,7 @@ if TYPE_CHECKING:
         AuditRecord,
         RecordKind,
         append_record,
+        append_records,
         redact_path,
     )
     from sandgate.proxy.contract.ca import CaFiles, ensure_ca
@@ -85,6 +95,7 @@ __all__ = [
     "ResolverAddress",
     "SandboxEntry",
     "append_record",
+    "append_records",
     "audit_path",
     "config_path",
     "control_socket",

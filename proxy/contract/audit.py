@@ -135,4 +135,10 @@ def to_line(record: AuditRecord) -> str:
 def append_record(path: Path, record: AuditRecord, redact: Redact | None = None) -> None:
     """Add one line to the live file from outside the proxy (chained under the file's lock:
     safe beside it); raises OSError when it cannot be written."""
-    append_line(path, to_line(written(record, redact)).encode())
+    append_records(path, [(record, redact)])
+
+
+def append_records(path: Path, records: list[tuple[AuditRecord, Redact | None]]) -> None:
+    """Add several lines with one locked write (each record with its own redactor)."""
+    if records:
+        append_line(path, "".join(to_line(written(record, redact)) for record, redact in records).encode())
