@@ -48,7 +48,9 @@ def _child() -> None:
             started = time.perf_counter()
             build = [sys.executable, str(REPO / "sandbox-images" / "build.py"), "--docker-host", daemon.url]
             subprocess.run(build, check=True, capture_output=True, timeout=1800)
-            print(f"(images ready in the private dockerd after {time.perf_counter() - started:.1f} s, untimed)")
+            print(
+                f"(images ready in the private dockerd after {time.perf_counter() - started:.1f} s, untimed)"
+            )
             docker = {"SANDGATE_RUNTIME": "docker", "SANDGATE_DOCKER_HOST": daemon.url}
             with sandgate_server(Path(temp) / "docker", docker) as server:
                 _measure("docker runtime (sandgate/base)", server, "sandgate/base")

@@ -19,7 +19,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bench import sized
 from bench.sandbox_rig import (
@@ -97,7 +97,9 @@ def _many_at_once(server: SandgateServer) -> None:
             ready = list(pool.map(create, range(CONCURRENT)))
         elapsed = time.perf_counter() - started
         memory = sum(int((sandbox_cgroup("memory", i) / "memory.usage_in_bytes").read_text()) for i in alive)
-        print(f"{CONCURRENT} alive at once: all ready after {elapsed:.1f} s ({CREATE_THREADS} creating threads)")
+        print(
+            f"{CONCURRENT} alive at once: all ready after {elapsed:.1f} s ({CREATE_THREADS} creating threads)"
+        )
         row("create-to-ready under load", ready)
         print(f"  memory (cgroup usage) {memory / len(alive) / 2**20:.1f} MiB per sandbox")
         started = time.perf_counter()
