@@ -25,6 +25,7 @@ test: bootstrap
 # at a time (the root tests share one network namespace). The fast tier runs in FAST_WORKERS
 # pytest-xdist workers, each test module whole on one worker so its module-scoped servers
 # (execd, chromium) start once; docs/benchmarks.md has the measurements behind the default.
+# The benchmarks' smoke runs (tests/bench, `make bench-smoke`) are left to `make test`.
 # Bytecode caches (git-ignored __pycache__) are written even where the environment sets
 # PYTHONDONTWRITEBYTECODE: without them every run compiles and assertion-rewrites every module
 # in each worker and every execd or CLI subprocess, about 12 s of CPU per run. The schemathesis
