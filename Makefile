@@ -50,7 +50,7 @@ bench: bootstrap
 # Every benchmark in its smallest bounded mode, each checked for every row and ratio it promises
 # (tests/bench/test_smoke.py): that they work, not how fast. `make test` (CI) runs it too.
 bench-smoke: bootstrap
-	$(VENV)/pytest tests/bench -p no:cacheprovider $(PYTEST_ARGS)
+	$(VENV)/pytest tests/bench -p no:cacheprovider --durations=0 $(PYTEST_ARGS)
 
 # Sandbox images for the Docker runtime, from local files only (see docs/docker.md): built into
 # the daemon at DOCKER_HOST / the system socket, else in a private dockerd and saved for `docker load`.

@@ -47,7 +47,11 @@ def _child() -> None:
         with private_dockerd() as daemon:
             started = time.perf_counter()
             build = [sys.executable, str(REPO / "sandbox-images" / "build.py"), "--docker-host", daemon.url]
-            subprocess.run(build, check=True, capture_output=True, timeout=1800)
+            built = subprocess.run(build, capture_output=True, text=True, timeout=1800)
+            if built.returncode:
+                raise RuntimeError(
+                    f"sandbox-images/build.py failed: {built.stdout[-2000:]}{built.stderr[-2000:]}"
+                )
             print(
                 f"(images ready in the private dockerd after {time.perf_counter() - started:.1f} s, untimed)"
             )
