@@ -182,7 +182,7 @@ PROMISES: dict[str, list[str]] = {
         timing("create-to-ready"),
         timing("teardown"),
         rf"^\s+execd CPU to first /ping\s+p50\s+{N} ms\s+max\s+{N} ms$",
-        rf"^\d+ alive at once: all ready after {N} s",
+        rf"^\d+ alive at once \(64 MiB disks\): all ready after {N} s",
         timing("create-to-ready under load"),
         rf"^\s+memory \(cgroup usage\) {N} MiB per sandbox$",
         rf"^\s+teardown of all \d+: {N} s$",
