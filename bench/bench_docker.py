@@ -3,17 +3,15 @@ one run.
 
 Runs as root in a network namespace of its own (the module re-executes itself after unshare):
 one real `sandgate serve` per runtime (tests.support.server), the docker one against a private
-dockerd (tests/support/dockerd.py) whose sandbox images `sandbox-images/build.py` builds or loads
-from its cache first (not timed). Bounded: SEQUENTIAL sandboxes per runtime, one after another
-(`POST /v1/sandboxes` until its 202, execd ready; then `DELETE`); the servers delete whatever is
-left. Set SANDGATE_BENCH_DOCKER_RUNS to change SEQUENTIAL.
-"""
+dockerd (tests/support/dockerd.py) into which `sandbox-images/build.py` builds the sandbox images
+or loads them from its cache first, as the docker tests do (not timed). Bounded: SEQUENTIAL
+sandboxes per runtime, one after another (`POST /v1/sandboxes` until its 202, execd ready; then
+`DELETE`); the servers delete whatever is left. Set SANDGATE_BENCH_DOCKER_RUNS to change
+SEQUENTIAL."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +25,6 @@ if TYPE_CHECKING:
 
 SEQUENTIAL = int(os.environ.get("SANDGATE_BENCH_DOCKER_RUNS", sized(20, 2)))
 CHILD_FLAG = "SANDGATE_BENCH_DOCKER_CHILD"
-REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
@@ -36,6 +33,7 @@ def main() -> None:
 
 def _child() -> None:
     enter_own_netns()
+    from tests.docker.conftest import load_image_builder
     from tests.support.dockerd import private_dockerd
     from tests.support.server import sandgate_server
 
@@ -46,15 +44,9 @@ def _child() -> None:
             _measure("local runtime (sandgate/host)", server, "sandgate/host")
         with private_dockerd() as daemon:
             started = time.perf_counter()
-            build = [sys.executable, str(REPO / "sandbox-images" / "build.py"), "--docker-host", daemon.url]
-            built = subprocess.run(build, capture_output=True, text=True, timeout=1800)
-            if built.returncode:
-                raise RuntimeError(
-                    f"sandbox-images/build.py failed: {built.stdout[-2000:]}{built.stderr[-2000:]}"
-                )
-            print(
-                f"(images ready in the private dockerd after {time.perf_counter() - started:.1f} s, untimed)"
-            )
+            load_image_builder().build_images(daemon.client)  # sandgate/base, as the docker tests do
+            took = time.perf_counter() - started
+            print(f"(images ready in the private dockerd after {took:.1f} s, untimed)")
             docker = {"SANDGATE_RUNTIME": "docker", "SANDGATE_DOCKER_HOST": daemon.url}
             with sandgate_server(Path(temp) / "docker", docker) as server:
                 _measure("docker runtime (sandgate/base)", server, "sandgate/base")
