@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from sandgate.lifecycle.audit import Change
 from sandgate.lifecycle.cgroups import Limits
 from sandgate.lifecycle.egress_control import EgressControl, existing
 from sandgate.lifecycle.errors import LifecycleError, quietly
@@ -51,7 +52,7 @@ from sandgate.lifecycle.runtime.base import (
 from sandgate.lifecycle.sandbox_state import LIVE_STATES, IllegalMove, SandboxState
 from sandgate.lifecycle.sandbox_store import SandboxRecord, SandboxStore, utcnow
 from sandgate.lifecycle.warm_pool import Member, WarmPool
-from sandgate.policy import Policy, Reason
+from sandgate.policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ class Service:
             if isinstance(exc, LifecycleError):
                 raise
             raise LifecycleError("unavailable", f"sandbox could not be started: {exc}") from exc
-        self.egress.audit_change(record.id, actor, 0, 1, None, document, Reason.CREATE, isolation=isolation)
+        self.egress.audit_change(record.id, actor, 0, 1, None, document, Change.CREATE, isolation=isolation)
         return record
 
     @staticmethod
@@ -350,7 +351,7 @@ class Service:
             quietly(lambda: self.egress.drop(net.address))
             self._discard_pool_member(sandbox_id)
             return None
-        self.egress.audit_change(sandbox_id, actor, 0, 1, None, document, Reason.CREATE, isolation="standard")
+        self.egress.audit_change(sandbox_id, actor, 0, 1, None, document, Change.CREATE, isolation="standard")
         return record
 
     def _build_pool_member(self, sandbox_id: str) -> Member:

@@ -223,8 +223,14 @@ def test_ocsf_denied_connection_is_refused_network_activity() -> None:
 def test_ocsf_other_kinds() -> None:
     assert to_ocsf(record_of("dns", scheme=None, sni=None, port=53))["class_uid"] == 4003
     assert to_ocsf(record_of("request", method="PATCH"))["activity_id"] == 99
-    change = to_ocsf(record_of("policy_change", detail='{"actor":"api"}'))
-    assert (change["class_uid"], change["category_uid"], change["type_uid"]) == (0, 0, 99)
+    change = to_ocsf(
+        record_of("policy_change", client="control-plane", event="create", detail='{"actor":"api"}')
+    )
+    assert (change["class_uid"], change["category_uid"], change["type_uid"]) == (6003, 6, 600301)
+    assert (change["actor"], change["src_endpoint"]) == (
+        {"user": {"name": "api"}},
+        {"svc_name": "control-plane"},
+    )
     assert to_ocsf(record_of("security_event", event="sni_mismatch"))["severity_id"] == 4
 
 
