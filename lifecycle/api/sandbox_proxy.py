@@ -22,6 +22,11 @@ Rules:
    any field whose value holds the API key or the sandbox's tokens.
 4. WebSocket upgrades are relayed message by message, with the client's fields (the same
    filter) and the sandbox's close code and reason passed to the client.
+5. The egress port (18080) is not forwarded: OpenSandbox's clients find its egress API there
+   (its sidecar listens on it), and sandgate serves that API outside the sandbox, so
+   `/sandboxes/{id}/proxy/18080/...` is answered by the egress routes themselves
+   (`/sandboxes/{id}/egress/...`, api/egress.py): one implementation, the same checks (token or
+   API key, validation, audit), nothing reaches the sandbox.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import contextlib
 import re
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import unquote
 
 import websockets
 from fastapi import APIRouter, Request, WebSocket
@@ -38,7 +44,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sandgate.lifecycle.api.auth import API_KEY_HEADER, EGRESS_AUTH_HEADER, keys_match
+from sandgate.lifecycle.api.auth import API_KEY_HEADER, EGRESS_AUTH_HEADER, EGRESS_PORT, keys_match
 from sandgate.lifecycle.api.calls import call
 from sandgate.lifecycle.api.errors import ApiError
 from sandgate.lifecycle.api.upstream import Exchange, UpstreamError
@@ -122,8 +128,11 @@ class ProxyFrontDoor:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw_path = scope.get("raw_path") or scope.get("path", "").encode()
-        found = PROXY_PATH.match(raw_path.decode("latin-1")) if scope["type"] == "http" else None
-        if found is None:
+        found = PROXY_PATH.match(raw_path.decode("latin-1")) if scope["type"] in ("http", "websocket") else None
+        if found is not None and int(found["port"]) == EGRESS_PORT:
+            await self.app(egress_api_scope(scope, raw_path, found), receive, send)  # rule 5
+            return
+        if found is None or scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
@@ -134,6 +143,13 @@ class ProxyFrontDoor:
         except ApiError as exc:
             response = JSONResponse({"code": exc.code, "message": exc.message}, status_code=exc.status)
         await response(scope, receive, send)
+
+
+def egress_api_scope(scope: Scope, raw_path: bytes, found: re.Match[str]) -> Scope:
+    """The request to `[/v1]/sandboxes/{id}/proxy/18080/...` as one to `.../egress/...`."""
+    head = raw_path[: found.start("port")].removesuffix(b"/proxy/")
+    egress = head + b"/egress" + raw_path[found.end("port") :]
+    return {**scope, "raw_path": egress, "path": unquote(egress.decode("latin-1"))}
 
 
 async def forward(request: Request, sandbox_id: str, port: int, path: str) -> Relay:
