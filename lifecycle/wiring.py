@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
     from sandgate.lifecycle.service import CreateRequest, Service
     from sandgate.policy import Reason
-    from sandgate.proxy import ProxyControl
+    from sandgate.proxy import ProxyControl, RecordKind
     from sandgate.vault import SecretStore, StoreSecrets, StoreSettings
 
 
@@ -129,18 +129,22 @@ def proxy_start_timeout(workers: int) -> float:
     return 60.0 + 15.0 * ((workers or os.cpu_count() or 1) - 1)
 
 
-def policy_change_writer(audit_path: Path) -> Callable[[str, Reason, PolicyChange], None]:
-    """Appends policy_change records to the proxy's audit log (O_APPEND: safe beside the proxy)."""
+def control_plane_writer(audit_path: Path, kind: RecordKind) -> Callable[[str, Reason, str], None]:
+    """Appends the control plane's records of `kind` (sandbox id, what, JSON detail) to the
+    proxy's audit log (O_APPEND: safe beside the proxy)."""
     from sandgate.policy import Decision
     from sandgate.proxy import AuditRecord, append_record
 
-    def write(sandbox_id: str, what: Reason, change: PolicyChange) -> None:
-        decision = Decision("allow", what, detail=change.to_detail())
-        append_record(
-            audit_path, AuditRecord.of("policy_change", sandbox_id, "control-plane", decision, event=what)
-        )
+    def write(sandbox_id: str, what: Reason, detail: str) -> None:
+        decision = Decision("allow", what, detail=detail)
+        append_record(audit_path, AuditRecord.of(kind, sandbox_id, "control-plane", decision, event=what))
 
     return write
+
+
+def policy_change_writer(audit_path: Path) -> Callable[[str, Reason, PolicyChange], None]:
+    write = control_plane_writer(audit_path, "policy_change")
+    return lambda sandbox_id, what, change: write(sandbox_id, what, change.to_detail())
 
 
 def answers(control: ProxyControl) -> bool:
@@ -364,6 +368,8 @@ def build_components(settings: Settings, api_key: str) -> Components:
         ca_cert=ca.cert,
         warm_pool_size=settings.warm_pool_size,
         isolation=settings.isolation,
+        renew_max_lifetime=settings.renew_on_access_max_lifetime,
+        audit=control_plane_writer(settings.audit_log, "lifecycle"),
     )
     supervisor = ProxySupervisor(
         write_proxy_config(settings),

@@ -66,3 +66,6 @@ class Reason(StrEnum):
     VAULT_PATCH = "credential-vault patch"
     VAULT_DELETE = "credential-vault delete"
     APPROVAL_ALLOW_SANDBOX = "approval allow-sandbox"  # a reviewer allowed a host for the sandbox
+    # Lifecycle records: the reason is what happened to the sandbox.
+    RENEW = "renew"  # its expiry was set through the API (renew-expiration)
+    RENEW_ON_ACCESS = "renew on access"  # traffic through the server's proxy extended its expiry

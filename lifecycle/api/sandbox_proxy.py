@@ -22,7 +22,10 @@ Rules:
    any field whose value holds the API key or the sandbox's tokens.
 4. WebSocket upgrades are relayed message by message, with the client's fields (the same
    filter) and the sandbox's close code and reason passed to the client.
-5. The egress port (18080) is not forwarded: OpenSandbox's clients find its egress API there
+5. Traffic that passes renews an opted-in sandbox's expiry, at most once a minute (setting
+   renew_on_access_interval), in a worker thread off the request's path
+   (lifecycle/renew_on_access.py).
+6. The egress port (18080) is not forwarded: OpenSandbox's clients find its egress API there
    (its sidecar listens on it), and sandgate serves that API outside the sandbox, so
    `/sandboxes/{id}/proxy/18080/...` is answered by the egress routes themselves
    (`/sandboxes/{id}/egress/...`, api/egress.py): one implementation, the same checks (token or
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -48,7 +52,9 @@ from sandgate.lifecycle.api.auth import API_KEY_HEADER, EGRESS_AUTH_HEADER, EGRE
 from sandgate.lifecycle.api.calls import call
 from sandgate.lifecycle.api.errors import ApiError
 from sandgate.lifecycle.api.upstream import Exchange, UpstreamError
+from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.execd_client import execd_headers
+from sandgate.lifecycle.renew_on_access import EXTENSION
 from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
 from sandgate.lifecycle.sandbox_store import SandboxRecord
 
@@ -64,6 +70,8 @@ PROXY_PATH = re.compile(r"^(?:/v1)?/sandboxes/(?P<sandbox>[^/]+)/proxy/(?P<port>
 UNSENDABLE_CLOSE_CODES = frozenset({1005, 1006, 1015})  # "no status", "abnormal", "TLS": never on the wire
 
 router = APIRouter(tags=["Proxy"])
+log = logging.getLogger(__name__)
+RENEWING: set[asyncio.Task[None]] = set()  # renewals under way (the loop keeps weak references)
 
 
 def target(app_state: Any, headers: Headers, sandbox_id: str, port: int) -> SandboxRecord:
@@ -79,7 +87,32 @@ def target(app_state: Any, headers: Headers, sandbox_id: str, port: int) -> Sand
         )
     if record.address is None or record.state != "Running":
         raise ApiError(409, "NOT_RUNNING", f"sandbox {sandbox_id} is {record.state}; nothing to proxy to")
+    renew_on_access(app_state, record)
     return record
+
+
+def renew_on_access(app_state: Any, record: SandboxRecord) -> None:
+    """Rule 5: decided in memory; the renewal (a database write, an audit line) runs in a thread."""
+    if (
+        EXTENSION not in record.extensions
+        or record.expires_at is None
+        or not app_state.renewals.due(record.id)
+    ):
+        return
+    task = asyncio.get_running_loop().create_task(
+        asyncio.to_thread(renew_quietly, app_state.service, record.id)
+    )
+    RENEWING.add(task)
+    task.add_done_callback(RENEWING.discard)
+
+
+def renew_quietly(service: Any, sandbox_id: str) -> None:
+    try:
+        service.renew_on_access(sandbox_id)
+    except LifecycleError as exc:  # deleted meanwhile: nothing to renew
+        log.info("no renewal on access for %s: %s", sandbox_id, exc.message)
+    except Exception:
+        log.exception("renewal on access of %s failed", sandbox_id)
 
 
 def end_to_end(fields: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -128,9 +161,11 @@ class ProxyFrontDoor:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw_path = scope.get("raw_path") or scope.get("path", "").encode()
-        found = PROXY_PATH.match(raw_path.decode("latin-1")) if scope["type"] in ("http", "websocket") else None
+        found = (
+            PROXY_PATH.match(raw_path.decode("latin-1")) if scope["type"] in ("http", "websocket") else None
+        )
         if found is not None and int(found["port"]) == EGRESS_PORT:
-            await self.app(egress_api_scope(scope, raw_path, found), receive, send)  # rule 5
+            await self.app(egress_api_scope(scope, raw_path, found), receive, send)  # rule 6
             return
         if found is None or scope["type"] != "http":
             await self.app(scope, receive, send)

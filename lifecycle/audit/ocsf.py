@@ -38,6 +38,7 @@ _CLASS = {
     "security_event": (4001, "Network Activity", 4, "Network Activity"),
     "dns": (4003, "DNS Activity", 4, "Network Activity"),
     "policy_change": (0, "Base Event", 0, "Uncategorized"),
+    "lifecycle": (0, "Base Event", 0, "Uncategorized"),
 }
 # decision -> (action_id, action, disposition_id, disposition, status_id, status, severity_id)
 _DECISION = {
