@@ -19,6 +19,8 @@ import httpx
 import pytest
 from opensandbox import SandboxSync
 from opensandbox.models.sandboxes import NetworkPolicy, NetworkRule
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from tests.conformance.conftest import API_HOST
 from tests.conformance.test_sdk import connection
@@ -143,6 +145,12 @@ def test_proxied_egress_port_is_the_egress_api_with_its_checks(
     with httpx.Client(trust_env=False) as http:
         missing = http.get(f"{server.base_url}/v1/sandboxes/no-such-sandbox/proxy/18080/policy", headers=key)
     assert missing.status_code == 404
+    for headers in ({}, key):  # a WebSocket there is no relay into the sandbox either
+        with pytest.raises(InvalidStatus) as refused:
+            connect(
+                f"ws://{server.domain}/v1/sandboxes/{sandbox_id}/proxy/18080/", additional_headers=headers
+            )
+        assert refused.value.response.status_code == 403
 
     changes = [(c["reason"], c["actor"]) for c in policy_changes(server, sandbox_id)]
     assert changes == [
