@@ -31,7 +31,8 @@ REAP_INTERVAL = 1.0
 # every proxy's own idle time, or a request sent as the server closes is lost (httpx does not
 # retry a POST): uvicorn's default, 5 s, is httpx's default too. Longest common defaults: the
 # OpenSandbox Python SDK 30 s, Go's net/http 90 s, nginx upstream and AWS ALB 60 s, OkHttp
-# 300 s, Google Cloud load balancers 600 s. An idle connection costs one socket.
+# 300 s, Google Cloud load balancers 600 s (fixed: Google asks backends for more). An idle
+# connection costs one socket (docs/operations.md, "What clients rely on").
 IDLE_KEEP_ALIVE = 620
 
 
