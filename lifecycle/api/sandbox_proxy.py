@@ -75,11 +75,15 @@ RENEWING: set[asyncio.Task[None]] = set()  # renewals under way (the loop keeps 
 
 
 def target(app_state: Any, headers: Headers, sandbox_id: str, port: int) -> SandboxRecord:
-    """The running sandbox behind the route, once the caller has shown a key for it."""
+    """The running sandbox behind the route, once the caller has shown a key for it (checked
+    here too: a path the auth middleware let through as the egress API's, spelt so that the
+    front door does not take it as one, must not pass on any key)."""
     if not 1 <= port <= 65535:
         raise ApiError(400, "INVALID_REQUEST", f"port {port} is outside 1-65535")
+    if port == EGRESS_PORT:  # rule 6, however the path was spelt
+        raise ApiError(404, "NOT_FOUND", f"port {EGRESS_PORT} is the egress API; nothing is forwarded to it")
     record: SandboxRecord = call(app_state.service.get, sandbox_id)
-    if API_KEY_HEADER not in headers and (
+    if not keys_match(headers.get(API_KEY_HEADER, ""), app_state.api_key) and (
         port != EXECD_PORT or not keys_match(headers.get(EXECD_TOKEN_HEADER, ""), record.execd_token or "\0")
     ):
         raise ApiError(

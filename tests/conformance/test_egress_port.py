@@ -145,12 +145,14 @@ def test_proxied_egress_port_is_the_egress_api_with_its_checks(
     with httpx.Client(trust_env=False) as http:
         missing = http.get(f"{server.base_url}/v1/sandboxes/no-such-sandbox/proxy/18080/policy", headers=key)
     assert missing.status_code == 404
-    for headers in ({}, key):  # a WebSocket there is no relay into the sandbox either
-        with pytest.raises(InvalidStatus) as refused:
-            connect(
-                f"ws://{server.domain}/v1/sandboxes/{sandbox_id}/proxy/18080/", additional_headers=headers
-            )
-        assert refused.value.response.status_code == 403
+    # a WebSocket there is no relay into the sandbox either, nor with the port spelt %-encoded
+    # (the auth middleware reads the decoded path), with a made-up key or the real one
+    for port in ("18080", "1808%30"):
+        for headers in ({}, {"OPEN-SANDBOX-API-KEY": "made up"}, key):
+            with pytest.raises(InvalidStatus) as refused:
+                url = f"ws://{server.domain}/v1/sandboxes/{sandbox_id}/proxy/{port}/"
+                connect(url, additional_headers=headers)
+            assert refused.value.response.status_code == 403, (port, headers)
 
     changes = [(c["reason"], c["actor"]) for c in policy_changes(server, sandbox_id)]
     assert changes == [
