@@ -226,6 +226,8 @@ def test_ocsf_other_kinds() -> None:
     change = to_ocsf(record_of("policy_change", detail='{"actor":"api"}'))
     assert (change["class_uid"], change["category_uid"], change["type_uid"]) == (0, 0, 99)
     assert to_ocsf(record_of("security_event", event="sni_mismatch"))["severity_id"] == 4
+    renewal = to_ocsf(record_of("lifecycle", reason="renew on access", event="renew on access"))
+    assert (renewal["class_uid"], renewal["activity_name"]) == (0, "renew on access")
 
 
 def test_a_passthrough_closing_record_adds_bytes_not_a_decision(tmp_path: Path) -> None:
