@@ -20,6 +20,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -60,21 +61,26 @@ def source_digest() -> str:
 @pytest.fixture(scope="module")
 def java_classpath() -> str:
     """tests/java compiled offline from the Maven repo bootstrap filled; the classes are kept
-    under the sources' digest, so a later run with the same sources builds nothing."""
-    build = build_cache(f"java-tour-{source_digest()}")
-    classpath = build / "classpath.txt"
-    if not classpath.exists():
+    under the sources' digest, so a later run with the same sources builds nothing. Built beside
+    and renamed into place: another tree's run may build the same digest at the same time."""
+    build = build_cache("java-tour") / source_digest()
+    if not build.exists():
         mvn = shutil.which("mvn")
         assert mvn, "maven is not installed (scripts/bootstrap.sh test installs it)"
+        fresh = Path(tempfile.mkdtemp(dir=build.parent, prefix=".building-"))
         done = subprocess.run(
-            [mvn, "-o", "-B", "-q", f"-Dmaven.repo.local={M2}", f"-Dtour.build={build}", "compile"],
+            [mvn, "-o", "-B", "-q", f"-Dmaven.repo.local={M2}", f"-Dtour.build={fresh}", "compile"],
             cwd=SOURCE,
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,
         )
         assert done.returncode == 0, f"mvn compile: {done.returncode}\n{done.stdout}\n{done.stderr}"
-    return f"{build / 'classes'}:{classpath.read_text().strip()}"
+        try:
+            fresh.rename(build)
+        except OSError:  # built by another run meanwhile
+            shutil.rmtree(fresh)
+    return f"{build / 'classes'}:{(build / 'classpath.txt').read_text().strip()}"
 
 
 @pytest.fixture(scope="module")
