@@ -33,7 +33,7 @@ def go_tour(tmp_path_factory: pytest.TempPathFactory) -> Path:
     go = shutil.which("go")
     assert go, "go is not installed (scripts/bootstrap.sh test installs it)"
     binary = tmp_path_factory.mktemp("go-tour") / "tour"
-    env = {**os.environ, "GOPROXY": "off", "GOFLAGS": "-mod=readonly", "GOTOOLCHAIN": "local"}
+    env = {**os.environ, "GOPROXY": "off", "GOFLAGS": "-mod=readonly -buildvcs=false", "GOTOOLCHAIN": "local"}
     done = subprocess.run(
         [go, "build", "-o", str(binary), "."],
         cwd=SOURCE,
