@@ -142,6 +142,17 @@ def policy_change_writer(audit_path: Path) -> Callable[[str, Change, PolicyChang
     return write
 
 
+def lifecycle_writer(audit_path: Path) -> Callable[[str, Change, str], None]:
+    """Appends `lifecycle` records (sandbox id, what, JSON detail) to the proxy's audit log."""
+    from sandgate.lifecycle.audit import control_plane_record
+    from sandgate.proxy import append_record
+
+    def write(sandbox_id: str, what: Change, detail: str) -> None:
+        append_record(audit_path, control_plane_record("lifecycle", sandbox_id, what, detail))
+
+    return write
+
+
 def answers(control: ProxyControl) -> bool:
     import httpx
 
@@ -363,6 +374,8 @@ def build_components(settings: Settings, api_key: str) -> Components:
         ca_cert=ca.cert,
         warm_pool_size=settings.warm_pool_size,
         isolation=settings.isolation,
+        renew_max_lifetime=settings.renew_on_access_max_lifetime,
+        audit=lifecycle_writer(settings.audit_log),
     )
     supervisor = ProxySupervisor(
         write_proxy_config(settings),

@@ -15,7 +15,7 @@ from sandgate.lifecycle.audit.index import AuditIndex, IngestResult, Retention
 from sandgate.lifecycle.audit.kinds import KINDS, LABELS, OCSF_VERSION, SYSTEM_KINDS, AuditKind, OcsfClass
 from sandgate.lifecycle.audit.observed import observed
 from sandgate.lifecycle.audit.ocsf import to_ocsf
-from sandgate.lifecycle.audit.policy_change import Change, PolicyChange, change_record
+from sandgate.lifecycle.audit.policy_change import Change, PolicyChange, change_record, control_plane_record
 from sandgate.lifecycle.audit.query import AuditFilter, Cursor, Page, QueryError, Summary, parse_time
 from sandgate.lifecycle.audit.reader import Position, RotatingLog
 from sandgate.lifecycle.audit.record import SCHEMA_VERSION, AuditRecord, format_ts, to_micros
@@ -48,6 +48,7 @@ __all__ = [
     "audit_filter",
     "audit_router",
     "change_record",
+    "control_plane_record",
     "format_ts",
     "observed",
     "parse_time",

@@ -65,7 +65,7 @@ API_CHANGES: dict[str, Activity] = {
     Change.CREATE: _CREATE, Change.VAULT_CREATE: _CREATE,
     Change.POLICY_REPLACE: _UPDATE, Change.POLICY_PATCH: _UPDATE, Change.NETWORKPOLICY_REPLACE: _UPDATE,
     Change.NETWORKPOLICY_PATCH: _UPDATE, Change.SANDGATE_POLICY_REPLACE: _UPDATE, Change.VAULT_PATCH: _UPDATE,
-    Change.APPROVAL_ALLOW_SANDBOX: _UPDATE,
+    Change.APPROVAL_ALLOW_SANDBOX: _UPDATE, Change.RENEW: _UPDATE, Change.RENEW_ON_ACCESS: _UPDATE,
     Change.POLICY_DELETE: _DELETE, Change.NETWORKPOLICY_DELETE: _DELETE, Change.VAULT_DELETE: _DELETE,
 }  # fmt: skip
 
@@ -124,6 +124,7 @@ KINDS: dict[str, AuditKind] = {
         AuditKind("dns", "DNS", ("host",), DNS_ACTIVITY, dns_query),
         AuditKind("security_event", "security event", ("event",), NETWORK_ACTIVITY, security_event),
         AuditKind("policy_change", "policy change", ("event", "detail"), API_ACTIVITY, api_change),
+        AuditKind("lifecycle", "lifecycle", ("event", "detail"), API_ACTIVITY, api_change),
         AuditKind("command", "command", ("method", "detail"), PROCESS_ACTIVITY, execd_operation),
         AuditKind("file", "file", ("method", "detail"), FILE_ACTIVITY, execd_operation),
         AuditKind("process", "process", ("method", "detail"), PROCESS_ACTIVITY, process_event),

@@ -208,15 +208,16 @@ def _api(event: Event, record: RecordJSON, _kind: AuditKind) -> None:
     event["actor"] = {"user": {"name": change.actor or "unknown"}}
     event["api"] = {"operation": operation, "service": {"name": "sandgate"}}
     event["src_endpoint"] = _address(record["client"]) or {"svc_name": record["client"]}
-    document = "credential vault" if operation.startswith("credential-vault") else "egress policy"
-    resource: dict[str, Any] = {
-        "uid": record["sandbox"],
-        "name": record["sandbox"],
-        "type": f"sandbox {document}",
-    }
-    if change.revision is not None:
-        resource["version"] = str(change.revision)
-    resource["data"] = change.model_dump(exclude={"actor", "change"})
+    resource: dict[str, Any] = {"uid": record["sandbox"], "name": record["sandbox"]}
+    if record["kind"] == "lifecycle":  # the sandbox itself: its detail is the old and new expiry
+        resource["type"] = "sandbox"
+        resource["data"] = _detail_object(record.get("detail"))
+    else:
+        document = "credential vault" if operation.startswith("credential-vault") else "egress policy"
+        resource["type"] = f"sandbox {document}"
+        if change.revision is not None:
+            resource["version"] = str(change.revision)
+        resource["data"] = change.model_dump(exclude={"actor", "change"})
     event["resources"] = [resource]
 
 
@@ -296,6 +297,15 @@ def _file(event: Event, record: RecordJSON, kind: AuditKind) -> None:
     if moves and isinstance(moves[0].get("dest"), str):
         dest = moves[0]["dest"]
         event["file_result"] = {"name": dest.rsplit("/", 1)[-1] or dest, "path": dest, "type_id": 1}
+
+
+def _detail_object(detail: str | None) -> dict[str, Any]:
+    """A record's JSON detail as an object, never failing (what is no object reads as empty)."""
+    try:
+        data = json.loads(detail or "{}")
+    except ValueError:
+        return {}
+    return {k: v for k, v in data.items() if k != "actor"} if isinstance(data, dict) else {}
 
 
 CLASS_ATTRIBUTES: dict[int, Callable[[Event, RecordJSON, AuditKind], None]] = {

@@ -9,7 +9,8 @@ Rules:
 3. Reading never fails: records of older servers lack fields (then None), and a detail that is
    not a JSON object reads as an empty change.
 4. A change is not a decision: `change_record` writes it (decision `allow`, `reason` and `event`
-   its `Change`), and its words live here, not among the policy's reasons.
+   its `Change`), and its words live here, not among the policy's reasons. A `lifecycle` record
+   (a sandbox's expiry renewed) is written the same way, its detail the old and new expiry.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from sandgate.proxy import AuditRecord
+from sandgate.proxy import AuditRecord, RecordKind
 
 CONTROL_PLANE = "control-plane"  # the `client` of a change: the caller's address is not recorded
 
@@ -41,6 +42,9 @@ class Change(StrEnum):
     VAULT_PATCH = "credential-vault patch"
     VAULT_DELETE = "credential-vault delete"
     APPROVAL_ALLOW_SANDBOX = "approval allow-sandbox"  # a reviewer allowed a host for the sandbox
+    # A `lifecycle` record's: what happened to the sandbox itself.
+    RENEW = "renew"  # its expiry was set through the API (renew-expiration)
+    RENEW_ON_ACCESS = "renew on access"  # traffic through the server's proxy extended its expiry
 
 
 class PolicyChange(BaseModel):
@@ -74,12 +78,18 @@ class PolicyChange(BaseModel):
 
 def change_record(sandbox_id: str, what: Change, change: PolicyChange) -> AuditRecord:
     """The policy_change record of a change made (a change, not a decision: always `allow`)."""
+    return control_plane_record("policy_change", sandbox_id, what, change.to_detail())
+
+
+def control_plane_record(kind: RecordKind, sandbox_id: str, what: Change, detail: str) -> AuditRecord:
+    """A record of the control plane's (`policy_change`, `lifecycle`): what it did, and its JSON
+    detail."""
     return AuditRecord(
-        kind="policy_change",
+        kind=kind,
         sandbox=sandbox_id,
         client=CONTROL_PLANE,
         decision="allow",
         reason=what,
         event=what,
-        detail=change.to_detail(),
+        detail=detail,
     )

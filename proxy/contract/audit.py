@@ -36,7 +36,15 @@ from sandgate.policy import Decision, Outcome
 from sandgate.proxy.contract.chain import append_line
 
 RecordKind = Literal[
-    "connection", "request", "dns", "security_event", "policy_change", "command", "file", "process"
+    "connection",
+    "request",
+    "dns",
+    "security_event",
+    "policy_change",
+    "lifecycle",
+    "command",
+    "file",
+    "process",
 ]
 RECORD_KINDS: tuple[RecordKind, ...] = get_args(RecordKind)
 Redact = Callable[[str], str]

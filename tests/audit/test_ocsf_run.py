@@ -1,13 +1,14 @@
 """Every record a real run writes, exported as OCSF, is valid against the OCSF schema (issue 45).
 
 A real `sandgate serve` and a real sandbox: policy changes (create, a sandgate policy, a
-credential vault, a reviewer's allow-sandbox), DNS queries (allowed, and denied by name),
-requests through the proxy (intercepted with a credential injected, a PATCH, a path the policy
-refuses, one held for approval until it times out, one a reviewer allows), pass-through TLS (its
-decision and closing records), a connection refused at the address, and security events (a
-placeholder sent to a host it is not bound to, the approval requests). The export is `sandgate
-logs -o ocsf` and `/v1/audit?format=ocsf`, as a data lake would receive it; each event is
-checked by tests/support/ocsf.py against the schema of the version it names.
+credential vault, a reviewer's allow-sandbox), a renewal (a `lifecycle` record), DNS queries
+(allowed, and denied by name), requests through the proxy (intercepted with a credential
+injected, a PATCH, a path the policy refuses, one held for approval until it times out, one a
+reviewer allows), pass-through TLS (its decision and closing records), a connection refused at
+the address, and security events (a placeholder sent to a host it is not bound to, the approval
+requests). The export is `sandgate logs -o ocsf` and `/v1/audit?format=ocsf`, as a data lake
+would receive it; each event is checked by tests/support/ocsf.py against the schema of the
+version it names.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +104,9 @@ def run_workload(server: SandgateServer, internet: Internet) -> None:
         put = client.put(f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy", json={"policy": POLICY})
         assert put.status_code == 200, put.text
         egress = client.get(f"/v1/sandboxes/{sandbox_id}/endpoints/18080").json()
+        later = (datetime.now(UTC) + timedelta(hours=2)).isoformat()  # a `lifecycle` record
+        renew = client.post(f"/v1/sandboxes/{sandbox_id}/renew-expiration", json={"expiresAt": later})
+        assert renew.status_code == 200, renew.text
     vault = httpx.post(f"http://{egress['endpoint']}/credential-vault", json=VAULT, headers=egress["headers"])
     assert vault.status_code == 201, vault.text
     for command in WORKLOAD:

@@ -54,6 +54,12 @@ SYNTHETIC = {
     "approval allow-sandbox": record_of(
         "policy_change", client="control-plane", event="approval allow-sandbox", detail='{"actor": "api-key"}'
     ),
+    "renew on access": record_of(
+        "lifecycle",
+        client="control-plane",
+        event="renew on access",
+        detail='{"actor": "access", "expires_at": "2026-01-01T00:10:00+00:00", "extend_seconds": 300}',
+    ),
 }
 
 

@@ -232,6 +232,14 @@ def test_ocsf_other_kinds() -> None:
         {"svc_name": "control-plane"},
     )
     assert to_ocsf(record_of("security_event", event="sni_mismatch"))["severity_id"] == 4
+    detail = '{"actor": "access", "expires_at": "2026-01-01T00:10:00+00:00", "extend_seconds": 300}'
+    renewal = to_ocsf(record_of("lifecycle", event="renew on access", detail=detail))
+    assert (renewal["type_uid"], renewal["actor"]) == (600303, {"user": {"name": "access"}})
+    assert renewal["resources"][0]["type"] == "sandbox"
+    assert renewal["resources"][0]["data"] == {
+        "expires_at": "2026-01-01T00:10:00+00:00",
+        "extend_seconds": 300,
+    }
 
 
 def test_a_passthrough_closing_record_adds_bytes_not_a_decision(tmp_path: Path) -> None:
