@@ -24,7 +24,7 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Protocol
 
 from sandgate.lifecycle.audit import Change, PolicyChange
@@ -41,7 +41,7 @@ from sandgate.lifecycle.sandbox_store import (
 )
 from sandgate.policy import Policy, to_document
 from sandgate.proxy import SandboxEntry
-from sandgate.vault import SecretStore
+from sandgate.vault import SecretStore, VaultError
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,19 @@ class EgressControl:
             quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
 
     # --- the policy -----------------------------------------------------------------------------
+
+    def vault_values(self, sandbox_id: str, known_revision: int) -> tuple[int, frozenset[str] | None]:
+        """The sandbox's vault revision, and its credentials' values unless that revision is
+        `known_revision` (None then: nothing is read from the vault): what the exec audit trail
+        redacts (lifecycle/trail_secrets.py). A value the vault cannot give is left out."""
+        stored = self._stored_vault(sandbox_id)
+        if stored.revision == known_revision:
+            return stored.revision, None
+        values = set()
+        for name in stored.document.entries().values():
+            with suppress(VaultError):
+                values.add(self.vault.reveal(name))
+        return stored.revision, frozenset(values)
 
     def check_egress_token(self, sandbox_id: str, token: str | None) -> SandboxRecord:
         record = existing(self.store, sandbox_id)

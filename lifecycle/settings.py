@@ -123,6 +123,19 @@ class Settings(BaseSettings):
         "control-plane headers) or 'direct' (the sandbox's address; only for clients you trust "
         "to send nothing secret)",
     )
+    exec_audit: Literal["off", "execd", "processes"] = Field(
+        "execd",
+        description="the exec audit trail (docs/audit.md): 'execd' records every execd call the "
+        "host's reverse proxy forwards (commands, code cells, file operations) as `command` and "
+        "`file` records; 'processes' also every program a sandbox runs (`process` records, from "
+        "the kernel's process connector; local runtime, standard isolation); 'off' records none",
+    )
+    process_events_netns: Path | None = Field(
+        None,
+        description="a network namespace file (/proc/<pid>/ns/net) to open the kernel's process "
+        "connector in, which answers only in the initial network namespace: set it when the "
+        "server runs in another one",
+    )
 
     # vault
     vault_backend: Literal["local", "openbao"] = "local"

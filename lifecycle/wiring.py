@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sandgate.lifecycle.settings import Settings
 
@@ -28,13 +28,16 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.audit import AuditIndex, AuditStore, Change, PolicyChange
     from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.network import SandboxNetworks
+    from sandgate.lifecycle.process_events import ProcessWatcher
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
     from sandgate.lifecycle.registry import Credentials, RegistryConfig
     from sandgate.lifecycle.runtime.base import BindMount
     from sandgate.lifecycle.runtime.docker import DockerRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
     from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
+    from sandgate.lifecycle.sandbox_store import SandboxRecord, SandboxStore
     from sandgate.lifecycle.service import CreateRequest, Service
+    from sandgate.lifecycle.trail_secrets import Secrets
     from sandgate.proxy import ProxyControl
     from sandgate.vault import SecretStore, StoreSecrets, StoreSettings
 
@@ -387,6 +390,9 @@ def build_components(settings: Settings, api_key: str) -> Components:
         control_socket=control.socket_path,
         secrets=vault_secrets(settings).revealed_json(),
     )
+    from sandgate.lifecycle.trail_secrets import Secrets
+
+    watcher = process_watcher(settings, instance, store, Secrets(egress.vault_values, api_key))
     audit, routers = audit_and_console(service, settings, api_key)
     audit.start()
     return Components(
@@ -394,5 +400,62 @@ def build_components(settings: Settings, api_key: str) -> Components:
         supervisor,
         routers,
         open_prefixes=["/console"],
-        closers=[store.close, supervisor.stop, audit.stop, service.stop],
+        closers=[store.close, supervisor.stop, audit.stop, service.stop, *(w.stop for w in [watcher] if w)],
     )
+
+
+def process_watcher(
+    settings: Settings, instance: str, store: SandboxStore, secrets: Secrets
+) -> ProcessWatcher | None:
+    """With `exec_audit = "processes"`, the started watcher of every program a sandbox runs; a
+    host that cannot give it (no process connector, the Docker runtime) refuses to start, never
+    runs without what was asked for."""
+    from sandgate.lifecycle.process_events import ProcessWatcher, summary, to_json
+    from sandgate.lifecycle.sandbox_store import NotFound
+    from sandgate.proxy import AuditRecord, append_records
+
+    if settings.exec_audit != "processes":
+        return None
+    if settings.runtime != "local":
+        raise ValueError(
+            "setting `exec_audit` is 'processes', which the local runtime gives (the Docker runtime's "
+            "sandboxes are not followed yet: docs/audit.md); use 'execd'"
+        )
+
+    def lookup(sandbox_id: str) -> SandboxRecord | None:
+        try:
+            return store.get_sandbox(sandbox_id)
+        except NotFound:
+            return None
+
+    def write(batch: list[tuple[SandboxRecord | None, dict[str, Any]]]) -> None:
+        sandboxes = {record.id: record for record, _ in batch if record}
+        redactors = {sandbox_id: secrets.redact(record) for sandbox_id, record in sandboxes.items()}
+        lines = [
+            (
+                AuditRecord(
+                    kind="process",
+                    sandbox=record.id if record else "-",
+                    client="kernel",
+                    decision="allow",
+                    reason=summary(facts),
+                    method=facts["op"],
+                    path=facts.get("exe"),
+                    detail=to_json(facts),
+                ),
+                redactors[record.id] if record else None,
+            )
+            for record, facts in batch
+        ]
+        append_records(settings.audit_log, lines)
+
+    watcher = ProcessWatcher(instance, lookup, write, settings.process_events_netns)
+    try:
+        watcher.start()
+    except OSError as exc:
+        raise ValueError(
+            f"setting `exec_audit` is 'processes', but the kernel's process connector cannot be opened "
+            f"({exc}); set `process_events_netns` when the server runs outside the initial network "
+            "namespace, or use 'execd'"
+        ) from None
+    return watcher

@@ -51,6 +51,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sandgate.lifecycle.api.auth import API_KEY_HEADER, EGRESS_AUTH_HEADER, EGRESS_PORT, keys_match
 from sandgate.lifecycle.api.calls import call
 from sandgate.lifecycle.api.errors import ApiError
+from sandgate.lifecycle.api.exec_audit import Call
 from sandgate.lifecycle.api.upstream import Exchange, UpstreamError
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.execd_client import execd_headers
@@ -196,26 +197,35 @@ async def forward(request: Request, sandbox_id: str, port: int, path: str) -> Re
     state = request.app.state
     record = target(state, request.headers, sandbox_id, port)
     query = request.scope.get("query_string", b"").decode("latin-1")
+    body = request.stream() if has_body(request.headers) else None
+    trail = state.exec_trail.begin(request, record, port, path) if state.exec_trail else None
+    if trail is not None:
+        body = await trail.request_body(body, request.headers.get("content-type", ""))
+        trail.write_ahead()
     try:
         exchange = await state.upstream.send(
             (record.id, record.address, port),
             request.method,
             f"{path}?{query}" if query else path,
             upstream_headers(request.headers.items(), record, port, state.api_key),
-            request.stream() if has_body(request.headers) else None,
+            body,
         )
     except UpstreamError as exc:
+        if trail is not None:
+            trail.finish(None, f"execd did not answer: {exc}")
         raise ApiError(502, "BAD_GATEWAY", f"sandbox {sandbox_id} port {port} did not answer: {exc}") from exc
-    return Relay(exchange)
+    return Relay(exchange, trail)
 
 
 class Relay(Response):
     """The sandbox's answer as it arrives: its status and end-to-end fields, then the body chunk
     by chunk. If the client leaves first, the upstream connection is closed (a command's SSE
-    stream stops being read; execd sees the disconnect)."""
+    stream stops being read; execd sees the disconnect). An execd call's trail sees each chunk
+    and is finished when the answer ends or the client leaves."""
 
-    def __init__(self, exchange: Exchange) -> None:
+    def __init__(self, exchange: Exchange, trail: Call | None = None) -> None:
         self.exchange = exchange
+        self.trail = trail
         self.status_code = exchange.status
         self.background = None
         fields = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in exchange.fields]
@@ -234,12 +244,26 @@ class Relay(Response):
             if not relay.done():
                 relay.cancel()
                 self.exchange.discard()
+            if self.trail is not None:
+                self.trail.finish(self.status_code, _broken_off(relay))
         relay.result()
 
     async def _relay(self, send: Send) -> None:
         async for chunk in self.exchange.body():
+            if self.trail is not None:
+                self.trail.answer(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if self.trail is not None:  # the outcome is in the file before the client sees the end
+            self.trail.finish(self.status_code)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _broken_off(relay: asyncio.Future[None]) -> str | None:
+    """Why an answer did not reach its end, or None when it did."""
+    if not relay.done() or relay.cancelled():
+        return "the client left before the answer ended"
+    error = relay.exception()
+    return None if error is None else f"the answer broke off: {error!r}"[:300]
 
 
 async def _disconnected(receive: Receive) -> None:

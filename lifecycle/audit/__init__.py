@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandgate.lifecycle.audit.audit_store import AuditStore
 from sandgate.lifecycle.audit.index import AuditIndex, IngestResult, Retention
-from sandgate.lifecycle.audit.kinds import KINDS, LABELS, OCSF_VERSION, AuditKind, OcsfClass
+from sandgate.lifecycle.audit.kinds import KINDS, LABELS, OCSF_VERSION, SYSTEM_KINDS, AuditKind, OcsfClass
 from sandgate.lifecycle.audit.observed import observed
 from sandgate.lifecycle.audit.ocsf import to_ocsf
 from sandgate.lifecycle.audit.policy_change import Change, PolicyChange, change_record, control_plane_record
@@ -28,6 +28,7 @@ __all__ = [
     "LABELS",
     "OCSF_VERSION",
     "SCHEMA_VERSION",
+    "SYSTEM_KINDS",
     "AuditFilter",
     "AuditIndex",
     "AuditKind",

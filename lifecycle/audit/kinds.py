@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from sandgate.lifecycle.audit.policy_change import Change
 from sandgate.lifecycle.audit.record import RecordJSON
+from sandgate.lifecycle.exec_trail import OPERATIONS
 
 OCSF_VERSION = "1.3.0"
 OTHER = 99  # OCSF's "Other" in every enumeration: the name is then the source's own word
@@ -43,6 +44,8 @@ NETWORK_ACTIVITY = OcsfClass(4001, "Network Activity", 4, "Network Activity", (S
 HTTP_ACTIVITY = OcsfClass(4002, "HTTP Activity", 4, "Network Activity", (SECURITY_CONTROL,))
 DNS_ACTIVITY = OcsfClass(4003, "DNS Activity", 4, "Network Activity", (SECURITY_CONTROL,))
 API_ACTIVITY = OcsfClass(6003, "API Activity", 6, "Application Activity", ())
+PROCESS_ACTIVITY = OcsfClass(1007, "Process Activity", 1, "System Activity", ())
+FILE_ACTIVITY = OcsfClass(1001, "File System Activity", 1, "System Activity", ())
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,15 @@ API_CHANGES: dict[str, Activity] = {
     Change.APPROVAL_ALLOW_SANDBOX: _UPDATE, Change.RENEW: _UPDATE, Change.RENEW_ON_ACCESS: _UPDATE,
     Change.POLICY_DELETE: _DELETE, Change.NETWORKPOLICY_DELETE: _DELETE, Change.VAULT_DELETE: _DELETE,
 }  # fmt: skip
+
+
+# Process Activity's and File System Activity's activity captions by id.
+PROCESS_ACTIVITIES = {1: "Launch", 2: "Terminate", 3: "Open", 4: "Inject", 5: "Set User ID"}
+FILE_ACTIVITIES = {1: "Create", 2: "Read", 3: "Update", 4: "Delete", 5: "Rename", 6: "Set Attributes",
+                   7: "Set Security", 8: "Get Attributes", 9: "Get Security", 14: "Open"}  # fmt: skip
+# An execd operation's activity (lifecycle/exec_trail.py's table); a process event's.
+EXECD_OPERATIONS = {op.name: op.activity for op in OPERATIONS.values()}
+PROCESS_EVENTS = {"exec": 1, "ptrace": 3}  # a program launched; a process opened by another (ptrace)
 
 
 def http_method(record: RecordJSON) -> Activity:
@@ -91,6 +103,19 @@ def api_change(record: RecordJSON) -> Activity:
     return API_CHANGES.get(change, (OTHER, change))
 
 
+def execd_operation(record: RecordJSON) -> Activity:
+    captions = PROCESS_ACTIVITIES if record["kind"] == "command" else FILE_ACTIVITIES
+    operation = record.get("method") or "Other"
+    activity = EXECD_OPERATIONS.get(operation, OTHER)
+    return (activity, captions[activity]) if activity in captions else (OTHER, operation)
+
+
+def process_event(record: RecordJSON) -> Activity:
+    event = record.get("method") or "Other"
+    activity = PROCESS_EVENTS.get(event, OTHER)
+    return (activity, PROCESS_ACTIVITIES[activity]) if activity != OTHER else (OTHER, event)
+
+
 KINDS: dict[str, AuditKind] = {
     kind.name: kind
     for kind in (
@@ -100,6 +125,12 @@ KINDS: dict[str, AuditKind] = {
         AuditKind("security_event", "security event", ("event",), NETWORK_ACTIVITY, security_event),
         AuditKind("policy_change", "policy change", ("event", "detail"), API_ACTIVITY, api_change),
         AuditKind("lifecycle", "lifecycle", ("event", "detail"), API_ACTIVITY, api_change),
+        AuditKind("command", "command", ("method", "detail"), PROCESS_ACTIVITY, execd_operation),
+        AuditKind("file", "file", ("method", "detail"), FILE_ACTIVITY, execd_operation),
+        AuditKind("process", "process", ("method", "detail"), PROCESS_ACTIVITY, process_event),
     )
 }
 LABELS = {name: kind.label for name, kind in KINDS.items()}
+# The kinds of what ran and was touched inside a sandbox (OCSF System Activity): shown by their
+# operation and path, not as a network request.
+SYSTEM_KINDS = tuple(name for name, kind in KINDS.items() if kind.ocsf.category_uid == 1)

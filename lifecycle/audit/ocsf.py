@@ -221,6 +221,84 @@ def _api(event: Event, record: RecordJSON, _kind: AuditKind) -> None:
     event["resources"] = [resource]
 
 
+def _system(event: Event, record: RecordJSON, kind: AuditKind) -> dict[str, Any]:
+    """What Process and File System Activity share: the sandbox as the device, the outcome, the
+    caller (an execd call's API key or token, a process event's parent); the record's facts
+    (its `detail`) not mapped here are returned for the class to take from and the rest goes
+    under `unmapped.facts`."""
+    facts: dict[str, Any] = json.loads(record.get("detail") or "{}")
+    event["device"] = {"type_id": 6, "type": "Virtual", "uid": record["sandbox"], "name": record["sandbox"]}
+    failed = (
+        facts.get("exit_code") not in (None, 0) or (record.get("status") or 0) >= 400 or "problem" in facts
+    )
+    if failed:
+        event["status_id"], event["status"] = 2, "Failure"
+        event["status_detail"] = _bounded(str(facts.get("problem") or facts.get("error") or record["reason"]))
+    if record.get("event") == INCOMPLETE:  # written ahead; its outcome was never recorded
+        event["status_id"], event["status"] = 0, "Unknown"
+        event["status_detail"] = "incomplete: sent to execd, its answer never ended"
+    if record.get("duration_ms") is not None:
+        event["duration"] = round(record["duration_ms"])
+    if (actor := facts.pop("actor", None)) is not None:
+        event["actor"] = {"user": {"name": actor}, "app_name": "sandgate"}
+        event["unmapped"]["client"] = record.get("client")  # these classes have no src_endpoint
+    event["unmapped"]["facts"] = facts
+    return facts
+
+
+def _process(event: Event, record: RecordJSON, kind: AuditKind) -> None:
+    """An execd command or code cell (`command`), or a program the kernel saw start (`process`)."""
+    facts = _system(event, record, kind)
+    if record["kind"] == "process":
+        process: dict[str, Any] = {"pid": facts.pop("pid", 0) or 0}
+        if facts.get("argv"):
+            process["cmd_line"] = _bounded(" ".join(facts.pop("argv")))
+        if exe := facts.pop("exe", None):
+            process["file"] = {"name": exe.rsplit("/", 1)[-1] or exe, "path": exe, "type_id": 1}
+        if (ppid := facts.pop("ppid", None)) is not None:
+            process["parent_process"] = {"pid": ppid}
+            event["actor"] = {"process": {"pid": ppid}}
+        if "target_pid" in facts:  # ptrace: the tracer is the actor, the traced the process
+            event["actor"] = {"process": {"pid": process["pid"]}}
+            process = {"pid": facts.pop("target_pid")}
+        if (uid := facts.pop("uid", None)) is not None:
+            process["user"] = {"uid": str(uid)}
+        event["actor"] = event.get("actor") or {"app_name": "kernel"}
+    else:
+        process = {"uid": facts.get("run_id") or record["id"]}
+        if text := facts.get("command") or facts.get("code"):
+            process["cmd_line"] = _bounded(text)
+        if facts.get("exit_code") is not None:
+            event["exit_code"] = facts["exit_code"]
+    event["process"] = process
+
+
+def _file(event: Event, record: RecordJSON, kind: AuditKind) -> None:
+    """An execd file operation: its first file (with the sha256 of what was written or read) and,
+    for a move, where it went."""
+    facts = _system(event, record, kind)
+    files = facts.get("files") or []
+    path = record.get("path") or (files[0].get("path") if files else None) or ""
+    folder = facts.get("op") in ("mkdir", "rmdir", "list", "search")
+    file: dict[str, Any] = {
+        "name": path.rstrip("/").rsplit("/", 1)[-1] or path or "-",
+        "type_id": 2 if folder else 1,
+    }
+    if path:
+        file["path"] = _bounded(path)
+    written = files[0] if files else {}
+    digest = written.get("sha256") or written.get("new_sha256") or facts.get("read_sha256")
+    if digest:
+        file["hashes"] = [{"algorithm_id": 3, "algorithm": "SHA-256", "value": digest}]
+    if (size := written.get("bytes", written.get("new_bytes"))) is not None:
+        file["size"] = size
+    event["file"] = file
+    moves = facts.get("moves") or []
+    if moves and isinstance(moves[0].get("dest"), str):
+        dest = moves[0]["dest"]
+        event["file_result"] = {"name": dest.rsplit("/", 1)[-1] or dest, "path": dest, "type_id": 1}
+
+
 def _detail_object(detail: str | None) -> dict[str, Any]:
     """A record's JSON detail as an object, never failing (what is no object reads as empty)."""
     try:
@@ -231,6 +309,8 @@ def _detail_object(detail: str | None) -> dict[str, Any]:
 
 
 CLASS_ATTRIBUTES: dict[int, Callable[[Event, RecordJSON, AuditKind], None]] = {
+    1001: _file,
+    1007: _process,
     4001: _network,
     4002: _http,
     4003: _dns,

@@ -19,7 +19,7 @@ import jinja2
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import FileResponse, HTMLResponse
 
-from sandgate.lifecycle.audit import KINDS, LABELS, AuditFilter, AuditStore, QueryError
+from sandgate.lifecycle.audit import KINDS, LABELS, SYSTEM_KINDS, AuditFilter, AuditStore, QueryError
 from sandgate.lifecycle.console.views import ConsoleSandbox
 from sandgate.lifecycle.visible import visible
 from sandgate.policy import OUTCOMES
@@ -39,7 +39,9 @@ _templates = jinja2.Environment(
     loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined
 )
 _templates.filters["visible"] = visible
-_templates.globals.update(outcomes=list(OUTCOMES), kinds=list(KINDS), kind_labels=LABELS)
+_templates.globals.update(
+    outcomes=list(OUTCOMES), kinds=list(KINDS), kind_labels=LABELS, system_kinds=SYSTEM_KINDS
+)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ version it names.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -89,6 +90,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandgateServer]
         extra = {
             "SANDGATE_UPSTREAM_DNS": json.dumps([DNS_ADDR]),
             "SANDGATE_UPSTREAM_CA": str(internet.ca_cert),
+            "SANDGATE_EXEC_AUDIT": "processes",  # every program the workload runs: `process` records
+            "SANDGATE_PROCESS_EVENTS_NETNS": os.environ["SANDGATE_TEST_HOST_NETNS"],
         }
         with sandgate_server(Path(tmp_path_factory.mktemp("sandgate")), extra) as running:
             run_workload(running, internet)
@@ -108,6 +111,11 @@ def run_workload(server: SandgateServer, internet: Internet) -> None:
     assert vault.status_code == 201, vault.text
     for command in WORKLOAD:
         server.run(sandbox_id, command, timeout=60)
+    with server.client() as client:  # a file operation through execd: a `file` record
+        written = client.post(
+            f"/v1/sandboxes/{sandbox_id}/proxy/44772/directories", json={"/tmp/ocsf-run": {"mode": 755}}
+        )
+        assert written.status_code == 200, written.text
     approve_for_the_sandbox(server, sandbox_id)
     # The other side: the allowed requests reached the origin, the refused ones did not.
     reached = {

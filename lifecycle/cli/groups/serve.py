@@ -183,6 +183,7 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
                 extra_routers=parts.extra_routers,
                 open_prefixes=parts.open_prefixes,
                 execd_endpoint=settings.execd_endpoint,
+                exec_audit=settings.exec_audit != "off",
                 host_volumes=HostVolumes(tuple(settings.volume_host_prefixes), (settings.state_dir,)),
                 renew_interval=settings.renew_on_access_interval,
             )
