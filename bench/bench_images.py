@@ -43,7 +43,7 @@ def _child() -> None:
     try:
         with start_registry(work / "registry") as registry:
             fill(registry)
-            config = RegistryConfig(mirrors=(registry.mirror,))
+            config = RegistryConfig(mirrors=(registry.mirror,), mirror_only=True)
             pulls = []
             for index in range(PULLS):
                 store = ImageStore(work / f"cold{index}" / "images", registry=config)

@@ -192,6 +192,11 @@ class Settings(BaseSettings):
         description="mirror URLs tried in order for docker.io images (env: comma-separated), "
         "e.g. https://mirror.example.com; an http:// mirror is spoken to over plain HTTP",
     )
+    registry_mirror_only: bool = Field(
+        False,
+        description="docker.io images come from registry_mirrors only, never from docker.io "
+        "(air-gapped or proxied installs: no public name is looked up)",
+    )
     insecure_registries: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="registry hosts[:port] allowed over plain HTTP (env: comma-separated); "
@@ -237,6 +242,15 @@ class Settings(BaseSettings):
     audit_max_rows: int | None = Field(
         None, ge=1, description="the audit index keeps at most this many newest records"
     )
+
+    @model_validator(mode="after")
+    def _mirror_only_has_mirrors(self) -> Settings:
+        if self.registry_mirror_only and not self.registry_mirrors:
+            raise ValueError(
+                "registry_mirror_only is set but registry_mirrors is empty: no docker.io image "
+                "could be pulled; name a mirror (e.g. https://mirror.example.com) or unset it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _isolation_from_secure_runtime(self) -> Settings:

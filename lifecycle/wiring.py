@@ -264,6 +264,7 @@ def registry_config(settings: Settings) -> RegistryConfig:
     return RegistryConfig(
         mirrors=tuple(settings.registry_mirrors),
         insecure=tuple(settings.insecure_registries),
+        mirror_only=settings.registry_mirror_only,
         timeout=settings.image_pull_timeout,
     )
 
