@@ -37,7 +37,7 @@ from pydantic_settings import (
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.quantities import parse_quantity
 from sandgate.policy import DEFAULT_MAX_RULES, Policy, Presets, load_policy
-from sandgate.proxy import ResolverAddress, audit_path
+from sandgate.proxy import ResolverAddress, UpstreamProxy, audit_path
 
 DEFAULT_CONFIG_FILE = Path("/etc/sandgate/config.toml")
 _config_flag: ContextVar[Path | None] = ContextVar("config_flag", default=None)
@@ -154,6 +154,11 @@ class Settings(BaseSettings):
         description="resolvers the proxy asks: `ip`, `ip:port` or `[v6]:port` (default: /etc/resolv.conf)",
     )
     upstream_ca: Path | None = Field(None, description="extra CA bundle trusted upstream (adds to certifi)")
+    upstream_proxies: list[UpstreamProxy] = Field(
+        default_factory=list,
+        description="company proxies allowed traffic leaves through (env: JSON list of {url, hosts, "
+        "credential, identity_header}); first match by host wins; docs/proxy.md",
+    )
 
     # sandbox networks
     address_pool: IPv4Network = Field(IPv4Network("10.213.0.0/16"), description="sandbox /30s come from here")

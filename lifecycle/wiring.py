@@ -112,6 +112,7 @@ def write_proxy_config(settings: Settings) -> Path:
         audit_fsync=settings.audit_fsync,
         max_rules=settings.policy_max_rules,
         vault=vault_settings(settings),
+        upstream_proxies=settings.upstream_proxies,
     )
     path = config_path(settings.state_dir)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -25,7 +25,9 @@ _PUBLIC = {
         ("INCOMPLETE", "RECORD_KINDS", "AuditRecord", "RecordKind", "append_record", "redact_path"), "audit"
     ),
     **dict.fromkeys(("CaFiles", "ensure_ca"), "ca"),
-    **dict.fromkeys(("ConnectionLimits", "ProxyConfig", "ResolverAddress", "SandboxEntry"), "config"),
+    **dict.fromkeys(
+        ("ConnectionLimits", "ProxyConfig", "ResolverAddress", "SandboxEntry", "UpstreamProxy"), "config"
+    ),
     "system_servers": "config",
     **dict.fromkeys(("ProxyControl", "ProxyControlError"), "control"),
 }
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
         ProxyConfig,
         ResolverAddress,
         SandboxEntry,
+        UpstreamProxy,
         system_servers,
     )
     from sandgate.proxy.contract.control import ProxyControl, ProxyControlError
@@ -82,6 +85,7 @@ __all__ = [
     "RecordKind",
     "ResolverAddress",
     "SandboxEntry",
+    "UpstreamProxy",
     "append_record",
     "audit_path",
     "config_path",

@@ -159,6 +159,8 @@ class AuditAddon:
         detail = request_state.detail
         if flow.error and detail is None:
             detail = flow.error.msg  # may quote upstream bytes: the writer redacts it
+            if request_state.via:
+                detail = f"through upstream proxy {request_state.via}: {detail}"
         ended = event is None
         return AuditRecord.of(
             "request",
@@ -166,7 +168,8 @@ class AuditAddon:
             addr(flow.client_conn.peername) or "-",
             request_state.verdict.decision,
             id=request_state.record_id,
-            upstream=addr(server.peername) if server and server.peername else None,
+            upstream=_dialled(server, request_state.via),
+            via=request_state.via,
             sni=flow.client_conn.sni,
             scheme="https" if request.scheme == "https" else "http",
             method=identity.method if identity else request.method,
@@ -182,6 +185,13 @@ class AuditAddon:
             event=event,
             detail=detail,
         )
+
+
+def _dialled(server: connection.Server | None, via: str | None) -> str | None:
+    """What the proxy dialled for a request: the origin, or the upstream proxy it went through."""
+    if via is not None:
+        return via.removeprefix("http://")
+    return addr(server.peername) if server and server.peername else None
 
 
 def unwritable_response(why: str) -> http.Response:

@@ -30,13 +30,14 @@ from sandgate.policy import (
 from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.contract.audit import AuditRecord, new_record_id
-from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry
+from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry, UpstreamProxy
 from sandgate.proxy.credentials import SandboxCredentials, SecretValues
 from sandgate.proxy.decide import Verdict
 from sandgate.proxy.metrics import Metrics
 from sandgate.proxy.minting import TokenMinter
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.tcpinfo import KernelCounters
+from sandgate.proxy.upstreamproxy import UpstreamProxies
 from sandgate.vault import open_configured
 
 FLOW_KEY = "sandgate"  # flow.metadata key of a RequestState
@@ -115,6 +116,8 @@ class SandboxTable:
     def put(self, entry: SandboxEntry) -> Sandbox:
         sandbox = Sandbox.compile(entry, self.values, self.max_rules)
         self.values.load(sandbox.credentials.vault_names)
+        own_proxies = entry.upstream_proxies or ()
+        self.values.load(sorted({proxy.credential for proxy in own_proxies if proxy.credential}))
         self._by_address = MappingProxyType({**self._by_address, entry.address: sandbox})
         self._changed(entry.address)
         return sandbox
@@ -159,6 +162,8 @@ class ConnState:
     decision_record: AuditRecord | None = None  # pass-through: its decision, closed at disconnect
     counters: KernelCounters | None = None  # pass-through: the kernel's byte counts
     pins: dict[str, str] = field(default_factory=dict)  # name -> the address the proxy dials
+    via: UpstreamProxy | None = None  # the upstream its next dial goes through (upstreamproxy.py)
+    tunnelled: bool = False  # explicit CONNECT: its tunnel already dials through `via`
     restore: dict[str, tuple[str, int]] = field(default_factory=dict)  # server id -> address by name
 
 
@@ -178,6 +183,7 @@ class RequestState:
     bytes_out: int = 0
     bytes_in: int = 0
     detail: str | None = None
+    via: str | None = None  # the upstream proxy it went through
     record_id: str = field(default_factory=new_record_id)
     written_ahead: bool = False
 
@@ -191,4 +197,10 @@ class ProxyState:
     metrics: Metrics
     connections: dict[str, ConnState] = field(default_factory=dict)
     approvals: Approvals = field(default_factory=Approvals)
+    upstream_proxies: UpstreamProxies = field(default_factory=lambda: UpstreamProxies([], SecretValues(None)))
     minter: TokenMinter | None = None  # mints `oauth2` bindings' tokens (None: minting refused)
+
+    def configured_upstream_proxies(self) -> list[UpstreamProxy]:
+        """The server's upstream proxies and every sandbox entry's own."""
+        own = [proxy for entry in self.table.entries() for proxy in entry.upstream_proxies or ()]
+        return [*self.upstream_proxies.proxies, *own]
