@@ -86,6 +86,7 @@ def _child() -> None:
                 order = arms if round_number % 2 == 0 else arms[::-1]  # ABBA
                 for label, proxy, ports in order:
                     load = run_case(topo, case, proxy, ports["transparent_port"])
+                    print(f"  {case.name:42} c={case.c:<2} {label:9} {load.rps:8.0f} req/s", flush=True)
                     if load.errors:
                         raise RuntimeError(f"{case.name} {label}: {load.errors} failed requests")
                     key = (index, label)
