@@ -137,6 +137,20 @@ def _check_paths(paths: list[str] | None) -> list[str] | None:
     return list(dict.fromkeys(paths))
 
 
+class Budget(_Model):
+    """How many requests per second may go: for the whole sandbox (the policy's `budgets`) or for
+    each host a rule matches (the rule's). A token bucket: `requestsPerSecond` sustained, `burst`
+    at once (default: one second's worth). Enforced on the requests the proxy sees (plain HTTP and
+    intercepted TLS); over it, a request is answered 429 with reason `budget`."""
+
+    requestsPerSecond: float = Field(gt=0, le=100_000)
+    burst: int | None = Field(None, ge=1, le=1_000_000)
+
+    @property
+    def capacity(self) -> float:
+        return float(self.burst) if self.burst is not None else max(1.0, self.requestsPerSecond)
+
+
 class EgressRule(_Model):
     """One egress rule; the first rule whose every condition matches decides."""
 
@@ -147,6 +161,7 @@ class EgressRule(_Model):
     methods: list[str] | None = None
     paths: list[str] | None = None
     inspect: Literal["auto", "always"] = "auto"
+    budgets: Budget | None = None  # per host this rule matches
     _origin: str | None = PrivateAttr(default=None)
     _preset: str | None = PrivateAttr(default=None)  # "preset:NAME@V" for a rule a preset brought in
 
@@ -167,6 +182,15 @@ class EgressRule(_Model):
     @classmethod
     def _target(cls, value: str) -> str:
         return parse_target(value).text
+
+    @model_validator(mode="after")
+    def _budget_on_allow(self) -> EgressRule:
+        if self.budgets is not None and self.action != "allow":
+            raise HintedValueError(
+                f"budgets on a {self.action} rule limit nothing",
+                "give budgets to allow rules, or remove them",
+            )
+        return self
 
     @property
     def parsed_target(self) -> Target:
@@ -524,6 +548,7 @@ class Policy(_Model):
     include: list[str] = []  # presets whose rules follow the own rules (policy/presets.py)
     egress: list[EgressRule] = []
     bindings: list[Binding] = []
+    budgets: Budget | None = None  # for the whole sandbox
 
     _default = field_validator("defaultAction", mode="before")(_lower)
 

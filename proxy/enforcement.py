@@ -292,6 +292,8 @@ class EnforcementAddon:
         if not verdict.allowed:
             self._refuse(flow, sandbox, verdict, name, None, identity)
             return
+        if self._over_budget(flow, sandbox, verdict, name, identity):
+            return
         if refusal := allowed_over(self.state, conn, sandbox, (name, request.port, scheme)):
             self._refuse(flow, sandbox, refusal, name, "the policy changed while deciding", identity)
             return
@@ -360,6 +362,28 @@ class EnforcementAddon:
             refused = refused or address_verdict
         assert refused is not None
         return refused, None
+
+    def _over_budget(
+        self, flow: http.HTTPFlow, sandbox: Sandbox, verdict: Verdict, name: str, identity: RequestIdentity
+    ) -> bool:
+        """Refuse an allowed request its budget has no room for: 429 (proxy/budgets.py)."""
+        rule_budget = sandbox.rule_budgets.get(verdict.rule or "")
+        sandbox_budget = sandbox.policy.policy.budgets
+        if sandbox_budget is None and rule_budget is None:
+            return False
+        over = self.state.budgets.admit(sandbox.address, sandbox_budget, verdict.rule, rule_budget, name)
+        reporting = sandbox.policy.policy.mode == "report"  # a policy on trial refuses nothing
+        outcome = "allowed" if over is None else "over-reported" if reporting else "refused"
+        self.state.metrics.budgeted[(sandbox.id, outcome)] += 1
+        if over is None or reporting:
+            return False
+        spent = refusal(Reason.BUDGET, verdict.rule, status=429)
+        self._refuse(flow, sandbox, spent, name, over.detail, identity)
+        assert flow.response is not None
+        flow.response = deny_response(spent, name, over.detail)
+        flow.response.headers["retry-after"] = str(over.retry_after)
+        del flow.response.headers["connection"]  # a client that waits may go on over this one
+        return True
 
     def _via(self, sandbox: Sandbox, name: str) -> tuple[UpstreamProxy | None, Verdict | None]:
         """The upstream proxy an allowed destination leaves through, or the refusal when that

@@ -19,6 +19,7 @@ class Metrics:
         self.upstream_errors: Counter[str] = Counter()  # error class
         self.security_events: Counter[str] = Counter()
         self.revoked: Counter[str] = Counter()  # connections closed by a policy change, by reason
+        self.budgeted: Counter[tuple[str, str]] = Counter()  # (sandbox id, outcome): requests under a budget
         self.spliced_total = 0  # pass-through connections relayed in the kernel (front door)
         self.spliced_open = 0
         self._latency_counts = [0] * len(LATENCY_BUCKETS)
@@ -67,6 +68,13 @@ class Metrics:
             "reason",
             self.revoked,
         )
+        lines += [
+            "# HELP sandgate_proxy_budget_requests_total Requests under a budget, by sandbox and outcome.",
+            "# TYPE sandgate_proxy_budget_requests_total counter",
+        ]
+        for (sandbox, outcome), n in sorted(self.budgeted.items()):
+            labels = f'sandbox="{_esc(sandbox)}",outcome="{_esc(outcome)}"'
+            lines.append(f"sandgate_proxy_budget_requests_total{{{labels}}} {n}")
         lines += [
             "# HELP sandgate_proxy_spliced_connections_total Pass-through connections relayed by splice.",
             "# TYPE sandgate_proxy_spliced_connections_total counter",

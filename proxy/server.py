@@ -24,6 +24,7 @@ from mitmproxy.master import Master
 from sandgate.proxy import errorpages, lean, websocket
 from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.auditing import AuditAddon
+from sandgate.proxy.budgets import Budgets
 from sandgate.proxy.chaining import UpstreamProxyAddon
 from sandgate.proxy.contract.ca import ensure_ca, upstream_trust_bundle
 from sandgate.proxy.contract.config import ProxyConfig
@@ -87,6 +88,7 @@ def build_state(config: ProxyConfig, slot: WorkerSlot | None = None) -> ProxySta
         ),
         metrics=Metrics(),
         upstream_proxies=upstream_proxies,
+        budgets=Budgets(slot.count if slot else 1),  # each worker its share (budgets.py rule 3)
         # Token endpoints are verified like any upstream (the bundle mitmproxy_options writes).
         minter=TokenMinter(table.values, resolver, config.state_dir / UPSTREAM_BUNDLE),
     )
@@ -145,6 +147,7 @@ async def serve(config: ProxyConfig, slot: WorkerSlot | None = None) -> None:
     errorpages.install(state.configured_upstream_proxies)  # error pages never quote upstream bytes
     state.audit.listen(asyncio.get_running_loop())
     state.table.on_change.append(Revoker(state, asyncio.get_running_loop()).table_changed)
+    state.table.on_change.append(state.forget_budgets)
     master = Master(options.Options())
     master.addons.add(*addons(state, config))
     lean.install(master.addons)  # mitmproxy's per-event work that buys nothing here

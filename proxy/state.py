@@ -21,6 +21,7 @@ from sandgate.policy import (
     DEFAULT_MAX_RULES,
     AwsSigV4Auth,
     Binding,
+    Budget,
     CompiledPolicy,
     PassthroughAuth,
     RequestIdentity,
@@ -29,6 +30,7 @@ from sandgate.policy import (
 )
 from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.audit import AuditLog
+from sandgate.proxy.budgets import Budgets
 from sandgate.proxy.contract.audit import AuditRecord, new_record_id
 from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry, UpstreamProxy
 from sandgate.proxy.credentials import SandboxCredentials, SecretValues
@@ -53,6 +55,7 @@ class Sandbox:
     placeholders: dict[str, str]  # every placeholder (passthrough, AWS key id) -> the binding it belongs to
     dns_ports: tuple[int, ...]  # ports a name could be allowed on (for DNS answers)
     credentials: SandboxCredentials
+    rule_budgets: dict[str, Budget]  # rule id (a Decision's `rule`) -> its per-host budget
 
     @classmethod
     def compile(
@@ -75,7 +78,12 @@ class Sandbox:
         }
         ports = {80, 443} | {port for rule in policy.policy.egress for port in rule.ports or ()}
         credentials = SandboxCredentials(values, bindings, entry.credentials)
-        return cls(entry, policy, bindings, placeholders, tuple(sorted(ports)), credentials)
+        budgets = {
+            rule.origin or f"egress[{index}]": rule.budgets
+            for index, rule in enumerate(policy.policy.egress)
+            if rule.budgets is not None
+        }
+        return cls(entry, policy, bindings, placeholders, tuple(sorted(ports)), credentials, budgets)
 
     @property
     def id(self) -> str:
@@ -198,7 +206,13 @@ class ProxyState:
     connections: dict[str, ConnState] = field(default_factory=dict)
     approvals: Approvals = field(default_factory=Approvals)
     upstream_proxies: UpstreamProxies = field(default_factory=lambda: UpstreamProxies([], SecretValues(None)))
+    budgets: Budgets = field(default_factory=Budgets)
     minter: TokenMinter | None = None  # mints `oauth2` bindings' tokens (None: minting refused)
+
+    def forget_budgets(self, address: str) -> None:
+        """A table change listener: a dropped sandbox's budget buckets go with it."""
+        if self.table.get(address) is None:
+            self.budgets.forget(address)
 
     def configured_upstream_proxies(self) -> list[UpstreamProxy]:
         """The server's upstream proxies and every sandbox entry's own."""
