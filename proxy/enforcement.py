@@ -41,6 +41,7 @@ from mitmproxy.proxy import mode_specs, server_hooks
 from sandgate.policy import AmbiguousTarget, Decision, Reason, RequestIdentity, request_identity
 from sandgate.proxy.approvals import Held
 from sandgate.proxy.auditing import addr, record_decision, security_event
+from sandgate.proxy.budgets import OverBudget
 from sandgate.proxy.clienthello import EchMode, encrypted_hello, hello_fault
 from sandgate.proxy.contract.config import UpstreamProxy
 from sandgate.proxy.decide import (
@@ -170,6 +171,8 @@ class EnforcementAddon:
             # Relayed bytes have no write-ahead line of their own (an intercepted connection's
             # requests do, and are refused one by one with why): fail closed.
             verdict, detail = refusal(Reason.AUDIT_UNWRITABLE), failure
+        if verdict.allowed and not verdict.inspect and (over := self._bytes_spent(sandbox, verdict, name)):
+            verdict, detail = refusal(Reason.BUDGET, verdict.rule), over.detail
         if verdict.allowed and not verdict.inspect:
             verdict, upstream = await self._pin(conn, sandbox, name or "", port, "https", verdict)
         via = None
@@ -367,23 +370,29 @@ class EnforcementAddon:
         self, flow: http.HTTPFlow, sandbox: Sandbox, verdict: Verdict, name: str, identity: RequestIdentity
     ) -> bool:
         """Refuse an allowed request its budget has no room for: 429 (proxy/budgets.py)."""
-        rule_budget = sandbox.rule_budgets.get(verdict.rule or "")
-        sandbox_budget = sandbox.policy.policy.budgets
-        if sandbox_budget is None and rule_budget is None:
+        subject = sandbox.budget_subject(verdict.rule, name)
+        if subject is None:
             return False
-        over = self.state.budgets.admit(sandbox.address, sandbox_budget, verdict.rule, rule_budget, name)
-        reporting = sandbox.policy.policy.mode == "report"  # a policy on trial refuses nothing
-        outcome = "allowed" if over is None else "over-reported" if reporting else "refused"
+        over = self.state.budgets.admit(subject)
+        outcome = "allowed" if over is None else "over-reported" if sandbox.reporting else "refused"
         self.state.metrics.budgeted[(sandbox.id, outcome)] += 1
-        if over is None or reporting:
+        if over is None or sandbox.reporting:
             return False
         spent = refusal(Reason.BUDGET, verdict.rule, status=429)
         self._refuse(flow, sandbox, spent, name, over.detail, identity)
         assert flow.response is not None
         flow.response = deny_response(spent, name, over.detail)
-        flow.response.headers["retry-after"] = str(over.retry_after)
+        if over.retry_after is not None:
+            flow.response.headers["retry-after"] = str(over.retry_after)
         del flow.response.headers["connection"]  # a client that waits may go on over this one
         return True
+
+    def _bytes_spent(self, sandbox: Sandbox, verdict: Verdict, name: str | None) -> OverBudget | None:
+        """A new pass-through connection's budgets: bytes left, each way (proxy/budgets.py rule 1)."""
+        subject = sandbox.budget_subject(verdict.rule, name)
+        if subject is None or sandbox.reporting:
+            return None
+        return self.state.budgets.admit(subject, request=False)
 
     def _via(self, sandbox: Sandbox, name: str) -> tuple[UpstreamProxy | None, Verdict | None]:
         """The upstream proxy an allowed destination leaves through, or the refusal when that

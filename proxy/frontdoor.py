@@ -54,7 +54,7 @@ from sandgate.proxy.enforcement import EnforcementAddon
 from sandgate.proxy.fairness import REFUSAL_WINDOW, Admission, RefusalWindows
 from sandgate.proxy.resolver import normalise_ip
 from sandgate.proxy.revocation import revoke_if_stale
-from sandgate.proxy.splice import RESET_ON_CLOSE, Splice
+from sandgate.proxy.splice import RESET_ON_CLOSE, Splice, Throttle
 from sandgate.proxy.state import ConnState, ProxyState, Sandbox
 from sandgate.proxy.upstreamproxy import UpstreamProxyError, open_tunnel
 
@@ -235,6 +235,7 @@ class FrontDoor:
             if failure is not None:
                 record = record.model_copy(update={"reason": Reason.UPSTREAM_ERROR, "detail": failure})
             self.state.audit.write(record)
+            self.state.spend_budgets(sandbox, record.rule, record.host, bytes_in, bytes_out, request=False)
         return True
 
     async def _peek_clienthello(self, sock: socket.socket) -> ClientHello | None:
@@ -286,7 +287,7 @@ class FrontDoor:
                 sock.close()
                 return 0, 0, None
             upstream = dialled
-        relay = Splice(sock, upstream)
+        relay = Splice(sock, upstream, self._throttles(sandbox, conn, name))
         key = f"splice-{next(self._spliced)}"
         conn.close = relay.abort
         self.state.connections[key] = conn
@@ -300,6 +301,16 @@ class FrontDoor:
         finally:
             metrics.spliced_open -= 1
             self.state.connections.pop(key, None)
+
+    def _throttles(
+        self, sandbox: Sandbox, conn: ConnState, name: str
+    ) -> tuple[Throttle | None, Throttle | None]:
+        """The `bytesPerSecond` budgets a pass-through connection is slowed by, (in, out)."""
+        record = conn.decision_record
+        subject = sandbox.budget_subject(record.rule if record else None, name)
+        if subject is None or sandbox.reporting:
+            return None, None
+        return self.state.budgets.throttle(subject, "in"), self.state.budgets.throttle(subject, "out")
 
     # ------------------------------------------------------------------ refusals
 

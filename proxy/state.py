@@ -30,7 +30,7 @@ from sandgate.policy import (
 )
 from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.audit import AuditLog
-from sandgate.proxy.budgets import Budgets
+from sandgate.proxy.budgets import Budgets, Subject
 from sandgate.proxy.contract.audit import AuditRecord, new_record_id
 from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry, UpstreamProxy
 from sandgate.proxy.credentials import SandboxCredentials, SecretValues
@@ -92,6 +92,20 @@ class Sandbox:
     @property
     def address(self) -> str:
         return self.entry.address
+
+    def budget_subject(self, rule: str | None, host: str | None) -> Subject | None:
+        """What a request or connection allowed by `rule` for `host` counts against (None: no
+        budget applies)."""
+        rule_budget = self.rule_budgets.get(rule or "")
+        sandbox_budget = self.policy.policy.budgets
+        if (sandbox_budget or rule_budget) is None or not host:
+            return None
+        return Subject(self.address, sandbox_budget, rule, rule_budget, host)
+
+    @property
+    def reporting(self) -> bool:
+        """A policy on trial (`mode: report`): counted by its budgets, never refused or slowed."""
+        return self.policy.policy.mode == "report"
 
     def vault_name(self, credential: str) -> str:
         """The vault entry a binding's credential name refers to in this sandbox."""
@@ -208,6 +222,22 @@ class ProxyState:
     upstream_proxies: UpstreamProxies = field(default_factory=lambda: UpstreamProxies([], SecretValues(None)))
     budgets: Budgets = field(default_factory=Budgets)
     minter: TokenMinter | None = None  # mints `oauth2` bindings' tokens (None: minting refused)
+
+    def spend_budgets(
+        self,
+        sandbox: Sandbox,
+        rule: str | None,
+        host: str | None,
+        bytes_in: int,
+        bytes_out: int,
+        request: bool = True,
+    ) -> None:
+        """Count what an allowed request or pass-through connection moved against its budgets
+        (`request` False: a spliced connection, whose byte buckets its throttle already spent)."""
+        if subject := sandbox.budget_subject(rule, host):
+            self.budgets.spend(subject, bytes_in, bytes_out, request)
+            self.metrics.budget_bytes[(sandbox.id, "in")] += bytes_in
+            self.metrics.budget_bytes[(sandbox.id, "out")] += bytes_out
 
     def forget_budgets(self, address: str) -> None:
         """A table change listener: a dropped sandbox's budget buckets go with it."""
