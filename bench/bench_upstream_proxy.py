@@ -94,6 +94,8 @@ def _child() -> None:
                         best[key] = load
         topo.redirect_to(None)
         connects = squid_connects(topo)
+        if not connects:
+            raise RuntimeError("squid served no CONNECT: the chained rows did not go through it")
         for process in (direct.process, chained.process, squid.process):
             topo.stop(process)
     print(f"squid served {connects} CONNECTs (the chained rows went through it)")

@@ -170,6 +170,16 @@ class Settings(BaseSettings):
         le=64,
         description="sandboxes kept pre-built for the default image (local runtime); 2 is a good start",
     )
+    # renew on access (lifecycle/renew_on_access.py, docs/operations.md)
+    renew_on_access_max_lifetime: int = Field(
+        7 * 24 * 3600,
+        ge=0,
+        description="seconds after its creation past which traffic never extends a sandbox's expiry "
+        "(extension access.renew.extend.seconds); 0 refuses that extension",
+    )
+    renew_on_access_interval: float = Field(
+        60.0, gt=0, description="seconds between two renewals on access of one sandbox at most"
+    )
 
     # per-sandbox caps (docs/runtime.md, "Caps")
     pids_max: int = Field(

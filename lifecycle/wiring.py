@@ -25,7 +25,7 @@ from sandgate.lifecycle.settings import Settings
 if TYPE_CHECKING:
     from fastapi import APIRouter
 
-    from sandgate.lifecycle.audit import AuditIndex, AuditStore, PolicyChange
+    from sandgate.lifecycle.audit import AuditIndex, AuditStore, Change, PolicyChange
     from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.network import SandboxNetworks
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.runtime.local import LocalRuntime
     from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
     from sandgate.lifecycle.service import CreateRequest, Service
-    from sandgate.policy import Reason
     from sandgate.proxy import ProxyControl
     from sandgate.vault import SecretStore, StoreSecrets, StoreSettings
 
@@ -130,16 +129,24 @@ def proxy_start_timeout(workers: int) -> float:
     return 60.0 + 15.0 * ((workers or os.cpu_count() or 1) - 1)
 
 
-def policy_change_writer(audit_path: Path) -> Callable[[str, Reason, PolicyChange], None]:
+def policy_change_writer(audit_path: Path) -> Callable[[str, Change, PolicyChange], None]:
     """Appends policy_change records to the proxy's audit log (O_APPEND: safe beside the proxy)."""
-    from sandgate.policy import Decision
-    from sandgate.proxy import AuditRecord, append_record
+    from sandgate.lifecycle.audit import change_record
+    from sandgate.proxy import append_record
 
-    def write(sandbox_id: str, what: Reason, change: PolicyChange) -> None:
-        decision = Decision("allow", what, detail=change.to_detail())
-        append_record(
-            audit_path, AuditRecord.of("policy_change", sandbox_id, "control-plane", decision, event=what)
-        )
+    def write(sandbox_id: str, what: Change, change: PolicyChange) -> None:
+        append_record(audit_path, change_record(sandbox_id, what, change))
+
+    return write
+
+
+def lifecycle_writer(audit_path: Path) -> Callable[[str, Change, str], None]:
+    """Appends `lifecycle` records (sandbox id, what, JSON detail) to the proxy's audit log."""
+    from sandgate.lifecycle.audit import control_plane_record
+    from sandgate.proxy import append_record
+
+    def write(sandbox_id: str, what: Change, detail: str) -> None:
+        append_record(audit_path, control_plane_record("lifecycle", sandbox_id, what, detail))
 
     return write
 
@@ -366,6 +373,8 @@ def build_components(settings: Settings, api_key: str) -> Components:
         ca_cert=ca.cert,
         warm_pool_size=settings.warm_pool_size,
         isolation=settings.isolation,
+        renew_max_lifetime=settings.renew_on_access_max_lifetime,
+        audit=lifecycle_writer(settings.audit_log),
     )
     supervisor = ProxySupervisor(
         write_proxy_config(settings),

@@ -1,9 +1,10 @@
 """Every reason a decision can carry: the `reason` of a `Decision` and of its audit record.
 
 Rules: a reason is a `Reason` member, never a bare string, in every component (the policy's
-matcher, the proxy's own refusals, the security events it records). Values are what the audit
-file, the API, `sandgate logs` and the console show; they never change once written (older audit
-files keep their meaning), so a new reason is a new member. `StrEnum`: a member is its value.
+matcher, the proxy's own refusals, the security events it records). A control-plane change is
+no decision: its words are `sandgate.lifecycle.audit.Change`. Values are what the audit file, the
+API, `sandgate logs` and the console show; they never change once written (older audit files
+keep their meaning), so a new reason is a new member. `StrEnum`: a member is its value.
 """
 
 from __future__ import annotations
@@ -54,16 +55,3 @@ class Reason(StrEnum):
     APPROVAL_DENIED = "approval-denied"  # a reviewer refused it
     APPROVAL_TIMEOUT = "approval-timeout"  # nobody answered within the policy's askTimeout
     APPROVAL_QUEUE_FULL = "approval-queue-full"  # the sandbox already has its limit of held requests
-    # Control-plane changes: the reason of a policy_change record is what was changed, and how.
-    CREATE = "create"  # the policy a sandbox was created with
-    POLICY_REPLACE = "policy replace"  # sandgate's egress API
-    POLICY_PATCH = "policy patch"
-    POLICY_DELETE = "policy delete"
-    NETWORKPOLICY_REPLACE = "networkpolicy replace"  # OpenSandbox's egress API
-    NETWORKPOLICY_PATCH = "networkpolicy patch"
-    NETWORKPOLICY_DELETE = "networkpolicy delete"
-    SANDGATE_POLICY_REPLACE = "sandgate-policy replace"  # a policy file sent at create or later
-    VAULT_CREATE = "credential-vault create"
-    VAULT_PATCH = "credential-vault patch"
-    VAULT_DELETE = "credential-vault delete"
-    APPROVAL_ALLOW_SANDBOX = "approval allow-sandbox"  # a reviewer allowed a host for the sandbox

@@ -33,6 +33,7 @@ from sandgate.lifecycle.api.errors import install_error_handlers
 from sandgate.lifecycle.api.sandbox_proxy import ProxyFrontDoor
 from sandgate.lifecycle.api.sandboxes import HostVolumes
 from sandgate.lifecycle.api.upstream import Pool
+from sandgate.lifecycle.renew_on_access import AccessRenewals
 from sandgate.lifecycle.service import Service
 
 API_PREFIXES = ("", "/v1")
@@ -47,12 +48,14 @@ def create_app(
     open_prefixes: Iterable[str] = (),
     execd_endpoint: str = "host",
     host_volumes: HostVolumes | None = None,
+    renew_interval: float = 60.0,
 ) -> FastAPI:
     """The lifecycle + egress API. `extra_routers` (e.g. audit, console) are mounted as given,
     behind the same API-key check unless their paths start with one of `open_prefixes` (routers
     that check a login of their own). `execd_endpoint` is the setting of that name: "host" hands
     out the reverse proxy as execd's endpoint, "direct" the sandbox's address. `host_volumes`
-    says where a create's host volumes may come from (none: refused)."""
+    says where a create's host volumes may come from (none: refused). `renew_interval`: the
+    setting renew_on_access_interval."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -74,6 +77,7 @@ def create_app(
     app.state.execd_endpoint = execd_endpoint
     app.state.host_volumes = host_volumes or HostVolumes()
     app.state.create_metrics = deque(maxlen=1000)
+    app.state.renewals = AccessRenewals(renew_interval)
     install_error_handlers(app)
 
     @app.get("/health", tags=["Server"])

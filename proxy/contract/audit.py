@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field
 
 from sandgate.policy import Decision, Outcome
 
-RecordKind = Literal["connection", "request", "dns", "security_event", "policy_change"]
+RecordKind = Literal["connection", "request", "dns", "security_event", "policy_change", "lifecycle"]
 RECORD_KINDS: tuple[RecordKind, ...] = get_args(RecordKind)
 Redact = Callable[[str], str]
 # Fields that hold text a sandbox, an upstream or a policy chose: redacted at write time.
