@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Remove the cluster of up.sh (`make cluster-down`), all of it, also after a start that failed
+# half way: its processes, mounts, network namespace (with the veths, bridge and nft table in it),
+# cgroups, the host sysctls kubelet changed, the shim sockets, and the state directory.
+#
+# Order: kubelet and the controllers first (nothing restarts a Pod), then containerd deletes its
+# tasks so each shim exits cleanly, then the daemons. Whatever still runs in the cluster's cgroup
+# after that (a shim or container that did not stop) is killed by PID from the cgroup's own list,
+# never by name. Safe to run again; prints what it had to force.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=common.sh
+source "$HERE/common.sh"
+
+ID=$(cluster_id || true)
+if [[ -z $ID ]]; then
+	[[ -d $CLUSTER_DIR ]] && rm -rf "$CLUSTER_DIR"
+	echo "cluster: nothing to remove at $CLUSTER_DIR"
+	exit 0
+fi
+NETNS=$(netns_name "$ID")
+CGROUP=$(cgroup_name "$ID")
+SOCKET="$CLUSTER_DIR/containerd/containerd.sock"
+
+# The PID in pids/NAME, if that process still runs in the cluster's cgroup (not a reused PID).
+daemon_pid() {
+	local pid
+	pid=$(cat "$CLUSTER_DIR/pids/$1" 2>/dev/null) || return 1
+	grep -q "/$CGROUP/" "/proc/$pid/cgroup" 2>/dev/null && echo "$pid"
+}
+
+# Bounded wait for PIDs to be gone: wait_gone SECONDS PID...
+wait_gone() {
+	local deadline=$((SECONDS + $1)) pid
+	shift
+	for pid in "$@"; do
+		while kill -0 "$pid" 2>/dev/null; do
+			((SECONDS < deadline)) || return 1
+			sleep 0.2
+		done
+	done
+}
+
+stop_daemon() {
+	local pid
+	pid=$(daemon_pid "$1") || return 0
+	kill -TERM "$pid" 2>/dev/null || return 0
+	if ! wait_gone 30 "$pid"; then
+		echo "cluster: $1 ($pid) ignored SIGTERM for 30s; killing it" >&2
+		kill -KILL "$pid" 2>/dev/null || true
+		wait_gone 10 "$pid" || true
+	fi
+}
+
+# The runtime's shims exit when their last task is deleted; ctr speaks containerd's own API.
+delete_tasks() {
+	daemon_pid containerd >/dev/null || return 0
+	local bin ctr container
+	bin=$(dirname "$(readlink "/proc/$(daemon_pid containerd)/exe")")
+	ctr=("$bin/ctr" --address "$SOCKET" --namespace k8s.io --timeout 20s)
+	for container in $("${ctr[@]}" containers list --quiet 2>/dev/null); do
+		"${ctr[@]}" tasks kill --signal SIGKILL "$container" >/dev/null 2>&1 || true
+		"${ctr[@]}" tasks delete --force "$container" >/dev/null 2>&1 || true
+		"${ctr[@]}" containers delete "$container" >/dev/null 2>&1 || true
+	done
+}
+
+cgroup_pids() {
+	local hierarchy
+	for hierarchy in $(cgroup_hierarchies); do
+		[[ -d $hierarchy/$CGROUP ]] && find "$hierarchy/$CGROUP" -name cgroup.procs -exec cat {} +
+	done | sort -un
+}
+
+kill_leftovers() {
+	local pids
+	mapfile -t pids < <(cgroup_pids)
+	((${#pids[@]})) || return 0
+	echo "cluster: killing ${#pids[@]} process(es) left in cgroup $CGROUP: ${pids[*]}" >&2
+	kill -KILL "${pids[@]}" 2>/dev/null || true
+	wait_gone 20 "${pids[@]}" || echo "cluster: some of ${pids[*]} did not exit" >&2
+}
+
+# A shim's socket is /run/containerd/s/<sha256 of "<containerd socket>/<namespace>/<sandbox id>">:
+# a shim that was killed leaves it behind.
+remove_shim_sockets() {
+	local tasks="$CLUSTER_DIR/containerd/state/io.containerd.runtime.v2.task/k8s.io" id digest
+	[[ -d $tasks ]] || return 0
+	for id in $(ls "$tasks"); do
+		digest=$(printf '%s' "$SOCKET/k8s.io/$id" | sha256sum | cut -d' ' -f1)
+		rm -f "/run/containerd/s/$digest"
+	done
+}
+
+# Every mount at or under the state directory, deepest first (overlay rootfs, Pod volumes,
+# Pods' network namespaces, shm).
+unmount_all() {
+	local mount_point
+	awk -v dir="$CLUSTER_DIR" '$5 == dir || index($5, dir "/") == 1 { print length($5), $5 }' /proc/self/mountinfo |
+		sort -rn | cut -d' ' -f2- | while read -r mount_point; do
+		umount "$mount_point" 2>/dev/null || umount -l "$mount_point"
+	done
+}
+
+remove_cgroups() {
+	local hierarchy
+	for hierarchy in $(cgroup_hierarchies); do
+		[[ -d $hierarchy/$CGROUP ]] && find "$hierarchy/$CGROUP" -depth -type d -exec rmdir {} +
+	done
+	return 0
+}
+
+remove_network() {
+	if [[ -e /run/netns/$NETNS ]]; then ip netns del "$NETNS"; fi
+	# the host end goes with its peer; it stays only if the namespace was never made
+	if ip link show "$(host_veth "$ID")" >/dev/null 2>&1; then ip link del "$(host_veth "$ID")"; fi
+}
+
+restore_sysctls() {
+	local key value
+	[[ -f $CLUSTER_DIR/sysctls ]] || return 0
+	while read -r key value; do
+		[[ $(cat "/proc/sys/$key") == "$value" ]] || echo "$value" >"/proc/sys/$key"
+	done <"$CLUSTER_DIR/sysctls"
+}
+
+for daemon in kubelet kube-scheduler kube-controller-manager; do stop_daemon "$daemon"; done
+delete_tasks
+for daemon in containerd kube-apiserver etcd; do stop_daemon "$daemon"; done
+kill_leftovers
+remove_shim_sockets
+unmount_all
+remove_cgroups
+remove_network
+restore_sysctls
+rm -rf "$CLUSTER_DIR"
+echo "cluster: removed $NETNS and $CLUSTER_DIR"

@@ -1,0 +1,234 @@
+"""The one-node cluster of `make cluster` (scripts/cluster/): it starts, runs a Pod from a locally
+imported image, and its teardown leaves nothing behind.
+
+Proof from the other side: the node's readiness and the Pod's output come from the API server
+(kubelet's report, the container's log as kubelet serves it), and the output holds what only the
+container could compute (the SHA-256 of a nonce the test made up, its own address on eth0). The
+teardown is checked against what the cluster was seen to hold while it ran (its processes, mounts,
+network namespace, veth, nft table, cgroups), so each check had something to find.
+
+The cluster builds once per version (scripts/cluster/build.sh; a cold build takes long, see
+docs/kubernetes.md): the module runs when the build is cached or SANDGATE_TEST_KUBERNETES=1 asks
+for the build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from lightkube import Client, KubeConfig
+from lightkube.models.core_v1 import Container, EnvVar, PodSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node, Pod
+
+pytestmark = pytest.mark.root
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "cluster"
+NODE_NAME = "sandgate-node"
+POD_CIDR = ipaddress.ip_network("10.232.0.0/24")
+BUSYBOX_IMAGE = "sandgate.example.test/busybox:1"
+KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops")
+# A cold build of every program runs for a long time on two cores (docs/kubernetes.md).
+BUILD_TIMEOUT = 3 * 3600
+START_TIMEOUT = 600
+
+
+def cached_build() -> bool:
+    return (
+        subprocess.run(["bash", str(SCRIPTS / "build.sh"), "--cached"], capture_output=True).returncode == 0
+    )
+
+
+if not (os.environ.get("SANDGATE_TEST_KUBERNETES") == "1" or cached_build()):
+    pytest.skip(
+        "the cluster's programs are not built: `make cluster-build`, or SANDGATE_TEST_KUBERNETES=1",
+        allow_module_level=True,
+    )
+
+
+@dataclass
+class Cluster:
+    state_dir: Path
+    kubeconfig: Path
+    cluster_id: str
+    seen: dict[str, set[str]] = field(default_factory=dict)
+    removed: bool = False
+
+    @property
+    def netns(self) -> str:
+        return f"sgk8s-{self.cluster_id}"
+
+    @property
+    def cgroup(self) -> str:
+        return f"sandgate-k8s-{self.cluster_id}"
+
+    def down(self) -> subprocess.CompletedProcess[str]:
+        self.removed = True
+        return run_script("down.sh", self.state_dir, timeout=300)
+
+
+def run_script(name: str, state_dir: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SANDGATE_CLUSTER_DIR": str(state_dir)}
+    return subprocess.run(
+        ["bash", str(SCRIPTS / name)], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def cgroup_hierarchies() -> list[Path]:
+    mounts = Path("/proc/self/mounts").read_text().splitlines()
+    return [Path(fields[1]) for fields in map(str.split, mounts) if fields[2] in ("cgroup", "cgroup2")]
+
+
+def cluster_processes(cgroup: str) -> set[str]:
+    """PID and start time (so a reused PID is not mistaken) of every process in the cgroup."""
+    found: set[str] = set()
+    for hierarchy in cgroup_hierarchies():
+        for procs in (hierarchy / cgroup).rglob("cgroup.procs"):
+            for pid in procs.read_text().split():
+                try:
+                    start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+                except FileNotFoundError:
+                    continue
+                found.add(f"{pid}:{start}")
+    return found
+
+
+def alive(process: str) -> bool:
+    pid, start = process.split(":")
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19] == start
+    except FileNotFoundError:
+        return False
+
+
+def mounts_under(path: Path) -> set[str]:
+    points = (line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    return {point for point in points if point == str(path) or point.startswith(f"{path}/")}
+
+
+def links(kind: str) -> set[str]:
+    out = subprocess.run(
+        ["ip", "-o", "link", "show", "type", kind], capture_output=True, text=True, check=True
+    )
+    return {line.split(":")[1].strip().split("@")[0] for line in out.stdout.splitlines()}
+
+
+def node_nft_tables(netns: str) -> set[str]:
+    out = subprocess.run(
+        ["ip", "netns", "exec", netns, "nft", "list", "tables"], capture_output=True, text=True, check=True
+    )
+    return set(out.stdout.splitlines())
+
+
+def sysctls() -> dict[str, str]:
+    return {key: Path(f"/proc/sys/{key}").read_text().strip() for key in KUBELET_SYSCTLS}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    state_dir = tmp_path_factory.mktemp("cluster") / "state"
+    sysctls_before = sysctls()
+    started = run_script("up.sh", state_dir, timeout=BUILD_TIMEOUT + START_TIMEOUT)
+    assert started.returncode == 0, f"up.sh failed:\n{started.stderr[-6000:]}"
+    kubeconfig = Path(started.stdout.strip().splitlines()[-1])
+    handle = Cluster(state_dir, kubeconfig, (state_dir / "id").read_text().strip())
+    handle.seen["sysctls"] = {f"{key}={value}" for key, value in sysctls_before.items()}
+    try:
+        yield handle
+    finally:
+        if not handle.removed:
+            handle.down()
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Cluster) -> Client:
+    return Client(config=KubeConfig.from_file(cluster.kubeconfig))
+
+
+def test_node_is_ready(client: Client) -> None:
+    node = client.get(Node, NODE_NAME)
+    assert node.status is not None and node.status.conditions is not None
+    ready = {condition.type: condition.status for condition in node.status.conditions}["Ready"]
+    assert ready == "True"
+    assert node.status.nodeInfo is not None
+    assert node.status.nodeInfo.kubeletVersion.startswith("v1.")
+    assert node.status.nodeInfo.containerRuntimeVersion.startswith("containerd://2.")
+
+
+def wait_for_pod_end(client: Client, name: str, timeout: float) -> Pod:
+    deadline = time.monotonic() + timeout
+    while True:
+        pod = client.get(Pod, name, namespace="default")
+        assert pod.status is not None
+        if pod.status.phase in ("Succeeded", "Failed") or time.monotonic() > deadline:
+            return pod
+        # the watch would do as well; polling keeps the failure message simple
+        time.sleep(0.5)
+
+
+def test_pod_runs_a_local_image(cluster: Cluster, client: Client) -> None:
+    nonce = secrets.token_hex(16)
+    name = f"echo-{nonce[:8]}"
+    script = 'echo "digest=$(printf %s "$NONCE" | busybox sha256sum)"; busybox ip -4 -o addr show eth0'
+    pod = Pod(
+        metadata=ObjectMeta(name=name),
+        spec=PodSpec(
+            restartPolicy="Never",
+            automountServiceAccountToken=False,
+            containers=[
+                Container(
+                    name="echo",
+                    image=BUSYBOX_IMAGE,
+                    imagePullPolicy="Never",
+                    command=["/bin/busybox", "sh", "-c", script],
+                    env=[EnvVar(name="NONCE", value=nonce)],
+                )
+            ],
+        ),
+    )
+    client.create(pod, namespace="default")
+    ended = wait_for_pod_end(client, name, timeout=180)
+    assert ended.status is not None
+    assert ended.status.phase == "Succeeded", ended.status
+    output = "\n".join(client.log(name, namespace="default"))
+    assert f"digest={hashlib.sha256(nonce.encode()).hexdigest()}" in output, output
+    pod_ip = ended.status.podIP
+    assert pod_ip is not None and ipaddress.ip_address(pod_ip) in POD_CIDR
+    assert f"inet {pod_ip}/" in output, output
+    # what the teardown must remove, seen while the cluster holds a Pod
+    cluster.seen["processes"] = cluster_processes(cluster.cgroup)
+    cluster.seen["mounts"] = mounts_under(cluster.state_dir)
+    cluster.seen["nft"] = node_nft_tables(cluster.netns)
+
+
+def test_teardown_leaves_nothing(cluster: Cluster) -> None:
+    seen = cluster.seen
+    assert {"processes", "mounts", "nft"} <= seen.keys(), "the Pod test did not record the running cluster"
+    # each check below has something to find: the cluster held it while it ran
+    assert len(seen["processes"]) >= 8, seen["processes"]  # 6 daemons, a shim, a pause at least
+    assert any("/rootfs" in point for point in seen["mounts"]), seen["mounts"]
+    assert "table inet sandgate_cluster" in seen["nft"], seen["nft"]
+    assert f"sgk8s-{cluster.cluster_id}" in links("veth")
+
+    result = cluster.down()
+    assert result.returncode == 0, result.stderr
+    assert "killing" not in result.stderr, f"down.sh had to force processes: {result.stderr}"
+
+    assert not {process for process in seen["processes"] if alive(process)}
+    assert not mounts_under(cluster.state_dir)
+    assert not Path(f"/run/netns/{cluster.netns}").exists()
+    assert f"sgk8s-{cluster.cluster_id}" not in links("veth")
+    assert not any((hierarchy / cluster.cgroup).exists() for hierarchy in cgroup_hierarchies())
+    assert not cluster.state_dir.exists()
+    routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True, check=True).stdout
+    assert str(POD_CIDR) not in routes
+    assert {f"{key}={value}" for key, value in sysctls().items()} == seen["sysctls"]
