@@ -53,7 +53,8 @@ mkdir -p "$CLUSTER_DIR"/{pids,logs,pki,images,etcd,kubelet,cni/net.d,containerd,
 echo "$ID" >"$CLUSTER_DIR/id"
 
 on_failure() {
-	local daemon
+	local status=$? daemon
+	((status != 0)) || return 0
 	echo "cluster: start failed; the last lines of each log:" >&2
 	for daemon in "${DAEMONS[@]}"; do
 		[[ -f $CLUSTER_DIR/logs/$daemon.log ]] || continue
@@ -64,7 +65,7 @@ on_failure() {
 		"$HERE/down.sh" >&2 || true
 	fi
 }
-trap on_failure ERR
+trap on_failure EXIT
 
 # Bounded wait for a command to succeed: wait_for WHAT SECONDS COMMAND...
 wait_for() {
@@ -330,5 +331,4 @@ make_pki
 write_configs
 make_images
 start_daemons
-trap - ERR
 echo "$KUBECONFIG_PATH"
