@@ -48,23 +48,22 @@ STAGE=$(mktemp -d "$CACHE/$KEY.build.XXXXXX")
 trap 'rm -rf "$STAGE"' EXIT
 export CGO_ENABLED=0 GOFLAGS="-trimpath -buildvcs=false"
 
-build() { # module-dir ldflags package...
-	local dir=$1 ldflags=$2
-	shift 2
+build() { # module-dir output ldflags package...
+	local dir=$1 output=$2 ldflags=$3
+	shift 3
 	echo "building $* ..." >&2
-	(cd "$HERE/$dir" && nice -n 10 go build -o "$STAGE/bin/" -ldflags "-s -w $ldflags" "$@") >&2
+	(cd "$HERE/$dir" && nice -n 10 go build -o "$output" -ldflags "-s -w $ldflags" "$@") >&2
 }
 
 minor=${K8S_VERSION#v1.}
 minor=${minor%%.*}
 version_pkg=k8s.io/component-base/version
-build kubernetes "-X $version_pkg.gitVersion=$K8S_VERSION -X $version_pkg.gitMajor=1 -X $version_pkg.gitMinor=$minor \
+build kubernetes "$STAGE/bin/" "-X $version_pkg.gitVersion=$K8S_VERSION -X $version_pkg.gitMajor=1 -X $version_pkg.gitMinor=$minor \
 -X $version_pkg.gitTreeState=clean -X $version_pkg.buildDate=1970-01-01T00:00:00Z" \
 	k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
 	k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
-build etcd "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" go.etcd.io/etcd/server/v3
-mv "$STAGE/bin/v3" "$STAGE/bin/etcd" # go build names a binary after the last path element
-build containerd "-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" -tags no_btrfs \
+build etcd "$STAGE/bin/etcd" "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" go.etcd.io/etcd/server/v3
+build containerd "$STAGE/bin/" "-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" -tags no_btrfs \
 	github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
 	github.com/containerd/containerd/v2/cmd/ctr
 echo "building pause ..." >&2

@@ -103,7 +103,7 @@ make_network() {
 		table inet sandgate_cluster {
 			chain forward {
 				type filter hook forward priority filter; policy accept;
-				ip saddr $POD_CIDR oifname "eth0" ct state new drop
+				ip saddr $POD_CIDR oifname "eth0" ct state new counter drop
 			}
 		}
 	EOF
@@ -131,6 +131,8 @@ sign() {
 	{
 		echo "basicConstraints=CA:FALSE"
 		echo "keyUsage=critical,digitalSignature,keyEncipherment"
+		echo "subjectKeyIdentifier=hash"
+		echo "authorityKeyIdentifier=keyid,issuer"
 		if [[ -n $sans ]]; then
 			echo "extendedKeyUsage=serverAuth"
 			echo "subjectAltName=$sans"
@@ -145,8 +147,10 @@ sign() {
 
 make_pki() {
 	local pki="$CLUSTER_DIR/pki"
+	# key usage and key identifiers: Python's ssl verifies strictly (VERIFY_X509_STRICT)
 	openssl req -x509 -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -out "$pki/ca.crt" -days 365 \
-		-subj "/CN=sandgate-cluster-ca" 2>/dev/null
+		-subj "/CN=sandgate-cluster-ca" -addext "basicConstraints=critical,CA:TRUE" \
+		-addext "keyUsage=critical,keyCertSign,cRLSign" -addext "subjectKeyIdentifier=hash" 2>/dev/null
 	sign apiserver "/CN=kube-apiserver" \
 		"IP:$NODE_IP,IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
 	sign admin "/O=system:masters/CN=sandgate-admin"
@@ -190,7 +194,8 @@ write_configs() {
 		  "cniVersion": "1.0.0",
 		  "name": "sandgate-pods",
 		  "plugins": [
-		    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+		    {"type": "bridge", "bridge": "cni0", "isGateway": true, "isDefaultGateway": true, "ipMasq": false,
+		     "hairpinMode": true,
 		     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$POD_GATEWAY"}]],
 		              "dataDir": "$CLUSTER_DIR/cni/ipam"}},
 		    {"type": "loopback"}
@@ -217,6 +222,8 @@ write_configs() {
 		    sandbox = "$PAUSE_IMAGE"
 		[plugins.'io.containerd.cri.v1.runtime']
 		  netns_mounts_under_state_dir = true
+		  # no CAP_SYS_RESOURCE here: runc cannot lower a container's OOM score below containerd's
+		  restrict_oom_score_adj = true
 		  enable_unprivileged_ports = false
 		  enable_unprivileged_icmp = false
 		  [plugins.'io.containerd.cri.v1.runtime'.cni]
@@ -303,8 +310,10 @@ start_daemons() {
 		--service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged=false
 	start containerd "$BIN/containerd" --config "$CLUSTER_DIR/containerd/config.toml"
 	wait_for containerd 60 ctr version
-	ctr images import "$CLUSTER_DIR/images/pause.tar" >/dev/null
-	ctr images import "$CLUSTER_DIR/images/busybox.tar" >/dev/null
+	local image
+	for image in pause busybox; do
+		ctr images import "$CLUSTER_DIR/images/$image.tar" >>"$CLUSTER_DIR/logs/ctr.log" 2>&1
+	done
 	wait_for kube-apiserver 120 api_ready
 	start kube-controller-manager "$BIN/kube-controller-manager" \
 		--kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" --bind-address 127.0.0.1 \

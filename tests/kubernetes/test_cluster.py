@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import os
 import secrets
 import socket
@@ -208,10 +209,6 @@ def test_pod_runs_a_local_image(cluster: Cluster, client: Client) -> None:
     pod_ip = ended.status.podIP
     assert pod_ip is not None and ipaddress.ip_address(pod_ip) in POD_CIDR
     assert f"inet {pod_ip}/" in output, output
-    # what the teardown must remove, seen while the cluster holds a Pod
-    cluster.seen["processes"] = cluster_processes(cluster.cgroup)
-    cluster.seen["mounts"] = mounts_under(cluster.state_dir)
-    cluster.seen["nft"] = node_nft_tables(cluster.netns)
 
 
 def connect_with_retry(address: tuple[str, int], timeout: float) -> bytes:
@@ -228,9 +225,26 @@ def connect_with_retry(address: tuple[str, int], timeout: float) -> bytes:
 
 
 @up_to_a_build
-def test_pod_reaches_nothing_beyond_its_node(client: Client) -> None:
+def dropped_pod_packets(netns: str) -> int:
+    """The node's counter of new connections from Pods that it dropped on the way out."""
+    command = ["ip", "netns", "exec", netns, "nft", "--json", "list", "table", "inet", "sandgate_cluster"]
+    ruleset = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    counters = [
+        expression["counter"]["packets"]
+        for item in ruleset["nftables"]
+        if "rule" in item
+        for expression in item["rule"]["expr"]
+        if "counter" in expression
+    ]
+    assert len(counters) == 1, ruleset
+    return int(counters[0])
+
+
+@up_to_a_build
+def test_pod_reaches_nothing_beyond_its_node(cluster: Cluster, client: Client) -> None:
     """The host reaches the Pod (so a route exists both ways), but the Pod's own connection to the
-    host's end of the link never arrives: the listener there, not the Pod, says so."""
+    host's end of the link never arrives: the listener there says so, and the node counted the drop."""
+    dropped_before = dropped_pod_packets(cluster.netns)
     with socket.create_server((HOST_LINK_IP, 0)) as listener:
         listener.setblocking(False)
         port = listener.getsockname()[1]
@@ -242,6 +256,10 @@ def test_pod_reaches_nothing_beyond_its_node(client: Client) -> None:
         run_busybox(client, name, script, {"TARGET": HOST_LINK_IP, "PORT": str(port)})
         running = wait_for_pod(client, name, ("Running", "Succeeded", "Failed"), timeout=180)
         assert running.status is not None and running.status.podIP is not None
+        # what the teardown must remove, seen while a Pod runs (it waits for the connection below)
+        cluster.seen["processes"] = cluster_processes(cluster.cgroup)
+        cluster.seen["mounts"] = mounts_under(cluster.state_dir)
+        cluster.seen["nft"] = node_nft_tables(cluster.netns)
         assert connect_with_retry((running.status.podIP, 7000), timeout=30).strip() == b"pong"
         ended = wait_for_pod(client, name, ("Succeeded", "Failed"), timeout=60)
         output = "\n".join(client.log(name, namespace="default"))
@@ -249,14 +267,16 @@ def test_pod_reaches_nothing_beyond_its_node(client: Client) -> None:
         with pytest.raises(BlockingIOError):
             listener.accept()
     assert ended.status is not None and ended.status.phase == "Succeeded", ended.status
+    assert dropped_pod_packets(cluster.netns) > dropped_before
 
 
 @up_to_a_build
 def test_teardown_leaves_nothing(cluster: Cluster) -> None:
     seen = cluster.seen
-    assert {"processes", "mounts", "nft"} <= seen.keys(), "the Pod test did not record the running cluster"
+    assert {"processes", "mounts", "nft"} <= seen.keys(), "the egress test did not record the running cluster"
     # each check below has something to find: the cluster held it while it ran
-    assert len(seen["processes"]) >= 8, seen["processes"]  # 6 daemons, a shim, a pause at least
+    # 6 daemons, a shim, pause, the Pod's shell and its two nc
+    assert len(seen["processes"]) >= 11, seen["processes"]
     assert any("/rootfs" in point for point in seen["mounts"]), seen["mounts"]
     assert "table inet sandgate_cluster" in seen["nft"], seen["nft"]
     assert f"sgk8s-{cluster.cluster_id}" in links("veth")
