@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Remove the cluster of up.sh (`make cluster-down`), all of it, also after a start that failed
 # half way: its processes, mounts, network namespace (with the veths, bridge and nft table in it),
-# cgroups, the host sysctls kubelet changed, the shim sockets, and the state directory.
+# cgroups, the host sysctls kubelet changed, what containerd keeps at fixed paths (shim sockets,
+# CNI result cache), and the state directory.
 #
 # Order: kubelet and the controllers first (nothing restarts a Pod), then containerd deletes its
-# tasks so each shim exits cleanly, then the daemons. Whatever still runs in the cluster's cgroup
-# after that (a shim or container that did not stop) is killed by PID from the cgroup's own list,
-# never by name. Safe to run again; prints what it had to force.
+# sandboxes and tasks, then the daemons stop. Whatever still runs in the cluster's cgroup after
+# that (a Pod's shim) is stopped by PID from the cgroup's own list, never by name: TERM, then KILL
+# (reported). Safe to run again.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=common.sh
@@ -52,16 +53,21 @@ stop_daemon() {
 	fi
 }
 
-# The runtime's shims exit when their last task is deleted; ctr speaks containerd's own API.
+# Through containerd's own API: remove every Pod sandbox (its controller stops the sandbox and
+# shuts its shim down; a Pod's shim outlives its tasks until then), then kill and delete every
+# task and container left.
 delete_tasks() {
 	daemon_pid containerd >/dev/null || return 0
-	local bin ctr container
+	local bin ctr id
 	bin=$(dirname "$(readlink "/proc/$(daemon_pid containerd)/exe")")
 	ctr=("$bin/ctr" --address "$SOCKET" --namespace k8s.io --timeout 20s)
-	for container in $("${ctr[@]}" containers list --quiet 2>/dev/null); do
-		"${ctr[@]}" tasks kill --signal SIGKILL "$container" >/dev/null 2>&1 || true
-		"${ctr[@]}" tasks delete --force "$container" >/dev/null 2>&1 || true
-		"${ctr[@]}" containers delete "$container" >/dev/null 2>&1 || true
+	for id in $("${ctr[@]}" sandboxes list 2>/dev/null | awk 'NR > 1 { print $1 }'); do
+		"${ctr[@]}" sandboxes remove --force "$id" >/dev/null 2>&1 || true
+	done
+	for id in $("${ctr[@]}" containers list --quiet 2>/dev/null); do
+		"${ctr[@]}" tasks kill --signal SIGKILL "$id" >/dev/null 2>&1 || true
+		"${ctr[@]}" tasks delete --force "$id" >/dev/null 2>&1 || true
+		"${ctr[@]}" containers delete "$id" >/dev/null 2>&1 || true
 	done
 }
 
@@ -72,23 +78,39 @@ cgroup_pids() {
 	done | sort -un
 }
 
-kill_leftovers() {
+# What is still in the cluster's cgroups (a Pod's shim can outlive its sandbox's removal): TERM,
+# and KILL what has not exited 10 s later (which is reported).
+stop_leftovers() {
 	local pids
 	mapfile -t pids < <(cgroup_pids)
 	((${#pids[@]})) || return 0
-	echo "cluster: killing ${#pids[@]} process(es) left in cgroup $CGROUP: ${pids[*]}" >&2
+	kill -TERM "${pids[@]}" 2>/dev/null || true
+	wait_gone 10 "${pids[@]}" && return 0
+	mapfile -t pids < <(cgroup_pids)
+	echo "cluster: killing ${#pids[@]} process(es) left in cgroup $CGROUP:" >&2
+	ps -o pid=,stat=,args= -p "$(IFS=,; echo "${pids[*]}")" >&2 || true
 	kill -KILL "${pids[@]}" 2>/dev/null || true
 	wait_gone 20 "${pids[@]}" || echo "cluster: some of ${pids[*]} did not exit" >&2
 }
 
-# A shim's socket is /run/containerd/s/<sha256 of "<containerd socket>/<namespace>/<sandbox id>">:
-# a shim that was killed leaves it behind.
-remove_shim_sockets() {
-	local tasks="$CLUSTER_DIR/containerd/state/io.containerd.runtime.v2.task/k8s.io" id digest
-	[[ -d $tasks ]] || return 0
-	for id in $(ls "$tasks"); do
+# The ids of the containers and Pod sandboxes containerd knows, read before anything stops.
+container_ids() {
+	local root="$CLUSTER_DIR/containerd" dir
+	for dir in "$root/state/io.containerd.runtime.v2.task/k8s.io" "$root/root/io.containerd.grpc.v1.cri/sandboxes" \
+		"$root/root/io.containerd.grpc.v1.cri/containers"; do
+		[[ -d $dir ]] && ls "$dir"
+	done | sort -u
+}
+
+# What containerd keeps outside the state directory, at fixed paths, per container or sandbox:
+# a shim's socket, /run/containerd/s/<sha256 of "<containerd socket>/<namespace>/<id>"> (a killed
+# shim leaves it), and libcni's cached result per sandbox and interface, /var/lib/cni/results/
+# <network>-<id>-<ifname> (a sandbox that was never stopped through the CRI leaves them).
+remove_outside_state() {
+	local id digest
+	for id in "$@"; do
 		digest=$(printf '%s' "$SOCKET/k8s.io/$id" | sha256sum | cut -d' ' -f1)
-		rm -f "/run/containerd/s/$digest"
+		rm -f "/run/containerd/s/$digest" /var/lib/cni/results/*-"$id"-*
 	done
 }
 
@@ -110,10 +132,10 @@ remove_cgroups() {
 	return 0
 }
 
+# The veth first (both ends go at once): a namespace's own devices go some time after it.
 remove_network() {
-	if [[ -e /run/netns/$NETNS ]]; then ip netns del "$NETNS"; fi
-	# the host end goes with its peer; it stays only if the namespace was never made
 	if ip link show "$(host_veth "$ID")" >/dev/null 2>&1; then ip link del "$(host_veth "$ID")"; fi
+	if [[ -e /run/netns/$NETNS ]]; then ip netns del "$NETNS"; fi
 }
 
 restore_sysctls() {
@@ -124,11 +146,12 @@ restore_sysctls() {
 	done <"$CLUSTER_DIR/sysctls"
 }
 
+mapfile -t ids < <(container_ids)
 for daemon in kubelet kube-scheduler kube-controller-manager; do stop_daemon "$daemon"; done
 delete_tasks
 for daemon in containerd kube-apiserver etcd; do stop_daemon "$daemon"; done
-kill_leftovers
-remove_shim_sockets
+stop_leftovers
+remove_outside_state "${ids[@]}"
 unmount_all
 remove_cgroups
 remove_network

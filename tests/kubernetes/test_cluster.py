@@ -23,7 +23,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -37,6 +37,7 @@ pytestmark = pytest.mark.root
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "cluster"
 NODE_NAME = "sandgate-node"
 POD_CIDR = ipaddress.ip_network("10.232.0.0/24")
+CNI_RESULTS = Path("/var/lib/cni/results")  # libcni's cache: containerd cannot move it
 HOST_LINK_IP = "10.231.0.1"  # the host's end of the node's veth (scripts/cluster/common.sh)
 BUSYBOX_IMAGE = "sandgate.example.test/busybox:1"
 KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops")
@@ -65,7 +66,7 @@ class Cluster:
     state_dir: Path
     kubeconfig: Path
     cluster_id: str
-    seen: dict[str, set[str]] = field(default_factory=dict)
+    sysctls_before: dict[str, str]
     removed: bool = False
 
     @property
@@ -145,8 +146,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     started = run_script("up.sh", state_dir, timeout=BUILD_TIMEOUT + START_TIMEOUT)
     assert started.returncode == 0, f"up.sh failed:\n{started.stderr[-6000:]}"
     kubeconfig = Path(started.stdout.strip().splitlines()[-1])
-    handle = Cluster(state_dir, kubeconfig, (state_dir / "id").read_text().strip())
-    handle.seen["sysctls"] = {f"{key}={value}" for key, value in sysctls_before.items()}
+    handle = Cluster(state_dir, kubeconfig, (state_dir / "id").read_text().strip(), sysctls_before)
     try:
         yield handle
     finally:
@@ -256,10 +256,6 @@ def test_pod_reaches_nothing_beyond_its_node(cluster: Cluster, client: Client) -
         run_busybox(client, name, script, {"TARGET": HOST_LINK_IP, "PORT": str(port)})
         running = wait_for_pod(client, name, ("Running", "Succeeded", "Failed"), timeout=180)
         assert running.status is not None and running.status.podIP is not None
-        # what the teardown must remove, seen while a Pod runs (it waits for the connection below)
-        cluster.seen["processes"] = cluster_processes(cluster.cgroup)
-        cluster.seen["mounts"] = mounts_under(cluster.state_dir)
-        cluster.seen["nft"] = node_nft_tables(cluster.netns)
         assert connect_with_retry((running.status.podIP, 7000), timeout=30).strip() == b"pong"
         ended = wait_for_pod(client, name, ("Succeeded", "Failed"), timeout=60)
         output = "\n".join(client.log(name, namespace="default"))
@@ -271,26 +267,35 @@ def test_pod_reaches_nothing_beyond_its_node(cluster: Cluster, client: Client) -
 
 
 @up_to_a_build
-def test_teardown_leaves_nothing(cluster: Cluster) -> None:
-    seen = cluster.seen
-    assert {"processes", "mounts", "nft"} <= seen.keys(), "the egress test did not record the running cluster"
-    # each check below has something to find: the cluster held it while it ran
-    # 6 daemons, a shim, pause, the Pod's shell and its two nc
-    assert len(seen["processes"]) >= 11, seen["processes"]
-    assert any("/rootfs" in point for point in seen["mounts"]), seen["mounts"]
-    assert "table inet sandgate_cluster" in seen["nft"], seen["nft"]
+def test_teardown_leaves_nothing(cluster: Cluster, client: Client) -> None:
+    """Torn down with a Pod running, as a user would: what the cluster held must all be gone."""
+    cni_results_before = set(CNI_RESULTS.glob("*"))
+    name = f"sleeper-{secrets.token_hex(4)}"
+    run_busybox(client, name, "exec busybox sleep 3600", {})
+    running = wait_for_pod(client, name, ("Running",), timeout=180)
+    assert running.status is not None and running.status.phase == "Running", running.status
+    # each check below has something to find: the cluster holds it now
+    processes = cluster_processes(cluster.cgroup)
+    assert len(processes) >= 9, processes  # 6 daemons, a shim, pause, sleep
+    mounts = mounts_under(cluster.state_dir)
+    assert any("/rootfs" in point for point in mounts), mounts
+    nft_tables = node_nft_tables(cluster.netns)
+    assert "table inet sandgate_cluster" in nft_tables, nft_tables
     assert f"sgk8s-{cluster.cluster_id}" in links("veth")
+    new_cni_results = set(CNI_RESULTS.glob("*")) - cni_results_before
+    assert new_cni_results, "the running Pod has no cached CNI result"
 
     result = cluster.down()
     assert result.returncode == 0, result.stderr
     assert "killing" not in result.stderr, f"down.sh had to force processes: {result.stderr}"
 
-    assert not {process for process in seen["processes"] if alive(process)}
+    assert not {process for process in processes if alive(process)}
     assert not mounts_under(cluster.state_dir)
+    assert not new_cni_results & set(CNI_RESULTS.glob("*"))
     assert not Path(f"/run/netns/{cluster.netns}").exists()
     assert f"sgk8s-{cluster.cluster_id}" not in links("veth")
     assert not any((hierarchy / cluster.cgroup).exists() for hierarchy in cgroup_hierarchies())
     assert not cluster.state_dir.exists()
     routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True, check=True).stdout
     assert str(POD_CIDR) not in routes
-    assert {f"{key}={value}" for key, value in sysctls().items()} == seen["sysctls"]
+    assert sysctls() == cluster.sysctls_before
