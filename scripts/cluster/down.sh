@@ -125,11 +125,13 @@ unmount_all() {
 }
 
 remove_cgroups() {
-	local hierarchy
+	local hierarchy status=0
 	for hierarchy in $(cgroup_hierarchies); do
-		[[ -d $hierarchy/$CGROUP ]] && find "$hierarchy/$CGROUP" -depth -type d -exec rmdir {} +
+		if [[ -d $hierarchy/$CGROUP ]]; then
+			find "$hierarchy/$CGROUP" -depth -type d -exec rmdir {} + || status=1
+		fi
 	done
-	return 0
+	return "$status"
 }
 
 # The veth first (both ends go at once): a namespace's own devices go some time after it.
@@ -146,15 +148,29 @@ restore_sysctls() {
 	done <"$CLUSTER_DIR/sysctls"
 }
 
+# Every step runs even when one before it failed (a half-made cluster has parts missing); the
+# exit status says whether all went well.
+failed=0
+step() {
+	"$@" || {
+		echo "cluster: $1 failed" >&2
+		failed=1
+	}
+}
+
 mapfile -t ids < <(container_ids)
-for daemon in kubelet kube-scheduler kube-controller-manager; do stop_daemon "$daemon"; done
-delete_tasks
-for daemon in containerd kube-apiserver etcd; do stop_daemon "$daemon"; done
-stop_leftovers
-remove_outside_state "${ids[@]}"
-unmount_all
-remove_cgroups
-remove_network
-restore_sysctls
+for daemon in kubelet kube-scheduler kube-controller-manager; do step stop_daemon "$daemon"; done
+step delete_tasks
+for daemon in containerd kube-apiserver etcd; do step stop_daemon "$daemon"; done
+step stop_leftovers
+step remove_outside_state "${ids[@]}"
+step unmount_all
+step remove_cgroups
+step remove_network
+step restore_sysctls
+if ((failed)); then
+	echo "cluster: left $CLUSTER_DIR in place, see the errors above; run again to retry" >&2
+	exit 1
+fi
 rm -rf "$CLUSTER_DIR"
 echo "cluster: removed $NETNS and $CLUSTER_DIR"
