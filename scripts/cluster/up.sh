@@ -45,7 +45,7 @@ for program in runc nft ip nsenter openssl curl "$BUSYBOX" /usr/lib/cni/bridge /
 	}
 done
 
-BIN=$("$HERE/build.sh")
+BIN=$(bash "$HERE/build.sh")
 ID=$(openssl rand -hex 3)
 NETNS=$(netns_name "$ID")
 CGROUP=$(cgroup_name "$ID")
@@ -62,7 +62,7 @@ on_failure() {
 		tail -n 15 "$CLUSTER_DIR/logs/$daemon.log" >&2
 	done
 	if [[ ${SANDGATE_CLUSTER_KEEP_ON_FAILURE:-} != 1 ]]; then
-		"$HERE/down.sh" >&2 || true
+		bash "$HERE/down.sh" >&2 || true
 	fi
 }
 trap on_failure EXIT

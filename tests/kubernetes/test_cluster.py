@@ -82,8 +82,10 @@ class Cluster:
         return run_script("down.sh", self.state_dir, timeout=300)
 
 
-def run_script(name: str, state_dir: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SANDGATE_CLUSTER_DIR": str(state_dir)}
+def run_script(
+    name: str, state_dir: Path, timeout: float, **env_overrides: str
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SANDGATE_CLUSTER_DIR": str(state_dir), **env_overrides}
     return subprocess.run(
         ["bash", str(SCRIPTS / name)], env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -157,6 +159,23 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def client(cluster: Cluster) -> Client:
     return Client(config=KubeConfig.from_file(cluster.kubeconfig))
+
+
+@up_to_a_build
+def test_a_start_that_fails_leaves_nothing(tmp_path: Path) -> None:
+    """up.sh fails after the network, cgroups and certificates exist (its image writer fails) and
+    must take them down again itself."""
+    state_dir = tmp_path / "state"
+    netns_before = set(Path("/run/netns").glob("sgk8s-*"))
+    veths_before = links("veth")
+    failed = run_script("up.sh", state_dir, timeout=BUILD_TIMEOUT + START_TIMEOUT, PYTHON="false")
+    assert failed.returncode != 0
+    assert "cluster: start failed" in failed.stderr, failed.stderr
+    assert "cluster: removed sgk8s-" in failed.stderr, failed.stderr  # down.sh ran, and succeeded
+    assert not state_dir.exists()
+    assert set(Path("/run/netns").glob("sgk8s-*")) == netns_before
+    assert links("veth") == veths_before
+    assert not [path for hierarchy in cgroup_hierarchies() for path in hierarchy.glob("sandgate-k8s-*")]
 
 
 @up_to_a_build
