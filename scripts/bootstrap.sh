@@ -4,6 +4,8 @@
 #                       a Python >= 3.12 and .venv with sandgate and its run-time dependencies.
 #   bootstrap.sh test   (the default; also `make bench`, `make lint`, `make images`) run's part,
 #                       then the test and benchmark tools and sandgate's dev extras.
+#   bootstrap.sh cluster  run's part, then what `make cluster` needs besides what it builds
+#                       (scripts/cluster/build.sh, docs/kubernetes.md); test installs it too.
 # A second run does nothing unless a package is missing or pyproject.toml changed.
 # Tools installed for tests never stay running: services they bring are neither started by the
 # package scripts nor enabled (squid on :3128, nginx on :80, dockerd; tests start their own).
@@ -12,8 +14,8 @@ cd "$(dirname "$0")/.."
 
 stage=${1:-test}
 case $stage in
-  run | test) ;;
-  *) echo "bootstrap: unknown stage '$stage' (use 'run' or 'test')" >&2; exit 2 ;;
+  run | test | cluster) ;;
+  *) echo "bootstrap: unknown stage '$stage' (use 'run', 'test' or 'cluster')" >&2; exit 2 ;;
 esac
 
 # Run time: nft + ip for sandbox networks, bwrap for the local runtime, CA bundle for upstream TLS,
@@ -34,6 +36,9 @@ TEST_PACKAGES=(iptables busybox-static docker.io curl chromium nginx-light wrk s
 # Bookworm's 0.0~20221219 fails statx(2) as Debian 12's coreutils call it (`ls /` inside says
 # "Invalid argument"), so it comes from bookworm-backports (docs/runtime.md has the measurements).
 RUNSC_MIN_VERSION=0.0~20240729
+# The one-node cluster (`make cluster`): runc and the CNI plugins from Debian (new enough for
+# containerd 2 and the CNI spec 1.0), busybox for its test image, openssl for its certificates.
+CLUSTER_PACKAGES=(runc containernetworking-plugins busybox-static openssl curl util-linux)
 # The services the test packages would start; disabled again when this run installed them.
 TEST_SERVICES=(squid nginx docker.socket docker containerd docker-registry)
 
@@ -162,7 +167,7 @@ run_stage() {
 test_stage() {
   run_stage
   local installed
-  installed=$(apt_install "${TEST_PACKAGES[@]}")
+  installed=$(apt_install "${TEST_PACKAGES[@]}" "${CLUSTER_PACKAGES[@]}")
   install_runsc
   [[ -n $installed ]] && quiet_test_services
   check_no_test_listeners
@@ -171,6 +176,11 @@ test_stage() {
   sdk_test_clients
   code_interpreter_wheels
   browser_wheels
+}
+
+cluster_stage() {
+  run_stage
+  apt_install "${CLUSTER_PACKAGES[@]}" >/dev/null
 }
 
 # Playwright (the version the console tests use) for the host's python3, which the browser
