@@ -22,7 +22,7 @@ Rules:
    died (checked every `LIVENESS_POLL_S` while a cell waits), has ended its context: the run
    gets an error saying so, later runs a 410, and a new context starts a new kernel. Deleting
    a context kills its kernel's process group.
-5. `python`, `bash`, `javascript`, `typescript` and `java` are the languages; creating or
+5. `python`, `bash`, `javascript`, `typescript`, `java` and `go` are the languages; creating or
    running any other is a 400 that lists them; so is one this sandbox has no kernel for (the
    message lists those it has, and what to install). Listing or deleting by another language
    matches nothing. A run without a context id uses the language's default context, created on

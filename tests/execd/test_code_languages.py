@@ -179,3 +179,35 @@ def test_sdk_java_context_on_jjava(codes: CodesAdapterSync) -> None:
     assert failed.error is not None and failed.error.traceback[0] == "java.lang.IllegalStateException: boom"
     assert failed.error.value == "java.lang.IllegalStateException, boom"
     codes.delete_context(context.id)
+
+
+@pytest.mark.skipif(
+    shutil.which("gonb", path=str(Path(sys.executable).parent)) is None,
+    reason="no GoNB next to .venv's Python (bootstrap builds it)",
+)
+def test_sdk_go_context_on_gonb(codes: CodesAdapterSync) -> None:
+    """Go cells run in GoNB: a whole program (as OpenSandbox's suite sends) prints; declarations
+    last across cells, each cell's statements run as its main; a compile error is the cell's
+    error; an interrupt stops a running cell and the context goes on."""
+    context = codes.create_context(SupportedLanguageSync.GO)
+    assert context.language == "go"
+    program = 'package main\nimport "fmt"\nfunc main() {\n    fmt.Print("Hello from Go! ", 2+2)\n}'
+    hello = codes.run(program, context=context)
+    assert hello.error is None, hello.error
+    assert "".join(m.text for m in hello.logs.stdout) == "Hello from Go! 4"
+    declared = codes.run("func double(n int) int { return 2 * n }\nvar base = 21", context=context)
+    assert declared.error is None, declared.error
+    used = codes.run('%%\nfmt.Println("double:", double(base))', context=context)
+    assert used.error is None and "".join(m.text for m in used.logs.stdout) == "double: 42\n"
+    broken = codes.run("%%\nundeclaredVariable++", context=context)
+    assert broken.error is not None and "undefined: undeclaredVariable" in "".join(
+        [broken.error.value, *broken.error.traceback]
+    )
+    spun = interrupt_mid_cell(
+        codes, context, '%%\nfmt.Println("spin")\nfor i := 0; ; i++ { time.Sleep(time.Millisecond) }'
+    )
+    # GoNB stops the cell's program and says so on stderr; the cell itself is no error
+    assert "signal: interrupt" in "".join(m.text for m in spun.logs.stderr)
+    again = codes.run('%%\nfmt.Println("after:", double(4))', context=context)
+    assert again.error is None and "".join(m.text for m in again.logs.stdout) == "after: 8\n"
+    codes.delete_context(context.id)
