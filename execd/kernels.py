@@ -65,8 +65,14 @@ INSTALL_HINTS = {
     "go": "Go (`go` on PATH) and GoNB with goimports and gopls beside it (their kernelspec `gonb`)",
 }
 # How a GoNB kernel starts (rule 7): argv[0] is `sh -c`'s $0, the gonb binary; $1 the connection file.
+# An image may ship a warm Go build cache (`GONB_GO_CACHE_SEED`): the first kernel of a sandbox
+# copies it to where `go` builds (mkdir is the lock: one copy, whoever comes second compiles what
+# is not there yet), so a sandbox's first cell does not compile fmt and friends.
 GONB_LAUNCH = (
-    'TMPDIR="${HOME:-/tmp}/.cache/gonb-tmp"; export TMPDIR; mkdir -p "$TMPDIR" && '
+    'TMPDIR="${HOME:-/tmp}/.cache/gonb-tmp"; GOCACHE="${GOCACHE:-${HOME:-/tmp}/.cache/go-build}"; '
+    'export TMPDIR GOCACHE; mkdir -p "$TMPDIR" || exit 1; '
+    'if [ -d "${GONB_GO_CACHE_SEED:-}" ] && mkdir "$GOCACHE" 2>/dev/null; then '
+    'cp -R "$GONB_GO_CACHE_SEED"/. "$GOCACHE"/; fi; '
     'exec "$0" --kernel "$1" --raw_error'
 )
 GO_ENV = {"GOTOOLCHAIN": "local", "GOTELEMETRY": "off"}
