@@ -10,7 +10,8 @@ Rules:
    `execute_input`), `stdout`/`stderr` (`stream`), one `result` per `execute_result` or
    `display_data` with every MIME type of its bundle (`text/plain` sent as `text`, as the Go
    execd does, since that is the field the SDK reads), then `execution_complete`, or `error`
-   with the kernel's `ename`, `evalue`, `traceback` (terminal colours removed) in its place.
+   with the kernel's `ename`, `evalue`, `traceback` (terminal colours removed) in its place
+   (an exception thrown by a Java cell is `EvalException`, as OpenSandbox's IJava names it).
    The run ends at the kernel's
    `idle` status for that request.
 3. Runs in one context are serial: a second concurrent run gets a 409. An interrupt
@@ -216,7 +217,9 @@ class Context:
             results = wire_bundle(content.get("data") or {})
             await queue_.put(event("result", results=results, execution_count=content.get("execution_count")))
         elif kind == "error":
-            error.append(plain_error(content))
+            error.append(
+                java_eval_error(plain_error(content)) if self.language == "java" else plain_error(content)
+            )
 
     async def late_output(self, msg_id: str, queue_: RunEvents, error: list[dict[str, Any]]) -> None:
         """Output of the cell that comes after its idle status: Deno's kernel publishes a cell's
@@ -478,6 +481,18 @@ def plain_error(content: dict[str, Any]) -> dict[str, Any]:
         "evalue": ANSI_ESCAPE.sub("", str(content.get("evalue") or "")),
         "traceback": [ANSI_ESCAPE.sub("", str(line)) for line in content.get("traceback") or []],
     }
+
+
+# JJava reports an exception thrown by a cell's code as RuntimeException("<class>, <message>");
+# OpenSandbox's code-interpreter (IJava) and the clients written against it call that error
+# `EvalException` (rule 2), so a Java context names it so; evalue and traceback stay JJava's.
+JJAVA_THROWN = re.compile(r"^[\w$]+(\.[\w$]+)+, ")
+
+
+def java_eval_error(error: dict[str, Any]) -> dict[str, Any]:
+    if error["ename"] == "RuntimeException" and JJAVA_THROWN.match(error["evalue"]):
+        return {**error, "ename": "EvalException"}
+    return error
 
 
 def startup_log(files: str) -> str:

@@ -175,9 +175,16 @@ def test_sdk_java_context_on_jjava(codes: CodesAdapterSync) -> None:
     printed = codes.run('System.out.println("hi " + x);', context=context)
     assert "".join(m.text for m in printed.logs.stdout) == "hi 41\n"
     failed = codes.run('throw new IllegalStateException("boom");', context=context)
-    # JJava's error: the exception in the traceback's first line, its class and message in evalue
-    assert failed.error is not None and failed.error.traceback[0] == "java.lang.IllegalStateException: boom"
+    # JJava's error under IJava's name (OpenSandbox's): the exception in the traceback's first
+    # line, its class and message in evalue
+    assert failed.error is not None and failed.error.name == "EvalException"
+    assert failed.error.traceback[0] == "java.lang.IllegalStateException: boom"
     assert failed.error.value == "java.lang.IllegalStateException, boom"
+    divided = codes.run("int y = 10 / 0;", context=context)
+    assert divided.error is not None and divided.error.name == "EvalException"
+    assert divided.error.value == "java.lang.ArithmeticException, / by zero"
+    uncompiled = codes.run("int z = undefinedName;", context=context)
+    assert uncompiled.error is not None and uncompiled.error.name == "CompilationException"
     codes.delete_context(context.id)
 
 
