@@ -4,9 +4,10 @@ Rules:
 1. An image is a name and a root filesystem directory. The built-in `sandgate/host` image is an
    allowlist of the host (`host_root`): the host's system directories (`HOST_SYSTEM_DIRS`) bound
    read-only, a curated copy of /etc (`HOST_ETC`, never keys or sandgate's config), and fresh
-   private /tmp, /home, /root, /run, /var, /opt, /srv, /mnt (`PRIVATE_DIRS`). Nothing else of the host is in it. Every other image
-   was imported from a tarball (one flattened `rootfs`) or pulled from a registry (a list of
-   layers in the shared layer store, lifecycle/layers.py; fetched by lifecycle/registry.py).
+   private /tmp, /home, /root, /run, /var, /opt, /srv, /mnt (`PRIVATE_DIRS`). Nothing else of
+   the host is in it. Every other image was imported from a tarball (one flattened `rootfs`) or
+   pulled from a registry (a list of layers in the shared layer store, lifecycle/layers.py;
+   fetched by lifecycle/registry.py).
 2. Import accepts `docker save` archives (manifest.json; layers applied in order with whiteouts),
    OCI image layouts (index.json) and plain root filesystem tarballs. Nothing in an archive may
    write outside the image directory (tarfile's `tar` filter plus whiteout path checks).

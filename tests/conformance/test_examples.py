@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sandgate.lifecycle.images import ImageStore
 from tests.conformance.conftest import API_HOST, PATCHED_HOST, sandbox_meeting_the_proxy_ca
 from tests.support.audit import audit_records
 from tests.support.internet import ORIGIN_V4, Internet
@@ -269,3 +271,35 @@ def test_java_and_go_cells_run_in_the_image(execd: httpx.Client) -> None:
     )
     broken = events(execd, go, "%%\nundeclaredVariable++", context={"id": go})
     assert broken[-1]["type"] == "error" and "undefined: undeclaredVariable" in json.dumps(broken[-1])
+
+
+def test_a_passed_through_tls_connection_is_verified_with_the_images_own_cas(
+    server: SandgateServer, internet: Internet, code_interpreter: str
+) -> None:
+    """A host the policy allows without decrypting it (no binding, no L7 rule): the sandbox's
+    curl meets the origin's own certificate and must trust it through the image's system CAs, as
+    an image's public CAs on the real internet. The local runtime starts no entry script, so the
+    bundle it writes must hold the base image's system trust, not the proxy CA alone."""
+    rootfs = ImageStore(server.state_dir / "images").get(code_interpreter).rootfs
+    assert rootfs is not None
+    system_ca = rootfs / "usr/share/sandgate/system-ca.crt"
+    original = system_ca.read_bytes()
+    system_ca.write_bytes(original + b"\n" + internet.ca_cert.read_bytes())  # the test internet's CA
+    try:
+        policy = {"defaultAction": "deny", "egress": [{"action": "allow", "target": API_HOST}]}
+        created = server.create_sandbox(image={"uri": code_interpreter}, networkPolicy=policy)
+        done = server.run(created["id"], f"curl -sS https://{API_HOST}/", timeout=60)
+        assert (done.exit_code, done.stdout.strip()) == (0, "hello from origin"), done
+        deadline = time.monotonic() + 30  # the connection's record lands once it closed
+        while not (closed := connection_records(server, created["id"])) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [r["inspect"] for r in closed] == [False]  # passed through: curl met the origin's cert
+        with server.client() as client:
+            client.delete(f"/v1/sandboxes/{created['id']}")
+    finally:
+        system_ca.write_bytes(original)
+
+
+def connection_records(server: SandgateServer, sandbox_id: str) -> list[dict[str, Any]]:
+    records = audit_records(server.state_dir, sandbox_id)
+    return [r for r in records if r.get("sni") == API_HOST and r.get("event") == "closed"]
