@@ -85,6 +85,7 @@ STDLIB_SKIP = re.compile(
     r"|^lib-dynload/(_tkinter|_test|_xx|xx)"
 )
 PY_IMAGE_PREFIX = "/usr/local"
+OS_RELEASE = 'NAME="sandgate"\nID=sandgate\nPRETTY_NAME="sandgate sandbox image (busybox, Python {python})"\n'
 # The standard layout agents and their tools expect (`cd /var`, a build writing to /var/tmp, an
 # installer into /opt), with their modes. The Docker runtime mounts tmpfs on /tmp, /var/tmp, /run.
 ROOTFS_DIRS = {
@@ -202,6 +203,8 @@ def system_entries() -> Iterator[Entry]:
     )
     yield Entry("etc/group", data=b"root:x:0:\nnogroup:x:65534:\n")
     yield Entry("etc/nsswitch.conf", data=b"passwd: files\ngroup: files\nhosts: files dns\n")
+    # what tools read to learn the system (os-release(5)): this image, not the host it came from
+    yield Entry("etc/os-release", data=OS_RELEASE.format(python=python_version()).encode())
     # The trust store lives on the /run tmpfs: the entry script writes it at start (read-only root).
     yield Entry(
         "usr/share/sandgate/system-ca.crt", HOST_CA_BUNDLE if HOST_CA_BUNDLE.exists() else None, data=b""

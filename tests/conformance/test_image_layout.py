@@ -5,6 +5,7 @@ writable /tmp and /var/tmp, `cd /var` in a session) inside real sandboxes of the
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from opensandbox import SandboxSync
@@ -17,7 +18,7 @@ from tests.support.server import SandgateServer
 pytestmark = [pytest.mark.root, pytest.mark.timeout(1800)]
 
 
-def check_image(server: SandgateServer, image: str, entrypoint: list[str]) -> None:
+def check_image(server: SandgateServer, image: str, entrypoint: list[str], os_id: str = "sandgate") -> None:
     sandbox = SandboxSync.create(
         image,
         entrypoint=entrypoint,
@@ -25,14 +26,17 @@ def check_image(server: SandgateServer, image: str, entrypoint: list[str]) -> No
         ready_timeout=timedelta(seconds=60),
     )
     try:
-        check_standard_layout(sandbox)
+        check_standard_layout(sandbox, os_id)
     finally:
         sandbox.kill()
         sandbox.close()
 
 
 def test_the_host_image_has_the_standard_layout(server: SandgateServer) -> None:
-    check_image(server, "sandgate/host", ["sleep", "infinity"])
+    host_os = dict(
+        line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines() if "=" in line
+    )
+    check_image(server, "sandgate/host", ["sleep", "infinity"], host_os["ID"].strip('"'))
 
 
 def test_the_code_interpreter_image_has_the_standard_layout(

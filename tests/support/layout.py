@@ -23,6 +23,7 @@ PROBE = "; ".join(
         *(f'test -d {d} && echo "dir {d}" || echo "missing {d}"' for d in STANDARD_DIRS),
         'grep -q "^$(id -un):[^:]*:$(id -u):" /etc/passwd && echo "passwd $(id -un)" || echo "no passwd"',
         'test -d "$HOME" && echo "home exists" || echo "no home $HOME"',
+        '. /etc/os-release && echo "os-release $ID" || echo "no os-release"',
         *(
             f'f=$(mktemp {d}/layout.XXXXXX) && echo ok > "$f" && rm "$f" && echo "writable {d}" '
             f'|| echo "read-only {d}"'
@@ -30,19 +31,25 @@ PROBE = "; ".join(
         ),
     ]
 )
-EXPECTED = [
-    *(f"dir {d}" for d in STANDARD_DIRS),
-    "passwd root",  # sandboxes run as root
-    "home exists",
-    "writable /tmp",
-    "writable /var/tmp",
-]
 
 
-def check_standard_layout(sandbox: SandboxSync) -> None:
+def expected(os_id: str) -> list[str]:
+    return [
+        *(f"dir {d}" for d in STANDARD_DIRS),
+        "passwd root",  # sandboxes run as root
+        "home exists",
+        f"os-release {os_id}",
+        "writable /tmp",
+        "writable /var/tmp",
+    ]
+
+
+def check_standard_layout(sandbox: SandboxSync, os_id: str) -> None:
+    """`os_id`: the ID /etc/os-release names (the host's for sandgate/host, `sandgate` for the
+    images build.py makes)."""
     run = sandbox.commands.run(PROBE)
     lines = "\n".join(m.text for m in run.logs.stdout).splitlines()  # a message is a line
-    assert lines == EXPECTED, "".join(m.text for m in run.logs.stderr)
+    assert lines == expected(os_id), "".join(m.text for m in run.logs.stderr)
     session = sandbox.commands.create_session()
     try:
         moved = sandbox.commands.run_in_session(session, "cd /var && pwd")
