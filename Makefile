@@ -4,7 +4,7 @@
 VENV := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap bootstrap-run serve test test-fast test-adversarial bench lint images clean
+.PHONY: bootstrap bootstrap-run serve test test-fast test-adversarial bench bench-smoke lint images clean
 
 # Everything: run time, test and benchmark tools, dev extras (scripts/bootstrap.sh test).
 bootstrap:
@@ -25,6 +25,7 @@ test: bootstrap
 # at a time (the root tests share one network namespace). The fast tier runs in FAST_WORKERS
 # pytest-xdist workers, each test module whole on one worker so its module-scoped servers
 # (execd, chromium) start once; docs/benchmarks.md has the measurements behind the default.
+# The benchmarks' smoke runs (tests/bench, `make bench-smoke`) are left to `make test`.
 # Bytecode caches (git-ignored __pycache__) are written even where the environment sets
 # PYTHONDONTWRITEBYTECODE: without them every run compiles and assertion-rewrites every module
 # in each worker and every execd or CLI subprocess, about 12 s of CPU per run. The schemathesis
@@ -32,7 +33,7 @@ test: bootstrap
 FAST_WORKERS ?= 2
 test-fast: bootstrap
 	PYTHONDONTWRITEBYTECODE= SANDGATE_TEST_TIER=fast $(VENV)/pytest -m "not root" -p no:schemathesis \
-	  -n $(FAST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	  --ignore=tests/bench -n $(FAST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # The whole adversarial suite (root) on one runtime and isolation: `make test-adversarial
 # ISOLATION=gvisor`, `RUNTIME=docker` for the private dockerd (docs/runtime.md). `make test`
@@ -42,8 +43,14 @@ RUNTIME ?= local
 test-adversarial: bootstrap
 	SANDGATE_TEST_ISOLATION=$(ISOLATION) SANDGATE_TEST_RUNTIME=$(RUNTIME) $(VENV)/pytest tests/adversarial $(PYTEST_ARGS)
 
+# Every benchmark, long and bounded, for a quiet machine (docs/benchmarks.md).
 bench: bootstrap
 	$(VENV)/python -m bench
+
+# Every benchmark in its smallest bounded mode, each checked for every row and ratio it promises
+# (tests/bench/test_smoke.py): that they work, not how fast. `make test` (CI) runs it too.
+bench-smoke: bootstrap
+	$(VENV)/pytest tests/bench -p no:cacheprovider --durations=0 $(PYTEST_ARGS)
 
 # Sandbox images for the Docker runtime, from local files only (see docs/docker.md): built into
 # the daemon at DOCKER_HOST / the system socket, else in a private dockerd and saved for `docker load`.

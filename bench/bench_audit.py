@@ -1,10 +1,13 @@
 """Audit index benchmark: 1,000,000 realistic records, index build time, filtered-page latency.
 
-Writes the records with size rotation (like the proxy's writer) into a temp state dir, indexes
-them from scratch, then times the pages a reviewer asks for ("what did sandbox X reach today",
-"what was denied and why", "where did credential Y go"), the next page by cursor, and the
-per-sandbox summary. Goal: < 200 ms per filtered page. `SANDGATE_BENCH_AUDIT_RECORDS` changes
-the count (default 1,000,000).
+Writes the records with size rotation (like the proxy's writer) into a fresh state dir's audit
+log (`sandgate.proxy.audit_path`), indexes them from scratch with the CLI (`sandgate logs`, which
+brings the index up to date before it answers), then starts a real `sandgate serve` on that state
+dir and times, through the HTTP API, the pages a reviewer asks for (`GET /v1/audit`: "what did
+sandbox X reach today", "what was denied and why", "where did credential Y go"), the next page
+by cursor, and the summaries (`GET /v1/audit/summary`). Goal: < 200 ms per filtered page.
+Root (serve builds its network). `SANDGATE_BENCH_AUDIT_RECORDS` changes the count (default
+1,000,000).
 """
 
 from __future__ import annotations
@@ -13,14 +16,26 @@ import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sandgate.lifecycle.audit import AuditFilter, AuditIndex, format_ts, parse_time, to_micros
+import httpx
+
+from bench import sized
+from bench.sandbox_rig import enter_own_netns, run_as_root_child
+from sandgate.proxy import audit_path
+
+if TYPE_CHECKING:
+    from tests.support.server import SandgateServer
+
+CHILD_FLAG = "SANDGATE_BENCH_AUDIT_CHILD"
+SANDGATE = str(Path(sys.executable).with_name("sandgate"))
 
 # Popular first: the generator picks hosts with an exponential (long-tail) distribution.
 HOSTS = [
@@ -82,7 +97,7 @@ def synthetic_records(
     """`count` records spread evenly over [end - span, end], in time order, realistic mix."""
     rng = random.Random(seed)
     names = [f"sbx-{n:04d}" for n in range(sandboxes)]
-    start_us = to_micros(end - span)
+    start_us = _micros(end - span)
     step = max(1, int(span.total_seconds() * 1_000_000) // max(count, 1))
     for n in range(count):
         sandbox = (
@@ -96,12 +111,13 @@ def synthetic_records(
         binding = next((b for b, h in BINDINGS.items() if h == host), None) if kind == "request" else None
         yield {
             "v": 1,
-            "ts": format_ts(start_us + n * step + rng.randrange(step)),
+            "ts": _rfc3339(start_us + n * step + rng.randrange(step)),
             "id": f"r{n:09d}-{rng.getrandbits(40):010x}",
             "kind": kind,
             "sandbox": sandbox,
             "client": f"10.213.{n % 250}.{2 + 4 * (n % 60)}:{40000 + n % 20000}",
             "upstream": None if decision == "deny" else f"198.51.100.{n % 250 + 1}:443",
+            "via": None,
             "sni": host if kind != "dns" else None,
             "scheme": "https" if kind in ("request", "connection") else None,
             "method": rng.choice(["GET", "GET", "GET", "POST", "PUT"]) if kind == "request" else None,
@@ -142,6 +158,15 @@ def write_log(
     return written
 
 
+def _micros(moment: datetime) -> int:
+    return round(moment.timestamp() * 1_000_000)
+
+
+def _rfc3339(micros: int) -> str:
+    """As the proxy's writer formats `ts`: UTC with microseconds."""
+    return datetime.fromtimestamp(micros / 1_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def _time_ms(action: Any, repeat: int = 7) -> tuple[float, Any]:
     samples = []
     result = None
@@ -152,61 +177,93 @@ def _time_ms(action: Any, repeat: int = 7) -> tuple[float, Any]:
     return statistics.median(samples), result
 
 
+def _get(client: httpx.Client, path: str, params: dict[str, Any]) -> dict[str, Any]:
+    response = client.get(path, params=params)
+    response.raise_for_status()
+    return response.json()  # type: ignore[no-any-return]
+
+
+CASES: dict[str, dict[str, Any]] = {
+    "sandbox X today": {"sandbox": "sbx-0000", "since": "today"},
+    "sandbox X (rare) all": {"sandbox": "sbx-0150"},
+    "denied, all sandboxes": {"decision": "deny"},
+    "denied for sandbox X today": {"sandbox": "sbx-0003", "decision": "deny", "since": "today"},
+    "binding github-token": {"binding": "github-token"},
+    "binding + sandbox": {"binding": "model-key", "sandbox": "sbx-0042"},
+    "host, last 1h": {"host": "metadata.example.test", "since": "1h"},
+    "host glob": {"host": "cdn1*.example.test"},
+    "reason (no index)": {"reason": "SNI does not match Host"},
+    "status 500 since 2d": {"status": 500, "since": "2d"},
+    "no match": {"sandbox": "sbx-0001", "host": "nothing.example.com"},
+}
+SUMMARIES: dict[str, dict[str, Any]] = {
+    "summary sandbox X today": {"sandbox": "sbx-0000", "since": "today"},
+    "summary sandbox X (7 days)": {"sandbox": "sbx-0000"},
+    "summary all, today": {"since": "today"},
+}
+
+
 def main() -> None:
-    count = int(os.environ.get("SANDGATE_BENCH_AUDIT_RECORDS", "1000000"))
-    now = datetime.now(UTC)
+    run_as_root_child("bench.bench_audit", CHILD_FLAG, "sandgate serve: netns, nftables")
+
+
+def _child() -> None:
+    enter_own_netns()
+    from tests.support.server import sandgate_server
+
+    count = int(os.environ.get("SANDGATE_BENCH_AUDIT_RECORDS", sized(1_000_000, 5_000)))
     with tempfile.TemporaryDirectory(prefix="sandgate-bench-audit-") as tmp:
-        state = Path(tmp)
+        state = Path(tmp) / "state"  # the state dir sandgate_server(tmp) uses
+        state.mkdir()
+        log = audit_path(state)
         started = time.perf_counter()
-        write_log(state / "audit.jsonl", synthetic_records(count, now, timedelta(days=7)))
+        write_log(log, synthetic_records(count, datetime.now(UTC), timedelta(days=7)))
+        files = list(state.glob(f"{log.name}*"))
         print(
             f"generated {count:,} records in {time.perf_counter() - started:.1f} s "
-            f"({sum(p.stat().st_size for p in state.glob('audit.jsonl*')) / 1e6:.0f} MB, "
-            f"{len(list(state.glob('audit.jsonl*')))} files)"
+            f"({sum(p.stat().st_size for p in files) / 1e6:.0f} MB, {len(files)} files)"
         )
-        index = AuditIndex(state / "audit-index.db", state / "audit.jsonl")
         started = time.perf_counter()
-        result = index.ingest()
-        build = time.perf_counter() - started
-        print(
-            f"index build: {build:.1f} s ({result.added / build:,.0f} records/s), "
-            f"{(state / 'audit-index.db').stat().st_size / 1e6:.0f} MB"
+        env = {**os.environ, "SANDGATE_STATE_DIR": str(state)}
+        built = subprocess.run(
+            [SANDGATE, "logs", "--limit", "1", "-o", "json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
         )
-        today = parse_time("today")
-        cases = {
-            "sandbox X today": AuditFilter(sandbox="sbx-0000", since=today),
-            "sandbox X (rare) all": AuditFilter(sandbox="sbx-0150"),
-            "denied, all sandboxes": AuditFilter(decision="deny"),
-            "denied for sandbox X today": AuditFilter(sandbox="sbx-0003", decision="deny", since=today),
-            "binding github-token": AuditFilter(binding="github-token"),
-            "binding + sandbox": AuditFilter(binding="model-key", sandbox="sbx-0042"),
-            "host, last 1h": AuditFilter(host="metadata.example.test", since=parse_time("1h")),
-            "host glob": AuditFilter(host="cdn1*.example.test"),
-            "reason (no index)": AuditFilter(reason="SNI does not match Host"),
-            "status 500 since 2d": AuditFilter(status=500, since=parse_time("2d")),
-            "no match": AuditFilter(sandbox="sbx-0001", host="nothing.example.com"),
-        }
+        build = time.perf_counter() - started
+        index_mb = sum(p.stat().st_size for p in state.glob("*.db*")) / 1e6
+        print(
+            f"index build (sandgate logs): {build:.1f} s ({count / build:,.0f} records/s), {index_mb:.0f} MB"
+        )
+        if not built.stdout.strip():  # one JSON line per record, the newest here
+            raise RuntimeError(f"sandgate logs found no record: {built.stderr}")
+        with sandgate_server(Path(tmp)) as server:
+            _pages(server, count)
+
+
+def _pages(server: SandgateServer, count: int) -> None:
+    with server.client() as client:
+        indexed = _get(client, "/v1/audit/index", {})["records"]
+        if indexed < count:
+            raise RuntimeError(f"the server's index holds {indexed} of {count} records")
+        print(f"through the API (GET /v1/audit, {indexed:,} records indexed)")
         print(f"{'query (page of 50)':32} {'first':>9} {'next':>9}  rows")
         worst = 0.0
-        for name, query in cases.items():
-            first_ms, page = _time_ms(lambda q=query: index.page(q, 50))
+        for name, query in CASES.items():
+            first_ms, page = _time_ms(lambda q=query: _get(client, "/v1/audit", {**q, "limit": 50}))
             next_ms = 0.0
-            if page.next_cursor:
-                next_ms, _ = _time_ms(lambda q=query, c=page.next_cursor: index.page(q, 50, c))
+            if page["next_cursor"]:
+                params = {**query, "limit": 50, "cursor": page["next_cursor"]}
+                next_ms, _ = _time_ms(lambda p=params: _get(client, "/v1/audit", p))
             worst = max(worst, first_ms, next_ms)
-            print(f"{name:32} {first_ms:7.1f}ms {next_ms:7.1f}ms  {len(page.records)}")
-        for name, query in {
-            "summary sandbox X today": AuditFilter(sandbox="sbx-0000", since=today),
-            "summary sandbox X (7 days)": AuditFilter(sandbox="sbx-0000"),
-            "summary all, today": AuditFilter(since=today),
-        }.items():
-            ms, _ = _time_ms(lambda q=query: index.summary(q), repeat=3)
+            print(f"{name:32} {first_ms:7.1f}ms {next_ms:7.1f}ms  {len(page['records'])}")
+        for name, query in SUMMARIES.items():
+            ms, _ = _time_ms(lambda q=query: _get(client, "/v1/audit/summary", q), repeat=3)
             print(f"{name:32} {ms:7.1f}ms")
-        ms, _ = _time_ms(lambda: index.counts_by_sandbox(AuditFilter(since=parse_time("24h"))), repeat=3)
-        print(f"{'console overview counts (24h)':32} {ms:7.1f}ms")
-        print(f"worst filtered page: {worst:.1f} ms (goal < 200 ms): {'OK' if worst < 200 else 'MISSED'}")
-        index.close()
+    print(f"worst filtered page: {worst:.1f} ms (goal < 200 ms): {'OK' if worst < 200 else 'MISSED'}")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__" and os.environ.get(CHILD_FLAG) == "1":
+    _child()

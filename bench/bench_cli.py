@@ -15,10 +15,12 @@ import sys
 import time
 from pathlib import Path
 
+from bench import sized
+
 ROOT = Path(__file__).resolve().parents[1]
 SANDGATE = os.environ.get("SANDGATE_BIN", str(Path(sys.executable).with_name("sandgate")))
 POLICY = str(ROOT / "examples" / "policy.yaml")
-RUNS = 11
+RUNS = sized(11, 1)
 GOAL_MS = 300
 COMMANDS = {
     "sandgate --help": ["--help"],

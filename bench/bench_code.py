@@ -21,14 +21,17 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from bench import sized
 from bench.sandbox_rig import enter_own_netns, row, run_as_root_child
 
 if TYPE_CHECKING:
     from tests.support.server import SandgateServer
 
 CHILD_FLAG = "SANDGATE_BENCH_CODE_CHILD"
-RUNS = int(os.environ.get("SANDGATE_BENCH_CODE_RUNS", "200"))
-SPARE_WAIT_S = 5.0  # a kernel's start under load is 1-4 s: the spare is ready by then
+RUNS = int(os.environ.get("SANDGATE_BENCH_CODE_RUNS", sized(200, 3)))
+CREATES = max(sized(3, 1), RUNS // 10)
+WARM_UP = sized(10, 1)
+SPARE_WAIT_S = sized(5.0, 1.0)  # a kernel's start under load is 1-4 s: the spare is ready by then
 
 
 def main() -> None:
@@ -61,7 +64,7 @@ def _execd(server: SandgateServer, env: dict[str, str]) -> httpx.Client:
 
 def _creates(client: httpx.Client, pause: float) -> dict[str, list[float]]:
     creates: dict[str, list[float]] = {"python": [], "bash": []}
-    for _ in range(max(3, RUNS // 10)):
+    for _ in range(CREATES):
         for language, times in creates.items():
             context_id, took = _create(client, language)
             times.append(took)
@@ -83,7 +86,7 @@ def _child() -> None:
         with _execd(server, {}) as client:
             spare = _creates(client, pause=SPARE_WAIT_S)
             context_id, _ = _create(client, "python")
-            for _ in range(10):
+            for _ in range(WARM_UP):
                 assert b'"text":"2"' in _cell(client, context_id, "1 + 1")
             cells = []
             for _ in range(RUNS):

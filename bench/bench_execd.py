@@ -23,9 +23,11 @@ from pathlib import Path
 
 import httpx
 
-STARTS = 10
-ROUND_TRIPS = 200
-SIZE_MIB = 100
+from bench import sized
+
+STARTS = sized(10, 2)
+ROUND_TRIPS = sized(200, 5)
+SIZE_MIB = sized(100, 4)
 
 
 def _free_port() -> int:

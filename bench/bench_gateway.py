@@ -23,12 +23,14 @@ from pathlib import Path
 
 import httpx
 
+from bench import sized
 from bench.sandbox_rig import enter_own_netns, run_as_root_child
 
 CHILD_FLAG = "SANDGATE_BENCH_GATEWAY_CHILD"
-RUNS = int(os.environ.get("SANDGATE_BENCH_GATEWAY_RUNS", "200"))
-ROUNDS = 4
-DOWNLOAD_MIB = 100
+RUNS = int(os.environ.get("SANDGATE_BENCH_GATEWAY_RUNS", sized(200, 5)))
+ROUNDS = sized(4, 2)
+WARM_UP = sized(10, 2)
+DOWNLOAD_MIB = sized(100, 4)
 TRUE = {"command": "true"}
 FIRST_EVENT = {"command": "echo first; sleep 0.3; echo second"}
 
@@ -76,7 +78,7 @@ def _rss_kib(pid: int) -> int:
 
 
 def _download(client: httpx.Client, serve_pid: int) -> tuple[float, int]:
-    """MiB/s of a 100 MiB download, and serve's peak RSS growth (KiB) meanwhile."""
+    """MiB/s of a DOWNLOAD_MIB download, and serve's peak RSS growth (KiB) meanwhile."""
     idle, peak, done = _rss_kib(serve_pid), [0], threading.Event()
 
     def sample() -> None:
@@ -87,7 +89,7 @@ def _download(client: httpx.Client, serve_pid: int) -> tuple[float, int]:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     began = time.perf_counter()
-    with client.stream("GET", "/files/download", params={"path": "/tmp/bench-100m.bin"}) as response:
+    with client.stream("GET", "/files/download", params={"path": "/tmp/bench-download.bin"}) as response:
         size = sum(len(chunk) for chunk in response.iter_raw(1 << 20))
     took = time.perf_counter() - began
     done.set()
@@ -122,7 +124,7 @@ def _child() -> None:
             found = api.get(f"/v1/sandboxes/{sandbox_id}/endpoints/44772").json()
         headers = found["headers"]
         assert "/proxy/44772" in found["endpoint"], found
-        server.run(sandbox_id, f"head -c {DOWNLOAD_MIB}M /dev/urandom > /tmp/bench-100m.bin")
+        server.run(sandbox_id, f"head -c {DOWNLOAD_MIB}M /dev/urandom > /tmp/bench-download.bin")
         direct = f"{server.sandbox_address(sandbox_id)}:44772"
         clients = {
             name: httpx.Client(base_url=f"http://{address}", headers=headers, timeout=60, trust_env=False)
@@ -133,7 +135,7 @@ def _child() -> None:
         rows: dict[str, dict[str, list[float]]] = {}
         try:
             for name in clients:  # warm both paths (connections, imports, execd's first spawn)
-                for _ in range(10):
+                for _ in range(WARM_UP):
                     _command(clients[name], TRUE)
             for round_number in range(ROUNDS):
                 order = list(clients) if round_number % 2 == 0 else list(reversed(clients))
@@ -166,7 +168,7 @@ def _report(host: dict[str, list[float]], direct: dict[str, list[float]]) -> Non
     _compare("command round trip `true`", "ms", host["true"], direct["true"])
     _compare("first SSE event of a running command", "ms", host["first"], direct["first"])
     print(
-        f"  {'download 100 MiB':<34} direct {statistics.median(direct['download']):.0f} MiB/s"
+        f"  {f'download {DOWNLOAD_MIB} MiB':<34} direct {statistics.median(direct['download']):.0f} MiB/s"
         f" | host {statistics.median(host['download']):.0f} MiB/s, serve RSS growth at most"
         f" {max(host['rss']) // 1024} MiB (streamed, not buffered)"
     )

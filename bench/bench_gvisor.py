@@ -20,16 +20,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import sized
 from bench.sandbox_rig import enter_own_netns, row, run_as_root_child
 
 CHILD_FLAG = "SANDGATE_BENCH_GVISOR_CHILD"
-CREATES = int(os.environ.get("SANDGATE_BENCH_GVISOR_CREATES", "5"))
-ROUND_TRIPS = 20
-DOWNLOADS = 3
+CREATES = int(os.environ.get("SANDGATE_BENCH_GVISOR_CREATES", sized(5, 1)))
+ROUND_TRIPS = sized(20, 3)
+DOWNLOADS = sized(3, 1)
 DOWNLOAD_HOST = "download.example.com"
-DOWNLOAD_BYTES = 100 * 2**20
+DOWNLOAD_MIB = sized(100, 4)
+DOWNLOAD_BYTES = DOWNLOAD_MIB * 2**20
 ISOLATIONS = ("standard", "gvisor")
-IDLE_SECONDS = 5.0
+IDLE_SECONDS = sized(5.0, 1.0)
+SETTLE_SECONDS = sized(1.0, 0.2)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -108,7 +111,7 @@ def _idle_cpu(sandbox_id: str) -> float:
                 ticks += int(fields[11]) + int(fields[12])  # utime, stime
         return ticks / ticks_per_s
 
-    time.sleep(1.0)  # let the last command's exit settle
+    time.sleep(SETTLE_SECONDS)  # let the last command's exit settle
     before = used_s()
     time.sleep(IDLE_SECONDS)
     return (used_s() - before) / IDLE_SECONDS
@@ -120,7 +123,7 @@ def _report(results: dict[str, dict[str, list[float]]]) -> None:
         print(f"{isolation} (load average {rows['load'][0]:.1f} after its figures):")
         row(f"create-to-ready ({CREATES})", rows["ready"])
         row(f"command round trip ({ROUND_TRIPS})", rows["trip"])
-        row(f"download 100 MiB ({DOWNLOADS})", rows["download"])
+        row(f"download {DOWNLOAD_MIB} MiB ({DOWNLOADS})", rows["download"])
         print(f"  {'idle CPU (one sandbox)':<28} {rows['idle'][0] * 100:5.1f} % of a core")
     standard, gvisor = results["standard"], results["gvisor"]
     for label, key, goal in (

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from bench import sized
 from sandgate.policy import (
     DEFAULT_CACHE_SIZE,
     AmbiguousTarget,
@@ -34,9 +35,9 @@ from sandgate.policy import (
     request_identity,
 )
 
-SIZES = (10, 1_000, 100_000)
-ROUNDS = 5_000
-REPEATS = 7
+SIZES = sized((10, 1_000, 100_000), (10, 1_000))
+ROUNDS = sized(5_000, 50)
+REPEATS = sized(7, 1)
 
 
 def _document(size: int) -> dict[str, Any]:

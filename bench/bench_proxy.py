@@ -50,6 +50,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import sized
+from bench.procfs import process_family
 from bench.topology import (
     CLIENT,
     DIRECT,
@@ -63,14 +65,14 @@ from bench.topology import (
     enter_private_netns,
 )
 
-SECONDS = max(1, round(float(os.environ.get("SANDGATE_BENCH_SECONDS", "2"))))
-ROUNDS = max(1, int(os.environ.get("SANDGATE_BENCH_ROUNDS", "3")))
+SECONDS = max(1, round(float(os.environ.get("SANDGATE_BENCH_SECONDS", sized(2, 1)))))
+ROUNDS = max(1, int(os.environ.get("SANDGATE_BENCH_ROUNDS", sized(3, 1))))
 # Parts to run: "load" (the back-to-back rows, downloads, idle sandboxes), "noisy" (fairness),
 # "workers" (only the 1 vs N workers rows of "load")
 ONLY = set(os.environ.get("SANDGATE_BENCH_ONLY", "load,noisy").split(","))
-NOISY_CONNECTIONS = int(os.environ.get("SANDGATE_BENCH_NOISY_CONNECTIONS", "1500"))
+NOISY_CONNECTIONS = int(os.environ.get("SANDGATE_BENCH_NOISY_CONNECTIONS", sized(1500, 100)))
 QUIET_RATE = 20  # the quiet sandbox's requests per second in the noisy-neighbour rows
-NOISY_SECONDS = max(4, 2 * SECONDS)
+NOISY_SECONDS = sized(max(4, 2 * SECONDS), 2)
 UNLIMITED_PORTS = {"transparent_port": 18001, "explicit_port": 18002, "dns_port": 18053}
 LIMITED_PORTS = {"transparent_port": 22001, "explicit_port": 22002, "dns_port": 22053}
 # ConnectionLimits for sandgate proxies measuring the data path (rule 5)
@@ -80,7 +82,7 @@ CHILD_FLAG = "SANDGATE_BENCH_PROXY_CHILD"
 SANDGATE_PORTS = {"transparent_port": 15001, "explicit_port": 15002, "dns_port": 15053}
 IDLE_PORTS = {"transparent_port": 17001, "explicit_port": 17002, "dns_port": 17053}
 MITMDUMP_PORT, MITMDUMP_EXPLICIT_PORT, SQUID_PORT = 16001, 16002, 3128
-IDLE_SANDBOXES = 1000
+IDLE_SANDBOXES = sized(1000, 20)
 WORKERS = max(2, os.cpu_count() or 2)  # the N of the 1 vs N workers rows
 PINNED_WORKER_PORTS = {"transparent_port": 20001, "explicit_port": 20002, "dns_port": 20053}
 SPREAD_WORKER_PORTS = {"transparent_port": 21001, "explicit_port": 21002, "dns_port": 21053}
@@ -176,8 +178,6 @@ class Proxy:
 
     def pids(self) -> list[int]:
         """The proxy's processes: itself and, for sandgate's worker pool, its workers."""
-        from sandgate.lifecycle.proxy_supervisor import process_family
-
         return process_family(self.process.pid)
 
     def cpu_seconds(self) -> float:
@@ -352,7 +352,6 @@ def start_sandgate(
 ) -> tuple[Proxy, object]:
     """`python -m sandgate.proxy --config`, as lifecycle starts it, on `cpus` (`extra`: more
     ProxyConfig fields); returns it and its ProxyControl."""
-    from sandgate.lifecycle.proxy_supervisor import secrets_pipe
     from sandgate.proxy import ProxyConfig, ProxyControl
     from sandgate.vault import StoreSecrets, StoreSettings, generate_master_key, open_store
 
@@ -371,8 +370,13 @@ def start_sandgate(
     config_file = config.state_dir / "proxy.json"
     config_file.write_text(config.model_dump_json())
     argv = ["taskset", "-c", cpus, sys.executable, "-m", "sandgate.proxy", "--config", str(config_file)]
-    with secrets_pipe(StoreSecrets(vault_key=key).revealed_json()) as fds:
-        process = topo.spawn(name, argv + [f"--secrets-fd={fd}" for fd in fds], cwd=REPO, pass_fds=fds)
+    secrets, write = os.pipe()  # the vault key, as lifecycle hands it over: a pipe, written whole
+    with os.fdopen(write, "wb") as pipe:
+        pipe.write(StoreSecrets(vault_key=key).revealed_json())
+    try:
+        process = topo.spawn(name, [*argv, f"--secrets-fd={secrets}"], cwd=REPO, pass_fds=(secrets,))
+    finally:
+        os.close(secrets)
     control = ProxyControl(config.socket_path)
     deadline = time.monotonic() + 30
     while True:
@@ -404,14 +408,18 @@ def start_mitmdump(topo: Topology) -> Proxy:
     return Proxy("mitmdump", process, confdir / "mitmproxy-ca-cert.pem")
 
 
-def start_squid(topo: Topology) -> Proxy:
+def start_squid(topo: Topology, access_log: bool = False) -> Proxy:
+    """squid on the proxy core; `access_log`: it logs each request to squid/access.log."""
     import shutil
 
     squid_dir = topo.workdir / "squid"
     squid_dir.mkdir()
     shutil.chown(squid_dir, "proxy", "proxy")  # squid drops root for its cache_effective_user
     conf = squid_dir / "squid.conf"
-    conf.write_text(SQUID_CONF.format(gateway=GATEWAY, port=SQUID_PORT, dir=squid_dir, dns=DNS_ADDR))
+    text = SQUID_CONF.format(gateway=GATEWAY, port=SQUID_PORT, dir=squid_dir, dns=DNS_ADDR)
+    if access_log:
+        text = text.replace("access_log none", f"access_log stdio:{squid_dir}/access.log")
+    conf.write_text(text)
     process = topo.spawn("squid", ["taskset", "-c", PROXY_CPU, "squid", "-N", "-f", str(conf)])
     topo.wait_tcp(None, GATEWAY, SQUID_PORT)
     return Proxy("squid", process)
@@ -1030,18 +1038,26 @@ def terminated_by_signals() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def _child() -> None:
+@contextlib.contextmanager
+def bench_world(prefix: str) -> Iterator[Topology]:
+    """This process in a fresh network namespace with the benchmark's world started in it (rule
+    1), torn down when the block ends, also on SIGTERM/SIGINT; the machine's state before and after."""
     enter_private_netns()
-    print(f"machine: {machine()}; {SECONDS} s per run", flush=True)
+    print(f"machine: {machine()}; {SECONDS} s per run, {ROUNDS} round(s)", flush=True)
     names = {f"{n}.example.com": DIRECT if n == "direct" else REDIRECTED for n in NAMES}
     with (
         terminated_by_signals(),
-        tempfile.TemporaryDirectory(prefix="sg-bench-proxy-") as tmp,
+        tempfile.TemporaryDirectory(prefix=prefix) as tmp,
         Topology(Path(tmp)) as topo,
     ):
         topo.start(names)
-        run_all(topo)
+        yield topo
     print(f"machine after the run: {machine()}")
+
+
+def _child() -> None:
+    with bench_world("sg-bench-proxy-") as topo:
+        run_all(topo)
 
 
 def main() -> None:

@@ -22,10 +22,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sandgate.lifecycle.proxy_supervisor import process_family
+from bench import sized
+from bench.procfs import process_family
 from sandgate.proxy import ProxyConfig, ProxyControl
 
-ROUNDS = max(1, int(os.environ.get("SANDGATE_BENCH_ROUNDS", "3")))
+ROUNDS = max(1, int(os.environ.get("SANDGATE_BENCH_ROUNDS", sized(3, 1))))
 WORKERS = max(2, os.cpu_count() or 2)
 PORTS = {"transparent_port": 25001, "explicit_port": 25002, "dns_port": 25053}
 TIMEOUT = 60.0

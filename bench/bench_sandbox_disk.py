@@ -1,69 +1,80 @@
-"""A sandbox's own filesystem (lifecycle/runtime/sandbox_disk.py): what it adds to a create and a
-delete, and what it costs to write through it (root).
+"""A sandbox's own filesystem (docs/runtime.md, "Caps"): what it adds to a create and a delete,
+and what it costs to write through it, measured through the HTTP API (root).
 
-30 disks of the default 2 GiB, one after another, in a temporary directory: `SandboxDisks.create`
-(sparse image, mkfs.ext4, loop device, mount) and `remove` (unmount, detach, delete), p50/p95;
-then 256 MiB written with fsync into one disk and into the directory that holds the images, MB/s.
+Runs as root in a network namespace of its own (re-executed after unshare), with two real
+`sandgate serve`s (tests.support.server): one with the default `sandbox_disk` (2 GiB), one with
+`sandbox_disk = "0"` (no filesystem of its own: the upper layer is a directory in the state dir).
+RUNS creates and deletes on each, interleaved (`POST /v1/sandboxes` until its 202, `DELETE`);
+then WRITE_MIB written with fsync (`dd ... conv=fsync`, its own timing) inside a sandbox of each
+server, and from the host straight into the state dir, in MB/s.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import statistics
+import re
+import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
+from bench import sized
+from bench.sandbox_rig import create_timed, delete_timed, enter_own_netns, row, run_as_root_child
 
-RUNS = 30
-SIZE = 2 << 30
-WRITE = 256 << 20
-CHUNK = 1 << 20
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
-def write_rate(path: Path) -> float:
-    block = os.urandom(CHUNK)
-    start = time.perf_counter()
-    with open(path, "wb") as out:
-        for _ in range(WRITE // CHUNK):
-            out.write(block)
-        out.flush()
-        os.fsync(out.fileno())
-    elapsed = time.perf_counter() - start
-    path.unlink()
-    return WRITE / elapsed / 1e6
+RUNS = sized(30, 2)
+WRITE_MIB = sized(256, 16)
+CHILD_FLAG = "SANDGATE_BENCH_SANDBOX_DISK_CHILD"
+BODY = {"image": {"uri": "sandgate/host"}, "entrypoint": ["sleep", "3600"], "resourceLimits": {}}
+DD = f"dd if=/dev/zero of={{path}} bs=1M count={WRITE_MIB} conv=fsync 2>&1; rm -f {{path}}"
+DD_RATE = re.compile(r"(\d+) bytes .* copied, ([\d.]+) s")
 
 
 def main() -> None:
-    root = Path(tempfile.mkdtemp(prefix="sandgate-bench-disk-"))
-    disks = SandboxDisks(root / "disks", "bench", root, default_bytes=SIZE, reserve_bytes=0)
-    creates, removes = [], []
-    try:
-        for index in range(RUNS):
-            mount_point = root / f"m{index}"
-            start = time.perf_counter()
-            disks.create(f"b{index}", None, mount_point)
-            created = time.perf_counter()
-            disks.remove(f"b{index}", mount_point)
-            creates.append(created - start)
-            removes.append(time.perf_counter() - created)
-        disks.create("w", None, root / "w")
-        through_disk = write_rate(root / "w" / "data")
-        disks.remove("w", root / "w")
-        direct = write_rate(root / "data")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    print(f"{RUNS} disks of {SIZE >> 30} GiB one after another, load average {os.getloadavg()[0]:.1f}:")
-    for name, times in (("create (image, mkfs, loop, mount)", creates), ("remove", removes)):
-        p50, p95 = statistics.median(times) * 1e3, percentile(times, 0.95) * 1e3
-        print(f"  {name:<36} p50 {p50:7.1f} ms   p95 {p95:7.1f} ms")
-    print(
-        f"  write {WRITE >> 20} MiB + fsync: through a disk {through_disk:.0f} MB/s, direct {direct:.0f} MB/s"
-    )
+    run_as_root_child("bench.bench_sandbox_disk", CHILD_FLAG, "netns, loop devices, mounts")
+
+
+def _write_mb_s(dd_output: str) -> float:
+    found = DD_RATE.search(dd_output)
+    if not found:
+        raise RuntimeError(f"dd did not report its rate: {dd_output}")
+    return int(found.group(1)) / float(found.group(2)) / 1e6
+
+
+def _child() -> None:
+    enter_own_netns()
+    from tests.support.server import sandgate_server
+
+    with tempfile.TemporaryDirectory(prefix="sandgate-bench-disk-") as temp:
+        for name in ("disk", "none"):
+            (Path(temp) / name).mkdir()
+        with (
+            sandgate_server(Path(temp) / "disk") as disk,
+            sandgate_server(Path(temp) / "none", {"SANDGATE_SANDBOX_DISK": "0"}) as none,
+        ):
+            servers = {"own filesystem (2 GiB)": disk, "no filesystem of its own": none}
+            creates: dict[str, list[float]] = {label: [] for label in servers}
+            deletes: dict[str, list[float]] = {label: [] for label in servers}
+            for _ in range(RUNS):
+                for label, server in servers.items():
+                    created, took = create_timed(server, BODY)
+                    creates[label].append(took)
+                    deletes[label].append(delete_timed(server, created["id"]))
+            writes = {}
+            for label, server in servers.items():
+                created, _ = create_timed(server, BODY)
+                done = server.run(created["id"], DD.format(path="/workspace/bench.data"), timeout=300)
+                writes[label] = _write_mb_s(done.stdout)
+                delete_timed(server, created["id"])
+            command = DD.format(path=disk.state_dir / "bench.data")
+            host = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=300)
+            writes["host, straight into the state dir"] = _write_mb_s(host.stdout)
+    print(f"{RUNS} sandboxes per server through the API, interleaved, load average {os.getloadavg()[0]:.1f}:")
+    for label in servers:
+        row(f"create, {label}", creates[label])
+        row(f"delete, {label}", deletes[label])
+    print(f"write {WRITE_MIB} MiB + fsync (dd):")
+    for label, rate in writes.items():
+        print(f"  {label:<36} {rate:7.0f} MB/s")
+
+
+if __name__ == "__main__" and os.environ.get(CHILD_FLAG) == "1":
+    _child()

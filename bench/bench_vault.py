@@ -24,12 +24,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench import sized
 from sandgate.policy import Binding
 from sandgate.vault import LocalStore, Redactor, render
 
-DATA_BYTES = 8 * 1024 * 1024
-ESCAPED_BYTES = 1024 * 1024  # an escape every 20 bytes: decoding them is what this row measures
+DATA_BYTES = sized(8 * 1024 * 1024, 256 * 1024)
+# an escape every 20 bytes: decoding them is what this row measures
+ESCAPED_BYTES = sized(1024 * 1024, 64 * 1024)
 CHUNK = 64 * 1024
+BEST_OF = sized(5, 1)
+BUILDS = sized(3, 1)  # automaton builds timed, best of
+SECRETS = sized((10, 1000), (10, 100))
+CALLS = sized(20_000, 500)
 
 
 def json_text(size: int, values: list[str]) -> bytes:
@@ -88,7 +94,7 @@ def redactor_rows() -> None:
         f"{'secrets':>8} {'version':>9} {'patterns':>9} {'build ms':>9} {'data':>8} "
         f"{'redact MB/s':>12} {'stream MB/s':>12}"
     )
-    for count in (10, 1000):
+    for count in SECRETS:
         values = [secrets.token_urlsafe(30) for _ in range(count)]
         datas = {
             "json": json_text(DATA_BYTES, values),
@@ -97,10 +103,10 @@ def redactor_rows() -> None:
         }
         for label, data in datas.items():
             for version, redactor_class in redactor_classes():
-                build = best_of(3, lambda v=values, c=redactor_class: c(v))  # type: ignore[misc]
+                build = best_of(BUILDS, lambda v=values, c=redactor_class: c(v))  # type: ignore[misc]
                 redactor = redactor_class(values)
-                whole = best_of(5, lambda d=data, r=redactor: r.redact(d))  # type: ignore[misc]
-                streamed = best_of(5, lambda d=data, r=redactor: stream_all(r, d))  # type: ignore[misc]
+                whole = best_of(BEST_OF, lambda d=data, r=redactor: r.redact(d))  # type: ignore[misc]
+                streamed = best_of(BEST_OF, lambda d=data, r=redactor: stream_all(r, d))  # type: ignore[misc]
                 mb = len(data) / 1e6
                 print(
                     f"{count:>8} {version:>9} {redactor.pattern_count:>9} {build * 1e3:>9.1f} {label:>8} "
@@ -109,7 +115,7 @@ def redactor_rows() -> None:
                 )
 
 
-def per_call_us(action: Callable[[], object], calls: int = 20000) -> float:
+def per_call_us(action: Callable[[], object], calls: int = CALLS) -> float:
     samples = []
     for _ in range(5):
         start = time.perf_counter()
@@ -144,7 +150,7 @@ def render_rows() -> None:
             }
         )
         placeholders = render(passthrough, store.reveal).placeholders
-        put_ms = best_of(5, lambda: store.put("cred1", secrets.token_urlsafe(30))) * 1e3
+        put_ms = best_of(BEST_OF, lambda: store.put("cred1", secrets.token_urlsafe(30))) * 1e3
         rows = [
             ("LocalStore.reveal (100 secrets, unchanged file)", per_call_us(lambda: store.reveal("cred3"))),
             ("render bearer (reveal included)", per_call_us(lambda: render(bearer, store.reveal))),

@@ -29,12 +29,13 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from bench import sized
 from sandgate.proxy.audit import PIPE_RECORD_MAX, AuditLog
 from sandgate.proxy.contract.audit import INCOMPLETE, AuditRecord
 from sandgate.proxy.contract.config import ProxyConfig
 from sandgate.proxy.workers import WorkerPool
 
-RECORDS = int(os.environ.get("SANDGATE_BENCH_WAL_RECORDS", "4000"))
+RECORDS = int(os.environ.get("SANDGATE_BENCH_WAL_RECORDS", sized(4000, 200)))
 CONCURRENCY = 32
 
 

@@ -469,8 +469,12 @@ def _retrieve_error(kernel: asyncio.Future[Context]) -> None:
 
 
 def wire_bundle(data: dict[str, Any]) -> dict[str, Any]:
-    """The Go execd's result shape: `text/plain` is sent as `text` (what the SDK reads)."""
-    return {("text" if mime == "text/plain" else mime): value for mime, value in data.items()}
+    """The bundle with `text/plain` also as `text`: the Go execd renames it to `text`, which the
+    Python SDK reads; the Go SDK reads only `text/plain` (the spec's name), JS and C# either."""
+    bundle = dict(data)
+    if "text/plain" in data:
+        bundle["text"] = data["text/plain"]
+    return bundle
 
 
 def plain_error(content: dict[str, Any]) -> dict[str, Any]:

@@ -17,10 +17,10 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from sandgate.lifecycle.audit import Change
 from sandgate.lifecycle.egress_control import EgressControl
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.opensandbox_shapes import NetworkRule
-from sandgate.policy import Reason
 
 Verdict = Literal["allow-once", "allow-sandbox", "deny"]
 
@@ -82,6 +82,6 @@ class ApprovalDesk:
             held.sandbox,
             lambda current: policies.patch_rules(current, [rule]),
             actor,
-            Reason.APPROVAL_ALLOW_SANDBOX,
+            Change.APPROVAL_ALLOW_SANDBOX,
         )
         return changed.revision

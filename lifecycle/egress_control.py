@@ -24,10 +24,10 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Protocol
 
-from sandgate.lifecycle.audit import PolicyChange
+from sandgate.lifecycle.audit import Change, PolicyChange
 from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.errors import LifecycleError, quietly
 from sandgate.lifecycle.policy_book import PolicyBook, PolicyJSON
@@ -39,9 +39,9 @@ from sandgate.lifecycle.sandbox_store import (
     SandboxRecord,
     SandboxStore,
 )
-from sandgate.policy import Policy, Reason, to_document
+from sandgate.policy import Policy, to_document
 from sandgate.proxy import SandboxEntry
-from sandgate.vault import SecretStore
+from sandgate.vault import SecretStore, VaultError
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class ProxyControlClient(Protocol):
     def answer_approval(self, approval_id: str, allow: bool, by: str) -> bool: ...
 
 
-AuditWriter = Callable[[str, Reason, PolicyChange], None]  # (sandbox id, what, change)
+AuditWriter = Callable[[str, Change, PolicyChange], None]  # (sandbox id, what, change)
 PolicyEdit = Callable[[Policy], Policy]
 # (stored state or None, the new revision) -> (the new state, vault entry name -> value to write)
 VaultBuild = Callable[[VaultState | None, int], tuple[VaultState, dict[str, str]]]
@@ -176,6 +176,19 @@ class EgressControl:
 
     # --- the policy -----------------------------------------------------------------------------
 
+    def vault_values(self, sandbox_id: str, known_revision: int) -> tuple[int, frozenset[str] | None]:
+        """The sandbox's vault revision, and its credentials' values unless that revision is
+        `known_revision` (None then: nothing is read from the vault): what the exec audit trail
+        redacts (lifecycle/trail_secrets.py). A value the vault cannot give is left out."""
+        stored = self._stored_vault(sandbox_id)
+        if stored.revision == known_revision:
+            return stored.revision, None
+        values = set()
+        for name in stored.document.entries().values():
+            with suppress(VaultError):
+                values.add(self.vault.reveal(name))
+        return stored.revision, frozenset(values)
+
     def check_egress_token(self, sandbox_id: str, token: str | None) -> SandboxRecord:
         record = existing(self.store, sandbox_id)
         if not token or not secrets.compare_digest(token.encode(), record.egress_token.encode()):
@@ -194,7 +207,7 @@ class EgressControl:
         sandbox_id: str,
         edit: PolicyEdit,
         actor: str,
-        what: Reason,
+        what: Change,
         expected_revision: int | None = None,
     ) -> EgressState:
         """Apply `edit` to the current document; validate, push, persist, audit (rule 1)."""
@@ -242,7 +255,7 @@ class EgressControl:
         new_revision: int,
         old: Policy | VaultState | None,
         new: Policy | VaultState | None,
-        what: Reason,
+        what: Change,
         isolation: str | None = None,
     ) -> None:
         """One policy_change record (a create's names the sandbox's isolation); a failure to
@@ -280,7 +293,7 @@ class EgressControl:
         sandbox_id: str,
         build: VaultBuild,
         actor: str,
-        what: Reason,
+        what: Change,
         expected_revision: int | None,
         must_exist: bool,
     ) -> VaultRevision:
@@ -349,7 +362,7 @@ class EgressControl:
             for name in stored.document.entries().values():
                 quietly(lambda n=name: self.vault.delete(n))  # type: ignore[misc]
             self.audit_change(
-                sandbox_id, actor, stored.revision, 0, stored.document, None, Reason.VAULT_DELETE
+                sandbox_id, actor, stored.revision, 0, stored.document, None, Change.VAULT_DELETE
             )
 
     def _stored_vault(self, sandbox_id: str) -> VaultRevision:

@@ -20,10 +20,13 @@ Rules:
    (env and limits applied, policy pushed, entrypoint started through execd) or starts cold;
    unclaimed members are never persisted and are removed at restart and stop.
 6. Every sandbox's execd requires an access token of its own (see execd_client.py).
+7. An expiry set by renew (the API's, or on access: renew_on_access.py) is one `lifecycle`
+   audit record, its detail the old and new expiry and who set it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -32,6 +35,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from sandgate.lifecycle.audit import Change
 from sandgate.lifecycle.cgroups import Limits
 from sandgate.lifecycle.egress_control import EgressControl, existing
 from sandgate.lifecycle.errors import LifecycleError, quietly
@@ -40,6 +44,7 @@ from sandgate.lifecycle.isolation import ISOLATION_KEY, choose
 from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy
 from sandgate.lifecycle.quantities import runtime_limits
 from sandgate.lifecycle.registry import Credentials, PullError
+from sandgate.lifecycle.renew_on_access import check_opt_in, extend_seconds
 from sandgate.lifecycle.runtime.base import (
     BindMount,
     Runtime,
@@ -51,7 +56,7 @@ from sandgate.lifecycle.runtime.base import (
 from sandgate.lifecycle.sandbox_state import LIVE_STATES, IllegalMove, SandboxState
 from sandgate.lifecycle.sandbox_store import SandboxRecord, SandboxStore, utcnow
 from sandgate.lifecycle.warm_pool import Member, WarmPool
-from sandgate.policy import Policy, Reason
+from sandgate.policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +108,14 @@ class Service:
         ready_timeout: float = READY_TIMEOUT,
         warm_pool_size: int = 0,
         isolation: str = "standard",
+        renew_max_lifetime: int = 0,
+        audit: Callable[[str, Change, str], None] | None = None,
     ) -> None:
+        """`renew_max_lifetime`: the setting renew_on_access_max_lifetime (0: refused); `audit`
+        writes a `lifecycle` record (sandbox id, what, JSON detail)."""
         self.store = store
+        self.renew_max_lifetime = renew_max_lifetime
+        self.audit = audit
         self.isolation = isolation
         self.networks = networks
         self.runtime = runtime
@@ -136,6 +147,7 @@ class Service:
         except Exception as exc:
             raise LifecycleError("invalid", str(exc)) from exc
         limits = runtime_limits(request.resource_limits)
+        check_opt_in(request.extensions, self.renew_max_lifetime)
         isolation = choose(request.extensions, self.isolation, self.runtime.isolations)
         request = replace(request, extensions={**request.extensions, ISOLATION_KEY: isolation})
         if self._fits_pool(request, limits) and (claimed := self._claim(request, document, limits, actor)):
@@ -170,7 +182,7 @@ class Service:
             if isinstance(exc, LifecycleError):
                 raise
             raise LifecycleError("unavailable", f"sandbox could not be started: {exc}") from exc
-        self.egress.audit_change(record.id, actor, 0, 1, None, document, Reason.CREATE, isolation=isolation)
+        self.egress.audit_change(record.id, actor, 0, 1, None, document, Change.CREATE, isolation=isolation)
         return record
 
     @staticmethod
@@ -246,8 +258,40 @@ class Service:
             raise LifecycleError("invalid", f"expiresAt {expires_at.isoformat()} is not in the future")
         with self._lock(sandbox_id):
             record = self.get(sandbox_id)
-            self.store.put_sandbox(replace(record, expires_at=expires_at))
+            self._set_expiry(record, expires_at, Change.RENEW, actor="api-key")
         return expires_at
+
+    def renew_on_access(self, sandbox_id: str) -> datetime | None:
+        """Extend an opted-in Running sandbox's expiry after traffic reached it through the
+        server's proxy (renew_on_access.py, rule 2); the new expiry, or None when nothing changed."""
+        with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            extend = extend_seconds(record.extensions)
+            if extend is None or record.expires_at is None or record.state != SandboxState.RUNNING:
+                return None
+            latest = record.created_at + timedelta(seconds=self.renew_max_lifetime)
+            expires_at = min(utcnow() + timedelta(seconds=extend), latest)
+            if expires_at <= record.expires_at:
+                return None
+            self._set_expiry(
+                record, expires_at, Change.RENEW_ON_ACCESS, actor="access", extend_seconds=extend,
+                max_expires_at=latest.isoformat(),
+            )  # fmt: skip
+            return expires_at
+
+    def _set_expiry(
+        self, record: SandboxRecord, expires_at: datetime, what: Change, **detail: object
+    ) -> None:
+        """Store the new expiry, then its audit record (rule 7; a failed write is logged)."""
+        self.store.put_sandbox(replace(record, expires_at=expires_at))
+        if self.audit is None:
+            return
+        old = record.expires_at.isoformat() if record.expires_at else None
+        facts = {**detail, "old_expires_at": old, "expires_at": expires_at.isoformat()}
+        try:
+            self.audit(record.id, what, json.dumps(facts, sort_keys=True))
+        except Exception:
+            log.exception("could not write the lifecycle audit record for %s", record.id)
 
     def reap_expired(self) -> list[str]:
         """Delete every sandbox whose expiry has passed; returns their ids."""
@@ -350,7 +394,7 @@ class Service:
             quietly(lambda: self.egress.drop(net.address))
             self._discard_pool_member(sandbox_id)
             return None
-        self.egress.audit_change(sandbox_id, actor, 0, 1, None, document, Reason.CREATE, isolation="standard")
+        self.egress.audit_change(sandbox_id, actor, 0, 1, None, document, Change.CREATE, isolation="standard")
         return record
 
     def _build_pool_member(self, sandbox_id: str) -> Member:

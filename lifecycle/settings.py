@@ -37,7 +37,7 @@ from pydantic_settings import (
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.quantities import parse_quantity
 from sandgate.policy import DEFAULT_MAX_RULES, Policy, Presets, load_policy
-from sandgate.proxy import ResolverAddress, audit_path
+from sandgate.proxy import ResolverAddress, UpstreamProxy, audit_path
 
 DEFAULT_CONFIG_FILE = Path("/etc/sandgate/config.toml")
 _config_flag: ContextVar[Path | None] = ContextVar("config_flag", default=None)
@@ -123,6 +123,19 @@ class Settings(BaseSettings):
         "control-plane headers) or 'direct' (the sandbox's address; only for clients you trust "
         "to send nothing secret)",
     )
+    exec_audit: Literal["off", "execd", "processes"] = Field(
+        "execd",
+        description="the exec audit trail (docs/audit.md): 'execd' records every execd call the "
+        "host's reverse proxy forwards (commands, code cells, file operations) as `command` and "
+        "`file` records; 'processes' also every program a sandbox runs (`process` records, from "
+        "the kernel's process connector; local runtime, standard isolation); 'off' records none",
+    )
+    process_events_netns: Path | None = Field(
+        None,
+        description="a network namespace file (/proc/<pid>/ns/net) to open the kernel's process "
+        "connector in, which answers only in the initial network namespace: set it when the "
+        "server runs in another one",
+    )
 
     # vault
     vault_backend: Literal["local", "openbao"] = "local"
@@ -154,6 +167,11 @@ class Settings(BaseSettings):
         description="resolvers the proxy asks: `ip`, `ip:port` or `[v6]:port` (default: /etc/resolv.conf)",
     )
     upstream_ca: Path | None = Field(None, description="extra CA bundle trusted upstream (adds to certifi)")
+    upstream_proxies: list[UpstreamProxy] = Field(
+        default_factory=list,
+        description="company proxies allowed traffic leaves through (env: JSON list of {url, hosts, "
+        "credential, identity_header}); first match by host wins; docs/proxy.md",
+    )
 
     # sandbox networks
     address_pool: IPv4Network = Field(IPv4Network("10.213.0.0/16"), description="sandbox /30s come from here")
@@ -164,6 +182,16 @@ class Settings(BaseSettings):
         ge=0,
         le=64,
         description="sandboxes kept pre-built for the default image (local runtime); 2 is a good start",
+    )
+    # renew on access (lifecycle/renew_on_access.py, docs/operations.md)
+    renew_on_access_max_lifetime: int = Field(
+        7 * 24 * 3600,
+        ge=0,
+        description="seconds after its creation past which traffic never extends a sandbox's expiry "
+        "(extension access.renew.extend.seconds); 0 refuses that extension",
+    )
+    renew_on_access_interval: float = Field(
+        60.0, gt=0, description="seconds between two renewals on access of one sandbox at most"
     )
 
     # per-sandbox caps (docs/runtime.md, "Caps")
@@ -191,6 +219,11 @@ class Settings(BaseSettings):
         default_factory=list,
         description="mirror URLs tried in order for docker.io images (env: comma-separated), "
         "e.g. https://mirror.example.com; an http:// mirror is spoken to over plain HTTP",
+    )
+    registry_mirror_only: bool = Field(
+        False,
+        description="docker.io images come from registry_mirrors only, never from docker.io "
+        "(air-gapped or proxied installs: no public name is looked up)",
     )
     insecure_registries: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -237,6 +270,15 @@ class Settings(BaseSettings):
     audit_max_rows: int | None = Field(
         None, ge=1, description="the audit index keeps at most this many newest records"
     )
+
+    @model_validator(mode="after")
+    def _mirror_only_has_mirrors(self) -> Settings:
+        if self.registry_mirror_only and not self.registry_mirrors:
+            raise ValueError(
+                "registry_mirror_only is set but registry_mirrors is empty: no docker.io image "
+                "could be pulled; name a mirror (e.g. https://mirror.example.com) or unset it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _isolation_from_secure_runtime(self) -> Settings:

@@ -18,24 +18,26 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sandgate.lifecycle.settings import Settings
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
 
-    from sandgate.lifecycle.audit import AuditIndex, AuditStore, PolicyChange
+    from sandgate.lifecycle.audit import AuditIndex, AuditStore, Change, PolicyChange
     from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.network import SandboxNetworks
+    from sandgate.lifecycle.process_events import ProcessWatcher
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
     from sandgate.lifecycle.registry import Credentials, RegistryConfig
     from sandgate.lifecycle.runtime.base import BindMount
     from sandgate.lifecycle.runtime.docker import DockerRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
     from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
+    from sandgate.lifecycle.sandbox_store import SandboxRecord, SandboxStore
     from sandgate.lifecycle.service import CreateRequest, Service
-    from sandgate.policy import Reason
+    from sandgate.lifecycle.trail_secrets import Secrets
     from sandgate.proxy import ProxyControl
     from sandgate.vault import SecretStore, StoreSecrets, StoreSettings
 
@@ -112,6 +114,7 @@ def write_proxy_config(settings: Settings) -> Path:
         audit_fsync=settings.audit_fsync,
         max_rules=settings.policy_max_rules,
         vault=vault_settings(settings),
+        upstream_proxies=settings.upstream_proxies,
     )
     path = config_path(settings.state_dir)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -129,16 +132,24 @@ def proxy_start_timeout(workers: int) -> float:
     return 60.0 + 15.0 * ((workers or os.cpu_count() or 1) - 1)
 
 
-def policy_change_writer(audit_path: Path) -> Callable[[str, Reason, PolicyChange], None]:
+def policy_change_writer(audit_path: Path) -> Callable[[str, Change, PolicyChange], None]:
     """Appends policy_change records to the proxy's audit log (O_APPEND: safe beside the proxy)."""
-    from sandgate.policy import Decision
-    from sandgate.proxy import AuditRecord, append_record
+    from sandgate.lifecycle.audit import change_record
+    from sandgate.proxy import append_record
 
-    def write(sandbox_id: str, what: Reason, change: PolicyChange) -> None:
-        decision = Decision("allow", what, detail=change.to_detail())
-        append_record(
-            audit_path, AuditRecord.of("policy_change", sandbox_id, "control-plane", decision, event=what)
-        )
+    def write(sandbox_id: str, what: Change, change: PolicyChange) -> None:
+        append_record(audit_path, change_record(sandbox_id, what, change))
+
+    return write
+
+
+def lifecycle_writer(audit_path: Path) -> Callable[[str, Change, str], None]:
+    """Appends `lifecycle` records (sandbox id, what, JSON detail) to the proxy's audit log."""
+    from sandgate.lifecycle.audit import control_plane_record
+    from sandgate.proxy import append_record
+
+    def write(sandbox_id: str, what: Change, detail: str) -> None:
+        append_record(audit_path, control_plane_record("lifecycle", sandbox_id, what, detail))
 
     return write
 
@@ -264,6 +275,7 @@ def registry_config(settings: Settings) -> RegistryConfig:
     return RegistryConfig(
         mirrors=tuple(settings.registry_mirrors),
         insecure=tuple(settings.insecure_registries),
+        mirror_only=settings.registry_mirror_only,
         timeout=settings.image_pull_timeout,
     )
 
@@ -364,6 +376,8 @@ def build_components(settings: Settings, api_key: str) -> Components:
         ca_cert=ca.cert,
         warm_pool_size=settings.warm_pool_size,
         isolation=settings.isolation,
+        renew_max_lifetime=settings.renew_on_access_max_lifetime,
+        audit=lifecycle_writer(settings.audit_log),
     )
     supervisor = ProxySupervisor(
         write_proxy_config(settings),
@@ -378,6 +392,9 @@ def build_components(settings: Settings, api_key: str) -> Components:
         control_socket=control.socket_path,
         secrets=vault_secrets(settings).revealed_json(),
     )
+    from sandgate.lifecycle.trail_secrets import Secrets
+
+    watcher = process_watcher(settings, instance, store, Secrets(egress.vault_values, api_key))
     audit, routers = audit_and_console(service, settings, api_key)
     audit.start()
     return Components(
@@ -385,5 +402,62 @@ def build_components(settings: Settings, api_key: str) -> Components:
         supervisor,
         routers,
         open_prefixes=["/console"],
-        closers=[store.close, supervisor.stop, audit.stop, service.stop],
+        closers=[store.close, supervisor.stop, audit.stop, service.stop, *(w.stop for w in [watcher] if w)],
     )
+
+
+def process_watcher(
+    settings: Settings, instance: str, store: SandboxStore, secrets: Secrets
+) -> ProcessWatcher | None:
+    """With `exec_audit = "processes"`, the started watcher of every program a sandbox runs; a
+    host that cannot give it (no process connector, the Docker runtime) refuses to start, never
+    runs without what was asked for."""
+    from sandgate.lifecycle.process_events import ProcessWatcher, summary, to_json
+    from sandgate.lifecycle.sandbox_store import NotFound
+    from sandgate.proxy import AuditRecord, append_records
+
+    if settings.exec_audit != "processes":
+        return None
+    if settings.runtime != "local":
+        raise ValueError(
+            "setting `exec_audit` is 'processes', which the local runtime gives (the Docker runtime's "
+            "sandboxes are not followed yet: docs/audit.md); use 'execd'"
+        )
+
+    def lookup(sandbox_id: str) -> SandboxRecord | None:
+        try:
+            return store.get_sandbox(sandbox_id)
+        except NotFound:
+            return None
+
+    def write(batch: list[tuple[SandboxRecord | None, dict[str, Any]]]) -> None:
+        sandboxes = {record.id: record for record, _ in batch if record}
+        redactors = {sandbox_id: secrets.redact(record) for sandbox_id, record in sandboxes.items()}
+        lines = [
+            (
+                AuditRecord(
+                    kind="process",
+                    sandbox=record.id if record else "-",
+                    client="kernel",
+                    decision="allow",
+                    reason=summary(facts),
+                    method=facts["op"],
+                    path=facts.get("exe"),
+                    detail=to_json(facts),
+                ),
+                redactors[record.id] if record else None,
+            )
+            for record, facts in batch
+        ]
+        append_records(settings.audit_log, lines)
+
+    watcher = ProcessWatcher(instance, lookup, write, settings.process_events_netns)
+    try:
+        watcher.start()
+    except OSError as exc:
+        raise ValueError(
+            f"setting `exec_audit` is 'processes', but the kernel's process connector cannot be opened "
+            f"({exc}); set `process_events_netns` when the server runs outside the initial network "
+            "namespace, or use 'execd'"
+        ) from None
+    return watcher

@@ -1,9 +1,10 @@
 """Every reason a decision can carry: the `reason` of a `Decision` and of its audit record.
 
 Rules: a reason is a `Reason` member, never a bare string, in every component (the policy's
-matcher, the proxy's own refusals, the security events it records). Values are what the audit
-file, the API, `sandgate logs` and the console show; they never change once written (older audit
-files keep their meaning), so a new reason is a new member. `StrEnum`: a member is its value.
+matcher, the proxy's own refusals, the security events it records). A control-plane change is
+no decision: its words are `sandgate.lifecycle.audit.Change`. Values are what the audit file, the
+API, `sandgate logs` and the console show; they never change once written (older audit files
+keep their meaning), so a new reason is a new member. `StrEnum`: a member is its value.
 """
 
 from __future__ import annotations
@@ -47,22 +48,10 @@ class Reason(StrEnum):
     TOO_FAST = "accept-rate"  # fairness: the sandbox's new connections per second
     HEADER_TIMEOUT = "header_timeout"  # a client too slow to send its first request's headers
     AUDIT_UNWRITABLE = "audit-unwritable"  # the audit log cannot be written: nothing is forwarded (503)
+    BUDGET = "budget"  # the sandbox's or the rule's requests-per-second budget is spent (429)
     # Approvals (`action: ask`): the policy asks, a reviewer answers.
     ASK = "ask"  # the policy's answer to a request an `ask` rule or default matched: hold it
     APPROVED = "approved"  # a reviewer allowed the held request (once, or for the sandbox)
     APPROVAL_DENIED = "approval-denied"  # a reviewer refused it
     APPROVAL_TIMEOUT = "approval-timeout"  # nobody answered within the policy's askTimeout
     APPROVAL_QUEUE_FULL = "approval-queue-full"  # the sandbox already has its limit of held requests
-    # Control-plane changes: the reason of a policy_change record is what was changed, and how.
-    CREATE = "create"  # the policy a sandbox was created with
-    POLICY_REPLACE = "policy replace"  # sandgate's egress API
-    POLICY_PATCH = "policy patch"
-    POLICY_DELETE = "policy delete"
-    NETWORKPOLICY_REPLACE = "networkpolicy replace"  # OpenSandbox's egress API
-    NETWORKPOLICY_PATCH = "networkpolicy patch"
-    NETWORKPOLICY_DELETE = "networkpolicy delete"
-    SANDGATE_POLICY_REPLACE = "sandgate-policy replace"  # a policy file sent at create or later
-    VAULT_CREATE = "credential-vault create"
-    VAULT_PATCH = "credential-vault patch"
-    VAULT_DELETE = "credential-vault delete"
-    APPROVAL_ALLOW_SANDBOX = "approval allow-sandbox"  # a reviewer allowed a host for the sandbox

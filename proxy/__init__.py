@@ -4,9 +4,9 @@ Public face: the proxy's contract (proxy/contract/), which is all lifecycle may 
 (import-linter holds it to that in `make lint`): `ProxyConfig` (written to `CONFIG_FILE` for
 `python -m sandgate.proxy --config FILE`), `SandboxEntry` + `ProxyControl` (push and drop
 sandboxes over the control socket), `ensure_ca` (the deployment CA; `.cert` goes into
-sandboxes), the audit schema (`AuditRecord`, `append_record`, `RECORD_KINDS`, `INCOMPLETE`) and the names of
-every file and socket in the state dir. None of it loads mitmproxy; the engine (every other
-module here) is private. See docs/proxy.md and docs/audit.md.
+sandboxes), the audit schema (`AuditRecord`, `append_record`, `RECORD_KINDS`, `INCOMPLETE`), the audit
+file's hash chain (`verify_chain`) and the names of every file and socket in the state dir. None
+of it loads mitmproxy; the engine (every other module here) is private. See docs/proxy.md and docs/audit.md.
 
 Names are imported when first used (PEP 562): the CLI reads audit records with only pydantic
 loaded, and `sandgate vault put` talks to the control socket with httpx, never mitmproxy.
@@ -22,10 +22,22 @@ _PUBLIC = {
     **dict.fromkeys(("AUDIT_FILE", "CONFIG_FILE", "CONTROL_SOCKET", "LOG_FILE"), "names"),
     **dict.fromkeys(("audit_path", "config_path", "control_socket", "log_path"), "names"),
     **dict.fromkeys(
-        ("INCOMPLETE", "RECORD_KINDS", "AuditRecord", "RecordKind", "append_record", "redact_path"), "audit"
+        (
+            "INCOMPLETE",
+            "RECORD_KINDS",
+            "AuditRecord",
+            "RecordKind",
+            "append_record",
+            "append_records",
+            "redact_path",
+        ),
+        "audit",
     ),
+    "verify_chain": "chain",
     **dict.fromkeys(("CaFiles", "ensure_ca"), "ca"),
-    **dict.fromkeys(("ConnectionLimits", "ProxyConfig", "ResolverAddress", "SandboxEntry"), "config"),
+    **dict.fromkeys(
+        ("ConnectionLimits", "ProxyConfig", "ResolverAddress", "SandboxEntry", "UpstreamProxy"), "config"
+    ),
     "system_servers": "config",
     **dict.fromkeys(("ProxyControl", "ProxyControlError"), "control"),
 }
@@ -37,14 +49,17 @@ if TYPE_CHECKING:
         AuditRecord,
         RecordKind,
         append_record,
+        append_records,
         redact_path,
     )
     from sandgate.proxy.contract.ca import CaFiles, ensure_ca
+    from sandgate.proxy.contract.chain import verify_chain
     from sandgate.proxy.contract.config import (
         ConnectionLimits,
         ProxyConfig,
         ResolverAddress,
         SandboxEntry,
+        UpstreamProxy,
         system_servers,
     )
     from sandgate.proxy.contract.control import ProxyControl, ProxyControlError
@@ -82,7 +97,9 @@ __all__ = [
     "RecordKind",
     "ResolverAddress",
     "SandboxEntry",
+    "UpstreamProxy",
     "append_record",
+    "append_records",
     "audit_path",
     "config_path",
     "control_socket",
@@ -90,4 +107,5 @@ __all__ = [
     "log_path",
     "redact_path",
     "system_servers",
+    "verify_chain",
 ]

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import errno
+import fcntl
 import logging
 import os
 import socket
 from pathlib import Path
 
 from sandgate.proxy.contract.audit import AuditRecord, Redact, to_line, written
+from sandgate.proxy.contract.chain import ChainHead, append_chained, append_line
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +106,11 @@ class AuditLog:
 
 
 class AuditFile:
-    """The audit file: whole lines appended with one write() each (O_APPEND, so lifecycle's
-    `append_record` lines never interleave with them), rotated by size by this one writer, and
-    with `fsync` flushed to the disk before `write` returns. A write that fails raises OSError
-    and leaves no part of its lines behind; `failure` says why until a write succeeds."""
+    """The audit file: whole lines appended with one write() each, hash-chained and under the
+    file's lock (contract/chain.py: lifecycle's `append_record` lines take the same lock, so the
+    chain runs through both), rotated by size by this one writer under that lock, and with `fsync`
+    flushed to the disk before `write` returns. A write that fails raises OSError and leaves no
+    part of its lines behind; `failure` says why until a write succeeds."""
 
     def __init__(self, path: Path, max_bytes: int, backups: int, fsync: bool = False) -> None:
         self.path = path
@@ -116,18 +118,24 @@ class AuditFile:
         self.backups = backups
         self.fsync = fsync
         self.failure: str | None = None
+        self._head = ChainHead()
         self._fd = self._open()
 
     def _open(self) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
 
     def write(self, lines: bytes) -> None:
         """Append one or more complete lines, all or none (raises OSError)."""
+        fd = self._fd
         try:
-            self._append(lines)
-            if os.fstat(self._fd).st_size >= self.max_bytes:
-                self._rotate()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                append_chained(fd, self.path, lines, self._head, self.fsync)
+                if os.fstat(fd).st_size >= self.max_bytes:
+                    self._rotate()
+            finally:  # the rotated file is closed (which unlocks it), the live one unlocked
+                os.close(fd) if fd != self._fd else fcntl.flock(fd, fcntl.LOCK_UN)
         except OSError as exc:
             if self.failure is None:
                 log.error("audit log %s: %s; nothing is forwarded until it can be written", self.path, exc)
@@ -137,22 +145,9 @@ class AuditFile:
             log.warning("audit log %s is written again", self.path)
             self.failure = None
 
-    def _append(self, lines: bytes) -> None:
-        start = os.fstat(self._fd).st_size
-        view = memoryview(lines)
-        try:
-            while view:
-                view = view[os.write(self._fd, view) :]
-            if self.fsync:
-                os.fsync(self._fd)
-        except OSError:
-            if len(view) < len(lines):  # a part went in (a full disk takes what fits): take it back
-                with contextlib.suppress(OSError):
-                    os.ftruncate(self._fd, start)
-            raise
-
     def _rotate(self) -> None:
-        """Rename, then open the new file, then close the old one: a failure leaves a file open."""
+        """Rename, then open the new file (the caller closes the old one): a failure leaves a file
+        open."""
         if self.backups == 0:
             self.path.unlink(missing_ok=True)
         else:
@@ -161,8 +156,7 @@ class AuditFile:
                 if older.exists():
                     os.replace(older, self.path.with_name(f"{self.path.name}.{n + 1}"))
             os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        old, self._fd = self._fd, self._open()
-        os.close(old)
+        self._fd = self._open()
 
     def close(self) -> None:
         os.close(self._fd)
@@ -173,7 +167,7 @@ class AuditPipe:
     record arrives whole or (its worker killed mid-send) not at all, never cut or interleaved.
     Sends block while the pool's queue is full (back-pressure, as a slow disk would). A record
     too large for one message (over PIPE_RECORD_MAX, or the kernel's socket buffer) is appended
-    to the live file directly, with one O_APPEND write like lifecycle's lines.
+    to the live file directly, chained under the file's lock like lifecycle's lines.
 
     The pool answers on the same pair (`PipeAnswer`): after each batch it wrote, "ok N" (the
     first N messages of this pipe are in the file), or "fail N why" (they are not; the audit
@@ -197,11 +191,7 @@ class AuditPipe:
             except OSError as exc:
                 if exc.errno != errno.EMSGSIZE:
                     raise
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+        append_line(self.path, line)
 
     async def write_acknowledged(self, line: bytes) -> None:
         """Send `line` and wait until the pool has written it (raises AuditUnwritable)."""

@@ -30,6 +30,11 @@ from sandgate.proxy.contract.config import SandboxEntry
 from sandgate.proxy.contract.control import ROUTES, WORKER_ROUTES, ApprovalAnswer, Route, VaultChange
 from sandgate.proxy.state import ProxyState
 
+# Idle keep-alive connections stay open this long: longer than the clients' (lifecycle's
+# ProxyControl and the pool's and workers' clients are httpx, which keeps them 5 s, uvicorn's own
+# default: a request sent as uvicorn closed was lost).
+IDLE_KEEP_ALIVE = 60
+
 
 def on(app: FastAPI, route: Route, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """`app`'s decorator for `route` (the table's method and path)."""
@@ -121,7 +126,9 @@ class ControlServer:
     def __init__(self, app: FastAPI, path: Path) -> None:
         self.path = path
         self._server = uvicorn.Server(
-            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+            uvicorn.Config(
+                app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=IDLE_KEEP_ALIVE
+            )
         )
         self._server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # the proxy owns signals
         self._task: asyncio.Task[None] | None = None

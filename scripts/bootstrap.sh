@@ -168,6 +168,7 @@ test_stage() {
   check_no_test_listeners
   pip_install '.[dev]' .venv/.sandgate-installed
   js_test_clients
+  sdk_test_clients
   code_interpreter_wheels
   browser_wheels
   go_kernel
@@ -229,6 +230,30 @@ browser_wheels() {
 # now: the tests build the image inside network namespaces that reach no package index.
 code_interpreter_wheels() {
   .venv/bin/python sandbox-images/build.py --wheels-only >/dev/null
+}
+
+# OpenSandbox's Go SDK and Java/Kotlin SDK the conformance tests build (tests/go, tests/java),
+# fetched now: the tests build offline, inside network namespaces that reach no registry. Go keeps
+# modules and builds in its own caches; Maven's repository is SANDGATE_MAVEN_REPO
+# (~/.cache/sandgate/m2). Each is fetched again only when go.sum or pom.xml changed. Debian's
+# golang-go 1.19 is older than the SDK needs: a host without Go gets bookworm-backports' (1.23).
+sdk_test_clients() {
+  if ! command -v go >/dev/null; then
+    echo "bootstrap: installing golang-go from bookworm-backports" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq --no-install-recommends -t bookworm-backports golang-go >/dev/null
+  fi
+  command -v mvn >/dev/null || apt_install maven >/dev/null
+  local m2=${SANDGATE_MAVEN_REPO:-$HOME/.cache/sandgate/m2} digest build
+  digest=$(cat tests/go/go.sum tests/java/pom.xml | sha256sum | cut -c1-16)
+  [[ -f $m2/.sandgate-sdk-$digest ]] && return 0
+  echo "bootstrap: fetching the test-only Go and Java/Kotlin SDKs"
+  (cd tests/go && GOFLAGS=-mod=readonly GOTOOLCHAIN=local go mod download)
+  # a whole build, so that Maven also fetches its plugins and the Kotlin compiler
+  build=$(mktemp -d)
+  (cd tests/java && mvn -B -q -Dstyle.color=never -Dmaven.repo.local="$m2" -Dtour.build="$build" compile >/dev/null)
+  rm -rf "$build"
+  touch "$m2/.sandgate-sdk-$digest"
 }
 
 # The OpenSandbox JS SDK the conformance tests drive (tests/js: its package.json and lockfile),

@@ -34,6 +34,10 @@ if FAST:
 def pytest_configure(config: pytest.Config) -> None:
     if os.geteuid() != 0 or os.environ.get("SANDGATE_TEST_SHARED_NETNS") == "1":
         return
+    # The kernel's process connector answers only in the initial namespace: servers that follow
+    # sandbox processes open it in this one (`process_events_netns`).
+    host_netns = os.open("/proc/self/ns/net", os.O_RDONLY)
+    os.environ["SANDGATE_TEST_HOST_NETNS"] = f"/proc/{os.getpid()}/fd/{host_netns}"
     os.unshare(os.CLONE_NEWNET)
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 

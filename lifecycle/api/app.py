@@ -30,10 +30,13 @@ from sandgate.lifecycle.api import (
 )
 from sandgate.lifecycle.api.auth import OPEN_PATHS, AuthMiddleware
 from sandgate.lifecycle.api.errors import install_error_handlers
+from sandgate.lifecycle.api.exec_audit import ExecTrail
 from sandgate.lifecycle.api.sandbox_proxy import ProxyFrontDoor
 from sandgate.lifecycle.api.sandboxes import HostVolumes
 from sandgate.lifecycle.api.upstream import Pool
+from sandgate.lifecycle.renew_on_access import AccessRenewals
 from sandgate.lifecycle.service import Service
+from sandgate.lifecycle.trail_secrets import Secrets
 
 API_PREFIXES = ("", "/v1")
 
@@ -46,13 +49,17 @@ def create_app(
     extra_routers: Iterable[APIRouter] = (),
     open_prefixes: Iterable[str] = (),
     execd_endpoint: str = "host",
+    exec_audit: bool = True,
     host_volumes: HostVolumes | None = None,
+    renew_interval: float = 60.0,
 ) -> FastAPI:
     """The lifecycle + egress API. `extra_routers` (e.g. audit, console) are mounted as given,
     behind the same API-key check unless their paths start with one of `open_prefixes` (routers
     that check a login of their own). `execd_endpoint` is the setting of that name: "host" hands
-    out the reverse proxy as execd's endpoint, "direct" the sandbox's address. `host_volumes`
-    says where a create's host volumes may come from (none: refused)."""
+    out the reverse proxy as execd's endpoint, "direct" the sandbox's address. `exec_audit`
+    records every execd call the reverse proxy forwards (api/exec_audit.py). `host_volumes` says
+    where a create's host volumes may come from (none: refused). `renew_interval`: the setting
+    renew_on_access_interval."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -72,8 +79,12 @@ def create_app(
     app.state.api_key = api_key
     app.state.audit_path = audit_path
     app.state.execd_endpoint = execd_endpoint
+    app.state.exec_trail = (
+        ExecTrail(audit_path, Secrets(service.egress.vault_values, api_key)) if exec_audit else None
+    )
     app.state.host_volumes = host_volumes or HostVolumes()
     app.state.create_metrics = deque(maxlen=1000)
+    app.state.renewals = AccessRenewals(renew_interval)
     install_error_handlers(app)
 
     @app.get("/health", tags=["Server"])

@@ -4,7 +4,9 @@ Rules:
 1. Every path needs `OPEN-SANDBOX-API-KEY` except the open ones (health, version, docs,
    OpenAPI document), prefixes of routers with a login of their own (the console), and the
    egress API, which a per-sandbox `OPENSANDBOX-EGRESS-AUTH` token (`EGRESS_AUTH_HEADER`)
-   guards instead (the clients send no API key there in direct mode), and the reverse proxy to
+   guards instead (the clients send no API key there in direct mode), at its own path and at
+   the sandbox's proxied egress port (`/proxy/18080`, api/sandbox_proxy.py serves the egress API
+   there: its routes check the token or the key), and the reverse proxy to
    a sandbox's execd, which takes that sandbox's execd token instead (the header of the execd
    endpoint; api/sandbox_proxy.py checks it against the sandbox).
 2. Keys are compared in constant time.
@@ -28,9 +30,10 @@ from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
 
 API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
 EGRESS_AUTH_HEADER = "OPENSANDBOX-EGRESS-AUTH"  # a sandbox's own egress-API token (rule 1)
+EGRESS_PORT = 18080  # OpenSandbox's egress sidecar's port: its endpoint is the egress API
 REQUEST_ID_HEADER = "X-Request-ID"
 OPEN_PATHS = frozenset({"/health", "/version", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
-EGRESS_PATH = re.compile(r"^(/v1)?/sandboxes/[^/]+/egress(/|$)")
+EGRESS_PATH = re.compile(rf"^(/v1)?/sandboxes/[^/]+/(egress|proxy/{EGRESS_PORT})(/|$)")
 EXECD_PROXY_PATH = re.compile(rf"^(/v1)?/sandboxes/[^/]+/proxy/{EXECD_PORT}(/|$)")
 
 

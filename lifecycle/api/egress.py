@@ -40,12 +40,13 @@ from sandgate.lifecycle.api.vault_state import (
     credential_metadata,
     public_state,
 )
+from sandgate.lifecycle.audit import Change
 from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.egress_control import EgressControl, EgressState, PolicyEdit
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy, NetworkRule
 from sandgate.lifecycle.policy_book import PolicyJSON
-from sandgate.policy import Reason, to_document
+from sandgate.policy import to_document
 
 TEXT_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"content": {"text/plain": {"schema": {"type": "string"}}}} for code in (400, 401, 404, 409, 412)
@@ -100,7 +101,7 @@ def read_policy(request: Request, sandbox_id: str, runner: Runner) -> PolicyStat
 
 
 def change_policy(
-    request: Request, sandbox_id: str, actor: str, what: Reason, change: PolicyEdit, runner: Runner
+    request: Request, sandbox_id: str, actor: str, what: Change, change: PolicyEdit, runner: Runner
 ) -> PolicyStatusResponse:
     egress = egress_of(request)
     state = runner(egress.change_policy, sandbox_id, change, actor, what)
@@ -136,7 +137,7 @@ def replace_policy(
     request: Request, sandbox_id: str, actor: Actor, body: Annotated[NetworkPolicy | None, Body()] = None
 ) -> PolicyStatusResponse:
     """Replace the policy; an empty body, `null` or `{}` means deny everything."""
-    return change_policy(request, sandbox_id, actor, Reason.POLICY_REPLACE, replacing(request, body), run)
+    return change_policy(request, sandbox_id, actor, Change.POLICY_REPLACE, replacing(request, body), run)
 
 
 @router.patch("/policy", response_model=PolicyStatusResponse, response_model_exclude_none=True)
@@ -144,7 +145,7 @@ def patch_policy(
     request: Request, sandbox_id: str, actor: Actor, rules: Annotated[list[NetworkRule], Body(min_length=1)]
 ) -> PolicyStatusResponse:
     """Merge rules: same target overrides, new rules come first, first duplicate in the body wins."""
-    return change_policy(request, sandbox_id, actor, Reason.POLICY_PATCH, patching(request, rules), run)
+    return change_policy(request, sandbox_id, actor, Change.POLICY_PATCH, patching(request, rules), run)
 
 
 @router.delete("/policy", response_model=PolicyStatusResponse, response_model_exclude_none=True)
@@ -152,7 +153,7 @@ def delete_policy_rules(
     request: Request, sandbox_id: str, actor: Actor, targets: Annotated[list[str], Body(min_length=1)]
 ) -> PolicyStatusResponse:
     """Remove the rules for these targets; unknown targets are ignored."""
-    return change_policy(request, sandbox_id, actor, Reason.POLICY_DELETE, deleting(request, targets), run)
+    return change_policy(request, sandbox_id, actor, Change.POLICY_DELETE, deleting(request, targets), run)
 
 
 # --- /sandboxes/{id}/networkpolicy: the same policy API on the lifecycle side (API key) ---------
@@ -174,7 +175,7 @@ def replace_network_policy(request: Request, sandbox_id: str, body: NetworkPolic
     """Replace the whole policy (`{}` means deny everything)."""
     change = replacing(request, body)
     return change_policy(
-        request, sandbox_id, NETWORK_POLICY_ACTOR, Reason.NETWORKPOLICY_REPLACE, change, call
+        request, sandbox_id, NETWORK_POLICY_ACTOR, Change.NETWORKPOLICY_REPLACE, change, call
     )
 
 
@@ -184,7 +185,7 @@ def patch_network_policy(
 ) -> PolicyStatusResponse:
     """Merge rules as the egress API's PATCH does; defaultAction stays."""
     change = patching(request, rules)
-    return change_policy(request, sandbox_id, NETWORK_POLICY_ACTOR, Reason.NETWORKPOLICY_PATCH, change, call)
+    return change_policy(request, sandbox_id, NETWORK_POLICY_ACTOR, Change.NETWORKPOLICY_PATCH, change, call)
 
 
 @network_policy_router.delete("", response_model=PolicyStatusResponse, response_model_exclude_none=True)
@@ -193,7 +194,7 @@ def delete_network_policy_rules(
 ) -> PolicyStatusResponse:
     """Remove the rules for these targets (idempotent); defaultAction stays."""
     change = deleting(request, targets)
-    return change_policy(request, sandbox_id, NETWORK_POLICY_ACTOR, Reason.NETWORKPOLICY_DELETE, change, call)
+    return change_policy(request, sandbox_id, NETWORK_POLICY_ACTOR, Change.NETWORKPOLICY_DELETE, change, call)
 
 
 # The two routes below answer and take the policy file's JSON (`to_document`): sandgate.policy
@@ -225,7 +226,7 @@ def put_sandgate_policy(
         sandbox_id,
         lambda _current: egress.parse_policy(policy),
         actor,
-        Reason.SANDGATE_POLICY_REPLACE,
+        Change.SANDGATE_POLICY_REPLACE,
         expected_revision,
     )
     return {"revision": state.revision, "policy": to_document(state.document)}
@@ -248,7 +249,7 @@ def create_vault(
         sandbox_id,
         lambda _old, revision: build_create(sandbox_id, body, revision),
         actor,
-        Reason.VAULT_CREATE,
+        Change.VAULT_CREATE,
         None,
         must_exist=False,
     )
@@ -270,7 +271,7 @@ def patch_vault(
         sandbox_id,
         lambda old, revision: build_patch(sandbox_id, old or VaultState(), body, revision),
         actor,
-        Reason.VAULT_PATCH,
+        Change.VAULT_PATCH,
         body.expected_revision,
         must_exist=True,
     )

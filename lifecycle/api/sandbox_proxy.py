@@ -22,15 +22,25 @@ Rules:
    any field whose value holds the API key or the sandbox's tokens.
 4. WebSocket upgrades are relayed message by message, with the client's fields (the same
    filter) and the sandbox's close code and reason passed to the client.
+5. Traffic that passes renews an opted-in sandbox's expiry, at most once a minute (setting
+   renew_on_access_interval), in a worker thread off the request's path
+   (lifecycle/renew_on_access.py).
+6. The egress port (18080) is not forwarded: OpenSandbox's clients find its egress API there
+   (its sidecar listens on it), and sandgate serves that API outside the sandbox, so
+   `/sandboxes/{id}/proxy/18080/...` is answered by the egress routes themselves
+   (`/sandboxes/{id}/egress/...`, api/egress.py): one implementation, the same checks (token or
+   API key, validation, audit), nothing reaches the sandbox.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import unquote
 
 import websockets
 from fastapi import APIRouter, Request, WebSocket
@@ -38,11 +48,14 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sandgate.lifecycle.api.auth import API_KEY_HEADER, EGRESS_AUTH_HEADER, keys_match
+from sandgate.lifecycle.api.auth import API_KEY_HEADER, EGRESS_AUTH_HEADER, EGRESS_PORT, keys_match
 from sandgate.lifecycle.api.calls import call
 from sandgate.lifecycle.api.errors import ApiError
+from sandgate.lifecycle.api.exec_audit import Call
 from sandgate.lifecycle.api.upstream import Exchange, UpstreamError
+from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.execd_client import execd_headers
+from sandgate.lifecycle.renew_on_access import EXTENSION
 from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
 from sandgate.lifecycle.sandbox_store import SandboxRecord
 
@@ -58,14 +71,20 @@ PROXY_PATH = re.compile(r"^(?:/v1)?/sandboxes/(?P<sandbox>[^/]+)/proxy/(?P<port>
 UNSENDABLE_CLOSE_CODES = frozenset({1005, 1006, 1015})  # "no status", "abnormal", "TLS": never on the wire
 
 router = APIRouter(tags=["Proxy"])
+log = logging.getLogger(__name__)
+RENEWING: set[asyncio.Task[None]] = set()  # renewals under way (the loop keeps weak references)
 
 
 def target(app_state: Any, headers: Headers, sandbox_id: str, port: int) -> SandboxRecord:
-    """The running sandbox behind the route, once the caller has shown a key for it."""
+    """The running sandbox behind the route, once the caller has shown a key for it (checked
+    here too: a path the auth middleware let through as the egress API's, spelt so that the
+    front door does not take it as one, must not pass on any key)."""
     if not 1 <= port <= 65535:
         raise ApiError(400, "INVALID_REQUEST", f"port {port} is outside 1-65535")
+    if port == EGRESS_PORT:  # rule 6, however the path was spelt
+        raise ApiError(404, "NOT_FOUND", f"port {EGRESS_PORT} is the egress API; nothing is forwarded to it")
     record: SandboxRecord = call(app_state.service.get, sandbox_id)
-    if API_KEY_HEADER not in headers and (
+    if not keys_match(headers.get(API_KEY_HEADER, ""), app_state.api_key) and (
         port != EXECD_PORT or not keys_match(headers.get(EXECD_TOKEN_HEADER, ""), record.execd_token or "\0")
     ):
         raise ApiError(
@@ -73,7 +92,32 @@ def target(app_state: Any, headers: Headers, sandbox_id: str, port: int) -> Sand
         )
     if record.address is None or record.state != "Running":
         raise ApiError(409, "NOT_RUNNING", f"sandbox {sandbox_id} is {record.state}; nothing to proxy to")
+    renew_on_access(app_state, record)
     return record
+
+
+def renew_on_access(app_state: Any, record: SandboxRecord) -> None:
+    """Rule 5: decided in memory; the renewal (a database write, an audit line) runs in a thread."""
+    if (
+        EXTENSION not in record.extensions
+        or record.expires_at is None
+        or not app_state.renewals.due(record.id)
+    ):
+        return
+    task = asyncio.get_running_loop().create_task(
+        asyncio.to_thread(renew_quietly, app_state.service, record.id)
+    )
+    RENEWING.add(task)
+    task.add_done_callback(RENEWING.discard)
+
+
+def renew_quietly(service: Any, sandbox_id: str) -> None:
+    try:
+        service.renew_on_access(sandbox_id)
+    except LifecycleError as exc:  # deleted meanwhile: nothing to renew
+        log.info("no renewal on access for %s: %s", sandbox_id, exc.message)
+    except Exception:
+        log.exception("renewal on access of %s failed", sandbox_id)
 
 
 def end_to_end(fields: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -122,8 +166,13 @@ class ProxyFrontDoor:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw_path = scope.get("raw_path") or scope.get("path", "").encode()
-        found = PROXY_PATH.match(raw_path.decode("latin-1")) if scope["type"] == "http" else None
-        if found is None:
+        found = (
+            PROXY_PATH.match(raw_path.decode("latin-1")) if scope["type"] in ("http", "websocket") else None
+        )
+        if found is not None and int(found["port"]) == EGRESS_PORT:
+            await self.app(egress_api_scope(scope, raw_path, found), receive, send)  # rule 6
+            return
+        if found is None or scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
@@ -136,31 +185,47 @@ class ProxyFrontDoor:
         await response(scope, receive, send)
 
 
+def egress_api_scope(scope: Scope, raw_path: bytes, found: re.Match[str]) -> Scope:
+    """The request to `[/v1]/sandboxes/{id}/proxy/18080/...` as one to `.../egress/...`."""
+    head = raw_path[: found.start("port")].removesuffix(b"/proxy/")
+    egress = head + b"/egress" + raw_path[found.end("port") :]
+    return {**scope, "raw_path": egress, "path": unquote(egress.decode("latin-1"))}
+
+
 async def forward(request: Request, sandbox_id: str, port: int, path: str) -> Relay:
     """Forward one HTTP request into the sandbox; the answer streams back through the Relay."""
     state = request.app.state
     record = target(state, request.headers, sandbox_id, port)
     query = request.scope.get("query_string", b"").decode("latin-1")
+    body = request.stream() if has_body(request.headers) else None
+    trail = state.exec_trail.begin(request, record, port, path) if state.exec_trail else None
+    if trail is not None:
+        body = await trail.request_body(body, request.headers.get("content-type", ""))
+        trail.write_ahead()
     try:
         exchange = await state.upstream.send(
             (record.id, record.address, port),
             request.method,
             f"{path}?{query}" if query else path,
             upstream_headers(request.headers.items(), record, port, state.api_key),
-            request.stream() if has_body(request.headers) else None,
+            body,
         )
     except UpstreamError as exc:
+        if trail is not None:
+            trail.finish(None, f"execd did not answer: {exc}")
         raise ApiError(502, "BAD_GATEWAY", f"sandbox {sandbox_id} port {port} did not answer: {exc}") from exc
-    return Relay(exchange)
+    return Relay(exchange, trail)
 
 
 class Relay(Response):
     """The sandbox's answer as it arrives: its status and end-to-end fields, then the body chunk
     by chunk. If the client leaves first, the upstream connection is closed (a command's SSE
-    stream stops being read; execd sees the disconnect)."""
+    stream stops being read; execd sees the disconnect). An execd call's trail sees each chunk
+    and is finished when the answer ends or the client leaves."""
 
-    def __init__(self, exchange: Exchange) -> None:
+    def __init__(self, exchange: Exchange, trail: Call | None = None) -> None:
         self.exchange = exchange
+        self.trail = trail
         self.status_code = exchange.status
         self.background = None
         fields = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in exchange.fields]
@@ -179,12 +244,26 @@ class Relay(Response):
             if not relay.done():
                 relay.cancel()
                 self.exchange.discard()
+            if self.trail is not None:
+                self.trail.finish(self.status_code, _broken_off(relay))
         relay.result()
 
     async def _relay(self, send: Send) -> None:
         async for chunk in self.exchange.body():
+            if self.trail is not None:
+                self.trail.answer(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if self.trail is not None:  # the outcome is in the file before the client sees the end
+            self.trail.finish(self.status_code)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _broken_off(relay: asyncio.Future[None]) -> str | None:
+    """Why an answer did not reach its end, or None when it did."""
+    if not relay.done() or relay.cancelled():
+        return "the client left before the answer ended"
+    error = relay.exception()
+    return None if error is None else f"the answer broke off: {error!r}"[:300]
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 
-from sandgate.lifecycle.api.auth import EGRESS_AUTH_HEADER
+from sandgate.lifecycle.api.auth import EGRESS_AUTH_HEADER, EGRESS_PORT
 from sandgate.lifecycle.api.calls import ERRORS, call, service_of
 from sandgate.lifecycle.api.errors import ApiError
 from sandgate.lifecycle.api.models import (
@@ -43,7 +43,6 @@ from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, UnsafeBind
 from sandgate.lifecycle.sandbox_store import SandboxRecord
 from sandgate.lifecycle.service import CreateRequest
 
-EGRESS_PORT = 18080
 DEFAULT_ENTRYPOINT = ["tail", "-f", "/dev/null"]
 router = APIRouter(tags=["Sandboxes"], responses=ERRORS)
 
@@ -246,20 +245,21 @@ def get_endpoint(
     as the header (the SDK sends an endpoint's headers on every request to it), so no
     control-plane header a client adds ever reaches the sandbox (api/sandbox_proxy.py strips them).
     With `execd_endpoint = "direct"` it is the sandbox's own address, for trusted clients.
-    18080 (egress API) is served here, with the sandbox's token; `use_server_proxy` routes
-    through this server with the API key, which adds execd's token itself, so that endpoint
-    carries none."""
+    18080 (egress API) is served here, with the sandbox's token: at `.../egress`, or with
+    `use_server_proxy` at `.../proxy/18080` as OpenSandbox answers (the same API is served
+    there, api/sandbox_proxy.py). `use_server_proxy` routes through this server with the API
+    key, which adds execd's token itself, so that endpoint carries none."""
     if not 1 <= port <= 65535:
         raise ApiError(400, "INVALID_REQUEST", f"port {port} is outside 1-65535")
     record = call(service_of(request).get, sandbox_id)
     here = request.headers.get("host") or f"{request.url.hostname}:{request.url.port}"
     prefix = "/v1" if request.url.path.startswith("/v1/") else ""
+    proxied = f"{here}{prefix}/sandboxes/{sandbox_id}/proxy/{port}"
     if port == EGRESS_PORT:
         return Endpoint(
-            endpoint=f"{here}{prefix}/sandboxes/{sandbox_id}/egress",
+            endpoint=proxied if use_server_proxy else f"{here}{prefix}/sandboxes/{sandbox_id}/egress",
             headers={EGRESS_AUTH_HEADER: record.egress_token},
         )
-    proxied = f"{here}{prefix}/sandboxes/{sandbox_id}/proxy/{port}"
     if use_server_proxy:
         return Endpoint(endpoint=proxied)
     if record.address is None or record.state != "Running":

@@ -106,6 +106,16 @@ class AuditIndex:
         self._local = threading.local()
         self._analyzed_at_rows = 0
         self._conn().executescript(_SCHEMA)
+        self._add_new_columns()
+
+    def _add_new_columns(self) -> None:
+        """An index made before the schema gained a field (v1 only grows optional fields, such as
+        `via`) gets its column; old rows hold NULL there, as their records had no such field."""
+        db = self._conn()
+        have = {row[1] for row in db.execute("PRAGMA table_info(records)")}
+        for column in COLUMNS:
+            if column not in have:
+                db.execute(f"ALTER TABLE records ADD COLUMN {column} {_COLUMN_TYPES.get(column, 'TEXT')}")
 
     # -- connections ---------------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:

@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "egress": ("egress", "group", "Read and change a running sandbox's egress policy."),
     "logs": (
         "logs",
-        "command",
+        "command",  # a group: `logs verify`
         "Query and follow the audit log (what each sandbox reached, what was denied...",
     ),
     "sandbox": ("sandbox", "group", "Create, list, inspect, run commands in and remove sandboxes."),

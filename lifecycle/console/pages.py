@@ -19,11 +19,10 @@ import jinja2
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import FileResponse, HTMLResponse
 
-from sandgate.lifecycle.audit import AuditFilter, AuditStore, QueryError
+from sandgate.lifecycle.audit import KINDS, LABELS, SYSTEM_KINDS, AuditFilter, AuditStore, QueryError
 from sandgate.lifecycle.console.views import ConsoleSandbox
 from sandgate.lifecycle.visible import visible
 from sandgate.policy import OUTCOMES
-from sandgate.proxy import RECORD_KINDS
 
 HERE = Path(__file__).parent
 STATIC_FILES = {"console.css": "text/css", "console.js": "text/javascript"}
@@ -40,7 +39,9 @@ _templates = jinja2.Environment(
     loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined
 )
 _templates.filters["visible"] = visible
-_templates.globals.update(outcomes=list(OUTCOMES), kinds=list(RECORD_KINDS))
+_templates.globals.update(
+    outcomes=list(OUTCOMES), kinds=list(KINDS), kind_labels=LABELS, system_kinds=SYSTEM_KINDS
+)
 
 
 @dataclass(frozen=True)

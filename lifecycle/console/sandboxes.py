@@ -1,4 +1,6 @@
-"""The overview (every live sandbox with its traffic in a window) and one sandbox's page."""
+"""The overview (every live sandbox with its traffic in a window) and one sandbox's page (its
+summary, policy, changes, denials, and a timeline where its commands, file operations and
+requests are interleaved)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from sandgate.lifecycle.console.pages import Console, filter_or_400
 from sandgate.lifecycle.console.views import policy_yaml
 
 WINDOWS = ("1h", "24h", "today", "7d", "30d")
+TIMELINE_ROWS = 100  # a sandbox page's latest records of every kind (the feed has the rest)
 
 
 def add_sandbox_pages(router: APIRouter, console: Console, authed: Any) -> None:
@@ -44,6 +47,7 @@ def add_sandbox_pages(router: APIRouter, console: Console, authed: Any) -> None:
         live = next((s for s in console.live_sandboxes() if s.id == sandbox_id), None)
         changes = index.page(AuditFilter(sandbox=sandbox_id, kind="policy_change"), 20).records
         denials = index.page(AuditFilter(sandbox=sandbox_id, decision="deny", since=query.since), 25)
+        timeline = index.page(AuditFilter(sandbox=sandbox_id, since=query.since), TIMELINE_ROWS)
         return console.page(
             "sandbox.html",
             nav="overview",
@@ -54,5 +58,6 @@ def add_sandbox_pages(router: APIRouter, console: Console, authed: Any) -> None:
             summary=index.summary(query),
             changes=changes,
             denials=denials.records,
+            timeline=timeline.records,
             policy_yaml=policy_yaml(live.policy) if live else "",
         )

@@ -33,8 +33,19 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, Field
 
 from sandgate.policy import Decision, Outcome
+from sandgate.proxy.contract.chain import append_line
 
-RecordKind = Literal["connection", "request", "dns", "security_event", "policy_change"]
+RecordKind = Literal[
+    "connection",
+    "request",
+    "dns",
+    "security_event",
+    "policy_change",
+    "lifecycle",
+    "command",
+    "file",
+    "process",
+]
 RECORD_KINDS: tuple[RecordKind, ...] = get_args(RecordKind)
 Redact = Callable[[str], str]
 # Fields that hold text a sandbox, an upstream or a policy chose: redacted at write time.
@@ -69,6 +80,7 @@ class AuditRecord(BaseModel):
     sandbox: str
     client: str
     upstream: str | None = None
+    via: str | None = None  # the upstream proxy it left through (http://host:port)
     sni: str | None = None
     scheme: Literal["http", "https"] | None = None
     method: str | None = None
@@ -129,8 +141,13 @@ def to_line(record: AuditRecord) -> str:
     return record.model_dump_json() + "\n"
 
 
-def append_record(path: Path, record: AuditRecord) -> None:
-    """Add one line to the live file from outside the proxy (O_APPEND: safe beside it)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(fd, "a", encoding="utf-8") as handle:
-        handle.write(to_line(written(record)))
+def append_record(path: Path, record: AuditRecord, redact: Redact | None = None) -> None:
+    """Add one line to the live file from outside the proxy (chained under the file's lock:
+    safe beside it); raises OSError when it cannot be written."""
+    append_records(path, [(record, redact)])
+
+
+def append_records(path: Path, records: list[tuple[AuditRecord, Redact | None]]) -> None:
+    """Add several lines with one locked write (each record with its own redactor)."""
+    if records:
+        append_line(path, "".join(to_line(written(record, redact)) for record, redact in records).encode())

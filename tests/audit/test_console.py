@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from sandgate.lifecycle.audit import LABELS
 from tests.audit.browser import chromium, needs_chromium, new_page, screenshot_dir
 from tests.audit.browser import log_in as login
 from tests.audit.conftest import API_KEY, Served, generated, serve, wait_indexed, write_records
@@ -202,6 +203,14 @@ def test_feed_filters_denials_and_goes_live(
     controls = page.wait_for_selector("#feed tbody tr[data-id=live-2]").inner_text()
     assert CONTROL_SHOWN in controls and "\u202e" not in controls
     assert page.locator("#feed tbody tr").first.get_attribute("data-id") == "live-2"
+    # the kind column says the kinds table's label, live as on the page
+    write_records(
+        served.state_dir, [fresh | {"id": "live-3", "kind": "security_event", "event": "sni_mismatch"}]
+    )
+    live_kind = page.wait_for_selector("#feed tbody tr[data-id=live-3] td:nth-child(3)").inner_text()
+    assert live_kind == LABELS["security_event"] == "security event"
+    page.reload()
+    assert page.locator("#feed tbody tr[data-id=live-3] td:nth-child(3)").inner_text() == "security event"
     page.screenshot(path=shots / "feed.png", full_page=False)
 
 

@@ -223,9 +223,23 @@ def test_ocsf_denied_connection_is_refused_network_activity() -> None:
 def test_ocsf_other_kinds() -> None:
     assert to_ocsf(record_of("dns", scheme=None, sni=None, port=53))["class_uid"] == 4003
     assert to_ocsf(record_of("request", method="PATCH"))["activity_id"] == 99
-    change = to_ocsf(record_of("policy_change", detail='{"actor":"api"}'))
-    assert (change["class_uid"], change["category_uid"], change["type_uid"]) == (0, 0, 99)
+    change = to_ocsf(
+        record_of("policy_change", client="control-plane", event="create", detail='{"actor":"api"}')
+    )
+    assert (change["class_uid"], change["category_uid"], change["type_uid"]) == (6003, 6, 600301)
+    assert (change["actor"], change["src_endpoint"]) == (
+        {"user": {"name": "api"}},
+        {"svc_name": "control-plane"},
+    )
     assert to_ocsf(record_of("security_event", event="sni_mismatch"))["severity_id"] == 4
+    detail = '{"actor": "access", "expires_at": "2026-01-01T00:10:00+00:00", "extend_seconds": 300}'
+    renewal = to_ocsf(record_of("lifecycle", event="renew on access", detail=detail))
+    assert (renewal["type_uid"], renewal["actor"]) == (600303, {"user": {"name": "access"}})
+    assert renewal["resources"][0]["type"] == "sandbox"
+    assert renewal["resources"][0]["data"] == {
+        "expires_at": "2026-01-01T00:10:00+00:00",
+        "extend_seconds": 300,
+    }
 
 
 def test_a_passthrough_closing_record_adds_bytes_not_a_decision(tmp_path: Path) -> None:

@@ -82,6 +82,12 @@ def run_in_order(client: str, steps: Mapping[str, Callable[[], None]]) -> dict[s
     return results
 
 
+def egress_endpoint_path(sandbox_id: str, mode: str) -> str:
+    """Where the 18080 endpoint points: the proxied egress port in server-proxy mode, as
+    OpenSandbox answers (sandgate serves the egress API there too)."""
+    return f"/sandboxes/{sandbox_id}/" + ("proxy/18080" if mode == "server_proxy" else "egress")
+
+
 def check_execd_endpoint(
     server: SandgateServer, sandbox_id: str, mode: str, endpoint: Mapping[str, Any]
 ) -> None:

@@ -89,15 +89,7 @@ def llm_name(internet: Internet) -> Iterator[None]:
 def test_the_llm_agent_example_calls_with_a_key_it_never_sees(
     server: SandgateServer, internet: Internet, llm_name: None
 ) -> None:
-    stored = subprocess.run(
-        [sys.executable, "-m", "sandgate.lifecycle.cli", "vault", "put", "llm-api-key"],
-        input=LLM_KEY,
-        env={**server.env(), "SANDGATE_STATE_DIR": str(server.state_dir)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert stored.returncode == 0, stored.stderr
+    server.vault_put("llm-api-key", LLM_KEY)
     # the test origin's /echo stands in for the completion endpoint: the example's policy with
     # the path it allows is what the sandbox gets, so the example's own URL would be denied here
     policy = (

@@ -24,7 +24,15 @@ from click.testing import CliRunner, Result
 from opensandbox_cli.main import cli
 
 from tests.conformance.conftest import API_HOST
-from tests.conformance.scenarios import MODES, SCENARIOS, check, check_execd_endpoint, run_in_order, steps_of
+from tests.conformance.scenarios import (
+    MODES,
+    SCENARIOS,
+    check,
+    check_execd_endpoint,
+    egress_endpoint_path,
+    run_in_order,
+    steps_of,
+)
 from tests.conformance.scenarios import Result as ScenarioResult
 from tests.support.server import SandgateServer
 
@@ -191,7 +199,7 @@ class OsbClient:
         execd = self._json("sandbox", "endpoint", self.id, "-p", "44772")
         check_execd_endpoint(self.server, self.id, self.mode, execd)
         egress = self._json("sandbox", "endpoint", self.id, "-p", "18080")
-        assert egress["endpoint"].endswith(f"/sandboxes/{self.id}/egress"), egress
+        assert egress["endpoint"].endswith(egress_endpoint_path(self.id, self.mode)), egress
 
     def egress(self) -> None:
         def rules() -> list[str]:

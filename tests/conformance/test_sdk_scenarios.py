@@ -34,6 +34,7 @@ from tests.conformance.scenarios import (
     by_mode,
     check,
     check_execd_endpoint,
+    egress_endpoint_path,
     run_in_order,
     steps_of,
 )
@@ -233,7 +234,7 @@ class PythonSdkClient:
         execd = self._sandbox.get_endpoint(44772)
         check_execd_endpoint(self.server, self._sandbox.id, self.mode, execd.model_dump())
         egress = self._sandbox.get_endpoint(18080)
-        assert egress.endpoint.endswith(f"/sandboxes/{self._sandbox.id}/egress"), egress.endpoint
+        assert egress.endpoint.endswith(egress_endpoint_path(self._sandbox.id, self.mode)), egress.endpoint
 
     def egress(self) -> None:
         def rules() -> list[str]:

@@ -97,13 +97,13 @@ def test_cells_keep_state_and_stream_events_like_the_go_execd(client: httpx.Clie
     assert first[1]["execution_count"] == 1
     assert stdout_text(first) == "hello\n\n"
     result = only(first, "result")
-    assert result["results"] == {"text": "42"} and result["execution_count"] == 1
+    assert result["results"] == {"text/plain": "42", "text": "42"} and result["execution_count"] == 1
     assert isinstance(only(first, "execution_complete")["execution_time"], int)
 
     second = run_cell(client, context_id, "import sys\nprint('to stderr', file=sys.stderr)\nx")
     assert second[1]["execution_count"] == 2
     assert [e["text"] for e in second if e["type"] == "stderr"] == ["to stderr\n"]
-    assert [e["results"] for e in second if e["type"] == "result"] == [{"text": "40"}]
+    assert [e["results"] for e in second if e["type"] == "result"] == [{"text/plain": "40", "text": "40"}]
 
     quiet = run_cell(client, context_id, "x = 7\nx;")  # a trailing `;` hides the value, as in Jupyter
     assert kinds(quiet) == ["init", "execution_count", "execution_complete"]
@@ -114,7 +114,7 @@ def test_cells_keep_state_and_stream_events_like_the_go_execd(client: httpx.Clie
         "    def __repr__(self):\n        return 'Table()'\nTable()",
     )
     assert [e["results"] for e in rich if e["type"] == "result"] == [
-        {"text": "Table()", "text/html": "<table></table>"}
+        {"text/plain": "Table()", "text": "Table()", "text/html": "<table></table>"}
     ]
     child = run_cell(client, context_id, "import subprocess\nsubprocess.run(['echo', 'from a child'])\nNone")
     assert stdout_text(child) == "from a child\n"  # fd-level output is captured too
@@ -135,7 +135,7 @@ GUIDE_CELL = """
 def test_the_guides_indented_cell_magics_and_every_mime_type(client: httpx.Client, context_id: str) -> None:
     guide = run_cell(client, context_id, GUIDE_CELL)  # indented as in the guide: IPython dedents it
     assert stdout_text(guide).startswith(sys.version.split()[0])
-    assert only(guide, "result")["results"] == {"text": "4"}
+    assert only(guide, "result")["results"] == {"text/plain": "4", "text": "4"}
     rich = run_cell(
         client,
         context_id,
@@ -148,7 +148,7 @@ def test_the_guides_indented_cell_magics_and_every_mime_type(client: httpx.Clien
     results = [e["results"] for e in rich if e["type"] == "result"]
     assert results[0]["text/html"] == "<b>hi</b>" and results[1]["application/json"] == {"a": 1}
     assert base64.b64decode(results[2]["image/png"]) == PNG and results[2]["text"].startswith("<IPython")
-    assert results[-1] == {"text": "'/tmp'"}
+    assert results[-1] == {"text/plain": "'/tmp'", "text": "'/tmp'"}
     assert "from-a-shell-line" in stdout_text(rich)
 
 
@@ -191,7 +191,8 @@ def test_exception_is_an_error_with_traceback_and_state_survives(
     exits = run_cell(client, context_id, "raise SystemExit(3)")
     assert exits[-1]["error"]["ename"] == "SystemExit"
     after = run_cell(client, context_id, "before")
-    assert [e["results"] for e in after if e["type"] == "result"] == [{"text": "'kept'"}]
+    kept = {"text/plain": "'kept'", "text": "'kept'"}
+    assert [e["results"] for e in after if e["type"] == "result"] == [kept]
 
 
 def test_interrupt_stops_the_cell_and_keeps_the_context(
@@ -210,7 +211,7 @@ def test_interrupt_stops_the_cell_and_keeps_the_context(
     assert interrupted == [200]
     assert events[-1]["type"] == "error" and events[-1]["error"]["ename"] == "KeyboardInterrupt"
     after = run_cell(client, context_id, "counter > 0")
-    assert [e["results"] for e in after if e["type"] == "result"] == [{"text": "True"}]
+    assert [e["results"] for e in after if e["type"] == "result"] == [{"text/plain": "True", "text": "True"}]
     idle = client.delete("/code", params={"id": context_id})  # nothing running: a no-op
     assert idle.status_code == 200
     assert client.delete("/code", params={"id": "nope"}).status_code == 404
@@ -241,7 +242,7 @@ def test_interrupting_a_cell_that_floods_results_keeps_the_protocol_intact(
     shown = [int(e["results"]["text"]) for e in flood if e["type"] == "result"]
     assert shown and shown == sorted(set(shown))
     after = run_cell(client, context_id, "n >= len([1])")
-    assert [e["results"] for e in after if e["type"] == "result"] == [{"text": "True"}]
+    assert [e["results"] for e in after if e["type"] == "result"] == [{"text/plain": "True", "text": "True"}]
 
 
 def test_timeout_interrupts_then_kills_a_cell_that_ignores_sigint(
@@ -251,7 +252,7 @@ def test_timeout_interrupts_then_kills_a_cell_that_ignores_sigint(
     assert timed[-1]["error"]["ename"] == "ExecutionTimeout"
     assert "keeps its state" in timed[-1]["error"]["evalue"]
     assert [e["results"] for e in run_cell(client, context_id, "survivor") if e["type"] == "result"] == [
-        {"text": "1"}
+        {"text/plain": "1", "text": "1"}
     ]
 
     stubborn = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(30)"

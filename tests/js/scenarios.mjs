@@ -212,8 +212,10 @@ const scenarios = {
       headers["OPEN-SANDBOX-API-KEY"] = process.env.OPEN_SANDBOX_API_KEY;
     }
     assert.equal((await fetch(`${url}/ping`, { headers })).status, 200);
+    // the egress API: at the proxied egress port in server-proxy mode, as OpenSandbox answers
     const egress = await s.sandbox.getEndpoint(18080);
-    assert.ok(egress.endpoint.endsWith(`/sandboxes/${s.sandbox.id}/egress`), egress.endpoint);
+    const egressPath = mode === "server_proxy" ? "proxy/18080" : "egress";
+    assert.ok(egress.endpoint.endsWith(`/sandboxes/${s.sandbox.id}/${egressPath}`), egress.endpoint);
   },
 
   async egress(s) {

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sandgate.policy import Decision, Request, compile_policy, parse_policy
+from sandgate.proxy import verify_chain
 from sandgate.proxy.audit import AuditFile, AuditLog, AuditUnwritable
 from sandgate.proxy.contract.audit import FREE_TEXT, AuditRecord, append_record
 from sandgate.vault import Redactor
@@ -62,7 +63,8 @@ def test_a_write_that_fails_leaves_no_part_and_says_why_until_one_succeeds(tmp_p
     path = tmp_path / "audit.jsonl"
     audit = AuditFile(path, 1 << 20, 1)
     audit.write(b'{"first": 1}\n')
-    size = path.stat().st_size
+    before = path.read_bytes()
+    size = len(before)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (size + 5, hard))
     try:
@@ -70,12 +72,14 @@ def test_a_write_that_fails_leaves_no_part_and_says_why_until_one_succeeds(tmp_p
             audit.write(b'{"second": "longer than five bytes"}\n')
         assert raised.value.errno == errno.EFBIG
         assert audit.failure is not None and "EFBIG" in audit.failure
-        assert path.read_bytes() == b'{"first": 1}\n'  # the five bytes that fitted were taken back
+        assert path.read_bytes() == before  # the five bytes that fitted were taken back
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     audit.write(b'{"third": 3}\n')
     assert audit.failure is None
-    assert path.read_bytes() == b'{"first": 1}\n{"third": 3}\n'
+    lines = [json.loads(line) for line in path.read_bytes().splitlines()]
+    assert [{k: v for k, v in line.items() if k != "prev"} for line in lines] == [{"first": 1}, {"third": 3}]
+    assert verify_chain(path).problems == [] and verify_chain(path).chained == 2
     audit.close()
 
 

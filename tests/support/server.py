@@ -234,6 +234,18 @@ class SandgateServer:
             raise AssertionError(f"execd answered {response.status_code}: {response.text}")
         return parse_execd_events(response.text)
 
+    def vault_put(self, name: str, value: str) -> None:
+        """Store a vault entry as an operator does: `sandgate vault put NAME`, value on stdin."""
+        stored = subprocess.run(
+            [sys.executable, "-m", "sandgate.lifecycle.cli", "vault", "put", name],
+            input=value,
+            env={**self.env(), "SANDGATE_STATE_DIR": str(self.state_dir)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert stored.returncode == 0, stored.stderr
+
     def sandbox_address(self, sandbox_id: str) -> str:
         """The sandbox's own address (from its diagnostics summary: endpoints name the host's)."""
         with self.client() as client:

@@ -32,6 +32,11 @@ MAX_CANDIDATES = 10  # ids listed when a --sandbox prefix is ambiguous
 
 
 def request_text(record: RecordJSON) -> str:
+    from sandgate.lifecycle.audit import SYSTEM_KINDS
+
+    if record["kind"] in SYSTEM_KINDS:  # what was done to the sandbox: the operation and its path
+        text = f"{record.get('method') or ''} {record.get('path') or ''}".strip()
+        return f"{text} [{record['event']}]" if record.get("event") else text
     port = record.get("port")
     target = (record.get("host") or "") + (f":{port}" if port and port not in (80, 443) else "")
     text = f"{record.get('method') or ''} {target}{record.get('path') or ''}".strip()
@@ -151,7 +156,7 @@ def sandbox_by_prefix(index: Any, given: str) -> str:
     )
 
 
-@click.command("logs")
+@click.group("logs", invoke_without_command=True)
 @click.option("--sandbox", help="Only this sandbox (its id, or the start of it as the table shows).")
 @click.option("--decision", type=click.Choice(OUTCOMES), help="Only this decision.")
 @click.option("--kind", type=click.Choice(RECORD_KINDS), help="Only this record kind.")
@@ -171,9 +176,9 @@ def sandbox_by_prefix(index: Any, given: str) -> str:
     "-o", "--output", type=click.Choice(["table", "json", "ocsf"]), default="table", show_default=True
 )
 @click.option("--color/--no-color", default=None, help="Colour (default: when stdout is a terminal).")
-@click.pass_obj
+@click.pass_context
 def command(
-    obj: Any,
+    ctx: click.Context,
     output: str,
     limit: int,
     cursor: str | None,
@@ -182,11 +187,14 @@ def command(
     color: bool | None,
     **filters: Any,
 ) -> None:
-    """Query and follow the audit log (what each sandbox reached, what was denied and why)."""
+    """Query and follow the audit log (what each sandbox reached, what was denied and why, what
+    each ran and touched); `logs verify` checks its hash chain."""
+    if ctx.invoked_subcommand is not None:
+        return
     from sandgate.lifecycle.audit import AuditFilter, QueryError
     from sandgate.lifecycle.wiring import audit_index
 
-    index = audit_index(obj.settings())
+    index = audit_index(ctx.obj.settings())
     index.ingest()
     if filters["sandbox"]:
         filters["sandbox"] = sandbox_by_prefix(index, filters["sandbox"])
@@ -216,3 +224,27 @@ def command(
         batch = index.after(seq, query, 1000, top)
         emit([record for _, record in batch], output, printer)
         seq = batch[-1][0] if len(batch) == 1000 else top
+
+
+@command.command("verify")
+@click.pass_obj
+def verify(obj: Any) -> None:
+    """Check the audit files' hash chain: an edited, removed, inserted or reordered line is
+    reported (file:line), and the exit status is 1."""
+    from sandgate.proxy import audit_path, verify_chain
+
+    verdict = verify_chain(audit_path(obj.settings().state_dir))
+    for problem in verdict.problems:
+        click.echo(f"{problem.file}:{problem.line}: {problem.what}")
+    click.echo(
+        f"{verdict.lines} lines, {verdict.chained} chained"
+        + (
+            f", {verdict.unchained_before} older unchained lines (not checked)"
+            if verdict.unchained_before
+            else ""
+        )
+        + f": {len(verdict.problems)} problem{'s' if len(verdict.problems) != 1 else ''}",
+        err=bool(verdict.problems),
+    )
+    if verdict.problems:
+        raise SystemExit(1)

@@ -27,6 +27,13 @@ from sandgate.lifecycle.statelock import StateLock
 
 log = logging.getLogger("sandgate.serve")
 REAP_INTERVAL = 1.0
+# How long the API keeps an idle keep-alive connection open. It must outlast every client's and
+# every proxy's own idle time, or a request sent as the server closes is lost (httpx does not
+# retry a POST): uvicorn's default, 5 s, is httpx's default too. Longest common defaults: the
+# OpenSandbox Python SDK 30 s, Go's net/http 90 s, nginx upstream and AWS ALB 60 s, OkHttp
+# 300 s, Google Cloud load balancers 600 s (fixed: Google asks backends for more). An idle
+# connection costs one socket (docs/operations.md, "What clients rely on").
+IDLE_KEEP_ALIVE = 620
 
 
 @click.command("serve")
@@ -67,25 +74,31 @@ def command(
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with running_control_plane(settings) as app:
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=settings.host,
-                port=settings.port,
-                log_level=log_level,
-                ws="websockets-sansio",
-                # the app adds Date where a response has none (api.app.DateHeader); uvicorn's
-                # own would double a proxied answer's Date, and Server would be added to it
-                server_header=False,
-                date_header=False,
-            )
-        )
+        server = uvicorn.Server(api_server_config(app, settings.host, settings.port, log_level))
         redact_access_queries()  # after uvicorn.Config, which configures its loggers
         base = f"http://{settings.host}:{settings.port}"
         click.echo(f"sandgate: API on {base} (state in {settings.state_dir})")
         click.echo(f"sandgate: console on {base}/console (log in with the API key)")
         signal.signal(signal.SIGTERM, exit_cleanly)
         server.run()
+
+
+def api_server_config(app: Any, host: str, port: int, log_level: str = "info") -> Any:
+    """uvicorn's configuration of the API (the console and the execd host endpoint are on it)."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        ws="websockets-sansio",
+        timeout_keep_alive=IDLE_KEEP_ALIVE,
+        # the app adds Date where a response has none (api.app.DateHeader); uvicorn's own would
+        # double a proxied answer's Date, and Server would be added to it
+        server_header=False,
+        date_header=False,
+    )
 
 
 def effective_settings(settings: Settings) -> dict[str, Any]:
@@ -170,7 +183,9 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
                 extra_routers=parts.extra_routers,
                 open_prefixes=parts.open_prefixes,
                 execd_endpoint=settings.execd_endpoint,
+                exec_audit=settings.exec_audit != "off",
                 host_volumes=HostVolumes(tuple(settings.volume_host_prefixes), (settings.state_dir,)),
+                renew_interval=settings.renew_on_access_interval,
             )
         finally:
             stop_reaper()

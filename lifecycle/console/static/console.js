@@ -17,7 +17,7 @@ function size(bytes) {
   return value.toFixed(1) + " " + units[unit];
 }
 
-function recordRow(r, root) {
+function recordRow(r, root, labels) {
   const tr = document.createElement("tr");
   tr.className = "row-" + r.decision + " fresh";
   tr.dataset.id = r.id;
@@ -30,7 +30,7 @@ function recordRow(r, root) {
   link.textContent = r.sandbox;
   sandbox.appendChild(link);
   tr.appendChild(sandbox);
-  tr.appendChild(cell(r.kind === "policy_change" ? "policy change" : r.kind));
+  tr.appendChild(cell(labels[r.kind] || r.kind));  // the kinds table's console labels
   const decision = document.createElement("td");
   const badge = document.createElement("span");
   badge.className = "badge " + r.decision;
@@ -72,6 +72,7 @@ function startFeed() {
   const toggle = document.getElementById("live");
   if (!status || !table || !toggle) return;
   const root = document.querySelector("a.brand").getAttribute("href");
+  const labels = JSON.parse(status.dataset.kindLabels || "{}");
   const body = table.tBodies[0];
   let source = null;
   let received = 0;
@@ -87,7 +88,7 @@ function startFeed() {
       for (const earlier of body.querySelectorAll("tr[data-id]")) {
         if (earlier.dataset.id === record.id) earlier.remove();
       }
-      body.insertBefore(recordRow(record, root), body.firstChild);
+      body.insertBefore(recordRow(record, root, labels), body.firstChild);
       received += 1;
       status.textContent = "Live: " + received + " new record" + (received === 1 ? "" : "s") + " since the page loaded.";
     });

@@ -1,0 +1,192 @@
+"""The exec audit trail's writer: every execd call the host's reverse proxy forwards is recorded.
+
+Rules:
+1. Write-ahead: a recorded call (lifecycle/exec_trail.py's table) has its line in the audit file
+   before its first byte reaches execd (`Call.write_ahead`), with `event: "incomplete"`, and a
+   second line under the same id with its outcome once execd's answer ends or the client leaves
+   (`Call.finish`). A call whose line cannot be written is not forwarded (503), as the proxy
+   forwards nothing it cannot audit.
+2. What a line says comes from the call as it passes (exec_trail reads it): the request's JSON
+   body is read whole before it is forwarded (up to `JSON_BODY_MAX`), an upload's files are
+   hashed as they stream through, the answer's event frames are read for the outcome.
+3. Redacted at write time with every value the sandbox's credential vault has held here, its
+   execd and egress tokens and the API key (`Secrets`), the proxy's writer's rules for the rest.
+4. Who called: `actor` is `api-key` or `execd-token` (the sandbox's own execd token), `client`
+   the caller's address as the server saw it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+
+from sandgate.lifecycle.api.auth import API_KEY_HEADER
+from sandgate.lifecycle.api.errors import ApiError
+from sandgate.lifecycle.exec_trail import (
+    JSON_BODY_MAX,
+    Facts,
+    Operation,
+    Outcome,
+    UploadDigests,
+    body_facts,
+    operation,
+    query_facts,
+    summary,
+)
+from sandgate.lifecycle.runtime.base import EXECD_PORT
+from sandgate.lifecycle.sandbox_store import SandboxRecord
+from sandgate.lifecycle.trail_secrets import Secrets
+from sandgate.proxy import INCOMPLETE, AuditRecord, append_record
+
+log = logging.getLogger(__name__)
+
+
+class ExecTrail:
+    """The writer the reverse proxy calls for every request to execd (app.state.exec_trail)."""
+
+    def __init__(self, audit_path: Path, secrets: Secrets) -> None:
+        self.audit_path = audit_path
+        self.secrets = secrets
+
+    def begin(self, request: Request, record: SandboxRecord, port: int, path: str) -> Call | None:
+        """The call's trail, or None when it is not an operation the table records."""
+        if port != EXECD_PORT:
+            return None
+        found = operation(request.method, path.partition("?")[0])
+        if found is None:
+            return None
+        op, user = found
+        query = request.scope.get("query_string", b"").decode("latin-1")
+        facts = query_facts(op, path, query)
+        if user is not None:
+            facts["user"] = user
+        peer = request.client
+        return Call(
+            self,
+            record,
+            op,
+            facts,
+            actor="api-key" if API_KEY_HEADER in request.headers else "execd-token",
+            client=f"{peer.host}:{peer.port}" if peer else "unknown",
+            route=f"{request.method} {path.partition('?')[0]}",
+        )
+
+
+class Call:
+    """One recorded execd call, from its write-ahead line to its outcome."""
+
+    def __init__(self, trail: ExecTrail, record: SandboxRecord, op: Operation, facts: Facts, **who: str):
+        self.trail = trail
+        self.sandbox = record
+        self.op = op
+        self.facts: Facts = {"op": op.name, "actor": who["actor"], "route": who["route"], **facts}
+        self.client = who["client"]
+        self.started = time.monotonic()
+        self.bytes_out = 0  # client -> execd
+        self.bytes_in = 0  # execd -> client
+        self.outcome = Outcome(digest=hashlib.sha256() if op.name == "read" else None)
+        self.upload: UploadDigests | None = None
+        self.id: str | None = None
+        self.finished = False
+
+    async def request_body(
+        self, body: AsyncIterator[bytes] | None, content_type: str
+    ) -> AsyncIterator[bytes] | None:
+        """The body to forward: a JSON body read whole first (rule 2), an upload hashed as it
+        passes, any other counted."""
+        if body is None:
+            return None
+        if self.op.body == "json":
+            head = bytearray()
+            async for chunk in body:
+                head += chunk
+                if len(head) > JSON_BODY_MAX:
+                    break
+            self.facts.update(
+                body_facts(self.op, bytes(head))
+                if len(head) <= JSON_BODY_MAX
+                else {"unparsed_body": len(head)}
+            )
+            return self._counted(body, bytes(head))
+        if self.op.body == "upload":
+            self.upload = UploadDigests.for_content_type(content_type)
+        return self._counted(body, b"")
+
+    async def _counted(self, rest: AsyncIterator[bytes], head: bytes) -> AsyncIterator[bytes]:
+        if head:
+            self.bytes_out += len(head)
+            yield head
+        async for chunk in rest:
+            self.bytes_out += len(chunk)
+            if self.upload is not None:
+                self.upload.feed(chunk)
+            yield chunk
+
+    def write_ahead(self) -> None:
+        """Rule 1: the line is in the file, or the call is refused (ApiError 503)."""
+        record = self._record(event=INCOMPLETE)
+        self.id = record.id
+        try:
+            append_record(self.trail.audit_path, record, self.trail.secrets.redact(self.sandbox))
+        except OSError as exc:
+            log.error("exec audit record for sandbox %s not written: %s", self.sandbox.id, exc)
+            raise ApiError(
+                503,
+                "AUDIT_UNWRITABLE",
+                "execd call refused: the control plane forwards nothing it cannot audit "
+                f"({exc.strerror or exc})",
+            ) from exc
+
+    def answer(self, chunk: bytes) -> None:
+        """A chunk of execd's answer on its way to the client."""
+        self.bytes_in += len(chunk)
+        if self.op.kind == "command":
+            self.outcome.feed_frames(chunk)
+        elif self.outcome.digest is not None:
+            self.outcome.digest.update(chunk)
+
+    def finish(self, status: int | None, problem: str | None = None) -> None:
+        """The whole line (rule 1); called once, when the answer ended or the client left."""
+        if self.finished:
+            return
+        self.finished = True
+        if self.upload is not None:
+            self.facts.update(self.upload.facts())
+        self.facts.update(self.outcome.facts())
+        if problem is not None:
+            self.facts["problem"] = problem
+        record = self._record(
+            status=status,
+            duration_ms=round((time.monotonic() - self.started) * 1000, 3),
+            **({"id": self.id} if self.id else {}),
+        )
+        try:
+            append_record(self.trail.audit_path, record, self.trail.secrets.redact(self.sandbox))
+        except OSError as exc:
+            log.error("exec audit record %s (its outcome) not written: %s", self.id, exc)
+
+    def _record(self, **fields: Any) -> AuditRecord:
+        """An exec record is no decision: it says what was done (`reason` one line of it, `detail`
+        the facts as JSON), `method` the operation, `path` its first path."""
+        paths = self.facts.get("paths") or []
+        return AuditRecord(
+            kind=self.op.kind,  # type: ignore[arg-type]
+            sandbox=self.sandbox.id,
+            client=self.client,
+            decision="allow",
+            reason=summary(self.op, self.facts),
+            detail=json.dumps(self.facts, ensure_ascii=False),
+            method=self.op.name,
+            port=EXECD_PORT,
+            path=paths[0] if paths and isinstance(paths[0], str) else None,
+            bytes_in=self.bytes_in,
+            bytes_out=self.bytes_out,
+            **fields,
+        )

@@ -1,0 +1,115 @@
+"""The OCSF mapping against the OCSF schema (issue 45): the kinds table's classes and
+activities are the schema's, records no real run of tests/audit/test_ocsf_run.py writes (a
+request left incomplete, a PATCH, names OCSF's hostname type refuses, a connection from an
+address that names no sandbox, a policy change of an older server) export valid events, and the
+check itself refuses what a data lake would (so a pass means something)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from ocsf_json_schema import get_ocsf_schema
+
+from sandgate.lifecycle.audit import KINDS, OCSF_VERSION, Change, to_ocsf
+from sandgate.lifecycle.audit.kinds import API_CHANGES
+from sandgate.proxy import RECORD_KINDS
+from tests.audit.test_query import record_of
+from tests.support.ocsf import ocsf_errors
+
+SCHEMA = get_ocsf_schema(version=OCSF_VERSION)
+
+
+def test_every_record_kind_has_one_row_whose_class_is_the_schemas() -> None:
+    assert set(KINDS) == set(RECORD_KINDS)
+    classes = {klass["uid"]: klass for klass in SCHEMA["classes"].values()}
+    for kind in KINDS.values():
+        klass = classes[kind.ocsf.uid]
+        assert (kind.ocsf.name, kind.ocsf.category_name) == (klass["caption"], klass["category_name"])
+        assert str(kind.ocsf.category_uid) in klass["attributes"]["category_uid"]["enum"]
+        for profile in kind.ocsf.profiles:
+            assert profile in klass["profiles"], (kind.name, profile)
+
+
+SYNTHETIC = {
+    "incomplete request": record_of("request", method="GET", path="/a", event="incomplete", upstream=None),
+    "PATCH (no OCSF method)": record_of("request", method="PATCH", path="/a", status=204, binding="b"),
+    "refused request": record_of("request", method="DELETE", path="/", decision="deny", status=403),
+    "report-mode request": record_of("request", method="GET", path="/", decision="report", status=200),
+    "DNS name OCSF refuses": record_of("dns", host="_srv._tcp.example.com", port=53, detail="qtype=SRV"),
+    "connection to an IP literal": record_of("connection", host="198.51.100.9", upstream=None, sni=None),
+    "unknown source": record_of("security_event", sandbox="-", event="unknown-source", decision="deny"),
+    "security event without a client": record_of("security_event", client="-", event="header_timeout"),
+    "revoked connection": record_of("connection", event="revoked", decision="deny"),
+    "older policy change": record_of(
+        "policy_change", client="control-plane", event=None, detail=None, reason="policy patch"
+    ),
+    "vault delete": record_of(
+        "policy_change",
+        client="control-plane",
+        event="credential-vault delete",
+        detail='{"actor": "egress-token"}',
+    ),
+    "approval allow-sandbox": record_of(
+        "policy_change", client="control-plane", event="approval allow-sandbox", detail='{"actor": "api-key"}'
+    ),
+    "renew on access": record_of(
+        "lifecycle",
+        client="control-plane",
+        event="renew on access",
+        detail='{"actor": "access", "expires_at": "2026-01-01T00:10:00+00:00", "extend_seconds": 300}',
+    ),
+}
+
+
+@pytest.mark.parametrize("record", SYNTHETIC.values(), ids=SYNTHETIC.keys())
+def test_records_a_run_rarely_writes_export_valid_events(record: dict[str, Any]) -> None:
+    assert ocsf_errors(to_ocsf(record)) == []
+
+
+def test_an_incomplete_request_says_so() -> None:
+    event = to_ocsf(SYNTHETIC["incomplete request"])
+    assert (event["status_id"], event["http_response"]) == (0, {"code": 0})
+    assert "incomplete" in event["status_detail"]
+
+
+def test_a_value_outside_its_type_stays_in_unmapped() -> None:
+    dns = to_ocsf(SYNTHETIC["DNS name OCSF refuses"])
+    assert "query" not in dns and dns["unmapped"]["host"] == "_srv._tcp.example.com"
+    patch = to_ocsf(SYNTHETIC["PATCH (no OCSF method)"])
+    assert (patch["activity_name"], patch["unmapped"]["method"]) == ("Patch", "PATCH")
+    assert "http_method" not in patch["http_request"]
+    literal = to_ocsf(SYNTHETIC["connection to an IP literal"])
+    assert literal["dst_endpoint"] == {"ip": "198.51.100.9", "port": 443}
+
+
+def _broken(change: str) -> dict[str, Any]:
+    event = copy.deepcopy(to_ocsf(SYNTHETIC["vault delete"]))
+    if change == "ip":
+        event["src_endpoint"] = {"ip": "control-plane"}  # what the export wrote before issue 45
+    elif change == "type_uid":
+        event["type_uid"] = 600399
+    elif change == "caption":
+        event["severity"] = "High"
+    elif change == "attribute":
+        event["traffic"] = {"bytes": 1}  # not an API Activity attribute
+    elif change == "required":
+        del event["actor"]
+    return event
+
+
+@pytest.mark.parametrize("change", ["ip", "type_uid", "caption", "attribute", "required"])
+def test_the_check_refuses_what_the_schema_refuses(change: str) -> None:
+    assert ocsf_errors(_broken(change)), change
+
+
+def test_every_control_plane_change_has_its_api_activity() -> None:
+    assert set(API_CHANGES) == set(Change)
+    enum = SCHEMA["classes"]["api_activity"]["attributes"]["activity_id"]["enum"]
+    assert all(enum[str(number)]["caption"] == name for number, name in API_CHANGES.values())
+
+
+def test_a_dns_name_is_the_querys_not_an_endpoints() -> None:
+    event = to_ocsf(record_of("dns", upstream=None, sni=None, port=53, detail="qtype=A answers=198.51.100.7"))
+    assert event["query"] == {"hostname": "api.example.com", "type": "A"} and "dst_endpoint" not in event
