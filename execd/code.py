@@ -22,7 +22,8 @@ Rules:
    running `INTERRUPT_GRACE_S` after that, the kernel is killed. A killed kernel, or one that
    died (checked every `LIVENESS_POLL_S` while a cell waits), has ended its context: the run
    gets an error saying so, later runs a 410, and a new context starts a new kernel. Deleting
-   a context kills its kernel's process group.
+   a context kills its kernel's session: its process group and any group the kernel made (GoNB
+   starts gopls in one of its own).
 5. `python`, `bash`, `javascript`, `typescript`, `java` and `go` are the languages; creating or
    running any other is a 400 that lists them; so is one this sandbox has no kernel for (the
    message lists those it has, and what to install). Listing or deleting by another language
@@ -54,7 +55,7 @@ from .commands import EVENT_QUEUE
 from .errors import CONFLICT, ApiError, bad_request, not_found
 from .events import event, frame, sse_response, with_pings
 from .kernels import SUPPORTED_LANGUAGES, NoKernel, kernel_manager_specs, kernel_name
-from .process import child_env, exit_code, expand_cwd, kill_group
+from .process import child_env, exit_code, expand_cwd, kill_session
 from .requests import Field, check, parse_body
 from .web import Request, Response, json_response
 
@@ -171,7 +172,7 @@ class Context:
             return
         self.ended = why
         if self.pid:
-            kill_group(self.pid)
+            kill_session(self.pid)
         self.client.stop_channels()
         self.keep(asyncio.ensure_future(self.manager.shutdown_kernel(now=True)))
 
@@ -318,7 +319,7 @@ class CodeContexts:
     def shutdown(self) -> None:
         for context in [*self.contexts.values(), *self.unclaimed.values()]:
             if context.pid:
-                kill_group(context.pid)
+                kill_session(context.pid)
 
     async def _end_all_when_cancelled(self) -> None:
         try:

@@ -204,7 +204,7 @@ go_kernel() {
       nice -n 10 "$go" build -o "$dir/bin/gonb" github.com/janpfeifer/gonb
       GOBIN=$dir/bin nice -n 10 "$go" install "golang.org/x/tools/cmd/goimports@$GO_TOOLS_VERSION"
       GOBIN=$dir/bin nice -n 10 "$go" install "golang.org/x/tools/gopls@$GOPLS_VERSION"
-    )
+    ) || { rm -rf "$build"; return 1; }
     rm -rf "$build"
     touch "$dir/.complete"
   fi
