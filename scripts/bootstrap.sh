@@ -176,6 +176,48 @@ test_stage() {
   sdk_test_clients
   code_interpreter_wheels
   browser_wheels
+  go_kernel
+}
+
+# GoNB (the Go code contexts' Jupyter kernel) with the goimports and gopls it runs, built from the
+# Go module proxy with the host's Go once per version (in ~/.cache/sandgate/gonb/<versions>), then
+# put next to .venv's Python with a link to that `go`, where execd finds them (execd/kernels.py) and
+# sandbox-images/build.py copies them from. gonb is built inside a module that requires it (a
+# plain `go install gonb@v` also asks the proxy for gonb's version list, which is refused).
+GONB_VERSION=v0.11.1
+GO_TOOLS_VERSION=v0.45.0  # golang.org/x/tools: goimports
+GOPLS_VERSION=v0.23.0
+go_kernel() {
+  local go dir build
+  go=$(command -v go || true)
+  [[ -z $go && -x /usr/local/go/bin/go ]] && go=/usr/local/go/bin/go
+  if [[ -z $go ]]; then
+    echo "bootstrap: no Go toolchain: Go code contexts are not installed" >&2
+    return 0
+  fi
+  dir=${SANDGATE_GO_KERNEL_CACHE:-$HOME/.cache/sandgate/gonb}/$GONB_VERSION-$GO_TOOLS_VERSION-$GOPLS_VERSION-$("$go" env GOVERSION)
+  if [[ ! -f $dir/.complete ]]; then
+    echo "bootstrap: building GoNB $GONB_VERSION, goimports and gopls into $dir"
+    build=$(mktemp -d)
+    (
+      mkdir "$build/module" && cd "$build/module"
+      export GOPATH=$build/gopath GOCACHE=$build/cache GOFLAGS=-modcacherw GOTOOLCHAIN=local GOTELEMETRY=off
+      printf 'module example.test/gonb\n\ngo 1.24\n\nrequire github.com/janpfeifer/gonb %s\n\ntool github.com/janpfeifer/gonb\n' \
+        "$GONB_VERSION" >go.mod
+      nice -n 10 "$go" mod tidy 2>tidy.log || { cat tidy.log >&2; exit 1; }
+      mkdir -p "$dir/bin"
+      nice -n 10 "$go" build -o "$dir/bin/gonb" github.com/janpfeifer/gonb
+      GOBIN=$dir/bin nice -n 10 "$go" install "golang.org/x/tools/cmd/goimports@$GO_TOOLS_VERSION"
+      GOBIN=$dir/bin nice -n 10 "$go" install "golang.org/x/tools/gopls@$GOPLS_VERSION"
+    ) || { rm -rf "$build"; return 1; }
+    rm -rf "$build"
+    touch "$dir/.complete"
+  fi
+  # copies, not links: a sandgate/host sandbox sees .venv (bound in), not the cache under ~
+  for tool in gonb goimports gopls; do
+    cmp -s "$dir/bin/$tool" ".venv/bin/$tool" || install -m 755 "$dir/bin/$tool" ".venv/bin/$tool"
+  done
+  ln -sfn "$(readlink -f "$go")" .venv/bin/go
 }
 
 cluster_stage() {
