@@ -98,6 +98,18 @@ class BindMount:
 
 
 @dataclass(frozen=True)
+class ClaimMount:
+    """A `pvc` volume of a create: claim `name` shown at `target` (its `sub_path` only, if set)."""
+
+    name: str
+    target: str
+    read_only: bool = False
+    sub_path: str = ""
+    create: bool = True  # createIfNotExists
+    delete_on_end: bool = False  # deleteOnSandboxTermination
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     """What the user asked for, already validated."""
 
@@ -114,6 +126,7 @@ class SandboxSpec:
     execd_token: str | None = None
     ca_cert: Path | None = None  # the proxy CA certificate (never the key) to trust inside
     binds: tuple[BindMount, ...] = ()  # checked binds of this sandbox (besides the runtime's)
+    claims: tuple[ClaimMount, ...] = ()  # its `pvc` volumes (runtime/claims.py)
     isolation: str = "standard"  # "gvisor": on gVisor's kernel (runtime/gvisor.py)
 
 

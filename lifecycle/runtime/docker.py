@@ -43,6 +43,7 @@ from docker.models.containers import Container
 from docker.types import Mount
 from pyroute2 import IPRoute
 
+from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.kernel import MS_BIND, in_fresh_thread, mount, umount
 from sandgate.lifecycle.registry import RegistryConfig
 from sandgate.lifecycle.runtime.base import (
@@ -108,6 +109,8 @@ class DockerRuntime:
 
     def create(self, spec: SandboxSpec, net: SandboxNet) -> None:
         """Start the container and join it to `net`; returns once launched (see `wait_ready`)."""
+        if spec.claims:  # named volumes: not built yet on this runtime (runtime/claims.py)
+            raise LifecycleError("unsupported", "`pvc` volumes run on the local runtime only for now")
         existing = self._container(spec.sandbox_id)
         if existing is not None:
             if existing.status in LIVE_STATES:

@@ -1,0 +1,124 @@
+"""Named volumes (`pvc` in the OpenSandbox spec): storage that outlives a sandbox, by claim name.
+
+Rules:
+1. A claim name is a DNS-1123 label (as Kubernetes names a PVC), never a path; the API checks it
+   (`check_claim`) before anything is created, and so does every backend again.
+2. A sandbox sees only the claims its create named. Sandboxes that name the same claim share it:
+   that is a channel between them, chosen by the user (docs/security.md).
+3. `subPath` is relative, without `..`; it is walked one component at a time without following
+   symlinks (`open_subdir`), created when missing, so a link planted in the volume never leads out.
+4. `deleteOnSandboxTermination` removes a claim only if this create made it (the spec: pre-existing
+   volumes are never removed), and only once no live sandbox uses it.
+5. The local runtime keeps a claim as `<state_dir>/volumes/<name>` and its bookkeeping (who made
+   it for whom, who uses it) in `<state_dir>/volume-claims/<name>.json`. The Kubernetes runtime
+   will map the same `ClaimMount` onto a PersistentVolumeClaim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import threading
+from pathlib import Path, PurePosixPath
+
+from sandgate.lifecycle.errors import LifecycleError
+from sandgate.lifecycle.runtime.base import BindMount, ClaimMount
+
+CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def check_claim(name: object, sub_path: object) -> None:
+    """LifecycleError("invalid") unless `name` is a DNS-1123 label and `sub_path` stays inside."""
+    if not (isinstance(name, str) and CLAIM_NAME.match(name)):
+        raise LifecycleError("invalid", f"claimName {name!r} must be a DNS-1123 label: lower-case "
+                             "letters, digits and '-', 1-63 long, alphanumeric at both ends")  # fmt: skip
+    parts = PurePosixPath(sub_path).parts if isinstance(sub_path, str) else ("..",)
+    if not isinstance(sub_path, str) or sub_path.startswith("/") or ".." in parts or "\0" in sub_path:
+        raise LifecycleError("invalid", f"subPath {sub_path!r} must be a relative path without '..'")
+
+
+def open_subdir(root: Path, sub_path: str) -> Path:
+    """`root/sub_path`, made if missing, walked without following any symlink (rule 3)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in PurePosixPath(sub_path).parts:
+            if part in ("", "."):
+                continue
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o777, dir_fd=fd)
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                raise LifecycleError("invalid", f"subPath {sub_path!r}: {part!r} is not a directory "
+                                     "(symlinks are not followed)") from None  # fmt: skip
+            os.close(fd)
+            fd = child
+        where = Path(os.readlink(f"/proc/self/fd/{fd}"))
+    finally:
+        os.close(fd)
+    if not where.is_relative_to(root):
+        raise LifecycleError("invalid", f"subPath {sub_path!r} leads out of its volume")
+    return where
+
+
+class DirectoryClaims:
+    """Claims as directories under `<state_dir>/volumes` (the local runtime's `pvc` backend)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.root = state_dir / "volumes"
+        self.books = state_dir / "volume-claims"
+        self._lock = threading.Lock()
+
+    def attach(self, sandbox_id: str, claims: tuple[ClaimMount, ...]) -> list[BindMount]:
+        """The binds for `claims`, making the ones allowed to be made; nothing is made unless
+        every claim can be served."""
+        for claim in claims:
+            check_claim(claim.name, claim.sub_path)
+        with self._lock:
+            missing = [c.name for c in claims if not c.create and not (self.root / c.name).is_dir()]
+            if missing:
+                raise LifecycleError("not_found", f"volume claim(s) {', '.join(missing)} do not exist "
+                                     "and createIfNotExists is false")  # fmt: skip
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.books.mkdir(parents=True, exist_ok=True, mode=0o700)
+            binds = []
+            for claim in claims:
+                book = self._book(claim.name)
+                if not (self.root / claim.name).is_dir():
+                    (self.root / claim.name).mkdir(mode=0o777)
+                    (self.root / claim.name).chmod(0o777)  # any user inside the sandbox may write
+                    book = {"delete_with": sandbox_id if claim.delete_on_end else None, "users": []}
+                book["users"] = sorted({*book["users"], sandbox_id})
+                self._write(claim.name, book)
+                source = open_subdir(self.root / claim.name, claim.sub_path)
+                binds.append(BindMount(str(source), claim.target, read_only=claim.read_only))
+            return binds
+
+    def release(self, sandbox_id: str, live: set[str]) -> list[str]:
+        """Forget `sandbox_id` as a user; remove claims made to die with a sandbox that is gone,
+        once no sandbox in `live` uses them. Returns the removed names."""
+        removed = []
+        with self._lock:
+            for path in sorted(self.books.glob("*.json")) if self.books.is_dir() else ():
+                name, book = path.stem, self._book(path.stem)
+                users = [u for u in book["users"] if u != sandbox_id and u in live]
+                if users != book["users"]:
+                    self._write(name, {**book, "users": users})
+                owner = book["delete_with"]
+                if owner is not None and owner not in live and not users:
+                    shutil.rmtree(self.root / name, ignore_errors=True)
+                    path.unlink()
+                    removed.append(name)
+        return removed
+
+    def _book(self, name: str) -> dict:
+        path = self.books / f"{name}.json"
+        return json.loads(path.read_text()) if path.exists() else {"delete_with": None, "users": []}
+
+    def _write(self, name: str, book: dict) -> None:
+        path = self.books / f"{name}.json"
+        path.with_suffix(".tmp").write_text(json.dumps(book))
+        path.with_suffix(".tmp").replace(path)
