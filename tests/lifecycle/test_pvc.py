@@ -1,0 +1,100 @@
+"""`pvc` volumes on the local runtime, through a real `sandgate serve` and real sandboxes: a file
+written by one sandbox is read by a later one, readOnly is enforced inside, a claim made with
+deleteOnSandboxTermination is gone (from the state dir) once its last user ends, and bad input is a
+400 or 404 with nothing created."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.server import SandgateServer, sandgate_server
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandgateServer]:
+    with sandgate_server(tmp_path_factory.mktemp("pvc"), {}) as running:
+        yield running
+
+
+def create(server: SandgateServer, *volumes: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    body = {"image": {"uri": "sandgate/host"}, "entrypoint": ["sleep", "infinity"], "volumes": list(volumes)}
+    with server.client() as client:
+        answer = client.post("/v1/sandboxes", json=body)
+    return answer.status_code, answer.json()
+
+
+def delete(server: SandgateServer, sandbox_id: str) -> None:
+    with server.client() as client:
+        assert client.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+
+def pvc(claim: str, mount: str = "/mnt/data", **fields: Any) -> dict[str, Any]:
+    pvc_fields = {k: fields.pop(k) for k in ("createIfNotExists", "deleteOnSandboxTermination") if k in fields}
+    return {"name": "data", "pvc": {"claimName": claim, **pvc_fields}, "mountPath": mount, **fields}
+
+
+def test_a_file_written_by_one_sandbox_is_read_by_a_later_one(server: SandgateServer) -> None:
+    status, first = create(server, pvc("work", subPath="agent/a"))
+    assert status == 202, first
+    wrote = server.run(first["id"], "echo kept > /mnt/data/note && echo ok")
+    assert wrote.stdout.strip() == "ok", wrote
+    delete(server, first["id"])
+    claim = server.state_dir / "volumes" / "work"
+    assert (claim / "agent" / "a" / "note").read_text() == "kept\n"  # outlives its sandbox
+    status, later = create(server, pvc("work", createIfNotExists=False), pvc("work", "/ro", readOnly=True))
+    assert status == 202, later
+    read = server.run(later["id"], "cat /mnt/data/agent/a/note; touch /ro/x 2>&1; ls /ro/agent/a")
+    lines = read.stdout.splitlines()
+    assert lines[0] == "kept" and "Read-only file system" in lines[1] and lines[2] == "note", read
+    assert not (claim / "x").exists()
+    delete(server, later["id"])
+
+
+def test_delete_on_termination_removes_the_claim_after_its_last_user(server: SandgateServer) -> None:
+    status, maker = create(server, pvc("scratch", createIfNotExists=True, deleteOnSandboxTermination=True))
+    assert status == 202, maker
+    status, sharer = create(server, pvc("scratch", createIfNotExists=False))
+    assert status == 202, sharer
+    server.run(maker["id"], "echo shared > /mnt/data/f")
+    assert server.run(sharer["id"], "cat /mnt/data/f").stdout.strip() == "shared"
+    claim = server.state_dir / "volumes" / "scratch"
+    delete(server, maker["id"])
+    assert (claim / "f").exists()  # the second sandbox still uses it
+    delete(server, sharer["id"])
+    assert not claim.exists() and not (server.state_dir / "volume-claims" / "scratch.json").exists()
+
+
+def test_a_planted_symlink_never_leads_out_of_the_claim(server: SandgateServer) -> None:
+    status, first = create(server, pvc("links"))
+    assert status == 202, first
+    server.run(first["id"], "ln -s / /mnt/data/out")
+    delete(server, first["id"])
+    status, answer = create(server, pvc("links", subPath="out/etc"))
+    assert status == 400 and "symlinks are not followed" in answer["message"], answer
+
+
+@pytest.mark.parametrize(
+    ("volume", "status", "says"),
+    [
+        (pvc("Bad_Name"), 400, "DNS-1123 label"),
+        (pvc("../etc"), 400, "DNS-1123 label"),
+        (pvc("ok", subPath="../../etc"), 400, "without '..'"),
+        (pvc("ok", subPath="/etc"), 400, "without '..'"),
+        (pvc("never-made", createIfNotExists=False), 404, "do not exist"),
+    ],
+)
+def test_bad_claims_are_refused_and_create_nothing(
+    server: SandgateServer, volume: dict[str, Any], status: int, says: str
+) -> None:
+    before = sorted(p.name for p in (server.state_dir / "volumes").glob("*"))
+    answer_status, answer = create(server, volume)
+    assert answer_status == status and says in answer["message"], answer
+    assert sorted(p.name for p in (server.state_dir / "volumes").glob("*")) == before
+    with server.client() as client:
+        assert client.get("/v1/sandboxes").json()["items"] == []
