@@ -6,7 +6,6 @@ deleteOnSandboxTermination is gone (from the state dir) once its last user ends,
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,7 +34,9 @@ def delete(server: SandgateServer, sandbox_id: str) -> None:
 
 
 def pvc(claim: str, mount: str = "/mnt/data", **fields: Any) -> dict[str, Any]:
-    pvc_fields = {k: fields.pop(k) for k in ("createIfNotExists", "deleteOnSandboxTermination") if k in fields}
+    pvc_fields = {
+        k: fields.pop(k) for k in ("createIfNotExists", "deleteOnSandboxTermination") if k in fields
+    }
     return {"name": "data", "pvc": {"claimName": claim, **pvc_fields}, "mountPath": mount, **fields}
 
 
