@@ -47,13 +47,17 @@ def open_subdir(root: Path, sub_path: str) -> Path:
         for part in PurePosixPath(sub_path).parts:
             if part in ("", "."):
                 continue
+            made = False
             with contextlib.suppress(FileExistsError):
                 os.mkdir(part, 0o777, dir_fd=fd)
+                made = True
             try:
                 child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             except OSError:
                 raise LifecycleError("invalid", f"subPath {sub_path!r}: {part!r} is not a directory "
                                      "(symlinks are not followed)") from None  # fmt: skip
+            if made:
+                os.fchmod(child, 0o777)  # any user inside the sandbox may write (the umask took some)
             os.close(fd)
             fd = child
         where = Path(os.readlink(f"/proc/self/fd/{fd}"))

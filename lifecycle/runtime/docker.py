@@ -43,7 +43,6 @@ from docker.models.containers import Container
 from docker.types import Mount
 from pyroute2 import IPRoute
 
-from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.kernel import MS_BIND, in_fresh_thread, mount, umount
 from sandgate.lifecycle.registry import RegistryConfig
 from sandgate.lifecycle.runtime.base import (
@@ -54,6 +53,7 @@ from sandgate.lifecycle.runtime.base import (
     SandboxSpec,
     wait_for_execd,
 )
+from sandgate.lifecycle.runtime.docker_claims import DockerClaims
 from sandgate.lifecycle.runtime.docker_images import DockerImages
 from sandgate.lifecycle.runtime.runsc_wrapper import NETNS_VAR
 from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
@@ -97,6 +97,7 @@ class DockerRuntime:
         self.images = DockerImages(self.client, aliases, registry=registry, pull_policy=pull_policy)
         self.oci_runtime = oci_runtime
         self.instance = instance
+        self.claims = DockerClaims(self.client, instance, (LABEL_INSTANCE, LABEL_SANDBOX))
         self.read_only = read_only
         self.cap_add = list(cap_add)
         self.default_pids_max = default_pids_max
@@ -109,8 +110,6 @@ class DockerRuntime:
 
     def create(self, spec: SandboxSpec, net: SandboxNet) -> None:
         """Start the container and join it to `net`; returns once launched (see `wait_ready`)."""
-        if spec.claims:  # named volumes: not built yet on this runtime (runtime/claims.py)
-            raise LifecycleError("unsupported", "`pvc` volumes run on the local runtime only for now")
         existing = self._container(spec.sandbox_id)
         if existing is not None:
             if existing.status in LIVE_STATES:
@@ -148,6 +147,7 @@ class DockerRuntime:
             self._remove(container)
         if self.disks is not None:
             self.disks.remove(sandbox_id, self.disks.mount_point(sandbox_id))
+        self.claims.release(self._containers())
 
     def pause(self, sandbox_id: str) -> None:
         container = self._existing(sandbox_id)
@@ -242,6 +242,7 @@ class DockerRuntime:
                     Mount(b.target, b.source, type="bind", read_only=b.read_only)
                     for b in (*self.binds, *spec.binds)
                 ),
+                *self.claims.mounts(spec.sandbox_id, spec.claims),
             ],
             "pids_limit": spec.pids_max or self.default_pids_max,
             "init": True,

@@ -1,11 +1,13 @@
-"""`pvc` volumes on the local runtime, through a real `sandgate serve` and real sandboxes: a file
-written by one sandbox is read by a later one, readOnly is enforced inside, a claim made with
-deleteOnSandboxTermination is gone (from the state dir) once its last user ends, and bad input is a
-400 or 404 with nothing created."""
+"""`pvc` volumes on the local and the Docker runtime, through a real `sandgate serve` and real
+sandboxes: a file written by one sandbox is read by a later one, readOnly is enforced inside, a
+claim made with deleteOnSandboxTermination is gone (from the state dir; from the engine's volume
+list) once its last user ends, and bad input is a 400 or 404 with nothing created."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,10 +17,35 @@ from tests.support.server import SandgateServer, sandgate_server
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandgateServer]:
-    with sandgate_server(tmp_path_factory.mktemp("pvc"), {}) as running:
-        yield running
+@dataclass
+class Claims:
+    """A server and where its claims live, seen from the host (never through sandgate)."""
+
+    server: SandgateServer
+    engine: Any = None  # the private dockerd's client on the Docker runtime
+
+    def dir(self, name: str) -> Path | None:
+        if self.engine is None:
+            path = self.server.state_dir / "volumes" / name
+            return path if path.exists() else None
+        found = [v for v in self.engine.volumes.list() if v.name.endswith(f"-{name}")]
+        return Path(found[0].attrs["Mountpoint"]) if found else None
+
+    def names(self) -> list[str]:
+        if self.engine is None:
+            return sorted(p.name for p in (self.server.state_dir / "volumes").glob("*"))
+        return sorted(v.name for v in self.engine.volumes.list())
+
+
+@pytest.fixture(scope="module", params=["local", "docker"])
+def claims(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Claims]:
+    env, engine = {}, None
+    if request.param == "docker":
+        request.getfixturevalue("sandbox_images")
+        dockerd = request.getfixturevalue("dockerd")
+        env, engine = {"SANDGATE_RUNTIME": "docker", "SANDGATE_DOCKER_HOST": dockerd.url}, dockerd.client
+    with sandgate_server(tmp_path_factory.mktemp(f"pvc-{request.param}"), env) as running:
+        yield Claims(running, engine)
 
 
 def create(server: SandgateServer, *volumes: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -40,14 +67,17 @@ def pvc(claim: str, mount: str = "/mnt/data", **fields: Any) -> dict[str, Any]:
     return {"name": "data", "pvc": {"claimName": claim, **pvc_fields}, "mountPath": mount, **fields}
 
 
-def test_a_file_written_by_one_sandbox_is_read_by_a_later_one(server: SandgateServer) -> None:
+def test_a_file_written_by_one_sandbox_is_read_by_a_later_one(claims: Claims) -> None:
+    server = claims.server
     status, first = create(server, pvc("work", subPath="agent/a"))
     assert status == 202, first
     wrote = server.run(first["id"], "echo kept > /mnt/data/note && echo ok")
     assert wrote.stdout.strip() == "ok", wrote
     delete(server, first["id"])
-    claim = server.state_dir / "volumes" / "work"
-    assert (claim / "agent" / "a" / "note").read_text() == "kept\n"  # outlives its sandbox
+    claim = claims.dir("work")
+    assert (
+        claim is not None and (claim / "agent" / "a" / "note").read_text() == "kept\n"
+    )  # outlives its sandbox
     status, later = create(server, pvc("work", createIfNotExists=False), pvc("work", "/ro", readOnly=True))
     assert status == 202, later
     read = server.run(later["id"], "cat /mnt/data/agent/a/note; touch /ro/x 2>&1; ls /ro/agent/a")
@@ -57,21 +87,23 @@ def test_a_file_written_by_one_sandbox_is_read_by_a_later_one(server: SandgateSe
     delete(server, later["id"])
 
 
-def test_delete_on_termination_removes_the_claim_after_its_last_user(server: SandgateServer) -> None:
+def test_delete_on_termination_removes_the_claim_after_its_last_user(claims: Claims) -> None:
+    server = claims.server
     status, maker = create(server, pvc("scratch", createIfNotExists=True, deleteOnSandboxTermination=True))
     assert status == 202, maker
     status, sharer = create(server, pvc("scratch", createIfNotExists=False))
     assert status == 202, sharer
     server.run(maker["id"], "echo shared > /mnt/data/f")
     assert server.run(sharer["id"], "cat /mnt/data/f").stdout.strip() == "shared"
-    claim = server.state_dir / "volumes" / "scratch"
+    claim = claims.dir("scratch")
     delete(server, maker["id"])
-    assert (claim / "f").exists()  # the second sandbox still uses it
+    assert claim is not None and (claim / "f").exists()  # the second sandbox still uses it
     delete(server, sharer["id"])
-    assert not claim.exists() and not (server.state_dir / "volume-claims" / "scratch.json").exists()
+    assert claims.dir("scratch") is None and not claim.exists()
 
 
-def test_a_planted_symlink_never_leads_out_of_the_claim(server: SandgateServer) -> None:
+def test_a_planted_symlink_never_leads_out_of_the_claim(claims: Claims) -> None:
+    server = claims.server
     status, first = create(server, pvc("links"))
     assert status == 202, first
     server.run(first["id"], "ln -s / /mnt/data/out")
@@ -91,11 +123,12 @@ def test_a_planted_symlink_never_leads_out_of_the_claim(server: SandgateServer) 
     ],
 )
 def test_bad_claims_are_refused_and_create_nothing(
-    server: SandgateServer, volume: dict[str, Any], status: int, says: str
+    claims: Claims, volume: dict[str, Any], status: int, says: str
 ) -> None:
-    before = sorted(p.name for p in (server.state_dir / "volumes").glob("*"))
+    server = claims.server
+    before = claims.names()
     answer_status, answer = create(server, volume)
     assert answer_status == status and says in answer["message"], answer
-    assert sorted(p.name for p in (server.state_dir / "volumes").glob("*")) == before
+    assert claims.names() == before
     with server.client() as client:
         assert client.get("/v1/sandboxes").json()["items"] == []
