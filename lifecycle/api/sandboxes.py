@@ -76,15 +76,20 @@ def to_sandbox(record: SandboxRecord) -> Sandbox:
 @dataclass(frozen=True)
 class HostVolumes:
     """Where a create's `host` volumes may come from: under the `volume_host_prefixes` setting
-    (none: refused), never at or around `unsafe` (the state dir) or the runtime's unsafe paths."""
+    (none: refused), never at or around `unsafe` (the state dir) or the runtime's unsafe paths;
+    and whether `pvc` volumes are served at all (`claims`)."""
 
     prefixes: tuple[Path, ...] = ()
     unsafe: tuple[Path, ...] = ()
+    claims: bool = False  # the `pvc_volumes` setting: serve `pvc` volumes (runtime/claims.py)
 
     def mount(self, index: int, volume: dict[str, Any]) -> BindMount | ClaimMount:
         """`volumes[index]` as a checked bind or claim, or a 400 naming the field and how to fix it."""
         where = f"volumes[{index}]"
         backends = [name for name in ("host", "pvc", "ossfs") if name in volume]
+        if backends == ["pvc"] and not self.claims:
+            raise ApiError(400, "UNSUPPORTED", f"{where}.pvc: pvc volumes are off on this server; the "
+                           "operator turns them on with pvc_volumes")  # fmt: skip
         if backends == ["pvc"]:
             return claim_mount(where, volume)
         if backends != ["host"]:

@@ -39,11 +39,12 @@ class Claims:
 
 @pytest.fixture(scope="module", params=["local", "docker"])
 def claims(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Claims]:
-    env, engine = {}, None
+    env, engine = {"SANDGATE_PVC_VOLUMES": "true"}, None
     if request.param == "docker":
         request.getfixturevalue("sandbox_images")
         dockerd = request.getfixturevalue("dockerd")
-        env, engine = {"SANDGATE_RUNTIME": "docker", "SANDGATE_DOCKER_HOST": dockerd.url}, dockerd.client
+        env |= {"SANDGATE_RUNTIME": "docker", "SANDGATE_DOCKER_HOST": dockerd.url}
+        engine = dockerd.client
     with sandgate_server(tmp_path_factory.mktemp(f"pvc-{request.param}"), env) as running:
         yield Claims(running, engine)
 
