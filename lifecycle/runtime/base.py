@@ -57,6 +57,7 @@ class BindMount:
     source: str  # absolute, resolved (no symlink left) by `checked`
     target: str
     read_only: bool = True
+    fd: int | None = None  # the source held open: bwrap binds it (--bind-fd), never re-resolving
 
     def checked(self, unsafe: Iterable[str | Path] = ()) -> BindMount:
         """This bind with its source resolved, or UnsafeBind saying what is wrong with it."""
@@ -94,6 +95,8 @@ class BindMount:
         return any(Path(self.source).is_relative_to(os.path.realpath(p)) for p in prefixes)
 
     def bwrap_args(self) -> list[str]:
+        if self.fd is not None:
+            return ["--ro-bind-fd" if self.read_only else "--bind-fd", str(self.fd), self.target]
         return ["--ro-bind" if self.read_only else "--bind", self.source, self.target]
 
 

@@ -7,6 +7,9 @@ Rules:
    that is a channel between them, chosen by the user (docs/security.md).
 3. `subPath` is relative, without `..`; it is walked one component at a time without following
    symlinks (`open_subdir`), created when missing, so a link planted in the volume never leads out.
+   The local runtime hands bwrap the open directory (`--bind-fd`), so a sandbox sharing the claim
+   cannot swap a component for a link between the walk and the mount; Docker and gVisor mount
+   a path, which leaves that race open (docs/security.md C7).
 4. `deleteOnSandboxTermination` removes a claim only if this create made it (the spec: pre-existing
    volumes are never removed), and only once no live sandbox uses it.
 5. The local runtime keeps a claim as `<state_dir>/volumes/<name>` and its bookkeeping (who made
@@ -40,8 +43,9 @@ def check_claim(name: object, sub_path: object) -> None:
         raise LifecycleError("invalid", f"subPath {sub_path!r} must be a relative path without '..'")
 
 
-def open_subdir(root: Path, sub_path: str) -> Path:
-    """`root/sub_path`, made if missing, walked without following any symlink (rule 3)."""
+def open_subdir(root: Path, sub_path: str) -> int:
+    """An open fd of `root/sub_path`, made if missing, walked without following any symlink
+    (rule 3); the caller closes it."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         for part in PurePosixPath(sub_path).parts:
@@ -60,12 +64,32 @@ def open_subdir(root: Path, sub_path: str) -> Path:
                 os.fchmod(child, 0o777)  # any user inside the sandbox may write (the umask took some)
             os.close(fd)
             fd = child
-        where = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if not fd_path(fd).is_relative_to(root):
+            raise LifecycleError("invalid", f"subPath {sub_path!r} leads out of its volume")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def fd_path(fd: int) -> Path:
+    return Path(os.readlink(f"/proc/self/fd/{fd}"))
+
+
+def subdir_path(root: Path, sub_path: str) -> Path:
+    """`root/sub_path` as `open_subdir` finds it (a path: whoever mounts it resolves it again)."""
+    fd = open_subdir(root, sub_path)
+    try:
+        return fd_path(fd)
     finally:
         os.close(fd)
-    if not where.is_relative_to(root):
-        raise LifecycleError("invalid", f"subPath {sub_path!r} leads out of its volume")
-    return where
+
+
+def close_held(binds: list[BindMount]) -> None:
+    """Close the directories `binds` hold (once the sandbox's launcher has its copies)."""
+    for bind in binds:
+        if bind.fd is not None:
+            os.close(bind.fd)
 
 
 class DirectoryClaims:
@@ -88,18 +112,26 @@ class DirectoryClaims:
                                      "and createIfNotExists is false")  # fmt: skip
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
             self.books.mkdir(parents=True, exist_ok=True, mode=0o700)
-            binds = []
-            for claim in claims:
-                book = self._book(claim.name)
-                if not (self.root / claim.name).is_dir():
-                    (self.root / claim.name).mkdir(mode=0o777)
-                    (self.root / claim.name).chmod(0o777)  # any user inside the sandbox may write
-                    book = {"delete_with": sandbox_id if claim.delete_on_end else None, "users": []}
-                book["users"] = sorted({*book["users"], sandbox_id})
-                self._write(claim.name, book)
-                source = open_subdir(self.root / claim.name, claim.sub_path)
-                binds.append(BindMount(str(source), claim.target, read_only=claim.read_only))
+            binds: list[BindMount] = []
+            try:
+                for claim in claims:
+                    binds.append(self._attach_one(sandbox_id, claim))
+            except BaseException:
+                close_held(binds)
+                raise
             return binds
+
+    def _attach_one(self, sandbox_id: str, claim: ClaimMount) -> BindMount:
+        """One claim's bind, holding the directory open (bwrap binds the fd, rule 3)."""
+        book = self._book(claim.name)
+        if not (self.root / claim.name).is_dir():
+            (self.root / claim.name).mkdir(mode=0o777)
+            (self.root / claim.name).chmod(0o777)  # any user inside the sandbox may write
+            book = {"delete_with": sandbox_id if claim.delete_on_end else None, "users": []}
+        book["users"] = sorted({*book["users"], sandbox_id})
+        self._write(claim.name, book)
+        fd = open_subdir(self.root / claim.name, claim.sub_path)
+        return BindMount(str(fd_path(fd)), claim.target, read_only=claim.read_only, fd=fd)
 
     def release(self, sandbox_id: str, live: set[str]) -> list[str]:
         """Forget `sandbox_id` as a user; remove claims made to die with a sandbox that is gone,

@@ -24,7 +24,7 @@ from docker.types import Mount
 
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.runtime.base import ClaimMount
-from sandgate.lifecycle.runtime.claims import check_claim, open_subdir
+from sandgate.lifecycle.runtime.claims import check_claim, subdir_path
 
 LABEL_CLAIM = "io.sandgate.claim"
 LABEL_DELETE_WITH = "io.sandgate.claim-delete-with"
@@ -101,5 +101,5 @@ class DockerClaims:
         if not where.is_dir():
             raise LifecycleError("unsupported", f"subPath of claim {claim.name}: the engine's volumes "
                                  "are not on this host (mount the whole claim instead)")  # fmt: skip
-        source = open_subdir(where, claim.sub_path)
+        source = subdir_path(where, claim.sub_path)
         return Mount(claim.target, str(source), type="bind", read_only=claim.read_only)

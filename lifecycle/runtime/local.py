@@ -41,7 +41,7 @@ from sandgate.lifecycle.cgroups import Limits, SandboxCgroup
 from sandgate.lifecycle.images import HOST_IMAGE, HostRoot, Image, ImageStore
 from sandgate.lifecycle.kernel import instance_tag, mount, umount
 from sandgate.lifecycle.runtime.base import BindMount, RuntimeError_, SandboxNet, SandboxSpec, wait_for_execd
-from sandgate.lifecycle.runtime.claims import DirectoryClaims
+from sandgate.lifecycle.runtime.claims import DirectoryClaims, close_held
 from sandgate.lifecycle.runtime.gvisor import Gvisor, Platform, find_runsc, require
 from sandgate.lifecycle.runtime.java_trust import JavaTrust
 from sandgate.lifecycle.runtime.launch import Launch, hand_over_token, python_paths, start_chain
@@ -122,10 +122,11 @@ class LocalRuntime:
         box = self._dir(spec.sandbox_id)
         box.mkdir(parents=True, exist_ok=True)  # counts the sandbox as a claim user (`_users`)
         try:
-            spec = replace(spec, binds=(*spec.binds, *self.claims.attach(spec.sandbox_id, spec.claims)))
+            held = self.claims.attach(spec.sandbox_id, spec.claims)
         except BaseException:
             self.delete(spec.sandbox_id)
             raise
+        spec = replace(spec, binds=(*spec.binds, *held))
         host = self.images.host_root() if image.name == HOST_IMAGE or image.host_base else None
         lowers = self.images.lowers(image)
         try:
@@ -147,6 +148,8 @@ class LocalRuntime:
         except BaseException:
             self.delete(spec.sandbox_id)
             raise
+        finally:
+            close_held(held)  # the launcher has its copies
 
     def delete(self, sandbox_id: str) -> None:
         process = self._processes.pop(sandbox_id, None)
