@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from opensandbox import SandboxSync
+from opensandbox.models.sandboxes import PVC, Volume
 
+from tests.conformance.test_sdk import connection
 from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
@@ -133,3 +137,40 @@ def test_bad_claims_are_refused_and_create_nothing(
     assert claims.names() == before
     with server.client() as client:
         assert client.get("/v1/sandboxes").json()["items"] == []
+
+
+def sdk_sandbox(server: SandgateServer, volume: Volume) -> SandboxSync:
+    return SandboxSync.create(
+        "sandgate/host",
+        entrypoint=["sleep", "infinity"],
+        volumes=[volume],
+        connection_config=connection(server),
+        ready_timeout=timedelta(seconds=60),
+    )
+
+
+def test_the_official_sdk_volume_and_pvc_models(claims: Claims) -> None:
+    """OpenSandbox's 1.1.1 SDK (`Volume`, `PVC`): one sandbox writes, a later one reads it back
+    read-only, and the claim made with delete_on_sandbox_termination goes with its maker."""
+    made = PVC(claim_name="sdk-work", create_if_not_exists=True, delete_on_sandbox_termination=True)
+    writer = sdk_sandbox(claims.server, Volume(name="w", pvc=made, mount_path="/mnt/w", sub_path="run-1"))
+    try:
+        wrote = writer.commands.run("echo from-the-sdk > /mnt/w/out && echo done")
+        assert "".join(m.text for m in wrote.logs.stdout).strip() == "done"
+    finally:
+        writer.kill()
+    kept = claims.dir("sdk-work")
+    assert kept is None  # the writer made it and was its only user
+    again = PVC(claim_name="sdk-keep")
+    first = sdk_sandbox(claims.server, Volume(name="k", pvc=again, mount_path="/mnt/k"))
+    try:
+        first.commands.run("echo kept-by-the-sdk > /mnt/k/f")
+    finally:
+        first.kill()
+    reader = sdk_sandbox(claims.server, Volume(name="k", pvc=again, mount_path="/mnt/k", read_only=True))
+    try:
+        read = reader.commands.run("cat /mnt/k/f; touch /mnt/k/g 2>&1; true")
+        lines = [m.text.strip() for m in read.logs.stdout]
+        assert lines[0] == "kept-by-the-sdk" and "Read-only file system" in lines[1], lines
+    finally:
+        reader.kill()
