@@ -41,7 +41,7 @@ from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.execd_client import execd_headers
 from sandgate.lifecycle.images import snapshot_image
 from sandgate.lifecycle.registry import Credentials
-from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, ClaimMount, UnsafeBind
+from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, ClaimMount, UnsafeBind, check_target
 from sandgate.lifecycle.runtime.claims import check_claim
 from sandgate.lifecycle.sandbox_store import SandboxRecord
 from sandgate.lifecycle.service import CreateRequest
@@ -126,7 +126,10 @@ def claim_mount(where: str, volume: dict[str, Any]) -> ClaimMount:
     if not (isinstance(target, str) and target.startswith("/")):
         raise ApiError(400, "INVALID_REQUEST", f"{where}.mountPath must be an absolute path, got {target!r}")
     try:
+        check_target(f"{where}.mountPath", target)
         check_claim(pvc.get("claimName"), volume.get("subPath") or "")
+    except UnsafeBind as exc:
+        raise ApiError(400, "INVALID_REQUEST", str(exc)) from None
     except LifecycleError as exc:
         raise ApiError(400, "INVALID_REQUEST", f"{where}.pvc: {exc.message}") from None
     return ClaimMount(

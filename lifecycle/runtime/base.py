@@ -50,6 +50,17 @@ class UnsafeBind(ValueError):
     """A bind the runtime refuses; the message says which path and why."""
 
 
+def check_target(where: str, text: str) -> PurePosixPath:
+    """`text` normalized, or UnsafeBind unless it is a place inside a sandbox a mount may cover."""
+    target = PurePosixPath(os.path.normpath(text))
+    reserved = any(target.is_relative_to(t) for t in RESERVED_BIND_TARGETS)
+    if reserved or target == PurePosixPath("/") or ".." in PurePosixPath(text).parts:
+        raise UnsafeBind(
+            f"{where}: the target may not be /, contain '..' or lie in {', '.join(RESERVED_BIND_TARGETS)}"
+        )
+    return target
+
+
 @dataclass(frozen=True)
 class BindMount:
     """A host path shown inside a sandbox (read-only unless `read_only` is False)."""
@@ -64,12 +75,7 @@ class BindMount:
         where = f"bind {self.source} -> {self.target}"
         if not (self.source.startswith("/") and self.target.startswith("/")):
             raise UnsafeBind(f"{where}: source and target must be absolute paths")
-        target = PurePosixPath(os.path.normpath(self.target))
-        reserved = any(target.is_relative_to(t) for t in RESERVED_BIND_TARGETS)
-        if reserved or target == PurePosixPath("/") or ".." in PurePosixPath(self.target).parts:
-            raise UnsafeBind(
-                f"{where}: the target may not be /, contain '..' or lie in {', '.join(RESERVED_BIND_TARGETS)}"
-            )
+        target = check_target(where, self.target)
         source = Path(os.path.realpath(self.source))
         if not source.exists():
             raise UnsafeBind(f"{where}: {source} does not exist on the host")

@@ -125,6 +125,8 @@ def test_a_planted_symlink_never_leads_out_of_the_claim(claims: Claims) -> None:
         (pvc("ok", subPath="../../etc"), 400, "without '..'"),
         (pvc("ok", subPath="/etc"), 400, "without '..'"),
         (pvc("never-made", createIfNotExists=False), 404, "do not exist"),
+        (pvc("ok", "/usr/lib/x"), 400, "the target may not be /"),
+        (pvc("ok", "/"), 400, "the target may not be /"),
     ],
 )
 def test_bad_claims_are_refused_and_create_nothing(
