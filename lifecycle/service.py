@@ -47,6 +47,7 @@ from sandgate.lifecycle.registry import Credentials, PullError
 from sandgate.lifecycle.renew_on_access import check_opt_in, extend_seconds
 from sandgate.lifecycle.runtime.base import (
     BindMount,
+    ClaimMount,
     Runtime,
     RuntimeError_,
     SandboxNet,
@@ -92,6 +93,7 @@ class CreateRequest:
     network_policy: NetworkPolicy | None
     credential_proxy: bool
     binds: tuple[BindMount, ...] = ()  # checked host volumes of this sandbox
+    claims: tuple[ClaimMount, ...] = ()  # its `pvc` volumes (runtime/claims.py)
     image_auth: Credentials | None = None  # ImageSpec.auth: a registry login for this pull only
 
 
@@ -161,6 +163,7 @@ class Service:
             execd_token=record.execd_token,
             ca_cert=self.ca_cert,
             binds=request.binds,
+            claims=request.claims,
             isolation=isolation,
             **asdict(limits),
         )
@@ -362,6 +365,7 @@ class Service:
             and request.image == POOL_IMAGE
             and request.extensions[ISOLATION_KEY] == "standard"  # members run standard
             and not request.binds
+            and not request.claims
             and limits.disk_bytes is None
             and not any(key.startswith("EXECD_") for key in request.env)
         )

@@ -117,6 +117,11 @@ class Settings(BaseSettings):
         description="host directories under which a create's `volumes[].host.path` may lie "
         "(none: host volumes are refused)",
     )
+    pvc_volumes: bool = Field(
+        False,
+        description="serve a create's `volumes[].pvc` (named volumes that outlive sandboxes); off by "
+        "default because a claim has no size cap yet and lives beside the state dir",
+    )
     execd_endpoint: Literal["host", "direct"] = Field(
         "host",
         description="execd endpoint handed to clients: 'host' (sandgate's reverse proxy, which strips "

@@ -36,10 +36,12 @@ from sandgate.lifecycle.api.models import (
     Sandbox,
     SandboxStatus,
 )
+from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.execd_client import execd_headers
 from sandgate.lifecycle.images import snapshot_image
 from sandgate.lifecycle.registry import Credentials
-from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, UnsafeBind
+from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, ClaimMount, UnsafeBind, check_target
+from sandgate.lifecycle.runtime.claims import check_claim
 from sandgate.lifecycle.sandbox_store import SandboxRecord
 from sandgate.lifecycle.service import CreateRequest
 
@@ -73,18 +75,28 @@ def to_sandbox(record: SandboxRecord) -> Sandbox:
 @dataclass(frozen=True)
 class HostVolumes:
     """Where a create's `host` volumes may come from: under the `volume_host_prefixes` setting
-    (none: refused), never at or around `unsafe` (the state dir) or the runtime's unsafe paths."""
+    (none: refused), never at or around `unsafe` (the state dir) or the runtime's unsafe paths;
+    and whether `pvc` volumes are served at all (`claims`)."""
 
     prefixes: tuple[Path, ...] = ()
     unsafe: tuple[Path, ...] = ()
+    claims: bool = False  # the `pvc_volumes` setting: serve `pvc` volumes (runtime/claims.py)
 
-    def bind(self, index: int, volume: dict[str, Any]) -> BindMount:
-        """`volumes[index]` as a checked bind, or a 400 naming the field and how to fix it."""
+    def mount(self, index: int, volume: dict[str, Any]) -> BindMount | ClaimMount:
+        """`volumes[index]` as a checked bind or claim, or a 400 naming the field and how to fix it."""
         where = f"volumes[{index}]"
         backends = [name for name in ("host", "pvc", "ossfs") if name in volume]
+        if backends == ["pvc"] and not self.claims:
+            raise ApiError(400, "UNSUPPORTED", f"{where}.pvc: pvc volumes are off on this server; the "
+                           "operator turns them on with pvc_volumes")  # fmt: skip
+        if backends == ["pvc"]:
+            return claim_mount(where, volume)
         if backends != ["host"]:
-            raise ApiError(400, "UNSUPPORTED", f"{where}: sandgate mounts `host` volumes only (one host "
-                           f"directory per volume), not {', '.join(backends) or 'no backend'}")  # fmt: skip
+            raise ApiError(400, "UNSUPPORTED", f"{where}: sandgate mounts `host` and `pvc` volumes (one "
+                           f"backend per volume), not {', '.join(backends) or 'no backend'}")  # fmt: skip
+        return self.bind(where, volume)
+
+    def bind(self, where: str, volume: dict[str, Any]) -> BindMount:
         path, target = (volume.get("host") or {}).get("path"), volume.get("mountPath")
         sub = volume.get("subPath") or ""
         for field, value in ((f"{where}.host.path", path), (f"{where}.mountPath", target)):
@@ -107,6 +119,28 @@ class HostVolumes:
         return bind
 
 
+def claim_mount(where: str, volume: dict[str, Any]) -> ClaimMount:
+    """A `pvc` volume, its claim name and subPath checked (runtime/claims.py rule 1)."""
+    pvc, target = volume.get("pvc") or {}, volume.get("mountPath")
+    if not (isinstance(target, str) and target.startswith("/")):
+        raise ApiError(400, "INVALID_REQUEST", f"{where}.mountPath must be an absolute path, got {target!r}")
+    try:
+        check_target(f"{where}.mountPath", target)
+        check_claim(pvc.get("claimName"), volume.get("subPath") or "")
+    except UnsafeBind as exc:
+        raise ApiError(400, "INVALID_REQUEST", str(exc)) from None
+    except LifecycleError as exc:
+        raise ApiError(400, "INVALID_REQUEST", f"{where}.pvc: {exc.message}") from None
+    return ClaimMount(
+        name=pvc["claimName"],
+        target=target,
+        read_only=bool(volume.get("readOnly")),
+        sub_path=volume.get("subPath") or "",
+        create=pvc.get("createIfNotExists", True) is not False,
+        delete_on_end=bool(pvc.get("deleteOnSandboxTermination")),
+    )
+
+
 def to_create_request(body: CreateSandboxRequest, host_volumes: HostVolumes) -> CreateRequest:
     if body.template_id:
         raise ApiError(400, "UNSUPPORTED", "sandgate creates from images and snapshots (no templates)")
@@ -122,6 +156,7 @@ def to_create_request(body: CreateSandboxRequest, host_volumes: HostVolumes) -> 
         raise ApiError(
             422, "INVALID_REQUEST", "credentialProxy.enabled needs a networkPolicy in the same request"
         )
+    mounts = [host_volumes.mount(i, dict(volume)) for i, volume in enumerate(body.volumes or [])]
     return CreateRequest(
         image=body.image.uri,
         entrypoint=body.entrypoint or DEFAULT_ENTRYPOINT,
@@ -133,7 +168,8 @@ def to_create_request(body: CreateSandboxRequest, host_volumes: HostVolumes) -> 
         timeout=body.timeout,
         network_policy=body.network_policy,
         credential_proxy=bool(body.credential_proxy and body.credential_proxy.enabled),
-        binds=tuple(host_volumes.bind(i, dict(volume)) for i, volume in enumerate(body.volumes or [])),
+        binds=tuple(m for m in mounts if isinstance(m, BindMount)),
+        claims=tuple(m for m in mounts if isinstance(m, ClaimMount)),
         image_auth=Credentials(body.image.auth.username, body.image.auth.password)
         if body.image.auth
         else None,

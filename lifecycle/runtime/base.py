@@ -50,6 +50,17 @@ class UnsafeBind(ValueError):
     """A bind the runtime refuses; the message says which path and why."""
 
 
+def check_target(where: str, text: str) -> PurePosixPath:
+    """`text` normalized, or UnsafeBind unless it is a place inside a sandbox a mount may cover."""
+    target = PurePosixPath(os.path.normpath(text))
+    reserved = any(target.is_relative_to(t) for t in RESERVED_BIND_TARGETS)
+    if reserved or target == PurePosixPath("/") or ".." in PurePosixPath(text).parts:
+        raise UnsafeBind(
+            f"{where}: the target may not be /, contain '..' or lie in {', '.join(RESERVED_BIND_TARGETS)}"
+        )
+    return target
+
+
 @dataclass(frozen=True)
 class BindMount:
     """A host path shown inside a sandbox (read-only unless `read_only` is False)."""
@@ -57,18 +68,14 @@ class BindMount:
     source: str  # absolute, resolved (no symlink left) by `checked`
     target: str
     read_only: bool = True
+    fd: int | None = None  # the source held open: bwrap binds it (--bind-fd), never re-resolving
 
     def checked(self, unsafe: Iterable[str | Path] = ()) -> BindMount:
         """This bind with its source resolved, or UnsafeBind saying what is wrong with it."""
         where = f"bind {self.source} -> {self.target}"
         if not (self.source.startswith("/") and self.target.startswith("/")):
             raise UnsafeBind(f"{where}: source and target must be absolute paths")
-        target = PurePosixPath(os.path.normpath(self.target))
-        reserved = any(target.is_relative_to(t) for t in RESERVED_BIND_TARGETS)
-        if reserved or target == PurePosixPath("/") or ".." in PurePosixPath(self.target).parts:
-            raise UnsafeBind(
-                f"{where}: the target may not be /, contain '..' or lie in {', '.join(RESERVED_BIND_TARGETS)}"
-            )
+        target = check_target(where, self.target)
         source = Path(os.path.realpath(self.source))
         if not source.exists():
             raise UnsafeBind(f"{where}: {source} does not exist on the host")
@@ -94,7 +101,21 @@ class BindMount:
         return any(Path(self.source).is_relative_to(os.path.realpath(p)) for p in prefixes)
 
     def bwrap_args(self) -> list[str]:
+        if self.fd is not None:
+            return ["--ro-bind-fd" if self.read_only else "--bind-fd", str(self.fd), self.target]
         return ["--ro-bind" if self.read_only else "--bind", self.source, self.target]
+
+
+@dataclass(frozen=True)
+class ClaimMount:
+    """A `pvc` volume of a create: claim `name` shown at `target` (its `sub_path` only, if set)."""
+
+    name: str
+    target: str
+    read_only: bool = False
+    sub_path: str = ""
+    create: bool = True  # createIfNotExists
+    delete_on_end: bool = False  # deleteOnSandboxTermination
 
 
 @dataclass(frozen=True)
@@ -114,6 +135,7 @@ class SandboxSpec:
     execd_token: str | None = None
     ca_cert: Path | None = None  # the proxy CA certificate (never the key) to trust inside
     binds: tuple[BindMount, ...] = ()  # checked binds of this sandbox (besides the runtime's)
+    claims: tuple[ClaimMount, ...] = ()  # its `pvc` volumes (runtime/claims.py)
     isolation: str = "standard"  # "gvisor": on gVisor's kernel (runtime/gvisor.py)
 
 

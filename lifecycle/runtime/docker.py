@@ -54,6 +54,7 @@ from sandgate.lifecycle.runtime.base import (
     SandboxSpec,
     wait_for_execd,
 )
+from sandgate.lifecycle.runtime.docker_claims import DockerClaims
 from sandgate.lifecycle.runtime.docker_images import DockerImages
 from sandgate.lifecycle.runtime.runsc_wrapper import NETNS_VAR
 from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
@@ -99,6 +100,7 @@ class DockerRuntime:
         self.images = DockerImages(self.client, aliases, registry=registry, pull_policy=pull_policy)
         self.oci_runtime = oci_runtime
         self.instance = instance
+        self.claims = DockerClaims(self.client, instance, (LABEL_INSTANCE, LABEL_SANDBOX))
         self.read_only = read_only
         self.cap_add = list(cap_add)
         self.default_pids_max = default_pids_max
@@ -148,6 +150,7 @@ class DockerRuntime:
             self._remove(container)
         if self.disks is not None:
             self.disks.remove(sandbox_id, self.disks.mount_point(sandbox_id))
+        self.claims.release(self._containers())
 
     def pause(self, sandbox_id: str) -> None:
         container = self._existing(sandbox_id)
@@ -242,6 +245,7 @@ class DockerRuntime:
                     Mount(b.target, b.source, type="bind", read_only=b.read_only)
                     for b in (*self.binds, *spec.binds)
                 ),
+                *self.claims.mounts(spec.sandbox_id, spec.claims),
             ],
             "pids_limit": spec.pids_max or self.default_pids_max,
             "init": True,

@@ -209,7 +209,7 @@ def start_chain(
             env=LAUNCH_ENV,
             cwd="/",  # the shell exports PWD: the server's directory is not the sandbox's business
             start_new_session=True,
-            pass_fds=launch.seccomp_fds,
+            pass_fds=(*launch.seccomp_fds, *(bind.fd for bind in launch.binds if bind.fd is not None)),
         )
 
 

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -41,6 +42,7 @@ from sandgate.lifecycle.cgroups import Limits, SandboxCgroup
 from sandgate.lifecycle.images import HOST_IMAGE, HostRoot, Image, ImageStore
 from sandgate.lifecycle.kernel import instance_tag, mount, umount
 from sandgate.lifecycle.runtime.base import BindMount, RuntimeError_, SandboxNet, SandboxSpec, wait_for_execd
+from sandgate.lifecycle.runtime.claims import DirectoryClaims, close_held
 from sandgate.lifecycle.runtime.gvisor import Gvisor, Platform, find_runsc, require
 from sandgate.lifecycle.runtime.java_trust import JavaTrust
 from sandgate.lifecycle.runtime.launch import Launch, hand_over_token, python_paths, start_chain
@@ -99,6 +101,7 @@ class LocalRuntime:
         self.instance = instance or instance_tag(self.state_dir)
         self.seccomp_bpf = seccomp_bpf
         self.binds = list(binds)
+        self.claims = DirectoryClaims(self.state_dir)
         self._kernel_log_filter = deny_syscalls(DENY_KERNEL_LOG)
         self.execd_paths = python_paths(execd_python)
         self.execd_in_image = self.execd_paths.in_image(execd_python)
@@ -118,6 +121,13 @@ class LocalRuntime:
         require(spec.isolation, self.gvisor.runsc if self.gvisor else None)
         self.delete(spec.sandbox_id)
         box = self._dir(spec.sandbox_id)
+        box.mkdir(parents=True, exist_ok=True)  # counts the sandbox as a claim user (`_users`)
+        try:
+            held = self.claims.attach(spec.sandbox_id, spec.claims)
+        except BaseException:
+            self.delete(spec.sandbox_id)
+            raise
+        spec = replace(spec, binds=(*spec.binds, *held))
         host = self.images.host_root() if image.name == HOST_IMAGE or image.host_base else None
         lowers = self.images.lowers(image)
         try:
@@ -139,6 +149,8 @@ class LocalRuntime:
         except BaseException:
             self.delete(spec.sandbox_id)
             raise
+        finally:
+            close_held(held)  # the launcher has its copies
 
     def delete(self, sandbox_id: str) -> None:
         process = self._processes.pop(sandbox_id, None)
@@ -156,6 +168,7 @@ class LocalRuntime:
         if self.disks is not None:
             self.disks.remove(sandbox_id, box / "disk")
         shutil.rmtree(box, ignore_errors=True)
+        self.claims.release(sandbox_id, live=self._users())
 
     def pause(self, sandbox_id: str) -> None:
         self._existing_cgroup(sandbox_id).freeze()
@@ -246,6 +259,10 @@ class LocalRuntime:
         if "/" in sandbox_id or sandbox_id in ("", ".", ".."):
             raise ValueError(f"sandbox id {sandbox_id!r} cannot name a directory")
         return self.sandboxes_dir / sandbox_id
+
+    def _users(self) -> set[str]:
+        """Sandboxes that may hold a claim: every one whose directory is still here."""
+        return {box.name for box in self.sandboxes_dir.iterdir()} if self.sandboxes_dir.is_dir() else set()
 
     def _layers(self, sandbox_id: str) -> Path:
         """Where the overlay's upper/work dirs and output.log live (rule 6)."""

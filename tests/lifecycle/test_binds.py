@@ -75,7 +75,9 @@ def test_binds_and_host_volumes_read_only_and_read_write(bound: tuple[SandgateSe
 @pytest.mark.parametrize(
     ("volume", "field", "says"),
     [
-        ({"name": "p", "pvc": {"claimName": "c"}, "mountPath": "/m"}, "volumes[0]", "`host` volumes only"),
+        ({"name": "p", "ossfs": {"bucket": "b", "endpoint": "e"}, "mountPath": "/m"}, "volumes[0]",
+         "`host` and `pvc` volumes"),
+        ({"name": "p", "pvc": {"claimName": "c"}, "mountPath": "/m"}, "volumes[0].pvc", "pvc_volumes"),
         ({"name": "o", "host": {"path": "/var/tmp"}, "mountPath": "/m"}, "volumes[0].host.path",
          "not under volume_host_prefixes"),
         ({"name": "s", "host": {"path": "STATE"}, "mountPath": "/m"}, "volumes[0]",

@@ -184,7 +184,9 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
                 open_prefixes=parts.open_prefixes,
                 execd_endpoint=settings.execd_endpoint,
                 exec_audit=settings.exec_audit != "off",
-                host_volumes=HostVolumes(tuple(settings.volume_host_prefixes), (settings.state_dir,)),
+                host_volumes=HostVolumes(
+                    tuple(settings.volume_host_prefixes), (settings.state_dir,), claims=settings.pvc_volumes
+                ),
                 renew_interval=settings.renew_on_access_interval,
             )
         finally:
