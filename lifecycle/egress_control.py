@@ -30,6 +30,8 @@ from typing import Any, Protocol
 from sandgate.lifecycle.audit import Change, PolicyChange
 from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.errors import LifecycleError, quietly
+from sandgate.lifecycle.isolation import ISOLATION_KEY
+from sandgate.lifecycle.network import RUN_NETNS
 from sandgate.lifecycle.policy_book import PolicyBook, PolicyJSON
 from sandgate.lifecycle.sandbox_state import LIVE_STATES
 from sandgate.lifecycle.sandbox_store import (
@@ -105,6 +107,14 @@ def audited(document: Policy | VaultState | None) -> dict[str, Any]:
     return to_document(document) if isinstance(document, Policy) else document.to_document()
 
 
+def proxy_netns(record: SandboxRecord) -> str | None:
+    """The sandbox's netns as the proxy looks up connections' processes in it (proxy/origin.py);
+    None on gVisor, whose sockets the host kernel does not hold."""
+    if record.netns is None or record.extensions.get(ISOLATION_KEY) == "gvisor":
+        return None
+    return str(RUN_NETNS / record.netns)
+
+
 class EgressControl:
     def __init__(
         self,
@@ -124,9 +134,14 @@ class EgressControl:
 
     # --- the proxy ------------------------------------------------------------------------------
 
-    def push_new(self, sandbox_id: str, address: str, policy: Policy) -> None:
+    def push_new(self, record: SandboxRecord, policy: Policy) -> None:
         """A new sandbox's first entry (no vault yet); a refusal is `unavailable`."""
-        entry = SandboxEntry(sandbox_id=sandbox_id, address=address, policy=to_document(policy))
+        entry = SandboxEntry(
+            sandbox_id=record.id,
+            address=record.address or "",
+            policy=to_document(policy),
+            netns=proxy_netns(record),
+        )
         try:
             self.proxy.put_sandbox(entry)
         except Exception as exc:
@@ -149,6 +164,7 @@ class EgressControl:
             address=record.address or "",
             policy=to_document(self.effective(base, vault)),
             credentials=vault.entries(),
+            netns=proxy_netns(record),
         )
         self.proxy.put_sandbox(entry)
 

@@ -29,7 +29,7 @@ from mitmproxy import connection, http
 
 from sandgate.policy import Decision, Reason
 from sandgate.proxy.audit import AuditUnwritable
-from sandgate.proxy.contract.audit import INCOMPLETE, AuditRecord, utc_timestamp
+from sandgate.proxy.contract.audit import INCOMPLETE, AuditRecord, ConnectionProcess, utc_timestamp
 from sandgate.proxy.decide import Verdict, refusal
 from sandgate.proxy.state import FLOW_KEY, ConnState, ProxyState, RequestState, Sandbox
 
@@ -54,6 +54,8 @@ def record_decision(
 ) -> AuditRecord:
     """One record for a decision made now (connection and DNS level, and refused requests)."""
     state.metrics.decision(kind, verdict.outcome, verdict.reason)
+    if kind != "dns":
+        facts["process"] = state.processes.of(client)
     record = AuditRecord.of(kind, sandbox.id, addr(client) or "-", verdict.decision, **facts)
     state.audit.write(record)
     return record
@@ -107,7 +109,8 @@ class AuditAddon:
     def client_disconnected(self, client: connection.Client) -> None:
         conn = self.state.connections.pop(client.id, None)
         if conn is not None and conn.passthrough and conn.decision_record is not None:
-            self.state.audit.write(closing_record(conn, conn.decision_record, client))
+            process = self.state.processes.of(client.peername)
+            self.state.audit.write(closing_record(conn, conn.decision_record, client, process))
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.request.stream:  # the head goes upstream when this hook returns
@@ -149,9 +152,8 @@ class AuditAddon:
         self.state.metrics.decision("request", verdict.outcome, verdict.reason)
         self.state.audit.write(self._request_record(flow, request_state, status))
 
-    @staticmethod
     def _request_record(
-        flow: http.HTTPFlow, request_state: RequestState, status: int | None, event: str | None = None
+        self, flow: http.HTTPFlow, request_state: RequestState, status: int | None, event: str | None = None
     ) -> AuditRecord:
         request = flow.request
         identity = request_state.identity  # None only if refused before it was computed: untouched
@@ -181,6 +183,7 @@ class AuditAddon:
             duration_ms=round((time.monotonic() - request_state.started) * 1000, 3) if ended else None,
             event=event,
             detail=detail,
+            process=self.state.processes.of(flow.client_conn.peername),
         )
 
 
@@ -197,16 +200,25 @@ def unwritable_response(why: str) -> http.Response:
     )
 
 
-def closing_record(conn: ConnState, decision: AuditRecord, client: connection.Client) -> AuditRecord:
+def closing_record(
+    conn: ConnState, decision: AuditRecord, client: connection.Client, process: ConnectionProcess | None
+) -> AuditRecord:
     counted = conn.counters.read_and_close() if conn.counters else None
     bytes_in, bytes_out = counted or (0, 0)
     started, ended = client.timestamp_start, client.timestamp_end
     duration = round((ended - started) * 1000, 3) if started and ended else None
-    return closed(decision, bytes_in, bytes_out, duration)
+    return closed(decision, bytes_in, bytes_out, duration, process)
 
 
-def closed(decision: AuditRecord, bytes_in: int, bytes_out: int, duration_ms: float | None) -> AuditRecord:
-    """The record that closes a pass-through connection (mitmproxy's relay or the front door's splice)."""
+def closed(
+    decision: AuditRecord,
+    bytes_in: int,
+    bytes_out: int,
+    duration_ms: float | None,
+    process: ConnectionProcess | None,
+) -> AuditRecord:
+    """The record that closes a pass-through connection (mitmproxy's relay or the front door's
+    splice), with what is known by now of the process that opened it."""
     return decision.model_copy(
         update={
             "id": f"{decision.id}-{CLOSED}",
@@ -215,6 +227,7 @@ def closed(decision: AuditRecord, bytes_in: int, bytes_out: int, duration_ms: fl
             "bytes_in": bytes_in,
             "bytes_out": bytes_out,
             "duration_ms": duration_ms,
+            "process": process or decision.process,
         }
     )
 

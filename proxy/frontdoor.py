@@ -175,6 +175,8 @@ class FrontDoor:
             if refused is not None:
                 self._refuse(sock, peer, sandbox.id if sandbox else "-", refused, limits)
                 continue
+            if sandbox is not None:
+                self.state.processes.start(peer, sandbox.entry.netns)
             task = asyncio.create_task(self._serve(listener, sock, peer, source, limits))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -199,6 +201,7 @@ class FrontDoor:
             await listener.instance.handle_stream(reader, writer)
         finally:
             self.admission.release(source, limits, time.monotonic())
+            self.state.processes.forget(peer)
 
     # ------------------------------------------------------------------ pass-through (rule 4)
 
@@ -229,7 +232,8 @@ class FrontDoor:
         bytes_in, bytes_out = await self._pass_through(sock, conn, sandbox, judged.upstream, destination[1])
         if conn.decision_record is not None:
             duration = round((time.monotonic() - accepted) * 1000, 3)
-            self.state.audit.write(closed(conn.decision_record, bytes_in, bytes_out, duration))
+            process = self.state.processes.of(peer)
+            self.state.audit.write(closed(conn.decision_record, bytes_in, bytes_out, duration, process))
         return True
 
     async def _peek_clienthello(self, sock: socket.socket) -> ClientHello | None:

@@ -35,6 +35,7 @@ from sandgate.proxy.credentials import SandboxCredentials, SecretValues
 from sandgate.proxy.decide import Verdict
 from sandgate.proxy.metrics import Metrics
 from sandgate.proxy.minting import TokenMinter
+from sandgate.proxy.origin import ProcessFinder
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.tcpinfo import KernelCounters
 from sandgate.vault import open_configured
@@ -192,3 +193,4 @@ class ProxyState:
     connections: dict[str, ConnState] = field(default_factory=dict)
     approvals: Approvals = field(default_factory=Approvals)
     minter: TokenMinter | None = None  # mints `oauth2` bindings' tokens (None: minting refused)
+    processes: ProcessFinder = field(default_factory=ProcessFinder)  # who opened each connection

@@ -106,6 +106,7 @@ class AuditIndex:
         self._local = threading.local()
         self._analyzed_at_rows = 0
         self._conn().executescript(_SCHEMA)
+        self._add_new_columns()
 
     # -- connections ---------------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -118,6 +119,14 @@ class AuditIndex:
             db.execute("PRAGMA cache_size=-65536")
             self._local.db = db
         return db
+
+    def _add_new_columns(self) -> None:
+        """An index made before a schema field existed gets its column (empty in old rows)."""
+        db = self._conn()
+        present = {row[1] for row in db.execute("PRAGMA table_info(records)")}
+        for col in COLUMNS:
+            if col not in present:
+                db.execute(f"ALTER TABLE records ADD COLUMN {col} {_COLUMN_TYPES.get(col, 'TEXT')}")
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)
@@ -232,6 +241,19 @@ class AuditIndex:
     def get(self, record_id: str) -> RecordJSON | None:
         row = self._conn().execute(f"{_SELECT} WHERE id = ?", (record_id,)).fetchone()
         return from_row(row[1:]) if row else None
+
+    def of_process(self, sandbox: str, pid: int, limit: int = 200) -> list[RecordJSON]:
+        """A sandbox's records of one process (its host pid), newest first: the kernel's records
+        of it (`process`: its execs, its ptrace attaches) and the connections and requests it
+        opened (their `process`). A pid the kernel reused later shows both lives, by time."""
+        where = (
+            " WHERE sandbox = ? AND ((kind = 'process' AND json_extract(detail, '$.pid') = ?)"
+            " OR json_extract(process, '$.pid') = ?)"
+        )
+        rows = self._conn().execute(
+            f"{_SELECT}{where} ORDER BY ts_us DESC, seq DESC LIMIT ?", (sandbox, pid, pid, limit)
+        )
+        return [from_row(row[1:]) for row in rows.fetchall()]
 
     def summary(self, query: AuditFilter, top: int = 15) -> Summary:
         """Top hosts, denials by reason and injections by binding for the filtered records."""

@@ -101,6 +101,11 @@ class SandboxEntry(BaseModel):
     limits: ConnectionLimits | None = Field(
         default=None, description="this sandbox's connection limits (default: ProxyConfig.limits)"
     )
+    netns: str | None = Field(
+        default=None,
+        description="the sandbox's network namespace (a path such as /run/netns/NAME), where the proxy "
+        "finds which process opened each connection (proxy/origin.py); None: not looked up (gVisor)",
+    )
 
     @field_validator("address")
     @classmethod

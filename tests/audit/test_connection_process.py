@@ -1,0 +1,178 @@
+"""Which process made which request (issue 37): each connection and request record names the
+process inside the sandbox that opened the connection, found by the proxy in the sandbox's own
+network namespace (proxy/origin.py), never from anything the sandbox says.
+
+Proven from the other side: two programs (curl and python) each print their own pid (the
+sandbox's) before they connect, and the kernel's process records (exec_audit = "processes")
+give the host pid of each exec; the request records must name those pids and executables. The
+origin's log shows the requests arrived.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandgate.lifecycle.audit import to_ocsf
+from tests.support.audit import audit_records
+from tests.support.internet import DNS_ADDR, ORIGIN_V4, Internet, start_internet
+from tests.support.ocsf import ocsf_errors
+from tests.support.server import SandgateServer, sandgate_server
+
+pytestmark = pytest.mark.root
+
+API_HOST = "api.example.com"  # intercepted: request records
+OPEN_HOST = "open.example.com"  # TLS passed through: connection records only
+POLICY = {
+    "version": 1,
+    "defaultAction": "deny",
+    "egress": [
+        {"action": "allow", "target": API_HOST, "inspect": "always"},
+        {"action": "allow", "target": OPEN_HOST},
+    ],
+}
+# Each program writes its own pid (as the sandbox sees it) first, then connects: `exec` makes
+# curl the shell whose pid was written.
+CURL = f"sh -c 'echo $$ > /tmp/curl.pid; exec curl -sS --max-time 20 http://{API_HOST}/echo/curl'"
+PYTHON = (
+    'python3 -c \'import os, urllib.request; open("/tmp/python.pid", "w").write(str(os.getpid())); '
+    f'urllib.request.urlopen("http://{API_HOST}/echo/python", timeout=20).read()\''
+)
+PASSTHROUGH = f"sh -c 'echo $$ > /tmp/tls.pid; exec curl -sSk --max-time 20 https://{OPEN_HOST}/'"
+
+
+@pytest.fixture(scope="module")
+def internet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
+    with start_internet(tmp_path_factory.mktemp("internet")) as running:
+        running.set_names({API_HOST: [ORIGIN_V4], OPEN_HOST: [ORIGIN_V4]})
+        yield running
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, internet: Internet) -> Iterator[SandgateServer]:
+    extra = {
+        "SANDGATE_UPSTREAM_DNS": json.dumps([DNS_ADDR]),
+        "SANDGATE_UPSTREAM_CA": str(internet.ca_cert),
+        "SANDGATE_EXEC_AUDIT": "processes",
+        "SANDGATE_PROCESS_EVENTS_NETNS": os.environ["SANDGATE_TEST_HOST_NETNS"],
+    }
+    with sandgate_server(Path(tmp_path_factory.mktemp("sandgate")), extra) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def sandbox(server: SandgateServer) -> str:
+    sandbox_id = str(server.create_sandbox()["id"])
+    with server.client() as client:
+        put = client.put(f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy", json={"policy": POLICY})
+        assert put.status_code == 200, put.text
+    return sandbox_id
+
+
+def wait_for(server: SandgateServer, sandbox: str, match: Any, what: str) -> dict[str, Any]:
+    for _ in range(300):  # bounded: 30 s
+        found = [r for r in audit_records(server.state_dir, sandbox) if match(r)]
+        if found:
+            return found[-1]
+        threading.Event().wait(0.1)
+    raise AssertionError(f"no record of {what}")
+
+
+def exec_of(server: SandgateServer, sandbox: str, sandbox_pid: int, program: str) -> dict[str, Any]:
+    """The kernel's record of the exec of `program` by the process the sandbox calls `sandbox_pid`."""
+    facts = wait_for(
+        server,
+        sandbox,
+        lambda r: (
+            r["kind"] == "process"
+            and json.loads(r["detail"]).get("sandbox_pid") == sandbox_pid
+            and program in json.loads(r["detail"]).get("exe", "").rsplit("/", 1)[-1]
+        ),
+        f"the exec of {program} as pid {sandbox_pid}",
+    )
+    return json.loads(facts["detail"])
+
+
+def pid_file(server: SandgateServer, sandbox: str, name: str) -> int:
+    return int(server.run(sandbox, f"cat /tmp/{name}.pid").stdout.strip())
+
+
+def test_each_request_names_the_program_that_made_it(
+    server: SandgateServer, sandbox: str, internet: Internet
+) -> None:
+    for command in (CURL, PYTHON):
+        assert server.run(sandbox, command).exit_code == 0
+    paths = {str(r["path"]) for r in internet.origin_requests()}
+    assert {"/echo/curl", "/echo/python"} <= paths  # they went out
+    for name, path, program in (("curl", "/echo/curl", "curl"), ("python", "/echo/python", "python3")):
+        sandbox_pid = pid_file(server, sandbox, name)
+        launched = exec_of(server, sandbox, sandbox_pid, program)
+        record = wait_for(
+            server,
+            sandbox,
+            lambda r, p=path: r["kind"] == "request" and r["path"] == p and r.get("event") is None,
+            f"the request to {path}",
+        )
+        process = record["process"]
+        assert process["sandbox_pid"] == sandbox_pid, (process, launched)
+        assert process["pid"] == launched["pid"], (process, launched)
+        assert process["exe"] == launched["exe"] and program in process["exe"].rsplit("/", 1)[-1]
+        assert process.get("unknown") is None
+
+
+def test_a_passed_through_connection_names_its_program(server: SandgateServer, sandbox: str) -> None:
+    server.run(sandbox, PASSTHROUGH)
+    sandbox_pid = pid_file(server, sandbox, "tls")
+    launched = exec_of(server, sandbox, sandbox_pid, "curl")
+    closing = wait_for(
+        server,
+        sandbox,
+        lambda r: r["kind"] == "connection" and r.get("sni") == OPEN_HOST and r.get("event") == "closed",
+        "the pass-through connection's end",
+    )
+    assert closing["process"]["pid"] == launched["pid"] and closing["process"]["exe"].endswith("/curl")
+
+
+def test_ocsf_names_the_process_as_the_actor(server: SandgateServer, sandbox: str) -> None:
+    record = wait_for(
+        server,
+        sandbox,
+        lambda r: r["kind"] == "request" and r["path"] == "/echo/curl" and r.get("event") is None,
+        "the curl request",
+    )
+    event = to_ocsf({k: v for k, v in record.items() if k != "prev"})
+    assert ocsf_errors(event) == [], event
+    assert event["actor"]["process"]["pid"] == record["process"]["pid"]
+    assert event["actor"]["process"]["file"]["path"] == record["process"]["exe"]
+
+
+def test_the_console_links_a_request_to_its_process(server: SandgateServer, sandbox: str) -> None:
+    record = wait_for(
+        server,
+        sandbox,
+        lambda r: r["kind"] == "request" and r["path"] == "/echo/python" and r.get("event") is None,
+        "the python request",
+    )
+    pid = record["process"]["pid"]
+    link = f"/console/sandboxes/{sandbox}/processes/{pid}"
+    with server.client() as client:
+        for _ in range(100):  # the index takes the lines in about every 0.25 s
+            api = client.get("/v1/audit", params={"sandbox": sandbox, "kind": "request", "limit": 50})
+            if any(r["id"] == record["id"] and r.get("process") for r in api.json()["records"]):
+                break
+            threading.Event().wait(0.1)
+        client.post("/console/login", data={"key": server.api_key})
+        timeline = client.get(f"/console/sandboxes/{sandbox}")
+        page = client.get(link)
+    indexed = next(r for r in api.json()["records"] if r["id"] == record["id"])
+    assert indexed["process"] == {k: v for k, v in record["process"].items() if v is not None}
+    assert timeline.status_code == 200 and f'href="{link}"' in timeline.text
+    # The process's page: the kernel's exec of python (its argv) and the request it made.
+    assert page.status_code == 200 and "/echo/python" in page.text and "urllib.request" in page.text
+    assert "/echo/curl" not in page.text
