@@ -21,7 +21,7 @@ import pytest
 
 from sandgate.lifecycle.audit import to_ocsf
 from tests.support.audit import audit_records
-from tests.support.internet import DNS_ADDR, ORIGIN_V4, Internet, start_internet
+from tests.support.internet import ORIGIN_V4, Internet, start_internet
 from tests.support.ocsf import ocsf_errors
 from tests.support.server import SandgateServer, sandgate_server
 
@@ -57,8 +57,7 @@ def internet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, internet: Internet) -> Iterator[SandgateServer]:
     extra = {
-        "SANDGATE_UPSTREAM_DNS": json.dumps([DNS_ADDR]),
-        "SANDGATE_UPSTREAM_CA": str(internet.ca_cert),
+        **internet.upstream_settings(),
         "SANDGATE_EXEC_AUDIT": "processes",
         "SANDGATE_PROCESS_EVENTS_NETNS": os.environ["SANDGATE_TEST_HOST_NETNS"],
     }
@@ -82,6 +81,16 @@ def wait_for(server: SandgateServer, sandbox: str, match: Any, what: str) -> dic
             return found[-1]
         threading.Event().wait(0.1)
     raise AssertionError(f"no record of {what}")
+
+
+def request_to(server: SandgateServer, sandbox: str, path: str) -> dict[str, Any]:
+    """The whole record (not the write-ahead line) of the sandbox's request to `path`."""
+    return wait_for(
+        server,
+        sandbox,
+        lambda r: r["kind"] == "request" and r["path"] == path and r.get("event") is None,
+        f"the request to {path}",
+    )
 
 
 def exec_of(server: SandgateServer, sandbox: str, sandbox_pid: int, program: str) -> dict[str, Any]:
@@ -113,12 +122,7 @@ def test_each_request_names_the_program_that_made_it(
     for name, path, program in (("curl", "/echo/curl", "curl"), ("python", "/echo/python", "python3")):
         sandbox_pid = pid_file(server, sandbox, name)
         launched = exec_of(server, sandbox, sandbox_pid, program)
-        record = wait_for(
-            server,
-            sandbox,
-            lambda r, p=path: r["kind"] == "request" and r["path"] == p and r.get("event") is None,
-            f"the request to {path}",
-        )
+        record = request_to(server, sandbox, path)
         process = record["process"]
         assert process["sandbox_pid"] == sandbox_pid, (process, launched)
         assert process["pid"] == launched["pid"], (process, launched)
@@ -140,12 +144,7 @@ def test_a_passed_through_connection_names_its_program(server: SandgateServer, s
 
 
 def test_ocsf_names_the_process_as_the_actor(server: SandgateServer, sandbox: str) -> None:
-    record = wait_for(
-        server,
-        sandbox,
-        lambda r: r["kind"] == "request" and r["path"] == "/echo/curl" and r.get("event") is None,
-        "the curl request",
-    )
+    record = request_to(server, sandbox, "/echo/curl")
     event = to_ocsf({k: v for k, v in record.items() if k != "prev"})
     assert ocsf_errors(event) == [], event
     assert event["actor"]["process"]["pid"] == record["process"]["pid"]
@@ -153,12 +152,7 @@ def test_ocsf_names_the_process_as_the_actor(server: SandgateServer, sandbox: st
 
 
 def test_the_console_links_a_request_to_its_process(server: SandgateServer, sandbox: str) -> None:
-    record = wait_for(
-        server,
-        sandbox,
-        lambda r: r["kind"] == "request" and r["path"] == "/echo/python" and r.get("event") is None,
-        "the python request",
-    )
+    record = request_to(server, sandbox, "/echo/python")
     pid = record["process"]["pid"]
     link = f"/console/sandboxes/{sandbox}/processes/{pid}"
     with server.client() as client:
