@@ -176,7 +176,7 @@ class FrontDoor:
                 self._refuse(sock, peer, sandbox.id if sandbox else "-", refused, limits)
                 continue
             if sandbox is not None:
-                self.state.processes.start(peer, sandbox.entry.netns)
+                self.state.processes.start(peer, sandbox_destination(sock), sandbox.entry.netns)
             task = asyncio.create_task(self._serve(listener, sock, peer, source, limits))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -319,6 +319,16 @@ class FrontDoor:
             detail = f"{more} more connections reset in {REFUSAL_WINDOW:g} s; {_limit_detail(limit, limits)}"
             self.state.metrics.security_events[limit] -= 1  # each was counted as it happened
             security_event(self.state, sandbox_id, peer, limit, detail)
+
+
+def sandbox_destination(sock: socket.socket) -> tuple[str, int]:
+    """Where the sandbox connected: the original destination of a redirected connection (the
+    transparent listener), else the listener's own address (the explicit one)."""
+    try:
+        return platform.original_addr(sock)  # type: ignore[misc]
+    except OSError:  # no conntrack entry for it (ENOENT): it was not redirected
+        host, port = sock.getsockname()[:2]
+        return host, port
 
 
 async def _readable(sock: socket.socket, timeout: float) -> None:

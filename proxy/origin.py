@@ -3,7 +3,9 @@
 Rules:
 1. The source is the sandbox's own network namespace, read from the host: sock_diag
    (`NETLINK_SOCK_DIAG`, inet_diag) names the TCP socket whose local end is the connection's
-   source address and port, and its inode; the process is one that holds that inode
+   source address and port and whose remote end is where the sandbox connected (the original
+   destination, before the redirect to the proxy: two sockets may share a local port), and its
+   inode; the process is one that holds that inode
    (`/proc/<pid>/fd/* -> socket:[inode]`) among the processes in that namespace (their
    `/proc/<pid>/ns/net`). Nothing a sandbox writes is read; it can hand its socket to another
    process of its own (SCM_RIGHTS, fork), and then that holder is named: the process that held
@@ -53,9 +55,12 @@ def diag_request(sequence: int = 1) -> bytes:
     return header + request
 
 
-def socket_inodes(message: bytes) -> tuple[list[tuple[str, int, int]], bool]:
-    """((local address, local port, inode) of each socket in one datagram of the dump, done?)."""
-    found: list[tuple[str, int, int]] = []
+Address = tuple[str, int]
+
+
+def socket_inodes(message: bytes) -> tuple[list[tuple[Address, Address, int]], bool]:
+    """((local end, remote end, inode) of each socket in one datagram of the dump, done?)."""
+    found: list[tuple[Address, Address, int]] = []
     offset = 0
     while offset + 16 <= len(message):
         length, kind = struct.unpack_from("=IH", message, offset)
@@ -63,25 +68,26 @@ def socket_inodes(message: bytes) -> tuple[list[tuple[str, int, int]], bool]:
             return found, True
         body = offset + 16
         if kind == SOCK_DIAG_BY_FAMILY and length >= 16 + DIAG_MSG_MIN:
-            sport = struct.unpack_from("!H", message, body + 4)[0]
+            sport, dport = struct.unpack_from("!HH", message, body + 4)
             source = str(ipaddress.IPv4Address(message[body + 8 : body + 12]))
+            destination = str(ipaddress.IPv4Address(message[body + 24 : body + 28]))
             inode = struct.unpack_from("=I", message, body + 68)[0]
-            found.append((source, sport, inode))
+            found.append(((source, sport), (destination, dport), inode))
         offset += (length + 3) & ~3
     return found, False
 
 
-def inode_of(netns: Path, address: str, port: int, deadline: float) -> int | None:
-    """The inode of the TCP socket bound to (address, port) in `netns`; None if there is none."""
+def inode_of(netns: Path, local: Address, remote: Address, deadline: float) -> int | None:
+    """The inode of the TCP socket from `local` to `remote` in `netns`; None if there is none."""
     sock = _diag_socket(netns)
     try:
         sock.settimeout(max(0.01, deadline - time.monotonic()))
         sock.send(diag_request())
         while True:
             sockets, done = socket_inodes(sock.recv(65_536))
-            for source, sport, inode in sockets:
-                if sport == port and source == address and inode:
-                    return inode
+            for ends in sockets:
+                if ends[:2] == (local, remote) and ends[2]:
+                    return ends[2]
             if done:
                 return None
     finally:
@@ -141,13 +147,13 @@ def describe(pid: int) -> ConnectionProcess:
     return ConnectionProcess(pid=pid, sandbox_pid=int(nspid), exe=exe)
 
 
-def find(netns: Path, address: str, port: int) -> ConnectionProcess:
-    """The process holding the sandbox end (address, port) of a connection (rule 1)."""
+def find(netns: Path, local: Address, remote: Address) -> ConnectionProcess:
+    """The process holding the sandbox's socket from `local` to `remote` (rule 1)."""
     deadline = time.monotonic() + LOOKUP_S
     try:
-        inode = inode_of(netns, address, port, deadline)
+        inode = inode_of(netns, local, remote, deadline)
         if inode is None:
-            return ConnectionProcess(unknown="no socket of the sandbox has this source port (closed already)")
+            return ConnectionProcess(unknown="the sandbox has no such socket (closed already)")
         pid = holder(netns, inode, deadline)
     except TimeoutError:
         return ConnectionProcess(unknown=f"the lookup took longer than {LOOKUP_S:g} s")
@@ -158,11 +164,8 @@ def find(netns: Path, address: str, port: int) -> ConnectionProcess:
     return describe(pid)
 
 
-Client = tuple[str, int]
-
-
-def _key(client: tuple[str, int] | tuple[str, int, int, int]) -> Client:
-    return normalise_ip(client[0]), client[1]
+def _key(address: tuple[str, int] | tuple[str, int, int, int]) -> Address:
+    return normalise_ip(address[0]), address[1]
 
 
 class ProcessFinder:
@@ -170,16 +173,18 @@ class ProcessFinder:
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="process-of")
-        self._lookups: dict[Client, Future[ConnectionProcess]] = {}
+        self._lookups: dict[Address, Future[ConnectionProcess]] = {}
 
-    def start(self, peer: tuple[str, int], netns: str | None) -> None:
+    def start(self, peer: tuple[str, int], destination: tuple[str, int], netns: str | None) -> None:
+        """Look up who opened the connection from `peer` to `destination` (where the sandbox
+        connected: the original destination of a redirected connection)."""
         client = _key(peer)
         if netns is None:
             self._done(client, ConnectionProcess(unknown=NO_NETNS))
         elif sum(not lookup.done() for lookup in self._lookups.values()) >= PENDING_MAX:
             self._done(client, ConnectionProcess(unknown="too many lookups at once (a flood of connections)"))
         else:
-            self._lookups[client] = self._pool.submit(find, Path(netns), *client)
+            self._lookups[client] = self._pool.submit(find, Path(netns), client, _key(destination))
 
     def of(self, peer: tuple[str, int] | None) -> ConnectionProcess | None:
         """What is known of `peer`'s process (None: no lookup for it, not a sandbox connection)."""
@@ -193,7 +198,7 @@ class ProcessFinder:
     def forget(self, peer: tuple[str, int]) -> None:
         self._lookups.pop(_key(peer), None)
 
-    def _done(self, client: Client, process: ConnectionProcess) -> None:
+    def _done(self, client: Address, process: ConnectionProcess) -> None:
         finished: Future[ConnectionProcess] = Future()
         finished.set_result(process)
         self._lookups[client] = finished

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,8 @@ from typing import Any
 import pytest
 
 from sandgate.lifecycle.audit import to_ocsf
+from sandgate.proxy.contract.audit import ConnectionProcess
+from sandgate.proxy.origin import NO_NETNS, ProcessFinder
 from tests.support.audit import audit_records
 from tests.support.internet import ORIGIN_V4, Internet, start_internet
 from tests.support.ocsf import ocsf_errors
@@ -44,6 +47,12 @@ PYTHON = (
     'python3 -c \'import os, urllib.request; open("/tmp/python.pid", "w").write(str(os.getpid())); '
     f'urllib.request.urlopen("http://{API_HOST}/echo/python", timeout=20).read()\''
 )
+# A program that says it is another: its argv[0] and its User-Agent claim curl.
+DISGUISED = f"""
+import urllib.request
+request = urllib.request.Request("http://{API_HOST}/echo/disguised", headers={{"User-Agent": "curl/8"}})
+urllib.request.urlopen(request, timeout=20).read()
+"""
 PASSTHROUGH = f"sh -c 'echo $$ > /tmp/tls.pid; exec curl -sSk --max-time 20 https://{OPEN_HOST}/'"
 
 
@@ -128,6 +137,25 @@ def test_each_request_names_the_program_that_made_it(
         assert process["pid"] == launched["pid"], (process, launched)
         assert process["exe"] == launched["exe"] and program in process["exe"].rsplit("/", 1)[-1]
         assert process.get("unknown") is None
+
+
+def test_a_program_that_claims_to_be_another_is_named_by_what_it_is(
+    server: SandgateServer, sandbox: str
+) -> None:
+    server.run(sandbox, f"printf '%s' {shlex.quote(DISGUISED)} > /tmp/disguised.py")
+    disguised = "bash -c 'echo $$ > /tmp/disguised.pid; exec -a curl python3 /tmp/disguised.py'"
+    assert server.run(sandbox, disguised).exit_code == 0
+    sandbox_pid = pid_file(server, sandbox, "disguised")
+    process = request_to(server, sandbox, "/echo/disguised")["process"]
+    assert process["sandbox_pid"] == sandbox_pid
+    assert process["exe"].rsplit("/", 1)[-1].startswith("python3"), process
+
+
+def test_a_sandbox_without_a_netns_says_why() -> None:
+    finder = ProcessFinder()
+    finder.start(("10.0.0.2", 40000), ("192.0.2.1", 443), None)
+    assert finder.of(("10.0.0.2", 40000)) == ConnectionProcess(unknown=NO_NETNS)
+    assert finder.of(("10.0.0.2", 40001)) is None  # no lookup started: not a sandbox connection
 
 
 def test_a_passed_through_connection_names_its_program(server: SandgateServer, sandbox: str) -> None:
