@@ -59,7 +59,7 @@ def to_row(record: AuditRecord) -> tuple[Any, ...]:
 
 def _cell(col: str, value: Any) -> Any:
     if col in OBJECT_COLUMNS and value is not None:
-        return value.model_dump_json(exclude_none=True)
+        return value.model_dump_json()
     return value
 
 
