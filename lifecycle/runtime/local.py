@@ -88,6 +88,7 @@ class LocalRuntime:
         default_pids_max: int = DEFAULT_PIDS_MAX,
         runsc: str = "runsc",
         gvisor_platform: Platform = "systrap",
+        gvisor_events: Path | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.disks = disks
@@ -104,7 +105,7 @@ class LocalRuntime:
         self.java_trust = JavaTrust(self.state_dir / "java-trust")
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         runsc_path = find_runsc(runsc)
-        self.gvisor = Gvisor(runsc_path, gvisor_platform) if runsc_path else None
+        self.gvisor = Gvisor(runsc_path, gvisor_platform, gvisor_events) if runsc_path else None
         self.isolations: tuple[str, ...] = ("standard", "gvisor") if runsc_path else ("standard",)
 
     # -- the Runtime protocol ---------------------------------------------------------------
