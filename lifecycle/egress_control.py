@@ -109,7 +109,7 @@ def audited(document: Policy | VaultState | None) -> dict[str, Any]:
 
 def proxy_netns(record: SandboxRecord) -> str | None:
     """The sandbox's netns as the proxy looks up connections' processes in it (proxy/origin.py);
-    None on gVisor, whose sockets the host kernel does not hold."""
+    None on gVisor, whose sockets are all held by its kernel (the Sentry), not its programs."""
     if record.netns is None or record.extensions.get(ISOLATION_KEY) == "gvisor":
         return None
     return str(RUN_NETNS / record.netns)

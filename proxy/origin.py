@@ -14,8 +14,9 @@ Rules:
    (never on the event loop), bounded in time (`LOOKUP_S`) and in how many wait at once
    (`PENDING_MAX`). It never delays or changes a decision: a record takes what the lookup
    found by the time it is written, or says why not (`unknown`).
-3. A sandbox whose entry names no `netns` (gVisor: its sockets live in the Sentry, which the
-   host cannot see; a runtime that gives none) gets `unknown` with that reason at once.
+3. A sandbox whose entry names no `netns` (gVisor: every socket of the sandbox is held by the
+   Sentry, one host process running all its programs, so the holder would name runsc) gets
+   `unknown` with that reason at once.
 4. Parsing is pure (`diag_request`, `socket_inodes`); the netlink socket and /proc are the edge.
 """
 
@@ -43,7 +44,10 @@ DIAG_MSG_MIN = 72  # struct inet_diag_msg, up to and including idiag_inode
 LOOKUP_S = 2.0  # a lookup past this gives up (a flood of processes or sockets)
 PENDING_MAX = 256  # lookups queued or running at once; past it a connection is not looked up
 WORKERS = 2
-NO_NETNS = "no process lookup for this sandbox: its sockets are not the host kernel's (gVisor)"
+NO_NETNS = (
+    "no process lookup for this sandbox: its sockets are held by gVisor's kernel (the Sentry), "
+    "not by its programs"
+)
 PENDING = "the lookup had not finished when this record was written"
 
 
