@@ -22,13 +22,14 @@ from pathlib import Path
 
 import httpx
 
+from bench import sized
 from bench.bench_gateway import _command, _cpu_s, _p, _timed
 from bench.sandbox_rig import enter_own_netns, run_as_root_child
 
 CHILD_FLAG = "SANDGATE_BENCH_EXEC_AUDIT_CHILD"
-RUNS = int(os.environ.get("SANDGATE_BENCH_EXEC_AUDIT_RUNS", "150"))
-ROUNDS = 4
-EXECS = 2000  # /bin/true execs per server for the per-event row
+RUNS = int(os.environ.get("SANDGATE_BENCH_EXEC_AUDIT_RUNS", sized("150", "10")))
+ROUNDS = sized(4, 2)
+EXECS = sized(2000, 100)  # /bin/true execs per server for the per-event row
 SETTINGS = ("off", "execd", "processes")
 TRUE = {"command": "true"}
 

@@ -31,7 +31,19 @@ from bench import bench_audit, bench_cli, bench_proxy
 
 REPO = Path(__file__).resolve().parents[2]
 N = r"-?[\d,]+(?:\.\d+)?"  # a number as the benchmarks print it (never nan, inf or "-")
-ROOT = {"audit", "code", "docker", "gateway", "gvisor", "images", "proxy", "sandbox_disk", "sandboxes"}
+ROOT = {
+    "audit",
+    "code",
+    "docker",
+    "exec_audit",
+    "gateway",
+    "gvisor",
+    "images",
+    "process_lookup",
+    "proxy",
+    "sandbox_disk",
+    "sandboxes",
+}
 # the smoke sizes, whatever a developer's shell sets for full runs (SANDGATE_BENCH_SANDBOXES, ...)
 SMALLEST = {key: value for key, value in os.environ.items() if not key.startswith("SANDGATE_BENCH_")}
 TIMEOUT = 900  # seconds per module; the proxy's smoke run is the longest (about 3 minutes loaded)
@@ -115,6 +127,14 @@ PROMISES: dict[str, list[str]] = {
         rf"^upload \d+ MiB: {N} MiB/s, RSS idle {N} MiB, peak {N} MiB$",
         rf"^download \d+ MiB: {N} MiB/s, peak {N} MiB$",
     ],
+    "exec_audit": [
+        rf"^exec audit trail: {N} x {N} command round trips per setting, {N} execs per sandbox$",
+        *(
+            rf"^\s+exec_audit={setting}\s+command round trip p50\s+{N} ms p95\s+{N} ms \({N}x off\) \| "
+            rf"serve CPU/command\s+{N} ms \| serve CPU per exec in the sandbox\s+{N} us \| audit lines {N}$"
+            for setting in ("off", "execd", "processes")
+        ),
+    ],
     "gateway": [
         compared("GET /ping (the hop alone)"),
         rf"serve's CPU per proxied /ping: {N} us$",
@@ -159,6 +179,11 @@ PROMISES: dict[str, list[str]] = {
         rf"^decision loops: wall/CPU time {N} ",
     ],
     "proxy": _proxy(),
+    "process_lookup": [
+        rf"^process lookup: {N} lookups per row, {N} processes on the machine$",
+        timing("4 connections open"),
+        timing("400 connections open"),
+    ],
     "proxy_start": [
         rf"^one proxy process\s+{N}\s+-\s+{N}\s+{N}$",
         rf"^pool of \d+ workers\s+{N}\s+{N}\s+{N}\s+{N}$",
