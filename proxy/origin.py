@@ -88,6 +88,8 @@ def inode_of(netns: Path, local: Address, remote: Address, deadline: float) -> i
         sock.settimeout(max(0.01, deadline - time.monotonic()))
         sock.send(diag_request())
         while True:
+            if time.monotonic() > deadline:  # a sandbox with a flood of sockets
+                raise TimeoutError
             sockets, done = socket_inodes(sock.recv(65_536))
             for ends in sockets:
                 if ends[:2] == (local, remote) and ends[2]:
@@ -131,13 +133,16 @@ def holder(netns: Path, inode: int, deadline: float) -> int | None:
     """A process in `netns` holding the socket `inode`."""
     link = f"socket:[{inode}]"
     for pid in _members(netns):
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
-                        return pid
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # gone, or a kernel thread
+            continue
+        for fd in fds:
+            if time.monotonic() > deadline:  # a flood of processes or open files
+                raise TimeoutError  # (outside any suppress(OSError): TimeoutError is one)
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
+                    return pid
     return None
 
 

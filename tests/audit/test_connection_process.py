@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import pytest
 
 from sandgate.lifecycle.audit import to_ocsf
 from sandgate.proxy.contract.audit import ConnectionProcess
-from sandgate.proxy.origin import NO_NETNS, ProcessFinder
+from sandgate.proxy.origin import NO_NETNS, ProcessFinder, holder
 from tests.support.audit import audit_records
 from tests.support.internet import ORIGIN_V4, Internet, start_internet
 from tests.support.ocsf import ocsf_errors
@@ -156,6 +157,13 @@ def test_a_sandbox_without_a_netns_says_why() -> None:
     finder.start(("10.0.0.2", 40000), ("192.0.2.1", 443), None)
     assert finder.of(("10.0.0.2", 40000)) == ConnectionProcess(unknown=NO_NETNS)
     assert finder.of(("10.0.0.2", 40001)) is None  # no lookup started: not a sandbox connection
+
+
+def test_a_lookup_past_its_deadline_gives_up() -> None:
+    """A sandbox with a flood of processes or open files cannot hold a lookup thread: the scan
+    stops at its deadline (this process's own netns holds this test's open files)."""
+    with pytest.raises(TimeoutError):
+        holder(Path("/proc/self/ns/net"), 1, time.monotonic() - 1)
 
 
 def test_a_passed_through_connection_names_its_program(server: SandgateServer, sandbox: str) -> None:
