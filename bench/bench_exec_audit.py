@@ -40,6 +40,9 @@ def main() -> None:
 
 def _child() -> None:
     host_netns = os.open("/proc/self/ns/net", os.O_RDONLY)  # the process connector's (initial) netns
+    # ... unless this runs under pytest (the smoke test), whose conftest left the initial netns
+    # for one of its own and names the initial one here
+    connector_netns = os.environ.get("SANDGATE_TEST_HOST_NETNS") or f"/proc/{os.getpid()}/fd/{host_netns}"
     enter_own_netns()
     from tests.support.server import sandgate_server
 
@@ -51,7 +54,7 @@ def _child() -> None:
         for setting in SETTINGS:
             extra = {
                 "SANDGATE_EXEC_AUDIT": setting,
-                "SANDGATE_PROCESS_EVENTS_NETNS": f"/proc/{os.getpid()}/fd/{host_netns}",
+                "SANDGATE_PROCESS_EVENTS_NETNS": connector_netns,
             }
             (Path(temp) / setting).mkdir()
             servers[setting] = stack.enter_context(sandgate_server(Path(temp) / setting, extra))
