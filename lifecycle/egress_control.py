@@ -25,6 +25,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any, Protocol
 
 from sandgate.lifecycle.audit import Change, PolicyChange
@@ -107,12 +108,18 @@ def audited(document: Policy | VaultState | None) -> dict[str, Any]:
     return to_document(document) if isinstance(document, Policy) else document.to_document()
 
 
-def proxy_netns(record: SandboxRecord) -> str | None:
-    """The sandbox's netns as the proxy looks up connections' processes in it (proxy/origin.py);
-    None on gVisor, whose sockets are all held by its kernel (the Sentry), not its programs."""
+# A sandbox's cgroup.procs files (the runtime's), where the proxy finds its processes.
+ProcessLists = Callable[[str], list[Path]]
+
+
+def process_lookup(record: SandboxRecord, lists: ProcessLists | None) -> dict[str, Any]:
+    """What the proxy needs to name each connection's process (proxy/origin.py): the sandbox's
+    netns, and its process lists when the runtime has them; nothing on gVisor, whose sockets are
+    all held by its kernel (the Sentry), not its programs."""
     if record.netns is None or record.extensions.get(ISOLATION_KEY) == "gvisor":
-        return None
-    return str(RUN_NETNS / record.netns)
+        return {}
+    found = [str(path) for path in lists(record.id)] if lists else []
+    return {"netns": str(RUN_NETNS / record.netns), "process_lists": found}
 
 
 class EgressControl:
@@ -124,8 +131,10 @@ class EgressControl:
         vault: SecretStore,
         policies: PolicyBook,
         audit: AuditWriter,
+        process_lists: ProcessLists | None = None,
     ) -> None:
         self.store = store
+        self.process_lists = process_lists
         self.proxy = proxy
         self.vault = vault
         self.policies = policies
@@ -140,7 +149,7 @@ class EgressControl:
             sandbox_id=record.id,
             address=record.address or "",
             policy=to_document(policy),
-            netns=proxy_netns(record),
+            **process_lookup(record, self.process_lists),
         )
         try:
             self.proxy.put_sandbox(entry)
@@ -164,7 +173,7 @@ class EgressControl:
             address=record.address or "",
             policy=to_document(self.effective(base, vault)),
             credentials=vault.entries(),
-            netns=proxy_netns(record),
+            **process_lookup(record, self.process_lists),
         )
         self.proxy.put_sandbox(entry)
 

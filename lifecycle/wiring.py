@@ -367,6 +367,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
             settings.policy_max_rules, settings.load_default_policy(), settings.presets
         ),
         audit=policy_change_writer(settings.audit_log),
+        process_lists=getattr(runtime, "process_lists", None),  # local: its cgroup; Docker: a netns scan
     )
     service = Service(
         store,

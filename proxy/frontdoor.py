@@ -176,7 +176,8 @@ class FrontDoor:
                 self._refuse(sock, peer, sandbox.id if sandbox else "-", refused, limits)
                 continue
             if sandbox is not None:
-                self.state.processes.start(peer, sandbox_destination(sock), sandbox.entry.netns)
+                entry = sandbox.entry
+                self.state.processes.start(peer, sandbox_destination(sock), entry.netns, entry.process_lists)
             task = asyncio.create_task(self._serve(listener, sock, peer, source, limits))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

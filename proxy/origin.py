@@ -6,10 +6,12 @@ Rules:
    source address and port and whose remote end is where the sandbox connected (the original
    destination, before the redirect to the proxy: two sockets may share a local port), and its
    inode; the process is one that holds that inode
-   (`/proc/<pid>/fd/* -> socket:[inode]`) among the processes in that namespace (their
-   `/proc/<pid>/ns/net`). Nothing a sandbox writes is read; it can hand its socket to another
-   process of its own (SCM_RIGHTS, fork), and then that holder is named: the process that held
-   the connection's socket when the proxy looked.
+   (`/proc/<pid>/fd/* -> socket:[inode]`) among the sandbox's processes: its cgroup's list when
+   lifecycle gives it (`process_lists`: a few reads, where a scan of every process on the host
+   would wait for the GIL at each of hundreds of syscalls while the event loop is busy), else
+   every process in that namespace (`/proc/<pid>/ns/net`). Nothing a sandbox writes is read; it
+   can hand its socket to another process of its own (SCM_RIGHTS, fork), and then that holder is
+   named: the process that held the connection's socket when the proxy looked.
 2. A lookup starts when the front door accepts the connection and runs in a thread of its own
    (never on the event loop), bounded in time (`LOOKUP_S`) and in how many wait at once
    (`PENDING_MAX`). It never delays or changes a decision: a record takes what the lookup
@@ -129,10 +131,20 @@ def _members(netns: Path) -> Iterator[int]:
                     yield int(name)
 
 
-def holder(netns: Path, inode: int, deadline: float) -> int | None:
-    """A process in `netns` holding the socket `inode`."""
+def _listed(lists: list[str]) -> list[int] | None:
+    """The pids in the sandbox's process lists (None: there are none to read)."""
+    pids: set[int] = set()
+    for path in lists:
+        with contextlib.suppress(OSError, ValueError):
+            pids.update(int(word) for word in Path(path).read_text().split())
+    return sorted(pids) if pids else None
+
+
+def holder(netns: Path, inode: int, deadline: float, lists: list[str] | None = None) -> int | None:
+    """A process of the sandbox (its process lists, else every process in `netns`) holding the
+    socket `inode` (an inode names one socket in the whole system: no other sandbox's matches)."""
     link = f"socket:[{inode}]"
-    for pid in _members(netns):
+    for pid in _listed(lists or []) or _members(netns):
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:  # gone, or a kernel thread
@@ -156,14 +168,14 @@ def describe(pid: int) -> ConnectionProcess:
     return ConnectionProcess(pid=pid, sandbox_pid=int(nspid), exe=exe)
 
 
-def find(netns: Path, local: Address, remote: Address) -> ConnectionProcess:
+def find(netns: Path, local: Address, remote: Address, lists: list[str] | None = None) -> ConnectionProcess:
     """The process holding the sandbox's socket from `local` to `remote` (rule 1)."""
     deadline = time.monotonic() + LOOKUP_S
     try:
         inode = inode_of(netns, local, remote, deadline)
         if inode is None:
             return ConnectionProcess(unknown="the sandbox has no such socket (closed already)")
-        pid = holder(netns, inode, deadline)
+        pid = holder(netns, inode, deadline, lists)
     except TimeoutError:
         return ConnectionProcess(unknown=f"the lookup took longer than {LOOKUP_S:g} s")
     except OSError as exc:
@@ -184,7 +196,9 @@ class ProcessFinder:
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="process-of")
         self._lookups: dict[Address, Future[ConnectionProcess]] = {}
 
-    def start(self, peer: tuple[str, int], destination: tuple[str, int], netns: str | None) -> None:
+    def start(
+        self, peer: tuple[str, int], destination: tuple[str, int], netns: str | None, lists: list[str]
+    ) -> None:
         """Look up who opened the connection from `peer` to `destination` (where the sandbox
         connected: the original destination of a redirected connection)."""
         client = _key(peer)
@@ -193,7 +207,7 @@ class ProcessFinder:
         elif sum(not lookup.done() for lookup in self._lookups.values()) >= PENDING_MAX:
             self._done(client, ConnectionProcess(unknown="too many lookups at once (a flood of connections)"))
         else:
-            self._lookups[client] = self._pool.submit(find, Path(netns), client, _key(destination))
+            self._lookups[client] = self._pool.submit(find, Path(netns), client, _key(destination), lists)
 
     def of(self, peer: tuple[str, int] | None) -> ConnectionProcess | None:
         """What is known of `peer`'s process (None: no lookup for it, not a sandbox connection)."""

@@ -252,6 +252,10 @@ class LocalRuntime:
         box = self._dir(sandbox_id)
         return box / "disk" if self.disks is not None else box
 
+    def process_lists(self, sandbox_id: str) -> list[Path]:
+        """The files listing the sandbox's processes (its cgroup's `cgroup.procs`)."""
+        return self._cgroup(sandbox_id).procs_files()
+
     def _cgroup_name(self, sandbox_id: str) -> str:
         return f"sandgate-{self.instance}-{sandbox_id}"
 

@@ -106,6 +106,11 @@ class SandboxEntry(BaseModel):
         description="the sandbox's network namespace (a path such as /run/netns/NAME), where the proxy "
         "finds which process opened each connection (proxy/origin.py); None: not looked up (gVisor)",
     )
+    process_lists: list[str] = Field(
+        default_factory=list,
+        description="files listing the sandbox's processes (its cgroup's cgroup.procs), where the "
+        "proxy looks for a connection's process; empty: every process in `netns`",
+    )
 
     @field_validator("address")
     @classmethod

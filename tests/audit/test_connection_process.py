@@ -154,7 +154,7 @@ def test_a_program_that_claims_to_be_another_is_named_by_what_it_is(
 
 def test_a_sandbox_without_a_netns_says_why() -> None:
     finder = ProcessFinder()
-    finder.start(("10.0.0.2", 40000), ("192.0.2.1", 443), None)
+    finder.start(("10.0.0.2", 40000), ("192.0.2.1", 443), None, [])
     assert finder.of(("10.0.0.2", 40000)) == ConnectionProcess(unknown=NO_NETNS)
     assert finder.of(("10.0.0.2", 40001)) is None  # no lookup started: not a sandbox connection
 
