@@ -29,7 +29,7 @@ from mitmproxy import connection, http
 
 from sandgate.policy import Decision, Reason
 from sandgate.proxy.audit import AuditUnwritable
-from sandgate.proxy.contract.audit import INCOMPLETE, AuditRecord, ConnectionProcess, utc_timestamp
+from sandgate.proxy.contract.audit import INCOMPLETE, AuditRecord, utc_timestamp
 from sandgate.proxy.decide import Verdict, refusal
 from sandgate.proxy.state import FLOW_KEY, ConnState, ProxyState, RequestState, Sandbox
 
@@ -109,8 +109,8 @@ class AuditAddon:
     def client_disconnected(self, client: connection.Client) -> None:
         conn = self.state.connections.pop(client.id, None)
         if conn is not None and conn.passthrough and conn.decision_record is not None:
-            process = self.state.processes.of(client.peername)
-            self.state.audit.write(closing_record(conn, conn.decision_record, client, process))
+            closing = closing_record(conn, conn.decision_record, client)
+            self.state.processes.write_when_known(client.peername, closing, self.state.audit.write)
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.request.stream:  # the head goes upstream when this hook returns
@@ -150,7 +150,8 @@ class AuditAddon:
         if verdict.allowed:
             self.state.metrics.latency(time.monotonic() - request_state.started)
         self.state.metrics.decision("request", verdict.outcome, verdict.reason)
-        self.state.audit.write(self._request_record(flow, request_state, status))
+        record = self._request_record(flow, request_state, status)
+        self.state.processes.write_when_known(flow.client_conn.peername, record, self.state.audit.write)
 
     def _request_record(
         self, flow: http.HTTPFlow, request_state: RequestState, status: int | None, event: str | None = None
@@ -200,25 +201,16 @@ def unwritable_response(why: str) -> http.Response:
     )
 
 
-def closing_record(
-    conn: ConnState, decision: AuditRecord, client: connection.Client, process: ConnectionProcess | None
-) -> AuditRecord:
+def closing_record(conn: ConnState, decision: AuditRecord, client: connection.Client) -> AuditRecord:
     counted = conn.counters.read_and_close() if conn.counters else None
     bytes_in, bytes_out = counted or (0, 0)
     started, ended = client.timestamp_start, client.timestamp_end
     duration = round((ended - started) * 1000, 3) if started and ended else None
-    return closed(decision, bytes_in, bytes_out, duration, process)
+    return closed(decision, bytes_in, bytes_out, duration)
 
 
-def closed(
-    decision: AuditRecord,
-    bytes_in: int,
-    bytes_out: int,
-    duration_ms: float | None,
-    process: ConnectionProcess | None,
-) -> AuditRecord:
-    """The record that closes a pass-through connection (mitmproxy's relay or the front door's
-    splice), with what is known by now of the process that opened it."""
+def closed(decision: AuditRecord, bytes_in: int, bytes_out: int, duration_ms: float | None) -> AuditRecord:
+    """The record that closes a pass-through connection (mitmproxy's relay or the front door's splice)."""
     return decision.model_copy(
         update={
             "id": f"{decision.id}-{CLOSED}",
@@ -227,7 +219,6 @@ def closed(
             "bytes_in": bytes_in,
             "bytes_out": bytes_out,
             "duration_ms": duration_ms,
-            "process": process or decision.process,
         }
     )
 

@@ -233,8 +233,8 @@ class FrontDoor:
         bytes_in, bytes_out = await self._pass_through(sock, conn, sandbox, judged.upstream, destination[1])
         if conn.decision_record is not None:
             duration = round((time.monotonic() - accepted) * 1000, 3)
-            process = self.state.processes.of(peer)
-            self.state.audit.write(closed(conn.decision_record, bytes_in, bytes_out, duration, process))
+            closing = closed(conn.decision_record, bytes_in, bytes_out, duration)
+            self.state.processes.write_when_known(peer, closing, self.state.audit.write)
         return True
 
     async def _peek_clienthello(self, sock: socket.socket) -> ClientHello | None:

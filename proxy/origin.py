@@ -14,8 +14,11 @@ Rules:
    named: the process that held the connection's socket when the proxy looked.
 2. A lookup starts when the front door accepts the connection and runs in a thread of its own
    (never on the event loop), bounded in time (`LOOKUP_S`) and in how many wait at once
-   (`PENDING_MAX`). It never delays or changes a decision: a record takes what the lookup
-   found by the time it is written, or says why not (`unknown`).
+   (`PENDING_MAX`). It never delays or changes a decision: a decision's record takes what the
+   lookup found by the time it is written, or says why not (`unknown`); a connection's last
+   records (a request's whole record, a pass-through's closing one) wait for the lookup to end
+   (`write_when_known`) without holding up anything else (a program that ended at once is then
+   still named if the lookup read it in time).
 3. A sandbox whose entry names no `netns` (gVisor: every socket of the sandbox is held by the
    Sentry, one host process running all its programs, so the holder would name runsc) gets
    `unknown` with that reason at once.
@@ -24,17 +27,18 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import os
 import socket
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from sandgate.proxy.contract.audit import ConnectionProcess
+from sandgate.proxy.contract.audit import AuditRecord, ConnectionProcess
 from sandgate.proxy.resolver import normalise_ip
 
 NETLINK_SOCK_DIAG = 4
@@ -185,6 +189,9 @@ def find(netns: Path, local: Address, remote: Address, lists: list[str] | None =
     return describe(pid)
 
 
+Write = Callable[[AuditRecord], None]
+
+
 def _key(address: tuple[str, int] | tuple[str, int, int, int]) -> Address:
     return normalise_ip(address[0]), address[1]
 
@@ -217,6 +224,20 @@ class ProcessFinder:
         if not lookup.done():
             return ConnectionProcess(unknown=PENDING)
         return lookup.result()
+
+    def write_when_known(self, peer: tuple[str, int] | None, record: AuditRecord, write: Write) -> None:
+        """Write `record` (a connection's last) with its process: now if the lookup is done (or
+        there is none), else once it is, from the event loop, without holding anything up."""
+        lookup = self._lookups.get(_key(peer)) if peer else None
+        if lookup is None or lookup.done():
+            write(record.model_copy(update={"process": self.of(peer)}) if lookup else record)
+            return
+        loop = asyncio.get_running_loop()
+
+        def known(done: Future[ConnectionProcess]) -> None:
+            loop.call_soon_threadsafe(write, record.model_copy(update={"process": done.result()}))
+
+        lookup.add_done_callback(known)
 
     def forget(self, peer: tuple[str, int]) -> None:
         self._lookups.pop(_key(peer), None)

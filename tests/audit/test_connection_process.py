@@ -64,10 +64,13 @@ def internet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, internet: Internet) -> Iterator[SandgateServer]:
+@pytest.fixture(scope="module", params=["1", "2"], ids=["one-proxy", "two-workers"])
+def server(
+    tmp_path_factory: pytest.TempPathFactory, internet: Internet, request: pytest.FixtureRequest
+) -> Iterator[SandgateServer]:
     extra = {
         **internet.upstream_settings(),
+        "SANDGATE_PROXY_WORKERS": request.param,  # each worker looks up its own connections
         "SANDGATE_EXEC_AUDIT": "processes",
         "SANDGATE_PROCESS_EVENTS_NETNS": os.environ["SANDGATE_TEST_HOST_NETNS"],
     }
