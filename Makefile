@@ -4,7 +4,7 @@
 VENV := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap bootstrap-run serve test test-fast test-adversarial bench bench-smoke lint images clean
+.PHONY: bootstrap bootstrap-run serve test test-fast test-adversarial bench bench-smoke lint images cluster cluster-build cluster-down clean
 
 # Everything: run time, test and benchmark tools, dev extras (scripts/bootstrap.sh test).
 bootstrap:
@@ -56,6 +56,19 @@ bench-smoke: bootstrap
 # the daemon at DOCKER_HOST / the system socket, else in a private dockerd and saved for `docker load`.
 images: bootstrap
 	$(VENV)/python sandbox-images/build.py
+
+# A one-node Kubernetes cluster on this machine (root), built once per version from Go modules
+# into ~/.cache/sandgate/k8s, started in a network namespace of its own; prints the kubeconfig.
+# `make cluster-down` removes all of it (docs/kubernetes.md).
+cluster:
+	@bash scripts/bootstrap.sh cluster
+	@PYTHON=$(VENV)/python bash scripts/cluster/up.sh
+
+cluster-build:
+	@bash scripts/cluster/build.sh
+
+cluster-down:
+	@bash scripts/cluster/down.sh
 
 lint: bootstrap
 	$(VENV)/ruff check .

@@ -120,6 +120,7 @@ def synthetic_records(
             "sandbox": sandbox,
             "client": f"10.213.{n % 250}.{2 + 4 * (n % 60)}:{40000 + n % 20000}",
             "upstream": None if decision == "deny" else f"198.51.100.{n % 250 + 1}:443",
+            "via": None,
             "sni": host if kind != "dns" else None,
             "scheme": "https" if kind in ("request", "connection") else None,
             "method": rng.choice(["GET", "GET", "GET", "POST", "PUT"]) if kind == "request" else None,

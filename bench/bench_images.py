@@ -46,7 +46,11 @@ def _child() -> None:
         work = Path(temp)
         with start_registry(work / "registry") as registry:
             fill(registry)
-            env = {"SANDGATE_REGISTRY_MIRRORS": registry.mirror, "SANDGATE_IMAGE_PULL_TIMEOUT": "120"}
+            env = {
+                "SANDGATE_REGISTRY_MIRRORS": registry.mirror,
+                "SANDGATE_REGISTRY_MIRROR_ONLY": "true",  # no public name is looked up
+                "SANDGATE_IMAGE_PULL_TIMEOUT": "120",
+            }
             pulls, grown = [], 0.0
             for index in range(PULLS):
                 (work / f"serve{index}").mkdir()

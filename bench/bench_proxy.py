@@ -408,14 +408,18 @@ def start_mitmdump(topo: Topology) -> Proxy:
     return Proxy("mitmdump", process, confdir / "mitmproxy-ca-cert.pem")
 
 
-def start_squid(topo: Topology) -> Proxy:
+def start_squid(topo: Topology, access_log: bool = False) -> Proxy:
+    """squid on the proxy core; `access_log`: it logs each request to squid/access.log."""
     import shutil
 
     squid_dir = topo.workdir / "squid"
     squid_dir.mkdir()
     shutil.chown(squid_dir, "proxy", "proxy")  # squid drops root for its cache_effective_user
     conf = squid_dir / "squid.conf"
-    conf.write_text(SQUID_CONF.format(gateway=GATEWAY, port=SQUID_PORT, dir=squid_dir, dns=DNS_ADDR))
+    text = SQUID_CONF.format(gateway=GATEWAY, port=SQUID_PORT, dir=squid_dir, dns=DNS_ADDR)
+    if access_log:
+        text = text.replace("access_log none", f"access_log stdio:{squid_dir}/access.log")
+    conf.write_text(text)
     process = topo.spawn("squid", ["taskset", "-c", PROXY_CPU, "squid", "-N", "-f", str(conf)])
     topo.wait_tcp(None, GATEWAY, SQUID_PORT)
     return Proxy("squid", process)
@@ -1034,18 +1038,26 @@ def terminated_by_signals() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def _child() -> None:
+@contextlib.contextmanager
+def bench_world(prefix: str) -> Iterator[Topology]:
+    """This process in a fresh network namespace with the benchmark's world started in it (rule
+    1), torn down when the block ends, also on SIGTERM/SIGINT; the machine's state before and after."""
     enter_private_netns()
-    print(f"machine: {machine()}; {SECONDS} s per run", flush=True)
+    print(f"machine: {machine()}; {SECONDS} s per run, {ROUNDS} round(s)", flush=True)
     names = {f"{n}.example.com": DIRECT if n == "direct" else REDIRECTED for n in NAMES}
     with (
         terminated_by_signals(),
-        tempfile.TemporaryDirectory(prefix="sg-bench-proxy-") as tmp,
+        tempfile.TemporaryDirectory(prefix=prefix) as tmp,
         Topology(Path(tmp)) as topo,
     ):
         topo.start(names)
-        run_all(topo)
+        yield topo
     print(f"machine after the run: {machine()}")
+
+
+def _child() -> None:
+    with bench_world("sg-bench-proxy-") as topo:
+        run_all(topo)
 
 
 def main() -> None:

@@ -10,7 +10,8 @@ Rules:
    `execute_input`), `stdout`/`stderr` (`stream`), one `result` per `execute_result` or
    `display_data` with every MIME type of its bundle (`text/plain` sent as `text`, as the Go
    execd does, since that is the field the SDK reads), then `execution_complete`, or `error`
-   with the kernel's `ename`, `evalue`, `traceback` (terminal colours removed) in its place.
+   with the kernel's `ename`, `evalue`, `traceback` (terminal colours removed) in its place
+   (an exception thrown by a Java cell is `EvalException`, as OpenSandbox's IJava names it).
    The run ends at the kernel's
    `idle` status for that request.
 3. Runs in one context are serial: a second concurrent run gets a 409. An interrupt
@@ -21,8 +22,9 @@ Rules:
    running `INTERRUPT_GRACE_S` after that, the kernel is killed. A killed kernel, or one that
    died (checked every `LIVENESS_POLL_S` while a cell waits), has ended its context: the run
    gets an error saying so, later runs a 410, and a new context starts a new kernel. Deleting
-   a context kills its kernel's process group.
-5. `python`, `bash`, `javascript`, `typescript` and `java` are the languages; creating or
+   a context kills its kernel's session: its process group and any group the kernel made (GoNB
+   starts gopls in one of its own).
+5. `python`, `bash`, `javascript`, `typescript`, `java` and `go` are the languages; creating or
    running any other is a 400 that lists them; so is one this sandbox has no kernel for (the
    message lists those it has, and what to install). Listing or deleting by another language
    matches nothing. A run without a context id uses the language's default context, created on
@@ -53,7 +55,7 @@ from .commands import EVENT_QUEUE
 from .errors import CONFLICT, ApiError, bad_request, not_found
 from .events import event, frame, sse_response, with_pings
 from .kernels import SUPPORTED_LANGUAGES, NoKernel, kernel_manager_specs, kernel_name
-from .process import child_env, exit_code, expand_cwd, kill_group
+from .process import child_env, exit_code, expand_cwd, kill_session
 from .requests import Field, check, parse_body
 from .web import Request, Response, json_response
 
@@ -170,7 +172,7 @@ class Context:
             return
         self.ended = why
         if self.pid:
-            kill_group(self.pid)
+            kill_session(self.pid)
         self.client.stop_channels()
         self.keep(asyncio.ensure_future(self.manager.shutdown_kernel(now=True)))
 
@@ -216,7 +218,9 @@ class Context:
             results = wire_bundle(content.get("data") or {})
             await queue_.put(event("result", results=results, execution_count=content.get("execution_count")))
         elif kind == "error":
-            error.append(plain_error(content))
+            error.append(
+                java_eval_error(plain_error(content)) if self.language == "java" else plain_error(content)
+            )
 
     async def late_output(self, msg_id: str, queue_: RunEvents, error: list[dict[str, Any]]) -> None:
         """Output of the cell that comes after its idle status: Deno's kernel publishes a cell's
@@ -315,7 +319,7 @@ class CodeContexts:
     def shutdown(self) -> None:
         for context in [*self.contexts.values(), *self.unclaimed.values()]:
             if context.pid:
-                kill_group(context.pid)
+                kill_session(context.pid)
 
     async def _end_all_when_cancelled(self) -> None:
         try:
@@ -482,6 +486,18 @@ def plain_error(content: dict[str, Any]) -> dict[str, Any]:
         "evalue": ANSI_ESCAPE.sub("", str(content.get("evalue") or "")),
         "traceback": [ANSI_ESCAPE.sub("", str(line)) for line in content.get("traceback") or []],
     }
+
+
+# JJava reports an exception thrown by a cell's code as RuntimeException("<class>, <message>");
+# OpenSandbox's code-interpreter (IJava) and the clients written against it call that error
+# `EvalException` (rule 2), so a Java context names it so; evalue and traceback stay JJava's.
+JJAVA_THROWN = re.compile(r"^[\w$]+(\.[\w$]+)+, ")
+
+
+def java_eval_error(error: dict[str, Any]) -> dict[str, Any]:
+    if error["ename"] == "RuntimeException" and JJAVA_THROWN.match(error["evalue"]):
+        return {**error, "ename": "EvalException"}
+    return error
 
 
 def startup_log(files: str) -> str:

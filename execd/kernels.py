@@ -10,7 +10,10 @@ Rules:
    dir, `own_kernelspecs`): ipykernel and bash_kernel under execd's Python, Deno's kernel
    (`deno jupyter --kernel`) from the `deno` next to execd's Python or on the sandbox's PATH.
    JJava's kernel (`pip install jjava`: the wheel carries its jar and kernelspec) when `java` is
-   on the sandbox's PATH.
+   on the sandbox's PATH. GoNB (`gonb`, with `goimports` and `gopls` beside it) next to execd's
+   Python or on the sandbox's PATH, when `go` is on the sandbox's PATH or next to execd's Python
+   (bootstrap links the host's there); GoNB builds each cell with that `go` and runs the binary
+   (rule 7).
    This is what a `sandgate/host` sandbox runs (execd's Python is the host venv, bound read-only).
    Deno's kernel implements no interrupt (neither SIGINT nor `interrupt_request`): SIGINT ends
    it, so an interrupted javascript/typescript context ends, and a new one starts fresh.
@@ -21,6 +24,11 @@ Rules:
    image's) starts it as `-c QUICK_BASH_KERNEL` instead, in the same Python.
 6. An ipykernel (`-m ipykernel_launcher` or `-m ipykernel`) also gets `EXACT_FD_OUTPUT` to run at
    start, so a cell's fd-level output (a child process's) is all in the cell's events.
+7. GoNB writes and runs its programs in `$TMPDIR`, which in a Docker sandbox is a `noexec` tmpfs:
+   execd's GoNB kernelspec and the code-interpreter image's start it through `GONB_LAUNCH`, with
+   `TMPDIR` a directory under `$HOME` (the sandbox's writable home), made first. Go's toolchain
+   never switches itself (`GOTOOLCHAIN=local`) nor reports (`GOTELEMETRY=off`); `--raw_error`
+   makes a compile error plain text (GoNB's default is an HTML page).
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ KERNEL_NAMES: dict[str, tuple[str, ...]] = {
     "javascript": ("deno", "javascript"),
     "typescript": ("deno", "typescript"),
     "java": ("java",),
+    "go": ("gonb", "go"),
 }
 SUPPORTED_LANGUAGES = tuple(KERNEL_NAMES)
 SYSTEM_JUPYTER_DIRS = ("/usr/local/share/jupyter", "/usr/share/jupyter")
@@ -53,7 +62,20 @@ INSTALL_HINTS = {
     "javascript": "Deno (`pip install deno`, whose `deno jupyter` is the kernel)",
     "typescript": "Deno (`pip install deno`, whose `deno jupyter` is the kernel)",
     "java": "a JDK (`java` on PATH, 11 or later) and JJava (`pip install jjava`, its kernelspec `java`)",
+    "go": "Go (`go` on PATH) and GoNB with goimports and gopls beside it (their kernelspec `gonb`)",
 }
+# How a GoNB kernel starts (rule 7): argv[0] is `sh -c`'s $0, the gonb binary; $1 the connection file.
+# An image may ship a warm Go build cache (`GONB_GO_CACHE_SEED`): the first kernel of a sandbox
+# copies it to where `go` builds (mkdir is the lock: one copy, whoever comes second compiles what
+# is not there yet), so a sandbox's first cell does not compile fmt and friends.
+GONB_LAUNCH = (
+    'TMPDIR="${HOME:-/tmp}/.cache/gonb-tmp"; GOCACHE="${GOCACHE:-${HOME:-/tmp}/.cache/go-build}"; '
+    'export TMPDIR GOCACHE; mkdir -p "$TMPDIR" || exit 1; '
+    'if [ -d "${GONB_GO_CACHE_SEED:-}" ] && mkdir "$GOCACHE" 2>/dev/null; then '
+    'cp -R "$GONB_GO_CACHE_SEED"/. "$GOCACHE"/; fi; '
+    'exec "$0" --kernel "$1" --raw_error'
+)
+GO_ENV = {"GOTOOLCHAIN": "local", "GOTELEMETRY": "off"}
 
 
 # bash_kernel as `python -m bash_kernel` runs it, but with pexpect's 50 ms pause before every
@@ -138,11 +160,25 @@ def sandbox_kernel_dirs(env: dict[str, str]) -> list[str]:
     return [os.path.join(root, "kernels") for root in roots]
 
 
-def find_deno(env: dict[str, str]) -> str | None:
-    beside_python = Path(sys.executable).with_name("deno")
+def find_program(name: str, env: dict[str, str]) -> str | None:
+    """`name` next to execd's Python, else on the sandbox's PATH."""
+    beside_python = Path(sys.executable).with_name(name)
     if beside_python.is_file() and os.access(beside_python, os.X_OK):
         return str(beside_python)
-    return shutil.which("deno", path=env.get("PATH", os.defpath))
+    return shutil.which(name, path=env.get("PATH", os.defpath))
+
+
+def gonb_kernelspec(gonb: str, go: str) -> dict[str, object]:
+    """GoNB's kernelspec, started through GONB_LAUNCH with `go` and GoNB's tools on its PATH."""
+    tools = {os.path.dirname(go), os.path.dirname(gonb)}
+    path = os.pathsep.join([*sorted(tools), "${PATH}"])
+    return {
+        "argv": ["/bin/sh", "-c", GONB_LAUNCH, gonb, "{connection_file}"],
+        "language": "go",
+        "display_name": "Go (gonb)",
+        "interrupt_mode": "message",
+        "env": {**GO_ENV, "PATH": path},
+    }
 
 
 def own_kernelspecs(env: dict[str, str]) -> dict[str, dict[str, object]]:
@@ -155,7 +191,7 @@ def own_kernelspecs(env: dict[str, str]) -> dict[str, dict[str, object]]:
     if importlib.util.find_spec("bash_kernel") is not None:
         argv = [*python, "bash_kernel", "-f", "{connection_file}"]
         specs["bash"] = {"argv": argv, "language": "bash", "display_name": "Bash"}
-    deno = find_deno(env)
+    deno = find_program("deno", env)
     if deno is not None:
         argv = [deno, "jupyter", "--kernel", "--conn", "{connection_file}"]
         # NO_COLOR: values are shown as plain text, as Node's REPL shows them to a pipe
@@ -166,6 +202,10 @@ def own_kernelspecs(env: dict[str, str]) -> dict[str, dict[str, object]]:
         spec = json.loads((jjava / "kernel.json").read_text(encoding="utf-8"))
         spec["argv"] = [word.replace("{resource_dir}", str(jjava)) for word in spec["argv"]]
         specs["java"] = spec
+    gonb, go = find_program("gonb", env), shutil.which("go", path=env.get("PATH", os.defpath))
+    go = go or find_program("go", env)
+    if gonb is not None and go is not None:
+        specs["gonb"] = gonb_kernelspec(gonb, go)
     return specs
 
 

@@ -39,6 +39,20 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pid, sig)
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session `sid` (a kernel leads one: jupyter_client starts it with a
+    new session): its process group and any group it made beside it, as GoNB does for gopls."""
+    kill_group(sid)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as stat:
+                session = int(stat.read().rsplit(")", 1)[1].split()[3])  # state ppid pgrp session
+            if session == sid:
+                os.kill(int(entry), signal.SIGKILL)
+
+
 async def terminate_group(pid: int, done: Callable[[], bool]) -> None:
     """SIGTERM the group, then SIGKILL it if it is still there after a grace period."""
     kill_group(pid, signal.SIGTERM)

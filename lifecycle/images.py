@@ -4,9 +4,10 @@ Rules:
 1. An image is a name and a root filesystem directory. The built-in `sandgate/host` image is an
    allowlist of the host (`host_root`): the host's system directories (`HOST_SYSTEM_DIRS`) bound
    read-only, a curated copy of /etc (`HOST_ETC`, never keys or sandgate's config), and fresh
-   private /tmp, /home, /root, /run, /var. Nothing else of the host is in it. Every other image
-   was imported from a tarball (one flattened `rootfs`) or pulled from a registry (a list of
-   layers in the shared layer store, lifecycle/layers.py; fetched by lifecycle/registry.py).
+   private /tmp, /home, /root, /run, /var, /opt, /srv, /mnt (`PRIVATE_DIRS`). Nothing else of
+   the host is in it. Every other image was imported from a tarball (one flattened `rootfs`) or
+   pulled from a registry (a list of layers in the shared layer store, lifecycle/layers.py;
+   fetched by lifecycle/registry.py).
 2. Import accepts `docker save` archives (manifest.json; layers applied in order with whiteouts),
    OCI image layouts (index.json) and plain root filesystem tarballs. Nothing in an archive may
    write outside the image directory (tarfile's `tar` filter plus whiteout path checks).
@@ -91,12 +92,16 @@ HOST_ETC = (
 HOST_ETC_NEVER = frozenset(
     {"ssl/private", "pki/tls/private", "pki/CA/private", "pki/rsyslog", "java-*-openjdk/management"}
 )
-# Fresh, private and writable in each sandbox (in its overlay), with their modes.
+# Fresh, private and writable in each sandbox (in its overlay), with their modes: the standard
+# layout agents and their tools expect (/opt, /srv, /mnt empty, not the host's).
 PRIVATE_DIRS = {
     "tmp": 0o1777,
     "home": 0o755,
     "root": 0o700,
     "run": 0o755,
+    "opt": 0o755,
+    "srv": 0o755,
+    "mnt": 0o755,
     "var": 0o755,
     "var/tmp": 0o1777,
     "var/cache": 0o755,
@@ -488,7 +493,7 @@ def _never_copied(relative: str) -> bool:
 
 
 def _fingerprint(entries: list[tuple[str, os.stat_result]]) -> str:
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(repr(sorted(PRIVATE_DIRS.items())).encode())  # a new skeleton dir: a new root
     for relative, info in entries:
         digest.update(f"{relative}\0{info.st_mode}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
     return digest.hexdigest()[:16]

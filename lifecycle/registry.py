@@ -13,8 +13,10 @@ Rules:
    written 0600 in a private temporary directory and deleted after the copy; never argv, env,
    logs, or error messages (skopeo's own messages name the registry and the user at most).
 4. `docker.io` references go to each of `registry_mirrors` in turn, then to docker.io itself,
-   like dockerd's `registry-mirrors`. A registry may be spoken to over plain HTTP only when it is
-   loopback or listed in `insecure_registries`.
+   like dockerd's `registry-mirrors`; under `registry_mirror_only` never to docker.io (an
+   air-gapped or proxied install: no lookup of a public name), and a tag the mirrors lack is a
+   `not-found` naming them. A registry may be spoken to over plain HTTP only when it is loopback
+   or listed in `insecure_registries`.
 5. Failures are `PullError`s whose `kind` says which (`not-found`, `unauthorized`, `platform`,
    `unreachable`, `invalid`) so the API answers 4xx with the reference and the registry named.
    A pull never waits longer than its timeout.
@@ -147,6 +149,7 @@ class Platform:
 class RegistryConfig:
     mirrors: tuple[str, ...] = ()
     insecure: tuple[str, ...] = ()
+    mirror_only: bool = False
     timeout: float = 300.0
     skopeo: str = "skopeo"
 
@@ -156,17 +159,27 @@ def mirror_host(url: str) -> str:
     return urlsplit(url if "//" in url else f"//{url}").netloc
 
 
-def candidates(reference: Reference, mirrors: Sequence[str]) -> list[Reference]:
+def candidates(reference: Reference, config: RegistryConfig) -> list[Reference]:
     """Where to look for an image, in order (rule 4)."""
     if reference.registry != DOCKER_HUB:
         return [reference]
-    return [*(reference.on(mirror_host(url)) for url in mirrors), reference]
+    mirrored = [reference.on(mirror_host(url)) for url in config.mirrors]
+    return mirrored if config.mirror_only else [*mirrored, reference]
 
 
-def most_telling(errors: Sequence[PullError]) -> PullError:
-    """Of the candidates' failures, the one to report: a refusal says more than a miss."""
+def most_telling(reference: Reference, config: RegistryConfig, errors: Sequence[PullError]) -> PullError:
+    """Of the candidates' failures, the one to report: a refusal says more than a miss. Under
+    `mirror_only` the message says docker.io was not asked, so nobody goes looking there."""
     order: list[PullKind] = ["unauthorized", "platform", "invalid", "not-found", "unreachable"]
-    return min(errors, key=lambda error: order.index(error.kind))
+    error = min(errors, key=lambda error: order.index(error.kind))
+    if reference.registry != DOCKER_HUB or not config.mirror_only:
+        return error
+    mirrors = ", ".join(mirror_host(url) for url in config.mirrors)
+    return PullError(
+        error.kind,
+        f"{error} (registry_mirror_only: {reference} is pulled from the mirror(s) {mirrors} only, "
+        "never from docker.io; copy the image into a mirror)",
+    )
 
 
 class RegistryClient:
@@ -197,14 +210,14 @@ class RegistryClient:
         that answered. Tries every candidate (rule 4); raises the most telling `PullError`."""
         platform = platform or Platform.host()
         errors: list[PullError] = []
-        for candidate in candidates(reference, self.config.mirrors):
+        for candidate in candidates(reference, self.config):
             try:
                 self._copy_one(candidate, destination, credentials, platform, progress)
                 return candidate
             except PullError as exc:
                 errors.append(exc)
                 shutil.rmtree(destination, ignore_errors=True)
-        raise most_telling(errors)
+        raise most_telling(reference, self.config, errors)
 
     def _copy_one(
         self,

@@ -37,7 +37,7 @@ from pydantic_settings import (
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.quantities import parse_quantity
 from sandgate.policy import DEFAULT_MAX_RULES, Policy, Presets, load_policy
-from sandgate.proxy import ResolverAddress, audit_path
+from sandgate.proxy import ResolverAddress, UpstreamProxy, audit_path
 
 DEFAULT_CONFIG_FILE = Path("/etc/sandgate/config.toml")
 _config_flag: ContextVar[Path | None] = ContextVar("config_flag", default=None)
@@ -168,6 +168,11 @@ class Settings(BaseSettings):
         description="resolvers the proxy asks: `ip`, `ip:port` or `[v6]:port` (default: /etc/resolv.conf)",
     )
     upstream_ca: Path | None = Field(None, description="extra CA bundle trusted upstream (adds to certifi)")
+    upstream_proxies: list[UpstreamProxy] = Field(
+        default_factory=list,
+        description="company proxies allowed traffic leaves through (env: JSON list of {url, hosts, "
+        "credential, identity_header}); first match by host wins; docs/proxy.md",
+    )
 
     # sandbox networks
     address_pool: IPv4Network = Field(IPv4Network("10.213.0.0/16"), description="sandbox /30s come from here")
@@ -216,6 +221,11 @@ class Settings(BaseSettings):
         description="mirror URLs tried in order for docker.io images (env: comma-separated), "
         "e.g. https://mirror.example.com; an http:// mirror is spoken to over plain HTTP",
     )
+    registry_mirror_only: bool = Field(
+        False,
+        description="docker.io images come from registry_mirrors only, never from docker.io "
+        "(air-gapped or proxied installs: no public name is looked up)",
+    )
     insecure_registries: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="registry hosts[:port] allowed over plain HTTP (env: comma-separated); "
@@ -261,6 +271,15 @@ class Settings(BaseSettings):
     audit_max_rows: int | None = Field(
         None, ge=1, description="the audit index keeps at most this many newest records"
     )
+
+    @model_validator(mode="after")
+    def _mirror_only_has_mirrors(self) -> Settings:
+        if self.registry_mirror_only and not self.registry_mirrors:
+            raise ValueError(
+                "registry_mirror_only is set but registry_mirrors is empty: no docker.io image "
+                "could be pulled; name a mirror (e.g. https://mirror.example.com) or unset it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _isolation_from_secure_runtime(self) -> Settings:

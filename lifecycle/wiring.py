@@ -115,6 +115,7 @@ def write_proxy_config(settings: Settings) -> Path:
         audit_fsync=settings.audit_fsync,
         max_rules=settings.policy_max_rules,
         vault=vault_settings(settings),
+        upstream_proxies=settings.upstream_proxies,
     )
     path = config_path(settings.state_dir)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -277,6 +278,7 @@ def registry_config(settings: Settings) -> RegistryConfig:
     return RegistryConfig(
         mirrors=tuple(settings.registry_mirrors),
         insecure=tuple(settings.insecure_registries),
+        mirror_only=settings.registry_mirror_only,
         timeout=settings.image_pull_timeout,
     )
 

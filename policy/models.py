@@ -16,7 +16,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from sandgate.policy.canonical import AmbiguousTarget, canonical_pattern
 from sandgate.policy.errors import HintedValueError
@@ -137,6 +145,73 @@ def _check_paths(paths: list[str] | None) -> list[str] | None:
     return list(dict.fromkeys(paths))
 
 
+BYTE_UNITS = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+}
+
+
+def _byte_count(value: Any) -> Any:
+    """`1048576`, `"1Mi"`, `"500k"` -> bytes; anything else is left for the int check to refuse."""
+    if isinstance(value, str):
+        text = value.strip()
+        for suffix in sorted(BYTE_UNITS, key=len, reverse=True):
+            if text.endswith(suffix) and text[: -len(suffix)].strip().isdigit():
+                return int(text[: -len(suffix)]) * BYTE_UNITS[suffix]
+        if text.isdigit():
+            return int(text)
+        raise HintedValueError(
+            f"{value!r} is not a byte count", "e.g. 1048576, '512Ki', '10Mi', '1Gi', '500k'"
+        )
+    return value
+
+
+ByteCount = Annotated[int, BeforeValidator(_byte_count), Field(ge=1)]
+
+
+class Directions(_Model):
+    """A byte count each way: `in` (upstream to the sandbox) and `out` (the sandbox to upstream)."""
+
+    in_: ByteCount | None = Field(None, alias="in")
+    out: ByteCount | None = None
+
+
+class Budget(_Model):
+    """What may go: for the whole sandbox (the policy's `budgets`) or for each host a rule matches
+    (the rule's). `requestsPerSecond` is a token bucket (`burst` at once, default one second's
+    worth) over the requests the proxy sees (plain HTTP and intercepted TLS); `bytesPerSecond` and
+    `totalBytes` count the bytes each way of those requests' bodies and of passed-through
+    connections. Over a budget, a request is answered 429 with reason `budget`; a pass-through
+    connection is slowed to `bytesPerSecond`, and a new one closed once a total is spent."""
+
+    requestsPerSecond: float | None = Field(None, gt=0, le=100_000)
+    burst: int | None = Field(None, ge=1, le=1_000_000)
+    bytesPerSecond: Directions | None = None
+    totalBytes: Directions | None = None
+
+    @model_validator(mode="after")
+    def _limits_something(self) -> Budget:
+        if self.requestsPerSecond is None and self.bytesPerSecond is None and self.totalBytes is None:
+            raise HintedValueError(
+                "a budget without requestsPerSecond, bytesPerSecond or totalBytes limits nothing",
+                "e.g. {requestsPerSecond: 5} or {totalBytes: {in: 1Gi}}",
+            )
+        if self.burst is not None and self.requestsPerSecond is None:
+            raise HintedValueError("burst needs requestsPerSecond", "e.g. {requestsPerSecond: 5, burst: 20}")
+        return self
+
+    @property
+    def capacity(self) -> float:
+        rate = self.requestsPerSecond or 1.0
+        return float(self.burst) if self.burst is not None else max(1.0, rate)
+
+
 class EgressRule(_Model):
     """One egress rule; the first rule whose every condition matches decides."""
 
@@ -147,6 +222,7 @@ class EgressRule(_Model):
     methods: list[str] | None = None
     paths: list[str] | None = None
     inspect: Literal["auto", "always"] = "auto"
+    budgets: Budget | None = None  # per host this rule matches
     _origin: str | None = PrivateAttr(default=None)
     _preset: str | None = PrivateAttr(default=None)  # "preset:NAME@V" for a rule a preset brought in
 
@@ -167,6 +243,15 @@ class EgressRule(_Model):
     @classmethod
     def _target(cls, value: str) -> str:
         return parse_target(value).text
+
+    @model_validator(mode="after")
+    def _budget_on_allow(self) -> EgressRule:
+        if self.budgets is not None and self.action != "allow":
+            raise HintedValueError(
+                f"budgets on a {self.action} rule limit nothing",
+                "give budgets to allow rules, or remove them",
+            )
+        return self
 
     @property
     def parsed_target(self) -> Target:
@@ -524,6 +609,7 @@ class Policy(_Model):
     include: list[str] = []  # presets whose rules follow the own rules (policy/presets.py)
     egress: list[EgressRule] = []
     bindings: list[Binding] = []
+    budgets: Budget | None = None  # for the whole sandbox
 
     _default = field_validator("defaultAction", mode="before")(_lower)
 

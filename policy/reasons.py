@@ -48,6 +48,7 @@ class Reason(StrEnum):
     TOO_FAST = "accept-rate"  # fairness: the sandbox's new connections per second
     HEADER_TIMEOUT = "header_timeout"  # a client too slow to send its first request's headers
     AUDIT_UNWRITABLE = "audit-unwritable"  # the audit log cannot be written: nothing is forwarded (503)
+    BUDGET = "budget"  # the sandbox's or the rule's requests-per-second budget is spent (429)
     # Approvals (`action: ask`): the policy asks, a reviewer answers.
     ASK = "ask"  # the policy's answer to a request an `ask` rule or default matched: hold it
     APPROVED = "approved"  # a reviewer allowed the held request (once, or for the sandbox)

@@ -35,7 +35,9 @@ _PUBLIC = {
     ),
     "verify_chain": "chain",
     **dict.fromkeys(("CaFiles", "ensure_ca"), "ca"),
-    **dict.fromkeys(("ConnectionLimits", "ProxyConfig", "ResolverAddress", "SandboxEntry"), "config"),
+    **dict.fromkeys(
+        ("ConnectionLimits", "ProxyConfig", "ResolverAddress", "SandboxEntry", "UpstreamProxy"), "config"
+    ),
     "system_servers": "config",
     **dict.fromkeys(("ProxyControl", "ProxyControlError"), "control"),
 }
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
         ProxyConfig,
         ResolverAddress,
         SandboxEntry,
+        UpstreamProxy,
         system_servers,
     )
     from sandgate.proxy.contract.control import ProxyControl, ProxyControlError
@@ -94,6 +97,7 @@ __all__ = [
     "RecordKind",
     "ResolverAddress",
     "SandboxEntry",
+    "UpstreamProxy",
     "append_record",
     "append_records",
     "audit_path",

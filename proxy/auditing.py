@@ -109,8 +109,11 @@ class AuditAddon:
     def client_disconnected(self, client: connection.Client) -> None:
         conn = self.state.connections.pop(client.id, None)
         if conn is not None and conn.passthrough and conn.decision_record is not None:
-            closing = closing_record(conn, conn.decision_record, client)
-            self.state.processes.write_when_known(client.peername, closing, self.state.audit.write)
+            record = closing_record(conn, conn.decision_record, client)
+            self.state.processes.write_when_known(client.peername, record, self.state.audit.write)
+            if sandbox := self.state.table.get(conn.sandbox_address):
+                self.state.spend_budgets(sandbox, record.rule, record.host, record.bytes_in, record.bytes_out)
+                # mitmproxy's relay was not throttled: its bytes go into the byte buckets now
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.request.stream:  # the head goes upstream when this hook returns
@@ -152,6 +155,10 @@ class AuditAddon:
         self.state.metrics.decision("request", verdict.outcome, verdict.reason)
         record = self._request_record(flow, request_state, status)
         self.state.processes.write_when_known(flow.client_conn.peername, record, self.state.audit.write)
+        if verdict.allowed:
+            self.state.spend_budgets(
+                request_state.sandbox, record.rule, record.host, record.bytes_in, record.bytes_out
+            )
 
     def _request_record(
         self, flow: http.HTTPFlow, request_state: RequestState, status: int | None, event: str | None = None
@@ -162,6 +169,8 @@ class AuditAddon:
         detail = request_state.detail
         if flow.error and detail is None:
             detail = flow.error.msg  # may quote upstream bytes: the writer redacts it
+            if request_state.via:
+                detail = f"through upstream proxy {request_state.via}: {detail}"
         ended = event is None
         return AuditRecord.of(
             "request",
@@ -169,7 +178,8 @@ class AuditAddon:
             addr(flow.client_conn.peername) or "-",
             request_state.verdict.decision,
             id=request_state.record_id,
-            upstream=addr(server.peername) if server and server.peername else None,
+            upstream=_dialled(server, request_state.via),
+            via=request_state.via,
             sni=flow.client_conn.sni,
             scheme="https" if request.scheme == "https" else "http",
             method=identity.method if identity else request.method,
@@ -186,6 +196,13 @@ class AuditAddon:
             detail=detail,
             process=self.state.processes.of(flow.client_conn.peername),
         )
+
+
+def _dialled(server: connection.Server | None, via: str | None) -> str | None:
+    """What the proxy dialled for a request: the origin, or the upstream proxy it went through."""
+    if via is not None:
+        return via.removeprefix("http://")
+    return addr(server.peername) if server and server.peername else None
 
 
 def unwritable_response(why: str) -> http.Response:

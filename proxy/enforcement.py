@@ -38,10 +38,12 @@ from typing import Literal
 from mitmproxy import connection, http, tls
 from mitmproxy.proxy import mode_specs, server_hooks
 
-from sandgate.policy import AmbiguousTarget, Reason, RequestIdentity, request_identity
+from sandgate.policy import AmbiguousTarget, Decision, Reason, RequestIdentity, request_identity
 from sandgate.proxy.approvals import Held
 from sandgate.proxy.auditing import addr, record_decision, security_event
+from sandgate.proxy.budgets import OverBudget
 from sandgate.proxy.clienthello import EchMode, encrypted_hello, hello_fault
+from sandgate.proxy.contract.config import UpstreamProxy
 from sandgate.proxy.decide import (
     AMBIGUOUS,
     GONE,
@@ -60,6 +62,7 @@ from sandgate.proxy.resolver import ResolveError, is_ip_literal
 from sandgate.proxy.revocation import allowed_over
 from sandgate.proxy.state import FLOW_KEY, ConnState, ProxyState, RequestState, Sandbox
 from sandgate.proxy.tcpinfo import KernelCounters
+from sandgate.proxy.upstreamproxy import UpstreamProxyError
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,7 @@ class ClientHelloVerdict:
     name: str | None  # the connection-level name: SNI, else DNS-attributed, else the address
     detail: str | None
     upstream: str | None  # pass-through: the checked address to dial
+    via: UpstreamProxy | None = None  # pass-through: the upstream proxy it is dialled through
 
 
 class EnforcementAddon:
@@ -86,7 +90,9 @@ class EnforcementAddon:
         conn, sandbox = self._lookup(flow.client_conn)
         host = (flow.request.host or "").lower().rstrip(".")
         verdict = decide(sandbox.policy, host, flow.request.port, "https") if sandbox else GONE
-        facts = {"method": "CONNECT", "host": host, "port": flow.request.port}
+        facts: dict[str, object] = {"method": "CONNECT", "host": host, "port": flow.request.port}
+        if sandbox and verdict.allowed and (via := self._via(sandbox, host)[0]):
+            facts["via"] = via.url
         record = (
             record_decision(self.state, "connection", sandbox, verdict, flow.client_conn.peername, **facts)
             if sandbox
@@ -165,9 +171,16 @@ class EnforcementAddon:
             # Relayed bytes have no write-ahead line of their own (an intercepted connection's
             # requests do, and are refused one by one with why): fail closed.
             verdict, detail = refusal(Reason.AUDIT_UNWRITABLE), failure
+        if verdict.allowed and not verdict.inspect and (over := self._bytes_spent(sandbox, verdict, name)):
+            verdict, detail = refusal(Reason.BUDGET, verdict.rule), over.detail
         if verdict.allowed and not verdict.inspect:
             verdict, upstream = await self._pin(conn, sandbox, name or "", port, "https", verdict)
-        return ClientHelloVerdict(verdict, name, detail, upstream)
+        via = None
+        if verdict.allowed and not verdict.inspect:
+            via, unusable = self._via(sandbox, name or "")
+            if unusable is not None:
+                verdict, detail, upstream = unusable, unusable.decision.detail, None
+        return ClientHelloVerdict(verdict, name, detail, upstream, via)
 
     def _judge_ech(
         self, extensions: list[tuple[int, bytes]], verdict: Verdict, detail: str | None
@@ -199,6 +212,8 @@ class EnforcementAddon:
         `conn.decision_record` is what its closing record repeats)."""
         verdict, name = judged.verdict, judged.name
         dialled = addr((judged.upstream, port)) if judged.upstream else None
+        if judged.via is not None and dialled is not None:
+            dialled = addr(judged.via.address)  # what the proxy dials; the upstream resolves the name
         stands = name == conn.connect_host and verdict.allowed and judged.detail is None
         record = conn.connect_record if stands else None
         if record is None:
@@ -213,11 +228,16 @@ class EnforcementAddon:
                 port=port,
                 scheme="https",
                 upstream=dialled,
+                via=judged.via.url if judged.via else None,
                 detail=judged.detail,
             )
         else:  # the CONNECT record stands; the closing record also says what TLS then showed
-            record = record.model_copy(update={"sni": sni, "upstream": dialled, "scheme": "https"})
+            via = judged.via.url if judged.via else None
+            update = {"sni": sni, "upstream": dialled, "scheme": "https", "via": via}
+            record = record.model_copy(update=update)
         conn.name = name
+        if judged.via is not None:
+            conn.via = judged.via
         if not verdict.allowed:
             conn.denied = True
             return
@@ -267,14 +287,24 @@ class EnforcementAddon:
             verdict = await self._ask(flow, sandbox, name, identity, verdict)
         if verdict.allowed:
             verdict, _upstream = await self._pin(conn, sandbox, name, request.port, scheme, verdict)
+        via, failure = self._via(sandbox, name) if verdict.allowed else (None, None)
+        if failure is not None:
+            self._refuse(flow, sandbox, failure, name, failure.decision.detail, identity)
+            flow.response = deny_response(failure, name, failure.decision.detail)
+            return
         if not verdict.allowed:
             self._refuse(flow, sandbox, verdict, name, None, identity)
+            return
+        if self._over_budget(flow, sandbox, verdict, name, identity):
             return
         if refusal := allowed_over(self.state, conn, sandbox, (name, request.port, scheme)):
             self._refuse(flow, sandbox, refusal, name, "the policy changed while deciding", identity)
             return
         request.data.host = name  # dial by the verified name, never by a client-chosen address
-        flow.metadata[FLOW_KEY] = RequestState(sandbox, verdict, name, identity)
+        if not conn.tunnelled:  # an explicit tunnel through an upstream goes on through it
+            conn.via = via
+            flow.server_conn.via = ("http", via.address) if via else None
+        flow.metadata[FLOW_KEY] = RequestState(sandbox, verdict, name, identity, via=via.url if via else None)
 
     async def _ask(
         self, flow: http.HTTPFlow, sandbox: Sandbox, name: str, identity: RequestIdentity, verdict: Verdict
@@ -336,6 +366,47 @@ class EnforcementAddon:
         assert refused is not None
         return refused, None
 
+    def _over_budget(
+        self, flow: http.HTTPFlow, sandbox: Sandbox, verdict: Verdict, name: str, identity: RequestIdentity
+    ) -> bool:
+        """Refuse an allowed request its budget has no room for: 429 (proxy/budgets.py)."""
+        subject = sandbox.budget_subject(verdict.rule, name)
+        if subject is None:
+            return False
+        over = self.state.budgets.admit(subject)
+        outcome = "allowed" if over is None else "over-reported" if sandbox.reporting else "refused"
+        self.state.metrics.budgeted[(sandbox.id, outcome)] += 1
+        if over is None or sandbox.reporting:
+            return False
+        spent = refusal(Reason.BUDGET, verdict.rule, status=429)
+        self._refuse(flow, sandbox, spent, name, over.detail, identity)
+        assert flow.response is not None
+        flow.response = deny_response(spent, name, over.detail)
+        if over.retry_after is not None:
+            flow.response.headers["retry-after"] = str(over.retry_after)
+        del flow.response.headers["connection"]  # a client that waits may go on over this one
+        return True
+
+    def _bytes_spent(self, sandbox: Sandbox, verdict: Verdict, name: str | None) -> OverBudget | None:
+        """A new pass-through connection's budgets: bytes left, each way (proxy/budgets.py rule 1)."""
+        subject = sandbox.budget_subject(verdict.rule, name)
+        if subject is None or sandbox.reporting:
+            return None
+        return self.state.budgets.admit(subject, request=False)
+
+    def _via(self, sandbox: Sandbox, name: str) -> tuple[UpstreamProxy | None, Verdict | None]:
+        """The upstream proxy an allowed destination leaves through, or the refusal when that
+        upstream cannot be used (its login is not in the vault): never a direct dial instead."""
+        proxies = self.state.upstream_proxies
+        via = proxies.choose(sandbox.entry.upstream_proxies, name)
+        if via is None:
+            return None, None
+        try:
+            proxies.connect_headers(via, sandbox.id)
+        except UpstreamProxyError as exc:
+            return via, Verdict(Decision("deny", Reason.UPSTREAM_ERROR, detail=str(exc)), 502)
+        return via, None
+
     # ------------------------------------------------------------------ upstream
 
     def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
@@ -343,6 +414,13 @@ class EnforcementAddon:
         address = data.server.address
         if conn is None or conn.denied or address is None:
             data.server.error = "egress denied"
+            return
+        if conn.via is not None:  # only the upstream proxy is dialled (upstreamproxy.py rule 2)
+            if address != conn.via.address:
+                data.server.error = (
+                    f"egress denied: {conn.name or address[0]} leaves through upstream proxy "
+                    f"{conn.via.url}, which this path cannot dial through (splice_passthrough off)"
+                )
             return
         name = conn.name if conn.passthrough else address[0]
         pinned = conn.pins.get(name or "")

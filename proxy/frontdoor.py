@@ -49,13 +49,14 @@ from mitmproxy.tls import ClientHello
 
 from sandgate.policy import Reason
 from sandgate.proxy.auditing import closed, security_event
-from sandgate.proxy.contract.config import ConnectionLimits, ProxyConfig
+from sandgate.proxy.contract.config import ConnectionLimits, ProxyConfig, UpstreamProxy
 from sandgate.proxy.enforcement import EnforcementAddon
 from sandgate.proxy.fairness import REFUSAL_WINDOW, Admission, RefusalWindows
 from sandgate.proxy.resolver import normalise_ip
 from sandgate.proxy.revocation import revoke_if_stale
-from sandgate.proxy.splice import RESET_ON_CLOSE, Splice
+from sandgate.proxy.splice import RESET_ON_CLOSE, Splice, Throttle
 from sandgate.proxy.state import ConnState, ProxyState, Sandbox
+from sandgate.proxy.upstreamproxy import UpstreamProxyError, open_tunnel
 
 log = logging.getLogger(__name__)
 
@@ -230,11 +231,15 @@ class FrontDoor:
         if not judged.verdict.allowed or judged.upstream is None or conn.revoked:
             sock.close()
             return True
-        bytes_in, bytes_out = await self._pass_through(sock, conn, sandbox, judged.upstream, destination[1])
+        target = (judged.name or judged.upstream, judged.upstream, destination[1])
+        bytes_in, bytes_out, failure = await self._pass_through(sock, conn, sandbox, target, judged.via)
         if conn.decision_record is not None:
             duration = round((time.monotonic() - accepted) * 1000, 3)
-            closing = closed(conn.decision_record, bytes_in, bytes_out, duration)
-            self.state.processes.write_when_known(peer, closing, self.state.audit.write)
+            record = closed(conn.decision_record, bytes_in, bytes_out, duration)
+            if failure is not None:
+                record = record.model_copy(update={"reason": Reason.UPSTREAM_ERROR, "detail": failure})
+            self.state.processes.write_when_known(peer, record, self.state.audit.write)
+            self.state.spend_budgets(sandbox, record.rule, record.host, bytes_in, bytes_out, request=False)
         return True
 
     async def _peek_clienthello(self, sock: socket.socket) -> ClientHello | None:
@@ -261,22 +266,32 @@ class FrontDoor:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
 
     async def _pass_through(
-        self, sock: socket.socket, conn: ConnState, sandbox: Sandbox, address: str, port: int
-    ) -> tuple[int, int]:
-        """Dial the checked address and splice; (bytes upstream -> client, client -> upstream).
+        self,
+        sock: socket.socket,
+        conn: ConnState,
+        sandbox: Sandbox,
+        target: tuple[str, str, int],
+        via: UpstreamProxy | None,
+    ) -> tuple[int, int, str | None]:
+        """Dial the checked address (name, address, port), or CONNECT to the name through `via`,
+        and splice; (bytes upstream -> client, client -> upstream, why the upstream proxy failed).
         While it runs the connection is in `ProxyState.connections`, where revocation finds it."""
-        upstream = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
-        upstream.setblocking(False)
-        upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            connecting = asyncio.get_running_loop().sock_connect(upstream, (address, port))
-            await asyncio.wait_for(connecting, UPSTREAM_CONNECT_TIMEOUT)
-        except (OSError, TimeoutError) as exc:
-            log.info("pass-through to %s:%s failed: %r", address, port, exc)
-            upstream.close()
-            sock.close()
-            return 0, 0
-        relay = Splice(sock, upstream)
+        name, address, port = target
+        if via is not None:
+            try:
+                headers = self.state.upstream_proxies.connect_headers(via, sandbox.id)
+                upstream = await open_tunnel(via, headers, name, port)
+            except UpstreamProxyError as exc:
+                log.info("pass-through to %s:%s: %s", name, port, exc)
+                sock.close()  # never a direct dial instead (upstreamproxy.py rule 4)
+                return 0, 0, str(exc)
+        else:
+            dialled = await _dial(address, port)
+            if dialled is None:
+                sock.close()
+                return 0, 0, None
+            upstream = dialled
+        relay = Splice(sock, upstream, self._throttles(sandbox, conn, name))
         key = f"splice-{next(self._spliced)}"
         conn.close = relay.abort
         self.state.connections[key] = conn
@@ -286,10 +301,20 @@ class FrontDoor:
         metrics.spliced_total += 1
         metrics.spliced_open += 1
         try:
-            return await relay.run()
+            return (*await relay.run(), None)
         finally:
             metrics.spliced_open -= 1
             self.state.connections.pop(key, None)
+
+    def _throttles(
+        self, sandbox: Sandbox, conn: ConnState, name: str
+    ) -> tuple[Throttle | None, Throttle | None]:
+        """The `bytesPerSecond` budgets a pass-through connection is slowed by, (in, out)."""
+        record = conn.decision_record
+        subject = sandbox.budget_subject(record.rule if record else None, name)
+        if subject is None or sandbox.reporting:
+            return None, None
+        return self.state.budgets.throttle(subject, "in"), self.state.budgets.throttle(subject, "out")
 
     # ------------------------------------------------------------------ refusals
 
@@ -330,6 +355,21 @@ def sandbox_destination(sock: socket.socket) -> tuple[str, int]:
     except OSError:  # no conntrack entry for it (ENOENT): it was not redirected
         host, port = sock.getsockname()[:2]
         return host, port
+
+
+async def _dial(address: str, port: int) -> socket.socket | None:
+    upstream = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    upstream.setblocking(False)
+    upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        await asyncio.wait_for(
+            asyncio.get_running_loop().sock_connect(upstream, (address, port)), UPSTREAM_CONNECT_TIMEOUT
+        )
+    except (OSError, TimeoutError) as exc:
+        log.info("pass-through to %s:%s failed: %r", address, port, exc)
+        upstream.close()
+        return None
+    return upstream
 
 
 async def _readable(sock: socket.socket, timeout: float) -> None:

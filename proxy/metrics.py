@@ -19,6 +19,10 @@ class Metrics:
         self.upstream_errors: Counter[str] = Counter()  # error class
         self.security_events: Counter[str] = Counter()
         self.revoked: Counter[str] = Counter()  # connections closed by a policy change, by reason
+        self.budgeted: Counter[tuple[str, str]] = Counter()  # (sandbox id, outcome): requests under a budget
+        self.budget_bytes: Counter[tuple[str, str]] = (
+            Counter()
+        )  # (sandbox id, "in"|"out"): bytes under a budget
         self.spliced_total = 0  # pass-through connections relayed in the kernel (front door)
         self.spliced_open = 0
         self._latency_counts = [0] * len(LATENCY_BUCKETS)
@@ -67,6 +71,18 @@ class Metrics:
             "reason",
             self.revoked,
         )
+        lines += _per_sandbox(
+            "sandgate_proxy_budget_requests_total",
+            "Requests under a budget, by sandbox and outcome.",
+            "outcome",
+            self.budgeted,
+        )
+        lines += _per_sandbox(
+            "sandgate_proxy_budget_bytes_total",
+            "Bytes under a budget, by sandbox and direction.",
+            "direction",
+            self.budget_bytes,
+        )
         lines += [
             "# HELP sandgate_proxy_spliced_connections_total Pass-through connections relayed by splice.",
             "# TYPE sandgate_proxy_spliced_connections_total counter",
@@ -92,6 +108,13 @@ class Metrics:
 def _counter(name: str, help_text: str, label: str, values: Counter[str]) -> list[str]:
     lines = [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
     lines += [f'{name}{{{label}="{_esc(key)}"}} {n}' for key, n in sorted(values.items())]
+    return lines
+
+
+def _per_sandbox(name: str, help_text: str, label: str, values: Counter[tuple[str, str]]) -> list[str]:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+    for (sandbox, other), n in sorted(values.items()):
+        lines.append(f'{name}{{sandbox="{_esc(sandbox)}",{label}="{_esc(other)}"}} {n}')
     return lines
 
 

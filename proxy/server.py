@@ -24,6 +24,8 @@ from mitmproxy.master import Master
 from sandgate.proxy import errorpages, lean, websocket
 from sandgate.proxy.audit import AuditLog
 from sandgate.proxy.auditing import AuditAddon
+from sandgate.proxy.budgets import Budgets
+from sandgate.proxy.chaining import UpstreamProxyAddon
 from sandgate.proxy.contract.ca import ensure_ca, upstream_trust_bundle
 from sandgate.proxy.contract.config import ProxyConfig
 from sandgate.proxy.contract.names import UPSTREAM_BUNDLE
@@ -42,6 +44,7 @@ from sandgate.proxy.revocation import Revoker
 from sandgate.proxy.state import ProxyState, SandboxTable, proxy_store
 from sandgate.proxy.streaming import StreamingAddon
 from sandgate.proxy.template import WorkerSlot
+from sandgate.proxy.upstreamproxy import UpstreamProxies
 from sandgate.proxy.workers import PeerNames, worker_socket
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,8 @@ def build_state(config: ProxyConfig, slot: WorkerSlot | None = None) -> ProxySta
     for entry in config.sandboxes if slot is None else ():
         table.put(entry)
     resolver = Resolver(config.upstream_dns)
+    upstream_proxies = UpstreamProxies(config.upstream_proxies, table.values)
+    upstream_proxies.load()  # before the loop runs: the logins are read once here, then refreshed
     return ProxyState(
         table=table,
         resolver=resolver,
@@ -82,6 +87,8 @@ def build_state(config: ProxyConfig, slot: WorkerSlot | None = None) -> ProxySta
             config.audit_fsync,
         ),
         metrics=Metrics(),
+        upstream_proxies=upstream_proxies,
+        budgets=Budgets(slot.count if slot else 1),  # each worker its share (budgets.py rule 3)
         # Token endpoints are verified like any upstream (the bundle mitmproxy_options writes).
         minter=TokenMinter(table.values, resolver, config.state_dir / UPSTREAM_BUNDLE),
     )
@@ -113,6 +120,7 @@ def addons(state: ProxyState, config: ProxyConfig) -> list[object]:
         IdentityAddon(state),
         HeaderDeadlineAddon(state, config.header_timeout),
         EnforcementAddon(state, config.ech),
+        UpstreamProxyAddon(state),
         InjectionAddon(state),
         StreamingAddon(),
         DnsAddon(state),
@@ -133,12 +141,13 @@ async def refresh_vault_values(state: ProxyState, interval: float) -> None:
 
 async def serve(config: ProxyConfig, slot: WorkerSlot | None = None) -> None:
     ensure_ca(config.state_dir)
-    errorpages.install()  # proxy-made error pages never quote upstream bytes
     websocket.install()  # WebSocket control frames pass the scrubber too
     outlast_mitmproxy_rs_udp_peers()  # a DNS client asking again from a port it used is answered
     state = build_state(config, slot)
+    errorpages.install(state.configured_upstream_proxies)  # error pages never quote upstream bytes
     state.audit.listen(asyncio.get_running_loop())
     state.table.on_change.append(Revoker(state, asyncio.get_running_loop()).table_changed)
+    state.table.on_change.append(state.forget_budgets)
     master = Master(options.Options())
     master.addons.add(*addons(state, config))
     lean.install(master.addons)  # mitmproxy's per-event work that buys nothing here

@@ -13,6 +13,9 @@ Rules:
    sockets are closed, the peer that still waits sees the close).
 4. A relay can be aborted from outside (`Splice.abort`, revocation): both directions stop at
    once and both sockets are reset (SO_LINGER 0), so neither peer can send another byte.
+5. A direction may be throttled (a `bytesPerSecond` budget, proxy/budgets.py): each read from
+   its source is at most what the throttle allows now, and with nothing allowed the direction
+   stops reading until the throttle's wait is over (the sender is held back by TCP).
 """
 
 from __future__ import annotations
@@ -23,17 +26,26 @@ import fcntl
 import os
 import socket
 import struct
+from typing import Protocol
 
 PIPE_SIZE = 1 << 20  # bytes a direction may hold in the kernel between reading and writing
 FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST
 
 
+class Throttle(Protocol):
+    def allowance(self, most: int) -> tuple[int, float]: ...  # (bytes now, or 0 and seconds to wait)
+
+    def spend(self, n: int) -> None: ...
+
+
 class _Direction:
     """One way of the relay: src -> pipe -> dst."""
 
-    def __init__(self, relay: _Relay, src: socket.socket, dst: socket.socket) -> None:
-        self.relay, self.src, self.dst = relay, src, dst
+    def __init__(
+        self, relay: _Relay, src: socket.socket, dst: socket.socket, throttle: Throttle | None
+    ) -> None:
+        self.relay, self.src, self.dst, self.throttle = relay, src, dst, throttle
         self.loop = asyncio.get_running_loop()
         self.pipe_r, self.pipe_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         with contextlib.suppress(OSError):  # above /proc/sys/fs/pipe-max-size: keep the default
@@ -47,13 +59,22 @@ class _Direction:
         self.loop.add_reader(self.src.fileno(), self._readable)
 
     def _readable(self) -> None:
+        most = PIPE_SIZE
+        if self.throttle is not None:
+            most, wait = self.throttle.allowance(PIPE_SIZE)
+            if not most:  # rule 5: read nothing until the budget has room again
+                self.loop.remove_reader(self.src.fileno())
+                self.loop.call_later(wait, self._resume)
+                return
         try:
-            n = os.splice(self.src.fileno(), self.pipe_w, PIPE_SIZE, flags=FLAGS)
+            n = os.splice(self.src.fileno(), self.pipe_w, most, flags=FLAGS)
         except BlockingIOError:
             return
         except OSError as exc:
             self.relay.failed(exc)
             return
+        if self.throttle is not None:
+            self.throttle.spend(n)
         if n == 0:
             self.loop.remove_reader(self.src.fileno())
             self.eof = True
@@ -79,6 +100,10 @@ class _Direction:
             self.close()
             self.relay.direction_finished()
 
+    def _resume(self) -> None:
+        if not self.finished and not self.pending:
+            self.loop.add_reader(self.src.fileno(), self._readable)
+
     def _writable(self) -> None:
         self.loop.remove_writer(self.dst.fileno())
         self._drain()
@@ -96,10 +121,15 @@ class _Direction:
 
 
 class _Relay:
-    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+    def __init__(
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        throttles: tuple[Throttle | None, Throttle | None],
+    ) -> None:
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.outbound = _Direction(self, client, upstream)
-        self.inbound = _Direction(self, upstream, client)
+        self.outbound = _Direction(self, client, upstream, throttles[1])
+        self.inbound = _Direction(self, upstream, client, throttles[0])
 
     def direction_finished(self) -> None:
         if self.outbound.finished and self.inbound.finished and not self.done.done():
@@ -115,11 +145,17 @@ class _Relay:
 class Splice:
     """One relay between a client and its upstream: `await run()` relays until both sides are
     done (or one fails) and returns (bytes upstream -> client, bytes client -> upstream); both
-    sockets are closed on return, also when cancelled. `abort()` ends it at once (rule 4)."""
+    sockets are closed on return, also when cancelled. `abort()` ends it at once (rule 4).
+    `throttles`: (upstream -> client, client -> upstream), None for a way without (rule 5)."""
 
-    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+    def __init__(
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        throttles: tuple[Throttle | None, Throttle | None] = (None, None),
+    ) -> None:
         self.client, self.upstream = client, upstream
-        self._relay = _Relay(client, upstream)
+        self._relay = _Relay(client, upstream, throttles)
 
     async def run(self) -> tuple[int, int]:
         relay = self._relay

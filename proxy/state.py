@@ -21,6 +21,7 @@ from sandgate.policy import (
     DEFAULT_MAX_RULES,
     AwsSigV4Auth,
     Binding,
+    Budget,
     CompiledPolicy,
     PassthroughAuth,
     RequestIdentity,
@@ -29,8 +30,9 @@ from sandgate.policy import (
 )
 from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.audit import AuditLog
+from sandgate.proxy.budgets import Budgets, Subject
 from sandgate.proxy.contract.audit import AuditRecord, new_record_id
-from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry
+from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry, UpstreamProxy
 from sandgate.proxy.credentials import SandboxCredentials, SecretValues
 from sandgate.proxy.decide import Verdict
 from sandgate.proxy.metrics import Metrics
@@ -38,6 +40,7 @@ from sandgate.proxy.minting import TokenMinter
 from sandgate.proxy.origin import ProcessFinder
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.tcpinfo import KernelCounters
+from sandgate.proxy.upstreamproxy import UpstreamProxies
 from sandgate.vault import open_configured
 
 FLOW_KEY = "sandgate"  # flow.metadata key of a RequestState
@@ -53,6 +56,7 @@ class Sandbox:
     placeholders: dict[str, str]  # every placeholder (passthrough, AWS key id) -> the binding it belongs to
     dns_ports: tuple[int, ...]  # ports a name could be allowed on (for DNS answers)
     credentials: SandboxCredentials
+    rule_budgets: dict[str, Budget]  # rule id (a Decision's `rule`) -> its per-host budget
 
     @classmethod
     def compile(
@@ -75,7 +79,12 @@ class Sandbox:
         }
         ports = {80, 443} | {port for rule in policy.policy.egress for port in rule.ports or ()}
         credentials = SandboxCredentials(values, bindings, entry.credentials)
-        return cls(entry, policy, bindings, placeholders, tuple(sorted(ports)), credentials)
+        budgets = {
+            rule.origin or f"egress[{index}]": rule.budgets
+            for index, rule in enumerate(policy.policy.egress)
+            if rule.budgets is not None
+        }
+        return cls(entry, policy, bindings, placeholders, tuple(sorted(ports)), credentials, budgets)
 
     @property
     def id(self) -> str:
@@ -84,6 +93,20 @@ class Sandbox:
     @property
     def address(self) -> str:
         return self.entry.address
+
+    def budget_subject(self, rule: str | None, host: str | None) -> Subject | None:
+        """What a request or connection allowed by `rule` for `host` counts against (None: no
+        budget applies)."""
+        rule_budget = self.rule_budgets.get(rule or "")
+        sandbox_budget = self.policy.policy.budgets
+        if (sandbox_budget or rule_budget) is None or not host:
+            return None
+        return Subject(self.address, sandbox_budget, rule, rule_budget, host)
+
+    @property
+    def reporting(self) -> bool:
+        """A policy on trial (`mode: report`): counted by its budgets, never refused or slowed."""
+        return self.policy.policy.mode == "report"
 
     def vault_name(self, credential: str) -> str:
         """The vault entry a binding's credential name refers to in this sandbox."""
@@ -116,6 +139,8 @@ class SandboxTable:
     def put(self, entry: SandboxEntry) -> Sandbox:
         sandbox = Sandbox.compile(entry, self.values, self.max_rules)
         self.values.load(sandbox.credentials.vault_names)
+        own_proxies = entry.upstream_proxies or ()
+        self.values.load(sorted({proxy.credential for proxy in own_proxies if proxy.credential}))
         self._by_address = MappingProxyType({**self._by_address, entry.address: sandbox})
         self._changed(entry.address)
         return sandbox
@@ -160,6 +185,8 @@ class ConnState:
     decision_record: AuditRecord | None = None  # pass-through: its decision, closed at disconnect
     counters: KernelCounters | None = None  # pass-through: the kernel's byte counts
     pins: dict[str, str] = field(default_factory=dict)  # name -> the address the proxy dials
+    via: UpstreamProxy | None = None  # the upstream its next dial goes through (upstreamproxy.py)
+    tunnelled: bool = False  # explicit CONNECT: its tunnel already dials through `via`
     restore: dict[str, tuple[str, int]] = field(default_factory=dict)  # server id -> address by name
 
 
@@ -179,6 +206,7 @@ class RequestState:
     bytes_out: int = 0
     bytes_in: int = 0
     detail: str | None = None
+    via: str | None = None  # the upstream proxy it went through
     record_id: str = field(default_factory=new_record_id)
     written_ahead: bool = False
 
@@ -192,5 +220,33 @@ class ProxyState:
     metrics: Metrics
     connections: dict[str, ConnState] = field(default_factory=dict)
     approvals: Approvals = field(default_factory=Approvals)
+    upstream_proxies: UpstreamProxies = field(default_factory=lambda: UpstreamProxies([], SecretValues(None)))
+    budgets: Budgets = field(default_factory=Budgets)
     minter: TokenMinter | None = None  # mints `oauth2` bindings' tokens (None: minting refused)
     processes: ProcessFinder = field(default_factory=ProcessFinder)  # who opened each connection
+
+    def spend_budgets(
+        self,
+        sandbox: Sandbox,
+        rule: str | None,
+        host: str | None,
+        bytes_in: int,
+        bytes_out: int,
+        request: bool = True,
+    ) -> None:
+        """Count what an allowed request or pass-through connection moved against its budgets
+        (`request` False: a spliced connection, whose byte buckets its throttle already spent)."""
+        if subject := sandbox.budget_subject(rule, host):
+            self.budgets.spend(subject, bytes_in, bytes_out, request)
+            self.metrics.budget_bytes[(sandbox.id, "in")] += bytes_in
+            self.metrics.budget_bytes[(sandbox.id, "out")] += bytes_out
+
+    def forget_budgets(self, address: str) -> None:
+        """A table change listener: a dropped sandbox's budget buckets go with it."""
+        if self.table.get(address) is None:
+            self.budgets.forget(address)
+
+    def configured_upstream_proxies(self) -> list[UpstreamProxy]:
+        """The server's upstream proxies and every sandbox entry's own."""
+        own = [proxy for entry in self.table.entries() for proxy in entry.upstream_proxies or ()]
+        return [*self.upstream_proxies.proxies, *own]

@@ -85,6 +85,15 @@ STDLIB_SKIP = re.compile(
     r"|^lib-dynload/(_tkinter|_test|_xx|xx)"
 )
 PY_IMAGE_PREFIX = "/usr/local"
+OS_RELEASE = 'NAME="sandgate"\nID=sandgate\nPRETTY_NAME="sandgate sandbox image (busybox, Python {python})"\n'
+# The standard layout agents and their tools expect (`cd /var`, a build writing to /var/tmp, an
+# installer into /opt), with their modes. The Docker runtime mounts tmpfs on /tmp, /var/tmp, /run.
+ROOTFS_DIRS = {
+    "tmp": 0o1777,
+    "var/tmp": 0o1777,
+    **dict.fromkeys(("var/cache", "var/lib", "var/log", "opt", "srv", "mnt", "home"), 0o755),
+    **dict.fromkeys(("run", "workspace", "proc", "sys", "dev", "etc/sandgate", "usr/local/bin"), 0o755),
+}
 
 
 @dataclass(frozen=True)
@@ -194,6 +203,8 @@ def system_entries() -> Iterator[Entry]:
     )
     yield Entry("etc/group", data=b"root:x:0:\nnogroup:x:65534:\n")
     yield Entry("etc/nsswitch.conf", data=b"passwd: files\ngroup: files\nhosts: files dns\n")
+    # what tools read to learn the system (os-release(5)): this image, not the host it came from
+    yield Entry("etc/os-release", data=OS_RELEASE.format(python=python_version()).encode())
     # The trust store lives on the /run tmpfs: the entry script writes it at start (read-only root).
     yield Entry(
         "usr/share/sandgate/system-ca.crt", HOST_CA_BUNDLE if HOST_CA_BUNDLE.exists() else None, data=b""
@@ -240,8 +251,8 @@ def input_digest(entries: list[Entry]) -> str:
 def write_rootfs(entries: list[Entry], out: Path) -> None:
     dirs: set[str] = set()
     with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
-        for base in ("tmp", "run", "workspace", "proc", "sys", "dev", "etc/sandgate"):
-            _add_dir(tar, base, dirs, mode=0o1777 if base == "tmp" else 0o755)
+        for base, mode in ROOTFS_DIRS.items():
+            _add_dir(tar, base, dirs, mode=mode)
         for entry in entries:
             _add_dir(tar, str(Path(entry.path).parent), dirs)
             info = tarfile.TarInfo(entry.path)
@@ -363,7 +374,102 @@ def _build(client: docker.DockerClient, entries: list[Entry], digest: str, cache
 
 
 def code_interpreter_archive(cache_dir: Path, digest: str) -> Path:
-    return cache_dir / f"code-interpreter-{digest}.tar"
+    return cache_dir / f"code-interpreter-{code_interpreter_tag(digest)}.tar"
+
+
+def code_interpreter_tag(digest: str) -> str:
+    """The base images' digest and the versions of the toolchains the image copies from this host."""
+    return f"{digest}-{hashlib.sha256(toolchain_versions().encode()).hexdigest()[:8]}"
+
+
+# ---- the Java and Go toolchains and kernels, from this host (bootstrap installs them)
+
+# JJava's JShell needs the compiler and the debugger interface: every module of the host's JDK,
+# linked into one runtime without debug symbols, man pages or headers (83 MB instead of 260).
+JLINK = ["--add-modules", "ALL-MODULE-PATH", "--strip-debug", "--no-man-pages", "--no-header-files"]
+IMAGE_JAVA_HOME = "/usr/lib/jvm/sandgate-jdk"
+IMAGE_GOROOT = "/usr/local/go"
+# What of GOROOT building a cell never reads: the toolchain's own sources, tests, docs
+GOROOT_SKIP = shutil.ignore_patterns("testdata", "*_test.go")
+GOROOT_SRC_SKIP = shutil.ignore_patterns("testdata", "*_test.go", "cmd")
+GOROOT_SKIP_TOP = ("test", "api", "doc", "misc")
+GO_TOOLS = ("gonb", "goimports", "gopls")  # GoNB and what it runs, next to .venv's Python
+
+
+def host_java_home() -> Path:
+    java = shutil.which("java")
+    if java is None:
+        raise RuntimeError("no `java` on PATH: the code-interpreter image needs a JDK (bootstrap has one)")
+    return Path(java).resolve().parent.parent
+
+
+def host_go() -> Path:
+    """The Go next to .venv's Python (bootstrap links the host's there), else on PATH."""
+    beside = Path(sys.executable).with_name("go")
+    found = beside if beside.exists() else Path(shutil.which("go") or "/nonexistent")
+    if not found.exists():
+        raise RuntimeError("no Go toolchain: the code-interpreter image's Go needs one (bootstrap links it)")
+    return found.resolve()
+
+
+def go_tools() -> list[Path]:
+    tools = [Path(sys.executable).with_name(tool) for tool in GO_TOOLS]
+    missing = [t.name for t in tools if not t.is_file()]
+    if missing:
+        raise RuntimeError(f"{', '.join(missing)} missing next to {sys.executable}: run `make bootstrap`")
+    return tools
+
+
+def toolchain_versions() -> str:
+    java = subprocess.run([host_java_home() / "bin" / "java", "-version"], capture_output=True, text=True)
+    go = subprocess.run([host_go(), "version"], capture_output=True, text=True, check=True).stdout
+    tools = [f"{t.name}:{t.stat().st_size}:{t.stat().st_mtime_ns}" for t in go_tools()]
+    return "\0".join([java.stderr, go, *tools])
+
+
+def linked_jdk(cache_dir: Path) -> Path:
+    """The jlink'ed runtime of the host's JDK, made once per JDK version in the cache dir."""
+    java_home = host_java_home()
+    release = (java_home / "release").read_text(encoding="utf-8")
+    out = cache_dir / f"jdk-{hashlib.sha256(release.encode()).hexdigest()[:12]}"
+    if not out.is_dir():
+        staging = cache_dir / f".{out.name}-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        jlink = [java_home / "bin" / "jlink", *JLINK, "--output", staging]
+        subprocess.run(jlink, check=True, capture_output=True)
+        staging.rename(out)
+    return out
+
+
+def add_toolchains(context: Path, cache_dir: Path) -> None:
+    """The JDK runtime, GOROOT (trimmed), GoNB's tools, the libraries the JDK needs, the kernelspecs
+    of JJava (from its wheel, which pip put in site/share) and GoNB into the build context."""
+    from sandgate.execd.kernels import gonb_kernelspec
+
+    shutil.copytree(linked_jdk(cache_dir), context / "jdk", symlinks=True)
+    goroot = host_go().parent.parent
+    (context / "go").mkdir()
+    for item in goroot.iterdir():
+        if item.name in GOROOT_SKIP_TOP:
+            continue
+        if item.is_dir():
+            skip = GOROOT_SRC_SKIP if item.name == "src" else GOROOT_SKIP
+            shutil.copytree(item, context / "go" / item.name, symlinks=True, ignore=skip)
+        else:
+            shutil.copy2(item, context / "go" / item.name)
+    for tool in go_tools():
+        shutil.copy2(tool, context / "bin" / tool.name)
+    jdk_files = [p for p in (context / "jdk").rglob("*") if p.is_file()]
+    elves = [p for p in jdk_files if p.suffix == ".so" or p.parent.name == "bin"]
+    (context / "lib").mkdir()
+    for name, host in shared_libraries(elves).items():
+        if not name.startswith("ld-linux") and not (context / "jdk" / "lib" / name).exists():
+            shutil.copy2(host, context / "lib" / name)
+    (context / "site" / "share" / "jupyter" / "kernels" / "java").rename(context / "kernels" / "java")
+    shutil.rmtree(context / "site" / "share")
+    spec = gonb_kernelspec("/usr/local/bin/gonb", f"{IMAGE_GOROOT}/bin/go")
+    (context / "kernels" / "gonb").mkdir()
+    (context / "kernels" / "gonb" / "kernel.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
 
 
 def build_code_interpreter(client: docker.DockerClient, digest: str, cache_dir: Path = DEFAULT_CACHE) -> Path:
@@ -372,7 +478,7 @@ def build_code_interpreter(client: docker.DockerClient, digest: str, cache_dir: 
     archive, which is also what the local runtime's image store imports. Order of preference:
     already there, load the cached archive, build (pip reaches the package index; docker does not).
     """
-    ref = f"{CODE_INTERPRETER_IMAGE}:{digest}"
+    ref = f"{CODE_INTERPRETER_IMAGE}:{code_interpreter_tag(digest)}"
     archive = code_interpreter_archive(cache_dir, digest)
     if not has_image(client, ref) and archive.exists():
         with archive.open("rb") as f:
@@ -454,8 +560,10 @@ def _build_code_interpreter(client: docker.DockerClient, digest: str, cache_dir:
         (context / "bin").mkdir()
         (site / "bin" / "deno").rename(context / "bin" / "deno")
         shutil.rmtree(site / "bin")
+        add_toolchains(context, cache_dir)
         args = {"FROM_IMAGE": f"sandgate/python:{digest}", "PY_VERSION": python_version()}
-        ref = f"{CODE_INTERPRETER_IMAGE}:{digest}"
+        args |= {"JAVA_HOME": IMAGE_JAVA_HOME, "GOROOT": IMAGE_GOROOT}
+        ref = f"{CODE_INTERPRETER_IMAGE}:{code_interpreter_tag(digest)}"
         try:
             client.images.build(path=str(context), tag=ref, buildargs=args, network_mode="none", rm=True)
         except docker.errors.BuildError as exc:

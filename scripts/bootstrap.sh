@@ -4,6 +4,8 @@
 #                       a Python >= 3.12 and .venv with sandgate and its run-time dependencies.
 #   bootstrap.sh test   (the default; also `make bench`, `make lint`, `make images`) run's part,
 #                       then the test and benchmark tools and sandgate's dev extras.
+#   bootstrap.sh cluster  run's part, then what `make cluster` needs besides what it builds
+#                       (scripts/cluster/build.sh, docs/kubernetes.md); test installs it too.
 # A second run does nothing unless a package is missing or pyproject.toml changed.
 # Tools installed for tests never stay running: services they bring are neither started by the
 # package scripts nor enabled (squid on :3128, nginx on :80, dockerd; tests start their own).
@@ -12,8 +14,8 @@ cd "$(dirname "$0")/.."
 
 stage=${1:-test}
 case $stage in
-  run | test) ;;
-  *) echo "bootstrap: unknown stage '$stage' (use 'run' or 'test')" >&2; exit 2 ;;
+  run | test | cluster) ;;
+  *) echo "bootstrap: unknown stage '$stage' (use 'run', 'test' or 'cluster')" >&2; exit 2 ;;
 esac
 
 # Run time: nft + ip for sandbox networks, bwrap for the local runtime, CA bundle for upstream TLS,
@@ -34,6 +36,9 @@ TEST_PACKAGES=(iptables busybox-static docker.io curl chromium nginx-light wrk s
 # Bookworm's 0.0~20221219 fails statx(2) as Debian 12's coreutils call it (`ls /` inside says
 # "Invalid argument"), so it comes from bookworm-backports (docs/runtime.md has the measurements).
 RUNSC_MIN_VERSION=0.0~20240729
+# The one-node cluster (`make cluster`): runc and the CNI plugins from Debian (new enough for
+# containerd 2 and the CNI spec 1.0), busybox for its test image, openssl for its certificates.
+CLUSTER_PACKAGES=(runc containernetworking-plugins busybox-static openssl curl util-linux)
 # The services the test packages would start; disabled again when this run installed them.
 TEST_SERVICES=(squid nginx docker.socket docker containerd docker-registry)
 
@@ -162,7 +167,7 @@ run_stage() {
 test_stage() {
   run_stage
   local installed
-  installed=$(apt_install "${TEST_PACKAGES[@]}")
+  installed=$(apt_install "${TEST_PACKAGES[@]}" "${CLUSTER_PACKAGES[@]}")
   install_runsc
   [[ -n $installed ]] && quiet_test_services
   check_no_test_listeners
@@ -171,6 +176,53 @@ test_stage() {
   sdk_test_clients
   code_interpreter_wheels
   browser_wheels
+  go_kernel
+}
+
+# GoNB (the Go code contexts' Jupyter kernel) with the goimports and gopls it runs, built from the
+# Go module proxy with the host's Go once per version (in ~/.cache/sandgate/gonb/<versions>), then
+# put next to .venv's Python with a link to that `go`, where execd finds them (execd/kernels.py) and
+# sandbox-images/build.py copies them from. gonb is built inside a module that requires it (a
+# plain `go install gonb@v` also asks the proxy for gonb's version list, which is refused).
+GONB_VERSION=v0.11.1
+GO_TOOLS_VERSION=v0.45.0  # golang.org/x/tools: goimports
+GOPLS_VERSION=v0.23.0
+go_kernel() {
+  local go dir build
+  go=$(command -v go || true)
+  [[ -z $go && -x /usr/local/go/bin/go ]] && go=/usr/local/go/bin/go
+  if [[ -z $go ]]; then
+    echo "bootstrap: no Go toolchain: Go code contexts are not installed" >&2
+    return 0
+  fi
+  dir=${SANDGATE_GO_KERNEL_CACHE:-$HOME/.cache/sandgate/gonb}/$GONB_VERSION-$GO_TOOLS_VERSION-$GOPLS_VERSION-$("$go" env GOVERSION)
+  if [[ ! -f $dir/.complete ]]; then
+    echo "bootstrap: building GoNB $GONB_VERSION, goimports and gopls into $dir"
+    build=$(mktemp -d)
+    (
+      mkdir "$build/module" && cd "$build/module"
+      export GOPATH=$build/gopath GOCACHE=$build/cache GOFLAGS=-modcacherw GOTOOLCHAIN=local GOTELEMETRY=off
+      printf 'module example.test/gonb\n\ngo 1.24\n\nrequire github.com/janpfeifer/gonb %s\n\ntool github.com/janpfeifer/gonb\n' \
+        "$GONB_VERSION" >go.mod
+      nice -n 10 "$go" mod tidy 2>tidy.log || { cat tidy.log >&2; exit 1; }
+      mkdir -p "$dir/bin"
+      nice -n 10 "$go" build -o "$dir/bin/gonb" github.com/janpfeifer/gonb
+      GOBIN=$dir/bin nice -n 10 "$go" install "golang.org/x/tools/cmd/goimports@$GO_TOOLS_VERSION"
+      GOBIN=$dir/bin nice -n 10 "$go" install "golang.org/x/tools/gopls@$GOPLS_VERSION"
+    ) || { rm -rf "$build"; return 1; }
+    rm -rf "$build"
+    touch "$dir/.complete"
+  fi
+  # copies, not links: a sandgate/host sandbox sees .venv (bound in), not the cache under ~
+  for tool in gonb goimports gopls; do
+    cmp -s "$dir/bin/$tool" ".venv/bin/$tool" || install -m 755 "$dir/bin/$tool" ".venv/bin/$tool"
+  done
+  ln -sfn "$(readlink -f "$go")" .venv/bin/go
+}
+
+cluster_stage() {
+  run_stage
+  apt_install "${CLUSTER_PACKAGES[@]}" >/dev/null
 }
 
 # Playwright (the version the console tests use) for the host's python3, which the browser

@@ -6,13 +6,15 @@ control plane (never inside the sandbox). Rules:
    schema sets additionalProperties false), so a typo fails loudly instead of being ignored.
    The binding shape, which the credential-vault state keeps, is in lifecycle/opensandbox_shapes.py.
 2. Credential values are write-only: they appear in requests, never in a response model.
+3. A list the create request requires may be null: Go's encoding/json writes a nil slice so (the
+   Go SDK's `credentials` of a vault with bindings only), and the sidecar reads it as empty.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from sandgate.lifecycle.opensandbox_shapes import (
     CredentialBinding,
@@ -41,9 +43,13 @@ class Credential(StrictModel):
     source: InlineCredentialSource
 
 
-class CredentialVaultCreateRequest(StrictModel):
-    credentials: list[Credential]
-    bindings: list[CredentialBinding]
+def _null_is_empty(value: Any) -> Any:
+    return [] if value is None else value
+
+
+class CredentialVaultCreateRequest(StrictModel):  # rule 3
+    credentials: Annotated[list[Credential], BeforeValidator(_null_is_empty)]
+    bindings: Annotated[list[CredentialBinding], BeforeValidator(_null_is_empty)]
 
 
 class CredentialMutationSet(StrictModel):

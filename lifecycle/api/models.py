@@ -22,7 +22,6 @@ from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy, WireModel
 SandboxState = Literal[
     "Pending", "Running", "Pausing", "Paused", "Resuming", "Stopping", "Terminated", "Failed"
 ]
-SANDBOX_STATES: tuple[str, ...] = SandboxState.__args__  # type: ignore[attr-defined]
 
 
 class ErrorResponse(WireModel):

@@ -108,6 +108,15 @@ class AuditIndex:
         self._conn().executescript(_SCHEMA)
         self._add_new_columns()
 
+    def _add_new_columns(self) -> None:
+        """An index made before the schema gained a field (v1 only grows optional fields, such as
+        `via`) gets its column; old rows hold NULL there, as their records had no such field."""
+        db = self._conn()
+        have = {row[1] for row in db.execute("PRAGMA table_info(records)")}
+        for column in COLUMNS:
+            if column not in have:
+                db.execute(f"ALTER TABLE records ADD COLUMN {column} {_COLUMN_TYPES.get(column, 'TEXT')}")
+
     # -- connections ---------------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
@@ -119,14 +128,6 @@ class AuditIndex:
             db.execute("PRAGMA cache_size=-65536")
             self._local.db = db
         return db
-
-    def _add_new_columns(self) -> None:
-        """An index made before a schema field existed gets its column (empty in old rows)."""
-        db = self._conn()
-        present = {row[1] for row in db.execute("PRAGMA table_info(records)")}
-        for col in COLUMNS:
-            if col not in present:
-                db.execute(f"ALTER TABLE records ADD COLUMN {col} {_COLUMN_TYPES.get(col, 'TEXT')}")
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)

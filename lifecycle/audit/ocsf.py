@@ -28,6 +28,7 @@ from collections.abc import Callable
 from datetime import datetime
 from importlib import metadata
 from typing import Any
+from urllib.parse import urlsplit
 
 from sandgate.lifecycle.audit.kinds import (
     DNS_ACTIVITY,
@@ -132,6 +133,10 @@ def _network(event: Event, record: RecordJSON, kind: AuditKind) -> None:
     if source:
         event["src_endpoint"] = source
     destination = _address(record.get("upstream"))
+    if record.get("via"):  # it left through the company's proxy: `upstream` is that proxy's address
+        event["proxy_endpoint"] = _proxy_endpoint(record["via"], destination)
+        event["metadata"]["profiles"].append(NETWORK_PROXY)
+        destination = {}
     host = None if kind.ocsf.uid == DNS_ACTIVITY.uid else record.get("host")  # DNS: the question's
     if host and _is_ip(host):
         destination.setdefault("ip", host)
@@ -334,6 +339,22 @@ CLASS_ATTRIBUTES: dict[int, Callable[[Event, RecordJSON, AuditKind], None]] = {
     4003: _dns,
     6003: _api,
 }
+
+
+NETWORK_PROXY = "network_proxy"  # the OCSF profile of proxy_endpoint
+
+
+def _proxy_endpoint(via: str, address: dict[str, Any]) -> dict[str, Any]:
+    """The upstream proxy (`via`, http://host:port) as OCSF's network_proxy endpoint."""
+    url = urlsplit(via)
+    endpoint = dict(address)
+    if url.hostname and _is_ip(url.hostname):
+        endpoint.setdefault("ip", url.hostname)
+    elif url.hostname and _hostname(url.hostname):
+        endpoint["hostname"] = url.hostname
+    if url.port is not None:
+        endpoint.setdefault("port", url.port)
+    return endpoint
 
 
 def _address(address: str | None) -> dict[str, Any]:

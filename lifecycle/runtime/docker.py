@@ -11,7 +11,7 @@ Rules:
    container's only route is therefore the proxy via the sandgate veth, never Docker's bridge.
 2. Hardened by default: every capability dropped (`cap_add` is empty unless the operator adds
    some), no-new-privileges, IPv6 disabled inside, a pids limit always, memory and CPU limits from
-   the spec, a read-only root with tmpfs /tmp and /run and a volume at /workspace, an init process
+   the spec, a read-only root with tmpfs /tmp, /var/tmp and /run and a volume at /workspace, an init process
    as PID 1, no restart policy (a restarted container would get a fresh, empty netns).
 3. The image's entry script (sandbox-images/base) waits for the address, trusts the proxy CA
    (mounted read-only from the spec's `ca_cert`), starts execd on <address>:44772 and then runs
@@ -22,7 +22,8 @@ Rules:
 5. Every operation is idempotent: deleting a missing sandbox, pausing a paused one, do nothing.
 6. With `disks` (runtime/sandbox_disk.py), /workspace is the sandbox's own filesystem, bound in,
    instead of a Docker volume (which no dockerd option can size): writes past its quota fail
-   with ENOSPC. The root is read-only and /tmp, /run are sized tmpfs, so that caps every write.
+   with ENOSPC. The root is read-only and /tmp, /var/tmp, /run are sized tmpfs, so that caps every
+   write.
 7. A `gvisor` sandbox runs under the engine's `gvisor_runtime` (sandgate-runsc, registered in
    daemon.json: runtime/runsc_wrapper.py), which boots runsc inside the sandbox's netns itself
    (the container's env names it), so rule 1's move is skipped: gVisor reads the interfaces
@@ -65,6 +66,8 @@ CA_PATH_INSIDE = "/etc/sandgate/proxy-ca.crt"
 # Names the local runtime knows, mapped so the same requests work on both runtimes.
 DEFAULT_IMAGE_ALIASES = {"sandgate/host": "sandgate/base:latest"}
 DEFAULT_PIDS_MAX = 1024
+# Writable in a read-only root, each its own sized tmpfs: what programs write scratch files to
+TMPFS_DIRS = ("/tmp", "/var/tmp", "/run")
 LIVE_STATES = frozenset({"running", "paused"})
 
 
@@ -232,7 +235,7 @@ class DockerRuntime:
             "cap_add": self.cap_add or None,
             "security_opt": ["no-new-privileges:true"],
             "read_only": self.read_only,
-            "tmpfs": {"/tmp": tmpfs_options, "/run": tmpfs_options},
+            "tmpfs": {path: tmpfs_options for path in TMPFS_DIRS},
             "mounts": [
                 workspace,
                 *(

@@ -7,7 +7,8 @@ Rules:
    `image_pull_policy` is honoured as on the local runtime.
 2. dockerd pulls. docker.io references go to each of `registry_mirrors` first (pulled by the
    mirror's name, then tagged with the docker.io name, so `docker images` shows what a user
-   asked for); credentials from `ImageSpec.auth` go as the pull's `X-Registry-Auth` header only
+   asked for), and under `registry_mirror_only` to them only; credentials from
+   `ImageSpec.auth` go as the pull's `X-Registry-Auth` header only
    (never the daemon's or the host's stored logins: an empty auth config is sent without them).
    A registry that is spoken to over plain HTTP must be in the daemon's `insecure-registries`
    (dockerd's own setting; sandgate cannot loosen it). A pull waits at most the pull timeout.
@@ -157,7 +158,7 @@ class DockerImages:
 
     def _pull(self, reference: Reference, credentials: Credentials | None, platform: Platform) -> str:
         errors: list[PullError] = []
-        for source in candidates(reference, self.registry.mirrors):
+        for source in candidates(reference, self.registry):
             try:
                 self._pull_one(source, credentials, platform)
             except PullError as exc:
@@ -171,7 +172,7 @@ class DockerImages:
                     return wanted
                 return str(source)
             return wanted
-        raise most_telling(errors)
+        raise most_telling(reference, self.registry, errors)
 
     def _pull_one(self, source: Reference, credentials: Credentials | None, platform: Platform) -> None:
         repository = f"{source.registry}/{source.repository}"

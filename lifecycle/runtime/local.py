@@ -14,7 +14,8 @@ Rules:
    that denies syslog(2) (`seccomp.DENY_KERNEL_LOG`). Delete = kill the cgroup, unmount, remove
    the dir.
 4. `sandgate/host` is an allowlist, never the host's root minus masks: the host's system dirs
-   read-only, a curated /etc, private /tmp, /home, /root, /run, /var (see lifecycle/images.py).
+   read-only, a curated /etc, private /tmp, /home, /root, /run, /var, /opt, /srv, /mnt
+   (see lifecycle/images.py).
 5. Sandboxes outlive the server (own session, no die-with-parent); `adopt` finds them again by
    their state directories and cgroups and removes the rest.
 6. With `disks` (runtime/sandbox_disk.py), the upper and work layers and output.log live on the

@@ -20,6 +20,8 @@ from sandgate.lifecycle.kernel import open_in_root
 
 CA_BUNDLES = ("etc/ssl/certs/ca-certificates.crt", "etc/pki/tls/certs/ca-bundle.crt", "etc/ssl/cert.pem")
 PROXY_CA_FILE = "etc/ssl/certs/sandgate-proxy.crt"
+# The system trust of images built FROM sandgate/base (sandbox-images/build.py)
+BASE_SYSTEM_CA = "usr/share/sandgate/system-ca.crt"
 # AWS_CA_BUNDLE: boto3 and the AWS CLI trust their own bundle unless told (vault/sigv4.py re-signs).
 CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE", "AWS_CA_BUNDLE")
 # The file execd reads KEY=VALUE lines from for every command (EXECD_ENVS; the SDK's set_env
@@ -55,13 +57,15 @@ def image_env(image: Image) -> dict[str, str]:
 
 
 def install_ca(root_fd: int, ca: bytes) -> dict[str, str]:
-    """Add the proxy CA to every CA bundle the image has; returns the variables that point at it."""
+    """Add the proxy CA to every CA bundle the image has; returns the variables that point at it.
+    An image built FROM sandgate/base has none yet: its bundle paths link to the /run file its
+    entry script writes from `BASE_SYSTEM_CA` on Docker, so here that trust goes in first."""
     write_file(root_fd, PROXY_CA_FILE, ca)
-    bundles = [path for path in CA_BUNDLES if read_file(root_fd, path) is not None] or [CA_BUNDLES[0]]
-    for path in bundles:
-        existing = read_file(root_fd, path) or b""
+    found = [path for path in CA_BUNDLES if read_file(root_fd, path) is not None]
+    for path in found or [CA_BUNDLES[0]]:
+        existing = read_file(root_fd, path if found else BASE_SYSTEM_CA) or b""
         write_file(root_fd, path, existing.rstrip(b"\n") + b"\n" + ca if existing else ca)
-    env = dict.fromkeys(CA_BUNDLE_VARS, "/" + bundles[0])
+    env = dict.fromkeys(CA_BUNDLE_VARS, "/" + (found or CA_BUNDLES)[0])
     env["NODE_EXTRA_CA_CERTS"] = "/" + PROXY_CA_FILE
     return env
 

@@ -90,6 +90,7 @@ class AuditRecord(BaseModel):
     sandbox: str
     client: str
     upstream: str | None = None
+    via: str | None = None  # the upstream proxy it left through (http://host:port)
     sni: str | None = None
     scheme: Literal["http", "https"] | None = None
     method: str | None = None

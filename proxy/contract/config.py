@@ -12,9 +12,11 @@ exist only in the memory of the control plane and the proxy.
 from __future__ import annotations
 
 import ipaddress
+import re
 from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -86,6 +88,89 @@ class ConnectionLimits(BaseModel):
     )
 
 
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110 5.1)
+RESERVED_CONNECT_HEADERS = frozenset({"host", "proxy-authorization", "content-length", "transfer-encoding"})
+
+
+class UpstreamProxy(BaseModel):
+    """A proxy that allowed traffic leaves through (a company's proxy), instead of dialling the
+    origin: CONNECT host:port for everything, TLS or not (proxy/upstreamproxy.py). Its login is a
+    vault entry's name, never the login itself; the sandbox id goes on the CONNECT request only
+    (`identity_header`), never inside the tunnel."""
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # the URL may hold a login
+
+    url: str = Field(description="http://host:port of the upstream proxy (an IP or a name)")
+    hosts: list[str] = Field(
+        default_factory=list,
+        description="destinations that leave through it: `host.example.com`, `*.example.com` "
+        "(subdomains only); empty: every destination",
+    )
+    credential: str | None = Field(
+        default=None, description="name of a vault entry holding 'username:password' (Basic auth)"
+    )
+    identity_header: str | None = Field(
+        default=None,
+        description="header on each CONNECT carrying the sandbox id (e.g. X-Sandgate-Sandbox)",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_host_port(cls, value: str) -> str:
+        parts = urlsplit(value)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme != "http" or not parts.hostname or port is None:
+            raise ValueError(f"upstream proxy {value!r}: give it as http://host:port")
+        if parts.username or parts.password:
+            shown = f"{parts.scheme}://{parts.hostname}:{port}"
+            raise ValueError(
+                f"upstream proxy {shown} carries a login in its URL: put 'username:password' in "
+                "the vault and name that entry in `credential`"
+            )
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError(f"upstream proxy {value!r}: only http://host:port, no path")
+        return f"http://{parts.netloc}"
+
+    @field_validator("hosts")
+    @classmethod
+    def _patterns(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            name = pattern.removeprefix("*.")
+            if not name or "*" in name or "/" in name or ":" in name:
+                raise ValueError(f"upstream proxy host {pattern!r}: use host.example.com or *.example.com")
+        return [pattern.lower().rstrip(".") for pattern in patterns]
+
+    @field_validator("identity_header")
+    @classmethod
+    def _header(cls, value: str | None) -> str | None:
+        reserved = value is not None and value.lower() in RESERVED_CONNECT_HEADERS
+        if value is not None and (not HEADER_NAME.fullmatch(value) or reserved):
+            raise ValueError(f"identity_header {value!r} is not a header name sandgate may set")
+        return value
+
+    @property
+    def address(self) -> tuple[str, int]:
+        parts = urlsplit(self.url)
+        assert parts.hostname is not None and parts.port is not None
+        return parts.hostname, parts.port
+
+    def carries(self, host: str) -> bool:
+        """Whether traffic for `host` leaves through this proxy (`*.x` is subdomains only)."""
+        host = host.lower().rstrip(".")
+        return not self.hosts or any(
+            host.endswith(pattern[1:]) if pattern.startswith("*.") else host == pattern
+            for pattern in self.hosts
+        )
+
+
+def upstream_proxy_for(proxies: list[UpstreamProxy], host: str) -> UpstreamProxy | None:
+    """The first of `proxies` that carries `host`; None: the proxy dials the origin itself."""
+    return next((proxy for proxy in proxies if proxy.carries(host)), None)
+
+
 class SandboxEntry(BaseModel):
     """One sandbox as the proxy knows it: its source address names it, its policy decides."""
 
@@ -110,6 +195,11 @@ class SandboxEntry(BaseModel):
         default_factory=list,
         description="files listing the sandbox's processes (its cgroup's cgroup.procs), where the "
         "proxy looks for a connection's process; empty: every process in `netns`",
+    )
+    upstream_proxies: list[UpstreamProxy] | None = Field(
+        default=None,
+        description="this sandbox's upstream proxies, first match wins (default: "
+        "ProxyConfig.upstream_proxies); the seam for a tenant's own proxy (issue 38)",
     )
 
     @field_validator("address")
@@ -187,6 +277,11 @@ class ProxyConfig(BaseModel):
         default_factory=StoreSecrets,
         exclude=True,
         description="what opens the store; never written to the config file (read from --secrets-fd)",
+    )
+    upstream_proxies: list[UpstreamProxy] = Field(
+        default_factory=list,
+        description="proxies allowed traffic leaves through, first match by host wins; a "
+        "destination none carries is dialled directly",
     )
     sandboxes: list[SandboxEntry] = Field(
         default_factory=list, description="entries loaded at start (lifecycle normally pushes them instead)"

@@ -54,6 +54,14 @@ SYNTHETIC = {
     "approval allow-sandbox": record_of(
         "policy_change", client="control-plane", event="approval allow-sandbox", detail='{"actor": "api-key"}'
     ),
+    "through the company's proxy": record_of(
+        "request",
+        method="GET",
+        path="/a",
+        status=200,
+        via="http://proxy.example.test:3128",
+        upstream="10.9.0.2:3128",
+    ),
     "renew on access": record_of(
         "lifecycle",
         client="control-plane",
@@ -108,6 +116,12 @@ def test_every_control_plane_change_has_its_api_activity() -> None:
     assert set(API_CHANGES) == set(Change)
     enum = SCHEMA["classes"]["api_activity"]["attributes"]["activity_id"]["enum"]
     assert all(enum[str(number)]["caption"] == name for number, name in API_CHANGES.values())
+
+
+def test_an_upstream_proxy_is_the_proxy_endpoint_not_the_destination() -> None:
+    event = to_ocsf(SYNTHETIC["through the company's proxy"])
+    assert event["proxy_endpoint"] == {"ip": "10.9.0.2", "port": 3128, "hostname": "proxy.example.test"}
+    assert event["dst_endpoint"] == {"hostname": "api.example.com", "port": 443}
 
 
 def test_a_dns_name_is_the_querys_not_an_endpoints() -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 import bench
-from bench import bench_audit, bench_cli, bench_proxy
+from bench import bench_audit, bench_cli, bench_proxy, bench_upstream_proxy
 
 REPO = Path(__file__).resolve().parents[2]
 N = r"-?[\d,]+(?:\.\d+)?"  # a number as the benchmarks print it (never nan, inf or "-")
@@ -43,6 +43,7 @@ ROOT = {
     "proxy",
     "sandbox_disk",
     "sandboxes",
+    "upstream_proxy",
 }
 # the smoke sizes, whatever a developer's shell sets for full runs (SANDGATE_BENCH_SANDBOXES, ...)
 SMALLEST = {key: value for key, value in os.environ.items() if not key.startswith("SANDGATE_BENCH_")}
@@ -214,6 +215,13 @@ PROMISES: dict[str, list[str]] = {
         timing("create-to-ready, warm pool"),
         timing("teardown"),
         timing("pool refill (background)"),
+    ],
+    "upstream_proxy": [
+        r"^squid served [1-9]\d* CONNECTs",
+        *(
+            rf"^{re.escape(case.name)}\s+{case.c}\s+\|\s+{N}\s+{N}\s+\|\s+{N}\s+{N}\s+\|\s+\+?{N}\s+{N}/{N}$"
+            for case in bench_upstream_proxy.CASES
+        ),
     ],
     "vault": [
         *(

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from sandgate.lifecycle.images import ImageStore
+from tests.docker.conftest import load_image_builder
 from tests.support.internet import DNS_ADDR, ORIGIN_V4, Internet, start_internet
 from tests.support.server import SandgateServer, sandgate_server
 
@@ -73,3 +75,21 @@ def sandbox_meeting_the_proxy_ca(server: SandgateServer, **create: object) -> It
     finally:
         with server.client() as api:
             api.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+CODE_INTERPRETER_IMAGE = "opensandbox/code-interpreter:v1.1.0"
+
+
+@pytest.fixture(scope="module")
+def code_interpreter(server: SandgateServer, request: pytest.FixtureRequest) -> str:
+    """The code-interpreter image (sandbox-images/build.py) in the server's local store, from the
+    build cache or built once (several minutes on a loaded 2-core machine)."""
+    builder = load_image_builder()
+    digest = builder.input_digest(builder.rootfs_entries())
+    archive = builder.code_interpreter_archive(builder.DEFAULT_CACHE, digest)
+    if not archive.exists():
+        client = request.getfixturevalue("dockerd").client
+        builder.build_images(client)
+        builder.build_code_interpreter(client, digest)
+    ImageStore(server.state_dir / "images").import_tarball(archive, CODE_INTERPRETER_IMAGE)
+    return CODE_INTERPRETER_IMAGE

@@ -54,6 +54,16 @@ def test_list_filters_pagination_metadata_and_egress_token(server: SandgateServe
             "totalPages": 2,
             "hasNextPage": False,
         }
+        # a state no sandbox is in (sandgate never produces Allocated) matches nothing, no 400
+        mixed = client.get("/v1/sandboxes", params={"state": ["Pending", "Allocated", "running"]})
+        assert mixed.status_code == 200, mixed.text
+        assert {s["id"] for s in mixed.json()["items"]} == {first["id"], second["id"]}
+        nobody = client.get("/v1/sandboxes", params={"state": ["Allocated", "Evicted"], "metadata": "team=a"})
+        assert nobody.status_code == 200, nobody.text
+        assert nobody.json() == {
+            "items": [],
+            "pagination": {"page": 1, "pageSize": 20, "totalItems": 0, "totalPages": 0, "hasNextPage": False},
+        }
         assert "expiresAt" not in client.get(f"/v1/sandboxes/{second['id']}").json()  # nulls are omitted
 
         patched = client.patch(

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,6 @@ import pytest
 
 from sandgate.lifecycle.images import ImageStore
 from tests.conformance.conftest import API_HOST, PATCHED_HOST, sandbox_meeting_the_proxy_ca
-from tests.docker.conftest import load_image_builder
 from tests.support.audit import audit_records
 from tests.support.internet import ORIGIN_V4, Internet
 from tests.support.server import SandgateServer
@@ -31,7 +31,6 @@ from tests.support.server import SandgateServer
 # the first test to need the image may build it (several minutes on a loaded 2-core machine)
 pytestmark = [pytest.mark.root, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[2]
-IMAGE = "opensandbox/code-interpreter:v1.1.0"
 LLM_HOST = "llm.example.com"
 LLM_KEY = "llm-key-3c9e51"
 # the browser example: an index serving Playwright, the one site it may browse, one it may not
@@ -40,20 +39,6 @@ INDEX_HOST, SITE_HOST, BLOCKED_HOST = "pypi.example.test", "www.example.test", "
 BROWSER_WHEELS = Path(
     os.environ.get("SANDGATE_BROWSER_WHEELS", Path.home() / ".cache" / "sandgate" / "browser-wheels")
 )
-
-
-@pytest.fixture(scope="module")
-def code_interpreter(server: SandgateServer, request: pytest.FixtureRequest) -> str:
-    """The image in the server's local store, from the build cache or built once."""
-    builder = load_image_builder()
-    digest = builder.input_digest(builder.rootfs_entries())
-    archive = builder.code_interpreter_archive(builder.DEFAULT_CACHE, digest)
-    if not archive.exists():
-        client = request.getfixturevalue("dockerd").client
-        builder.build_images(client)
-        builder.build_code_interpreter(client, digest)
-    ImageStore(server.state_dir / "images").import_tarball(archive, IMAGE)
-    return IMAGE
 
 
 def run_example(server: SandgateServer, *argv: str, **env: str) -> str:
@@ -253,3 +238,60 @@ def test_a_crashed_kernel_ends_its_context_and_a_new_one_works(execd: httpx.Clie
         execd, fresh, "echo $((6 * 7)) && python3 -c 'import pandas' && echo ok", context={"id": fresh}
     )
     assert "".join(e.get("text", "") for e in shell if e["type"] == "stdout") == "42\nok\n"
+
+
+def test_java_and_go_cells_run_in_the_image(execd: httpx.Client) -> None:
+    """The image's JJava (on its jlink'ed JDK) and GoNB (on its Go, with the warm build cache):
+    state kept per context, stdout, a result, a compile error as the cell's error."""
+
+    def stdout(cell: list[dict[str, Any]]) -> str:
+        return "".join(e.get("text", "") for e in cell if e["type"] == "stdout")
+
+    java = execd.post("/code/context", json={"language": "java"}).json()["id"]
+    assert not [e for e in events(execd, java, "int x = 41;", context={"id": java}) if e["type"] == "error"]
+    answer = events(execd, java, 'System.out.println("java " + x);\nx + 1', context={"id": java})
+    assert stdout(answer) == "java 41\n"
+    assert [e["results"]["text"] for e in answer if e["type"] == "result"] == ["42"]
+
+    go = execd.post("/code/context", json={"language": "go"}).json()["id"]
+    program = 'package main\nimport "fmt"\nfunc main() {\n    fmt.Print("Hello from Go! ", 2+2)\n}'
+    assert stdout(events(execd, go, program, context={"id": go})) == "Hello from Go! 4"
+    events(execd, go, "func double(n int) int { return 2 * n }", context={"id": go})
+    assert (
+        stdout(events(execd, go, '%%\nfmt.Println("double:", double(21))', context={"id": go}))
+        == "double: 42\n"
+    )
+    broken = events(execd, go, "%%\nundeclaredVariable++", context={"id": go})
+    assert broken[-1]["type"] == "error" and "undefined: undeclaredVariable" in json.dumps(broken[-1])
+
+
+def test_a_passed_through_tls_connection_is_verified_with_the_images_own_cas(
+    server: SandgateServer, internet: Internet, code_interpreter: str
+) -> None:
+    """A host the policy allows without decrypting it (no binding, no L7 rule): the sandbox's
+    curl meets the origin's own certificate and must trust it through the image's system CAs, as
+    an image's public CAs on the real internet. The local runtime starts no entry script, so the
+    bundle it writes must hold the base image's system trust, not the proxy CA alone."""
+    rootfs = ImageStore(server.state_dir / "images").get(code_interpreter).rootfs
+    assert rootfs is not None
+    system_ca = rootfs / "usr/share/sandgate/system-ca.crt"
+    original = system_ca.read_bytes()
+    system_ca.write_bytes(original + b"\n" + internet.ca_cert.read_bytes())  # the test internet's CA
+    try:
+        policy = {"defaultAction": "deny", "egress": [{"action": "allow", "target": API_HOST}]}
+        created = server.create_sandbox(image={"uri": code_interpreter}, networkPolicy=policy)
+        done = server.run(created["id"], f"curl -sS https://{API_HOST}/", timeout=60)
+        assert (done.exit_code, done.stdout.strip()) == (0, "hello from origin"), done
+        deadline = time.monotonic() + 30  # the connection's record lands once it closed
+        while not (closed := connection_records(server, created["id"])) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [r["inspect"] for r in closed] == [False]  # passed through: curl met the origin's cert
+        with server.client() as client:
+            client.delete(f"/v1/sandboxes/{created['id']}")
+    finally:
+        system_ca.write_bytes(original)
+
+
+def connection_records(server: SandgateServer, sandbox_id: str) -> list[dict[str, Any]]:
+    records = audit_records(server.state_dir, sandbox_id)
+    return [r for r in records if r.get("sni") == API_HOST and r.get("event") == "closed"]

@@ -96,6 +96,19 @@ def test_sdk_create_run_files_egress_vault_kill(server: SandgateServer) -> None:
             "curl -sS --max-time 10 -o /dev/null -w '%{http_code}' https://blocked.example.com/"
         )
         assert "".join(m.text for m in denied.logs.stdout) != "200"
+
+        # OpenSandbox's clients filter by its pools' states too: one sandgate never produces
+        # (Allocated) is a question that matches nothing, not an error
+        manager = SandboxManagerSync.create(connection(server))
+        try:
+            listed = manager.list_sandbox_infos(
+                SandboxFilter(states=["Pending", "Allocated", "Running"], metadata={"suite": "conformance"})
+            )
+            none = manager.list_sandbox_infos(SandboxFilter(states=["Allocated"]))
+        finally:
+            manager.close()
+        assert [info.id for info in listed.sandbox_infos] == [sandbox.id]
+        assert none.sandbox_infos == [] and none.pagination.total_items == 0
     finally:
         sandbox.kill()
         sandbox.close()

@@ -19,6 +19,7 @@ from tests.conformance import test_sdk as sdk_scenarios
 from tests.conformance.conftest import API_HOST
 from tests.conformance.scenarios import MODES, SCENARIOS, Result, check
 from tests.conformance.test_examples import run_the_guides_example
+from tests.conformance.test_image_layout import check_image
 from tests.conformance.test_js_sdk import run_js
 from tests.conformance.test_mcp_scenarios import run_mcp
 from tests.conformance.test_osb_scenarios import run_osb
@@ -69,6 +70,19 @@ def test_the_guides_code_interpreter_example_on_docker(
     built), then the guide's example verbatim, as on the local runtime."""
     load_image_builder().build_code_interpreter(dockerd.client, sandbox_images)
     run_the_guides_example(docker_server)
+
+
+@pytest.mark.timeout(1800)  # it may build the image
+def test_the_images_have_the_standard_layout_on_docker(
+    docker_server: SandgateServer, dockerd: PrivateDockerd, sandbox_images: str
+) -> None:
+    """sandgate/host (the base image on Docker) and the code-interpreter image, each with a
+    read-only root: /var/tmp is a tmpfs like /tmp."""
+    load_image_builder().build_code_interpreter(dockerd.client, sandbox_images)
+    check_image(docker_server, "sandgate/host", ["sleep", "infinity"])
+    check_image(
+        docker_server, "opensandbox/code-interpreter:v1.1.0", ["/opt/code-interpreter/code-interpreter.sh"]
+    )
 
 
 def test_execd_needs_the_sandboxs_token_on_docker(docker_server: SandgateServer) -> None:

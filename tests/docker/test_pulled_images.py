@@ -30,6 +30,7 @@ def docker_server(
         "SANDGATE_RUNTIME": "docker",
         "SANDGATE_DOCKER_HOST": dockerd.url,
         "SANDGATE_REGISTRY_MIRRORS": registry.mirror,
+        "SANDGATE_REGISTRY_MIRROR_ONLY": "true",
         "SANDGATE_IMAGE_PULL_TIMEOUT": "60",
     }
     with (

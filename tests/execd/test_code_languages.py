@@ -175,7 +175,67 @@ def test_sdk_java_context_on_jjava(codes: CodesAdapterSync) -> None:
     printed = codes.run('System.out.println("hi " + x);', context=context)
     assert "".join(m.text for m in printed.logs.stdout) == "hi 41\n"
     failed = codes.run('throw new IllegalStateException("boom");', context=context)
-    # JJava's error: the exception in the traceback's first line, its class and message in evalue
-    assert failed.error is not None and failed.error.traceback[0] == "java.lang.IllegalStateException: boom"
+    # JJava's error under IJava's name (OpenSandbox's): the exception in the traceback's first
+    # line, its class and message in evalue
+    assert failed.error is not None and failed.error.name == "EvalException"
+    assert failed.error.traceback[0] == "java.lang.IllegalStateException: boom"
     assert failed.error.value == "java.lang.IllegalStateException, boom"
+    divided = codes.run("int y = 10 / 0;", context=context)
+    assert divided.error is not None and divided.error.name == "EvalException"
+    assert divided.error.value == "java.lang.ArithmeticException, / by zero"
+    uncompiled = codes.run("int z = undefinedName;", context=context)
+    assert uncompiled.error is not None and uncompiled.error.name == "CompilationException"
     codes.delete_context(context.id)
+
+
+@pytest.mark.skipif(
+    shutil.which("gonb", path=str(Path(sys.executable).parent)) is None,
+    reason="no GoNB next to .venv's Python (bootstrap builds it)",
+)
+def test_sdk_go_context_on_gonb(codes: CodesAdapterSync, execd: Execd) -> None:
+    """Go cells run in GoNB: a whole program (as OpenSandbox's suite sends) prints; declarations
+    last across cells, each cell's statements run as its main; a compile error is the cell's
+    error; an interrupt stops a running cell and the context goes on; deleting the context ends
+    gopls too, which GoNB starts in a process group of its own."""
+    context = codes.create_context(SupportedLanguageSync.GO)
+    assert context.language == "go"
+    program = 'package main\nimport "fmt"\nfunc main() {\n    fmt.Print("Hello from Go! ", 2+2)\n}'
+    hello = codes.run(program, context=context)
+    assert hello.error is None, hello.error
+    assert "".join(m.text for m in hello.logs.stdout) == "Hello from Go! 4"
+    declared = codes.run("func double(n int) int { return 2 * n }\nvar base = 21", context=context)
+    assert declared.error is None, declared.error
+    used = codes.run('%%\nfmt.Println("double:", double(base))', context=context)
+    assert used.error is None and "".join(m.text for m in used.logs.stdout) == "double: 42\n"
+    broken = codes.run("%%\nundeclaredVariable++", context=context)
+    assert broken.error is not None and "undefined: undeclaredVariable" in "".join(
+        [broken.error.value, *broken.error.traceback]
+    )
+    spun = interrupt_mid_cell(
+        codes, context, '%%\nfmt.Println("spin")\nfor i := 0; ; i++ { time.Sleep(time.Millisecond) }'
+    )
+    # GoNB stops the cell's program and says so on stderr; the cell itself is no error
+    assert "signal: interrupt" in "".join(m.text for m in spun.logs.stderr)
+    again = codes.run('%%\nfmt.Println("after:", double(4))', context=context)
+    assert again.error is None and "".join(m.text for m in again.logs.stdout) == "after: 8\n"
+    # the context's kernel and the spare execd started beside it, each with its gopls
+    sessions = {kernel: session_members(kernel) for kernel in kernels_of(execd, b"gonb")}
+    assert all(len(members) > 1 for members in sessions.values()), sessions
+    codes.delete_context(context.id)
+    deadline = time.monotonic() + 10
+    while all(session_members(k) for k in sessions) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ended = [k for k in sessions if not session_members(k)]
+    assert len(ended) == 1, f"no Go context's session ended whole: {sessions}"  # gopls included
+
+
+def session_members(sid: int) -> set[int]:
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found

@@ -19,6 +19,7 @@ PULL_TIMEOUT = 15  # seconds; a cold python:3.12 takes ~8 s on a loaded 2-core m
 def server(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[SandgateServer]:
     env = {
         "SANDGATE_REGISTRY_MIRRORS": registry.mirror,
+        "SANDGATE_REGISTRY_MIRROR_ONLY": "true",  # no test looks up a public name
         "SANDGATE_INSECURE_REGISTRIES": f"{registry.private},{registry.silent}",
         "SANDGATE_IMAGE_PULL_TIMEOUT": str(PULL_TIMEOUT),
     }

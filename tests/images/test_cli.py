@@ -17,6 +17,7 @@ def test_pull_list_rm_prune(registry: Registry, tmp_path: Path) -> None:
     env = {
         "SANDGATE_STATE_DIR": str(tmp_path / "state"),
         "SANDGATE_REGISTRY_MIRRORS": registry.mirror,
+        "SANDGATE_REGISTRY_MIRROR_ONLY": "true",
         "SANDGATE_INSECURE_REGISTRIES": registry.private,
     }
     pulled = sandgate("image", "pull", "python:3.12", env=env)

@@ -49,6 +49,13 @@ def test_replace_writes_a_new_entry_name_for_the_new_value() -> None:
     assert state.credentials[0].revision == 2 and state.bindings[0].revision == 1
 
 
+def test_a_null_list_in_a_create_is_empty_as_go_writes_a_nil_slice() -> None:
+    request = CredentialVaultCreateRequest.model_validate({"credentials": None, "bindings": None})
+    assert (request.credentials, request.bindings) == ([], [])
+    with pytest.raises(ValueError, match="credentials"):
+        CredentialVaultCreateRequest.model_validate({"bindings": []})  # absent is still an error
+
+
 def test_the_stored_shape_is_the_one_older_databases_hold() -> None:
     document = created().to_document()
     assert document["credentials"] == [

@@ -43,6 +43,9 @@ FAULTS: dict[str, tuple[int, int, str, str | None]] = {
     "oauth2_grant_missing_secret.yaml": (6, 5, "'client_credentials' needs clientSecret", "docs/vault.md"),
     "oauth2_token_url_not_https.yaml": (6, 5, "must be an https URL", "https://auth.example.com"),
     "aws_placeholder_not_a_key_id.yaml": (10, 7, "is not an access key id", "AKIASANDGATEPLACEHOLDER"),
+    "budget_on_deny_rule.yaml": (3, 5, "budgets on a deny rule limit nothing", "allow rules"),
+    "budget_rate_not_positive.yaml": (3, 3, "requestsPerSecond: Input should be greater than 0", None),
+    "budget_bad_byte_count.yaml": (5, 28, "'10MB' is not a byte count", "'10Mi'"),
 }
 
 

@@ -87,7 +87,22 @@ def test_the_host_image_is_an_allowlist_on_an_overlay(harness: Harness, tmp_path
     assert (upper / "etc/sandgate-probe-written").read_text() == "inside"
     # / holds the allowlist and the first parts of the bound-back Python (/root/.pyenv, the venv).
     execd_tops = {Path(p).parts[1] for p in harness.runtime.execd_paths.binds}
-    allowlist = {"usr", "bin", "sbin", "lib", "lib64", "etc", "tmp", "home", "root", "run", "var"}
+    allowlist = {
+        "usr",
+        "bin",
+        "sbin",
+        "lib",
+        "lib64",
+        "etc",
+        "tmp",
+        "home",
+        "root",
+        "run",
+        "var",
+        "opt",
+        "srv",
+        "mnt",
+    }
     assert set(seen["top"]) == allowlist | {"workspace", "proc", "dev"} | execd_tops
     assert "shadow" not in seen["etc"] and "sandgate" not in seen["etc"] and "ssh" not in seen["etc"]
     assert {"passwd", "group", "hosts", "resolv.conf", "ssl", "ld.so.cache"} <= set(seen["etc"])
