@@ -126,6 +126,7 @@ class AuditAddon:
         request_state: RequestState | None = flow.metadata.get(FLOW_KEY)
         if request_state is None or request_state.written_ahead or flow.response is not None:
             return  # not ours, already written, or answered by the proxy: nothing goes upstream
+        await self.state.processes.settled(flow.client_conn.peername)
         try:
             await self.state.audit.write_ahead(self._request_record(flow, request_state, None, INCOMPLETE))
         except AuditUnwritable as exc:

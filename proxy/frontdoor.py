@@ -232,6 +232,7 @@ class FrontDoor:
             sock.close()
             return True
         target = (judged.name or judged.upstream, judged.upstream, destination[1])
+        await self.state.processes.settled(peer)
         bytes_in, bytes_out, failure = await self._pass_through(sock, conn, sandbox, target, judged.via)
         if conn.decision_record is not None:
             duration = round((time.monotonic() - accepted) * 1000, 3)

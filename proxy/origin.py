@@ -15,7 +15,9 @@ Rules:
 2. A lookup starts when the front door accepts the connection and runs in a thread of its own
    (never on the event loop), bounded in time (`LOOKUP_S`) and in how many wait at once
    (`PENDING_MAX`). It never delays or changes a decision: a decision's record takes what the
-   lookup found by the time it is written, or says why not (`unknown`); a connection's last
+   lookup found by the time it is written, or says why not (`unknown`). What the decision let
+   through waits for the lookup before it goes upstream, at most `SETTLE_S` (`settled`: only
+   when the proxy is so busy that the lookup thread has not run yet); a connection's last
    records (a request's whole record, a pass-through's closing one) wait for the lookup to end
    (`write_when_known`) without holding up anything else (a program that ended at once is then
    still named if the lookup read it in time).
@@ -50,6 +52,7 @@ DIAG_MSG_MIN = 72  # struct inet_diag_msg, up to and including idiag_inode
 LOOKUP_S = 2.0  # a lookup past this gives up (a flood of processes or sockets)
 PENDING_MAX = 256  # lookups queued or running at once; past it a connection is not looked up
 WORKERS = 2
+SETTLE_S = 0.1  # the longest a request waits, after its decision, for its connection's lookup
 NO_NETNS = (
     "no process lookup for this sandbox: its sockets are held by gVisor's kernel (the Sentry), "
     "not by its programs"
@@ -224,6 +227,15 @@ class ProcessFinder:
         if not lookup.done():
             return ConnectionProcess(unknown=PENDING)
         return lookup.result()
+
+    async def settled(self, peer: tuple[str, int] | None) -> None:
+        """Wait (at most `SETTLE_S`, never on the event loop's thread) for `peer`'s lookup: called
+        after the decision, before a request or a pass-through connection goes upstream, so a
+        program cannot be gone before its socket is read while the proxy is busy."""
+        lookup = self._lookups.get(_key(peer)) if peer else None
+        if lookup is not None and not lookup.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(lookup)), SETTLE_S)
 
     def write_when_known(self, peer: tuple[str, int] | None, record: AuditRecord, write: Write) -> None:
         """Write `record` (a connection's last) with its process: now if the lookup is done (or
