@@ -91,6 +91,9 @@ class RotatingWriter:
         self._handle.close()
 
 
+PROGRAMS = ("/usr/bin/curl", "/usr/bin/python3.11", "/usr/bin/git")  # what opened a connection
+
+
 def synthetic_records(
     count: int, end: datetime, span: timedelta, sandboxes: int = 200, seed: int = 7
 ) -> Iterator[dict[str, Any]]:
@@ -141,6 +144,14 @@ def synthetic_records(
             "duration_ms": round(rng.uniform(1, 400), 3),
             "event": "sni_mismatch" if kind == "security_event" else None,
             "detail": None,
+            "process": {
+                "pid": 4000 + n % 9000,
+                "sandbox_pid": 2 + n % 300,
+                "exe": PROGRAMS[n % 3],
+                "unknown": None,
+            }
+            if kind in ("request", "connection")
+            else None,
         }
 
 

@@ -22,13 +22,14 @@ from pathlib import Path
 
 import httpx
 
+from bench import sized
 from bench.bench_gateway import _command, _cpu_s, _p, _timed
 from bench.sandbox_rig import enter_own_netns, run_as_root_child
 
 CHILD_FLAG = "SANDGATE_BENCH_EXEC_AUDIT_CHILD"
-RUNS = int(os.environ.get("SANDGATE_BENCH_EXEC_AUDIT_RUNS", "150"))
-ROUNDS = 4
-EXECS = 2000  # /bin/true execs per server for the per-event row
+RUNS = int(os.environ.get("SANDGATE_BENCH_EXEC_AUDIT_RUNS", sized("150", "10")))
+ROUNDS = sized(4, 2)
+EXECS = sized(2000, 100)  # /bin/true execs per server for the per-event row
 SETTINGS = ("off", "execd", "processes")
 TRUE = {"command": "true"}
 
@@ -39,6 +40,9 @@ def main() -> None:
 
 def _child() -> None:
     host_netns = os.open("/proc/self/ns/net", os.O_RDONLY)  # the process connector's (initial) netns
+    # ... unless this runs under pytest (the smoke test), whose conftest left the initial netns
+    # for one of its own and names the initial one here
+    connector_netns = os.environ.get("SANDGATE_TEST_HOST_NETNS") or f"/proc/{os.getpid()}/fd/{host_netns}"
     enter_own_netns()
     from tests.support.server import sandgate_server
 
@@ -50,7 +54,7 @@ def _child() -> None:
         for setting in SETTINGS:
             extra = {
                 "SANDGATE_EXEC_AUDIT": setting,
-                "SANDGATE_PROCESS_EVENTS_NETNS": f"/proc/{os.getpid()}/fd/{host_netns}",
+                "SANDGATE_PROCESS_EVENTS_NETNS": connector_netns,
             }
             (Path(temp) / setting).mkdir()
             servers[setting] = stack.enter_context(sandgate_server(Path(temp) / setting, extra))

@@ -25,11 +25,14 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any, Protocol
 
 from sandgate.lifecycle.audit import Change, PolicyChange
 from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.errors import LifecycleError, quietly
+from sandgate.lifecycle.isolation import ISOLATION_KEY
+from sandgate.lifecycle.network import RUN_NETNS
 from sandgate.lifecycle.policy_book import PolicyBook, PolicyJSON
 from sandgate.lifecycle.sandbox_state import LIVE_STATES
 from sandgate.lifecycle.sandbox_store import (
@@ -105,6 +108,20 @@ def audited(document: Policy | VaultState | None) -> dict[str, Any]:
     return to_document(document) if isinstance(document, Policy) else document.to_document()
 
 
+# A sandbox's cgroup.procs files (the runtime's), where the proxy finds its processes.
+ProcessLists = Callable[[str], list[Path]]
+
+
+def process_lookup(record: SandboxRecord, lists: ProcessLists | None) -> dict[str, Any]:
+    """What the proxy needs to name each connection's process (proxy/origin.py): the sandbox's
+    netns, and its process lists when the runtime has them; nothing on gVisor, whose sockets are
+    all held by its kernel (the Sentry), not its programs."""
+    if record.netns is None or record.extensions.get(ISOLATION_KEY) == "gvisor":
+        return {}
+    found = [str(path) for path in lists(record.id)] if lists else []
+    return {"netns": str(RUN_NETNS / record.netns), "process_lists": found}
+
+
 class EgressControl:
     def __init__(
         self,
@@ -114,8 +131,10 @@ class EgressControl:
         vault: SecretStore,
         policies: PolicyBook,
         audit: AuditWriter,
+        process_lists: ProcessLists | None = None,
     ) -> None:
         self.store = store
+        self.process_lists = process_lists
         self.proxy = proxy
         self.vault = vault
         self.policies = policies
@@ -124,9 +143,14 @@ class EgressControl:
 
     # --- the proxy ------------------------------------------------------------------------------
 
-    def push_new(self, sandbox_id: str, address: str, policy: Policy) -> None:
+    def push_new(self, record: SandboxRecord, policy: Policy) -> None:
         """A new sandbox's first entry (no vault yet); a refusal is `unavailable`."""
-        entry = SandboxEntry(sandbox_id=sandbox_id, address=address, policy=to_document(policy))
+        entry = SandboxEntry(
+            sandbox_id=record.id,
+            address=record.address or "",
+            policy=to_document(policy),
+            **process_lookup(record, self.process_lists),
+        )
         try:
             self.proxy.put_sandbox(entry)
         except Exception as exc:
@@ -149,6 +173,7 @@ class EgressControl:
             address=record.address or "",
             policy=to_document(self.effective(base, vault)),
             credentials=vault.entries(),
+            **process_lookup(record, self.process_lists),
         )
         self.proxy.put_sandbox(entry)
 

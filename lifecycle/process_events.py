@@ -262,8 +262,8 @@ class ProcessWatcher:
         parent = self._parent_of.get(event.tgid, facts.get("ppid"))
         self._follow(event.tgid, sandbox, parent)
         record = self._record(sandbox)
-        if record is None or record.extensions.get("sandgate.isolation") == "gvisor":
-            return  # on gVisor the host sees only runsc's own processes (docs/audit.md)
+        if record is None:
+            return
         facts = {"op": "exec", "pid": event.tgid, "ppid": parent, **facts, "kernel_ns": event.timestamp_ns}
         self._writes.append((record, facts))
 
@@ -275,8 +275,13 @@ class ProcessWatcher:
             self._writes.append((record, {**facts, "kernel_ns": event.timestamp_ns}))
 
     def _record(self, sandbox: str) -> SandboxRecord | None:
+        """The sandbox whose events this watcher records; None for a gVisor one: the host sees
+        only runsc's processes there (its execs, its ptrace of its own stubs), and gVisor's
+        runtime monitoring reports the sandbox's programs (gvisor_events.py)."""
         if sandbox not in self._records:
-            self._records[sandbox] = self.lookup(sandbox)
+            record = self.lookup(sandbox)
+            gvisor = record is not None and record.extensions.get("sandgate.isolation") == "gvisor"
+            self._records[sandbox] = None if gvisor else record
         return self._records[sandbox]
 
     def _hold(self, event: ProcEvent) -> None:

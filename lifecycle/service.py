@@ -172,7 +172,7 @@ class Service:
             net = self.networks.create(record.id)
             undo.append(lambda: self.networks.destroy(record.id))
             record = replace(record, address=net.address, gateway=net.gateway, netns=net.netns)
-            self.egress.push_new(record.id, net.address, document)
+            self.egress.push_new(record, document)
             undo.append(lambda: self.egress.drop(net.address))
             self.runtime.create(spec, net)
             undo.append(lambda: self.runtime.delete(record.id))
@@ -388,7 +388,7 @@ class Service:
         )
         try:
             self.runtime.configure(sandbox_id, request.env, limits)
-            self.egress.push_new(sandbox_id, net.address, document)
+            self.egress.push_new(record, document)
             if request.entrypoint:
                 start_entrypoint(record, request.entrypoint)
             record = record.moved("start", "claimed from the warm pool")

@@ -133,7 +133,8 @@ class Settings(BaseSettings):
         description="the exec audit trail (docs/audit.md): 'execd' records every execd call the "
         "host's reverse proxy forwards (commands, code cells, file operations) as `command` and "
         "`file` records; 'processes' also every program a sandbox runs (`process` records, from "
-        "the kernel's process connector; local runtime, standard isolation); 'off' records none",
+        "the kernel's process connector, and on gVisor from gVisor's runtime monitoring; local "
+        "runtime); 'off' records none",
     )
     process_events_netns: Path | None = Field(
         None,

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from fastapi import APIRouter
 
     from sandgate.lifecycle.audit import AuditIndex, AuditStore, Change, PolicyChange
+    from sandgate.lifecycle.gvisor_events import GvisorEvents
     from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.network import SandboxNetworks
     from sandgate.lifecycle.process_events import ProcessWatcher
@@ -230,6 +231,7 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
             pull_policy=settings.image_pull_policy,
             gvisor_runtime=settings.docker_gvisor_runtime,
         )
+    from sandgate.lifecycle.gvisor_events import events_endpoint
     from sandgate.lifecycle.runtime.local import LocalRuntime
 
     images = image_store(settings)
@@ -242,6 +244,7 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
         default_pids_max=settings.pids_max,
         runsc=settings.runsc,
         gvisor_platform=settings.gvisor_platform,
+        gvisor_events=events_endpoint(settings.state_dir) if settings.exec_audit == "processes" else None,
     )
 
 
@@ -366,6 +369,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
             settings.policy_max_rules, settings.load_default_policy(), settings.presets
         ),
         audit=policy_change_writer(settings.audit_log),
+        process_lists=getattr(runtime, "process_lists", None),  # local: its cgroup; Docker: a netns scan
     )
     service = Service(
         store,
@@ -394,7 +398,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
     )
     from sandgate.lifecycle.trail_secrets import Secrets
 
-    watcher = process_watcher(settings, instance, store, Secrets(egress.vault_values, api_key))
+    watchers = process_watchers(settings, instance, store, Secrets(egress.vault_values, api_key))
     audit, routers = audit_and_console(service, settings, api_key)
     audit.start()
     return Components(
@@ -402,22 +406,24 @@ def build_components(settings: Settings, api_key: str) -> Components:
         supervisor,
         routers,
         open_prefixes=["/console"],
-        closers=[store.close, supervisor.stop, audit.stop, service.stop, *(w.stop for w in [watcher] if w)],
+        closers=[store.close, supervisor.stop, audit.stop, service.stop, *(w.stop for w in watchers)],
     )
 
 
-def process_watcher(
+def process_watchers(
     settings: Settings, instance: str, store: SandboxStore, secrets: Secrets
-) -> ProcessWatcher | None:
-    """With `exec_audit = "processes"`, the started watcher of every program a sandbox runs; a
-    host that cannot give it (no process connector, the Docker runtime) refuses to start, never
-    runs without what was asked for."""
+) -> list[ProcessWatcher | GvisorEvents]:
+    """With `exec_audit = "processes"`, the started watchers of every program a sandbox runs:
+    the kernel's process connector, and gVisor's runtime monitoring sink (gvisor_events.py) for
+    gVisor sandboxes; a host that cannot give them (no process connector, the Docker runtime)
+    refuses to start, never runs without what was asked for."""
+    from sandgate.lifecycle.gvisor_events import GvisorEvents, events_endpoint
     from sandgate.lifecycle.process_events import ProcessWatcher, summary, to_json
     from sandgate.lifecycle.sandbox_store import NotFound
     from sandgate.proxy import AuditRecord, append_records
 
     if settings.exec_audit != "processes":
-        return None
+        return []
     if settings.runtime != "local":
         raise ValueError(
             "setting `exec_audit` is 'processes', which the local runtime gives (the Docker runtime's "
@@ -451,6 +457,8 @@ def process_watcher(
         ]
         append_records(settings.audit_log, lines)
 
+    sink = GvisorEvents(events_endpoint(settings.state_dir), lookup, write)
+    sink.start()  # before any sandbox: runsc cannot start without it
     watcher = ProcessWatcher(instance, lookup, write, settings.process_events_netns)
     try:
         watcher.start()
@@ -460,4 +468,4 @@ def process_watcher(
             f"({exc}); set `process_events_netns` when the server runs outside the initial network "
             "namespace, or use 'execd'"
         ) from None
-    return watcher
+    return [watcher, sink]

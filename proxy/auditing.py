@@ -54,6 +54,8 @@ def record_decision(
 ) -> AuditRecord:
     """One record for a decision made now (connection and DNS level, and refused requests)."""
     state.metrics.decision(kind, verdict.outcome, verdict.reason)
+    if kind != "dns":
+        facts["process"] = state.processes.of(client)
     record = AuditRecord.of(kind, sandbox.id, addr(client) or "-", verdict.decision, **facts)
     state.audit.write(record)
     return record
@@ -108,7 +110,7 @@ class AuditAddon:
         conn = self.state.connections.pop(client.id, None)
         if conn is not None and conn.passthrough and conn.decision_record is not None:
             record = closing_record(conn, conn.decision_record, client)
-            self.state.audit.write(record)
+            self.state.processes.write_when_known(client.peername, record, self.state.audit.write)
             if sandbox := self.state.table.get(conn.sandbox_address):
                 self.state.spend_budgets(sandbox, record.rule, record.host, record.bytes_in, record.bytes_out)
                 # mitmproxy's relay was not throttled: its bytes go into the byte buckets now
@@ -124,6 +126,7 @@ class AuditAddon:
         request_state: RequestState | None = flow.metadata.get(FLOW_KEY)
         if request_state is None or request_state.written_ahead or flow.response is not None:
             return  # not ours, already written, or answered by the proxy: nothing goes upstream
+        await self.state.processes.settled(flow.client_conn.peername)
         try:
             await self.state.audit.write_ahead(self._request_record(flow, request_state, None, INCOMPLETE))
         except AuditUnwritable as exc:
@@ -152,15 +155,14 @@ class AuditAddon:
             self.state.metrics.latency(time.monotonic() - request_state.started)
         self.state.metrics.decision("request", verdict.outcome, verdict.reason)
         record = self._request_record(flow, request_state, status)
-        self.state.audit.write(record)
+        self.state.processes.write_when_known(flow.client_conn.peername, record, self.state.audit.write)
         if verdict.allowed:
             self.state.spend_budgets(
                 request_state.sandbox, record.rule, record.host, record.bytes_in, record.bytes_out
             )
 
-    @staticmethod
     def _request_record(
-        flow: http.HTTPFlow, request_state: RequestState, status: int | None, event: str | None = None
+        self, flow: http.HTTPFlow, request_state: RequestState, status: int | None, event: str | None = None
     ) -> AuditRecord:
         request = flow.request
         identity = request_state.identity  # None only if refused before it was computed: untouched
@@ -193,6 +195,7 @@ class AuditAddon:
             duration_ms=round((time.monotonic() - request_state.started) * 1000, 3) if ended else None,
             event=event,
             detail=detail,
+            process=self.state.processes.of(flow.client_conn.peername),
         )
 
 

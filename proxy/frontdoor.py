@@ -176,6 +176,9 @@ class FrontDoor:
             if refused is not None:
                 self._refuse(sock, peer, sandbox.id if sandbox else "-", refused, limits)
                 continue
+            if sandbox is not None:
+                entry = sandbox.entry
+                self.state.processes.start(peer, sandbox_destination(sock), entry.netns, entry.process_lists)
             task = asyncio.create_task(self._serve(listener, sock, peer, source, limits))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -200,6 +203,7 @@ class FrontDoor:
             await listener.instance.handle_stream(reader, writer)
         finally:
             self.admission.release(source, limits, time.monotonic())
+            self.state.processes.forget(peer)
 
     # ------------------------------------------------------------------ pass-through (rule 4)
 
@@ -228,13 +232,14 @@ class FrontDoor:
             sock.close()
             return True
         target = (judged.name or judged.upstream, judged.upstream, destination[1])
+        await self.state.processes.settled(peer)
         bytes_in, bytes_out, failure = await self._pass_through(sock, conn, sandbox, target, judged.via)
         if conn.decision_record is not None:
             duration = round((time.monotonic() - accepted) * 1000, 3)
             record = closed(conn.decision_record, bytes_in, bytes_out, duration)
             if failure is not None:
                 record = record.model_copy(update={"reason": Reason.UPSTREAM_ERROR, "detail": failure})
-            self.state.audit.write(record)
+            self.state.processes.write_when_known(peer, record, self.state.audit.write)
             self.state.spend_budgets(sandbox, record.rule, record.host, bytes_in, bytes_out, request=False)
         return True
 
@@ -341,6 +346,16 @@ class FrontDoor:
             detail = f"{more} more connections reset in {REFUSAL_WINDOW:g} s; {_limit_detail(limit, limits)}"
             self.state.metrics.security_events[limit] -= 1  # each was counted as it happened
             security_event(self.state, sandbox_id, peer, limit, detail)
+
+
+def sandbox_destination(sock: socket.socket) -> tuple[str, int]:
+    """Where the sandbox connected: the original destination of a redirected connection (the
+    transparent listener), else the listener's own address (the explicit one)."""
+    try:
+        return platform.original_addr(sock)  # type: ignore[misc]
+    except OSError:  # no conntrack entry for it (ENOENT): it was not redirected
+        host, port = sock.getsockname()[:2]
+        return host, port
 
 
 async def _dial(address: str, port: int) -> socket.socket | None:

@@ -37,6 +37,7 @@ from sandgate.proxy.credentials import SandboxCredentials, SecretValues
 from sandgate.proxy.decide import Verdict
 from sandgate.proxy.metrics import Metrics
 from sandgate.proxy.minting import TokenMinter
+from sandgate.proxy.origin import ProcessFinder
 from sandgate.proxy.resolver import NameMemory, Resolver
 from sandgate.proxy.tcpinfo import KernelCounters
 from sandgate.proxy.upstreamproxy import UpstreamProxies
@@ -222,6 +223,7 @@ class ProxyState:
     upstream_proxies: UpstreamProxies = field(default_factory=lambda: UpstreamProxies([], SecretValues(None)))
     budgets: Budgets = field(default_factory=Budgets)
     minter: TokenMinter | None = None  # mints `oauth2` bindings' tokens (None: minting refused)
+    processes: ProcessFinder = field(default_factory=ProcessFinder)  # who opened each connection
 
     def spend_budgets(
         self,

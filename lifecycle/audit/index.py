@@ -243,6 +243,19 @@ class AuditIndex:
         row = self._conn().execute(f"{_SELECT} WHERE id = ?", (record_id,)).fetchone()
         return from_row(row[1:]) if row else None
 
+    def of_process(self, sandbox: str, pid: int, limit: int = 200) -> list[RecordJSON]:
+        """A sandbox's records of one process (its host pid), newest first: the kernel's records
+        of it (`process`: its execs, its ptrace attaches) and the connections and requests it
+        opened (their `process`). A pid the kernel reused later shows both lives, by time."""
+        where = (
+            " WHERE sandbox = ? AND ((kind = 'process' AND json_extract(detail, '$.pid') = ?)"
+            " OR json_extract(process, '$.pid') = ?)"
+        )
+        rows = self._conn().execute(
+            f"{_SELECT}{where} ORDER BY ts_us DESC, seq DESC LIMIT ?", (sandbox, pid, pid, limit)
+        )
+        return [from_row(row[1:]) for row in rows.fetchall()]
+
     def summary(self, query: AuditFilter, top: int = 15) -> Summary:
         """Top hosts, denials by reason and injections by binding for the filtered records."""
         where, params = _where(query)

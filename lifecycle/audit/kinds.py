@@ -27,6 +27,7 @@ from sandgate.lifecycle.exec_trail import OPERATIONS
 OCSF_VERSION = "1.3.0"
 OTHER = 99  # OCSF's "Other" in every enumeration: the name is then the source's own word
 SECURITY_CONTROL = "security_control"  # the OCSF profile of action, disposition and firewall_rule
+HOST = "host"  # the OCSF profile of `actor`: a connection's process (proxy/origin.py)
 
 Activity = tuple[int, str]
 
@@ -40,8 +41,8 @@ class OcsfClass:
     profiles: tuple[str, ...]
 
 
-NETWORK_ACTIVITY = OcsfClass(4001, "Network Activity", 4, "Network Activity", (SECURITY_CONTROL,))
-HTTP_ACTIVITY = OcsfClass(4002, "HTTP Activity", 4, "Network Activity", (SECURITY_CONTROL,))
+NETWORK_ACTIVITY = OcsfClass(4001, "Network Activity", 4, "Network Activity", (SECURITY_CONTROL, HOST))
+HTTP_ACTIVITY = OcsfClass(4002, "HTTP Activity", 4, "Network Activity", (SECURITY_CONTROL, HOST))
 DNS_ACTIVITY = OcsfClass(4003, "DNS Activity", 4, "Network Activity", (SECURITY_CONTROL,))
 API_ACTIVITY = OcsfClass(6003, "API Activity", 6, "Application Activity", ())
 PROCESS_ACTIVITY = OcsfClass(1007, "Process Activity", 1, "System Activity", ())

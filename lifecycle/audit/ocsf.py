@@ -148,6 +148,10 @@ def _network(event: Event, record: RecordJSON, kind: AuditKind) -> None:
         if record.get("port") is not None:
             destination.setdefault("port", record["port"])
         event["dst_endpoint"] = destination
+    if (process := _connection_process(record.get("process"))) is not None:
+        event["actor"] = {"process": process}
+    elif record.get("process"):
+        event["unmapped"]["process"] = record["process"]  # why the process is not known
     event["connection_info"] = {"direction_id": 2, "direction": "Outbound"}
     if kind.name in ("request", "connection"):  # DNS and some security events may come over UDP
         event["connection_info"] |= {"protocol_name": "tcp", "protocol_num": 6}
@@ -259,7 +263,7 @@ def _process(event: Event, record: RecordJSON, kind: AuditKind) -> None:
         if facts.get("argv"):
             process["cmd_line"] = _bounded(" ".join(facts.pop("argv")))
         if exe := facts.pop("exe", None):
-            process["file"] = {"name": exe.rsplit("/", 1)[-1] or exe, "path": exe, "type_id": 1}
+            process["file"] = _regular_file(exe)
         if (ppid := facts.pop("ppid", None)) is not None:
             process["parent_process"] = {"pid": ppid}
             event["actor"] = {"process": {"pid": ppid}}
@@ -301,7 +305,21 @@ def _file(event: Event, record: RecordJSON, kind: AuditKind) -> None:
     moves = facts.get("moves") or []
     if moves and isinstance(moves[0].get("dest"), str):
         dest = moves[0]["dest"]
-        event["file_result"] = {"name": dest.rsplit("/", 1)[-1] or dest, "path": dest, "type_id": 1}
+        event["file_result"] = _regular_file(dest)
+
+
+def _regular_file(path: str) -> dict[str, Any]:
+    return {"name": path.rsplit("/", 1)[-1] or path, "path": path, "type_id": 1}
+
+
+def _connection_process(found: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The OCSF process (the `host` profile's `actor.process`) that opened a connection."""
+    if not found or found.get("pid") is None:
+        return None
+    process: dict[str, Any] = {"pid": found["pid"]}
+    if exe := found.get("exe"):
+        process["file"] = _regular_file(exe)
+    return process
 
 
 def _detail_object(detail: str | None) -> dict[str, Any]:

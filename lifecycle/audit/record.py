@@ -9,6 +9,7 @@ comparisons.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,7 +23,9 @@ SCHEMA_VERSION = 1
 RecordJSON = dict[str, Any]
 
 
-# Index columns in table order; `ts_us` replaces `ts`. Every schema field is a column.
+# Index columns in table order; `ts_us` replaces `ts`. Every schema field is a column; an object
+# field (`process`) is its JSON text.
+OBJECT_COLUMNS = ("process",)
 COLUMNS: tuple[str, ...] = tuple("ts_us" if name == "ts" else name for name in AuditRecord.model_fields)
 
 
@@ -51,7 +54,13 @@ def parse_ts(text: str) -> int:
 
 def to_row(record: AuditRecord) -> tuple[Any, ...]:
     values = record.__dict__
-    return tuple(parse_ts(record.ts) if col == "ts_us" else values[col] for col in COLUMNS)
+    return tuple(_cell(col, values[col]) if col != "ts_us" else parse_ts(record.ts) for col in COLUMNS)
+
+
+def _cell(col: str, value: Any) -> Any:
+    if col in OBJECT_COLUMNS and value is not None:
+        return value.model_dump_json()
+    return value
 
 
 def from_row(row: tuple[Any, ...] | Any) -> RecordJSON:
@@ -62,6 +71,8 @@ def from_row(row: tuple[Any, ...] | Any) -> RecordJSON:
             out["ts"] = format_ts(value)
         elif col == "inspect":
             out[col] = bool(value)
+        elif col in OBJECT_COLUMNS and value is not None:
+            out[col] = json.loads(value)
         else:
             out[col] = value
     return out

@@ -1,6 +1,6 @@
-"""The overview (every live sandbox with its traffic in a window) and one sandbox's page (its
+"""The overview (every live sandbox with its traffic in a window), one sandbox's page (its
 summary, policy, changes, denials, and a timeline where its commands, file operations and
-requests are interleaved)."""
+requests are interleaved) and one process's page (its execs and the requests it made)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from sandgate.lifecycle.console.views import policy_yaml
 
 WINDOWS = ("1h", "24h", "today", "7d", "30d")
 TIMELINE_ROWS = 100  # a sandbox page's latest records of every kind (the feed has the rest)
+PROCESS_ROWS = 200  # a process page's latest records
 
 
 def add_sandbox_pages(router: APIRouter, console: Console, authed: Any) -> None:
@@ -61,3 +62,10 @@ def add_sandbox_pages(router: APIRouter, console: Console, authed: Any) -> None:
             timeline=timeline.records,
             policy_yaml=policy_yaml(live.policy) if live else "",
         )
+
+    @router.get("/sandboxes/{sandbox_id}/processes/{pid}", dependencies=[authed])
+    def process_page(sandbox_id: str, pid: int) -> Response:
+        """One process of a sandbox: what the kernel saw it run and the requests it made (a
+        request row of the timeline links here)."""
+        records = index.of_process(sandbox_id, pid, PROCESS_ROWS)
+        return console.page("process.html", nav="overview", sandbox_id=sandbox_id, pid=pid, records=records)

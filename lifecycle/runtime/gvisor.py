@@ -26,6 +26,9 @@ Rules:
 4. /tmp is the root's own /tmp, bound explicitly: without a /tmp mount in the spec, runsc puts
    an internal tmpfs there, outside the sandbox's disk quota (a filler wrote 12 GiB of host
    memory into it), where `standard` keeps /tmp on the overlay, under the quota.
+5. With `exec_audit = "processes"` runsc is started with a pod-init config (`<box>/trace.json`)
+   that sends its Sentry's execve and clone events to the server's runtime monitoring sink
+   (lifecycle/gvisor_events.py): the host kernel sees none of the sandbox's programs.
 """
 
 from __future__ import annotations
@@ -37,12 +40,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from sandgate.lifecycle.gvisor_events import trace_config
 from sandgate.lifecycle.runtime.base import RuntimeError_, SandboxNet, SandboxSpec
 from sandgate.lifecycle.runtime.launch import LAUNCH_ENV, SANDBOX_CAPS, Launch, launcher_argv
 from sandgate.lifecycle.runtime.sandbox_root import SANDBOX_HOSTNAME
 
 Platform = Literal["ptrace", "systrap", "kvm"]
 RUNSC_STATE = "runsc"  # runsc's --root, inside the sandbox's directory
+TRACE_CONFIG = "trace.json"  # runsc's --pod-init-config: runtime monitoring (rule 5)
 BUNDLE = "bundle"  # the OCI bundle (config.json only: its root is the overlay at <box>/root)
 # The kernel's own file systems inside: gVisor's proc, a /dev with its devices and a pts.
 KERNEL_MOUNTS: list[dict[str, Any]] = [
@@ -66,9 +71,10 @@ def find_runsc(name: str = "runsc") -> str | None:
 class Gvisor:
     """Builds the OCI bundle and the runsc argv of one sandbox."""
 
-    def __init__(self, runsc: str, platform: Platform = "systrap") -> None:
+    def __init__(self, runsc: str, platform: Platform = "systrap", events: Path | None = None) -> None:
         self.runsc = runsc
         self.platform = platform
+        self.events = events  # gVisor's runtime monitoring sink (rule 5); None: no process records
 
     def isolator(self, spec: SandboxSpec, net: SandboxNet, launch: Launch, box: Path) -> list[str]:
         """Write the bundle into `box` and return the argv that runs it (after nsenter)."""
@@ -87,6 +93,10 @@ class Gvisor:
             "--overlay2=none",
             "--file-access=shared",
         ]
+        if self.events is not None:
+            trace = box / TRACE_CONFIG
+            trace.write_text(json.dumps(trace_config(self.events)), encoding="utf-8")
+            flags.append(f"--pod-init-config={trace}")
         return [self.runsc, *flags, "run", f"--bundle={bundle}", spec.sandbox_id]
 
 

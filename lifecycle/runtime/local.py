@@ -91,6 +91,7 @@ class LocalRuntime:
         default_pids_max: int = DEFAULT_PIDS_MAX,
         runsc: str = "runsc",
         gvisor_platform: Platform = "systrap",
+        gvisor_events: Path | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.disks = disks
@@ -108,7 +109,7 @@ class LocalRuntime:
         self.java_trust = JavaTrust(self.state_dir / "java-trust")
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         runsc_path = find_runsc(runsc)
-        self.gvisor = Gvisor(runsc_path, gvisor_platform) if runsc_path else None
+        self.gvisor = Gvisor(runsc_path, gvisor_platform, gvisor_events) if runsc_path else None
         self.isolations: tuple[str, ...] = ("standard", "gvisor") if runsc_path else ("standard",)
 
     # -- the Runtime protocol ---------------------------------------------------------------
@@ -268,6 +269,10 @@ class LocalRuntime:
         """Where the overlay's upper/work dirs and output.log live (rule 6)."""
         box = self._dir(sandbox_id)
         return box / "disk" if self.disks is not None else box
+
+    def process_lists(self, sandbox_id: str) -> list[Path]:
+        """The files listing the sandbox's processes (its cgroup's `cgroup.procs`)."""
+        return self._cgroup(sandbox_id).procs_files()
 
     def _cgroup_name(self, sandbox_id: str) -> str:
         return f"sandgate-{self.instance}-{sandbox_id}"

@@ -70,6 +70,16 @@ def redact_path(path: str | None) -> str | None:
     return f"{base}?<redacted>" if sep else base
 
 
+class ConnectionProcess(BaseModel):
+    """The process inside the sandbox that held a connection's socket (proxy/origin.py): its
+    pid on the host and in the sandbox, its executable; or, when it could not be known, why."""
+
+    pid: int | None = None
+    sandbox_pid: int | None = None
+    exe: str | None = None
+    unknown: str | None = None
+
+
 class AuditRecord(BaseModel):
     """One line of audit.jsonl. `bytes_in`: upstream -> client; `bytes_out`: client -> upstream."""
 
@@ -98,6 +108,7 @@ class AuditRecord(BaseModel):
     duration_ms: float | None = None
     event: str | None = None
     detail: str | None = None
+    process: ConnectionProcess | None = None  # connection and request records (standard isolation)
 
     @classmethod
     def of(cls, kind: RecordKind, sandbox: str, client: str, decision: Decision, **facts: Any) -> AuditRecord:
@@ -119,7 +130,7 @@ def written(record: AuditRecord, redact: Redact | None = None) -> AuditRecord:
     """`record` as it may be written: free text through `redact`, the path without its query,
     bytes that were not UTF-8 (kept by mitmproxy as lone surrogates) as `\\xNN` text."""
     values = record.__dict__
-    changed: dict[str, str | None] = {}
+    changed: dict[str, Any] = {}
     if record.path is not None and "?" in record.path:
         changed["path"] = redact_path(record.path)
     texts = [changed.get(name, values[name]) or "" for name in FREE_TEXT]
@@ -133,6 +144,9 @@ def written(record: AuditRecord, redact: Redact | None = None) -> AuditRecord:
             clean = clean.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         if clean != text:
             changed[name] = clean
+    exe = record.process.exe if record.process is not None else None
+    if exe and redact is not None and (clean_exe := redact(exe)) != exe:  # a path the sandbox chose
+        changed["process"] = record.process.model_copy(update={"exe": clean_exe})  # type: ignore[union-attr]
     return record.model_copy(update=changed) if changed else record
 
 

@@ -186,6 +186,16 @@ class SandboxEntry(BaseModel):
     limits: ConnectionLimits | None = Field(
         default=None, description="this sandbox's connection limits (default: ProxyConfig.limits)"
     )
+    netns: str | None = Field(
+        default=None,
+        description="the sandbox's network namespace (a path such as /run/netns/NAME), where the proxy "
+        "finds which process opened each connection (proxy/origin.py); None: not looked up (gVisor)",
+    )
+    process_lists: list[str] = Field(
+        default_factory=list,
+        description="files listing the sandbox's processes (its cgroup's cgroup.procs), where the "
+        "proxy looks for a connection's process; empty: every process in `netns`",
+    )
     upstream_proxies: list[UpstreamProxy] | None = Field(
         default=None,
         description="this sandbox's upstream proxies, first match wins (default: "

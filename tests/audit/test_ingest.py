@@ -173,3 +173,19 @@ def test_a_write_ahead_line_is_one_row_with_its_whole_record(tmp_path: Path) -> 
     assert request_text(rows["cut-off"][1]).endswith("[incomplete]")
     assert not request_text(finished).endswith("]")
     assert (to_ocsf(rows["cut-off"][1])["status"], to_ocsf(finished)["status"]) == ("Unknown", "Success")
+
+
+def test_an_index_made_before_a_field_existed_gets_its_column(tmp_path: Path) -> None:
+    old, new = generated(2)
+    old["process"] = None
+    new["process"] = {"pid": 4242, "sandbox_pid": 7, "exe": "/usr/bin/curl", "unknown": None}
+    write_records(tmp_path, [old])
+    index = open_index(tmp_path)
+    index.ingest()
+    index._conn().execute("ALTER TABLE records DROP COLUMN process")  # as an older server made it
+    index.close()
+    write_records(tmp_path, [new])
+    reopened = open_index(tmp_path)
+    assert reopened.ingest().added == 1
+    assert reopened.get(old["id"]) == old and reopened.get(new["id"]) == new
+    assert [r["id"] for r in reopened.of_process(new["sandbox"], 4242)] == [new["id"]]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from sandgate.lifecycle.audit import to_ocsf
+from sandgate.lifecycle.runtime.gvisor import find_runsc
 from sandgate.proxy import verify_chain
 from tests.support.audit import audit_records
 from tests.support.ocsf import ocsf_errors
@@ -61,15 +62,27 @@ def processes(server: SandgateServer, sandbox: str | None, wanted: int = 0) -> l
     return found
 
 
-def test_each_program_is_recorded_with_its_parent(server: SandgateServer, sandbox: str) -> None:
+# The script, its child shell and that shell's sleep, by their command lines.
+TREE = ("sh /tmp/script.sh", "sh -c sleep 0.5; echo from-child > /tmp/proc-child.txt", "sleep 0.5")
+
+
+def run_script(
+    server: SandgateServer, sandbox: str, wanted: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run SCRIPT through execd; its process records, and them by command line, once the tree of
+    three generations (TREE) is there with each one's parent."""
     server.run(sandbox, f"printf '%s' {shlex.quote(SCRIPT)} > /tmp/script.sh")  # a builtin: no exec
     server.run(sandbox, "sh /tmp/script.sh")
-    seen = processes(server, sandbox, 5)
+    seen = processes(server, sandbox, wanted)
     by_argv = {" ".join(p.get("argv", [])): p for p in seen}
-    script = by_argv["sh /tmp/script.sh"]
-    child_shell = by_argv["sh -c sleep 0.5; echo from-child > /tmp/proc-child.txt"]
-    sleep = by_argv["sleep 0.5"]
+    script, child_shell, sleep = (by_argv[argv] for argv in TREE)
     assert child_shell["ppid"] == script["pid"] and sleep["ppid"] == child_shell["pid"]
+    return seen, by_argv
+
+
+def test_each_program_is_recorded_with_its_parent(server: SandgateServer, sandbox: str) -> None:
+    seen, by_argv = run_script(server, sandbox, 5)
+    script, child_shell, sleep = (by_argv[argv] for argv in TREE)
     assert sleep["exe"].endswith("/sleep") and sleep["cwd"] and isinstance(sleep["sandbox_pid"], int)
     children = [p for p in seen if p["ppid"] == script["pid"] and p["pid"] != script["pid"]]
     assert len(children) == 2  # the child shell and cat, each exec'd once
@@ -134,3 +147,16 @@ def test_ocsf_export_of_processes_passes_the_schema(server: SandgateServer, sand
         assert ocsf_errors(event) == [], event
     launched = next(e for e in events if e["activity_name"] == "Launch" and "cmd_line" in e["process"])
     assert launched["process"]["parent_process"]["pid"] == launched["actor"]["process"]["pid"]
+
+
+@pytest.mark.skipif(find_runsc() is None, reason="runsc is not installed")
+def test_a_gvisor_sandbox_s_programs_come_from_gvisor_s_runtime_monitoring(server: SandgateServer) -> None:
+    """On gVisor the host kernel sees only runsc: the records come from the Sentry's execve and
+    clone events, sent to the server's sink (lifecycle/gvisor_events.py)."""
+    sandbox = str(server.create_sandbox(extensions={"sandgate.isolation": "gvisor"})["id"])
+    seen, by_argv = run_script(server, sandbox, 4)
+    script, _child_shell, sleep = (by_argv[argv] for argv in TREE)
+    assert by_argv["cat /etc/hostname"]["ppid"] == script["pid"]
+    assert all(p.get("source") == "gvisor" and p["record"]["client"] == "kernel" for p in seen), seen
+    assert sleep["exe"].endswith("/sleep") and sleep["cwd"]
+    assert verify_chain(server.state_dir / "audit.jsonl").problems == []

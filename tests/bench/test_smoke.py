@@ -35,9 +35,11 @@ ROOT = {
     "audit",
     "code",
     "docker",
+    "exec_audit",
     "gateway",
     "gvisor",
     "images",
+    "process_lookup",
     "proxy",
     "sandbox_disk",
     "sandboxes",
@@ -126,6 +128,14 @@ PROMISES: dict[str, list[str]] = {
         rf"^upload \d+ MiB: {N} MiB/s, RSS idle {N} MiB, peak {N} MiB$",
         rf"^download \d+ MiB: {N} MiB/s, peak {N} MiB$",
     ],
+    "exec_audit": [
+        rf"^exec audit trail: {N} x {N} command round trips per setting, {N} execs per sandbox$",
+        *(
+            rf"^\s+exec_audit={setting}\s+command round trip p50\s+{N} ms p95\s+{N} ms \({N}x off\) \| "
+            rf"serve CPU/command\s+{N} ms \| serve CPU per exec in the sandbox\s+{N} us \| audit lines {N}$"
+            for setting in ("off", "execd", "processes")
+        ),
+    ],
     "gateway": [
         compared("GET /ping (the hop alone)"),
         rf"serve's CPU per proxied /ping: {N} us$",
@@ -170,6 +180,11 @@ PROMISES: dict[str, list[str]] = {
         rf"^decision loops: wall/CPU time {N} ",
     ],
     "proxy": _proxy(),
+    "process_lookup": [
+        rf"^process lookup: {N} lookups per row, {N} processes on the machine$",
+        timing("4 connections open"),
+        timing("400 connections open"),
+    ],
     "proxy_start": [
         rf"^one proxy process\s+{N}\s+-\s+{N}\s+{N}$",
         rf"^pool of \d+ workers\s+{N}\s+{N}\s+{N}\s+{N}$",

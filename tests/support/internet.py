@@ -78,6 +78,10 @@ class Internet:
     ca_key: Path
     process: subprocess.Popen[bytes]
 
+    def upstream_settings(self) -> dict[str, str]:
+        """The settings that make a sandgate server's proxy resolve and trust this internet."""
+        return {"SANDGATE_UPSTREAM_DNS": json.dumps([DNS_ADDR]), "SANDGATE_UPSTREAM_CA": str(self.ca_cert)}
+
     def set_names(self, names: dict[str, list[str]]) -> None:
         """Replace the DNS zone: name -> addresses (IPv4 answer A queries, IPv6 answer AAAA)."""
         zone = {name.lower().rstrip("."): addrs for name, addrs in names.items()}
