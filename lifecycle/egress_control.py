@@ -132,9 +132,13 @@ class EgressControl:
         policies: PolicyBook,
         audit: AuditWriter,
         process_lists: ProcessLists | None = None,
+        name_processes: bool = False,
     ) -> None:
+        """`name_processes`: the proxy names each connection's process (exec_audit = processes:
+        a lookup per connection costs the proxy milliseconds of CPU, docs/benchmarks.md)."""
         self.store = store
         self.process_lists = process_lists
+        self.name_processes = name_processes
         self.proxy = proxy
         self.vault = vault
         self.policies = policies
@@ -149,7 +153,7 @@ class EgressControl:
             sandbox_id=record.id,
             address=record.address or "",
             policy=to_document(policy),
-            **process_lookup(record, self.process_lists),
+            **self._process_lookup(record),
         )
         try:
             self.proxy.put_sandbox(entry)
@@ -173,9 +177,12 @@ class EgressControl:
             address=record.address or "",
             policy=to_document(self.effective(base, vault)),
             credentials=vault.entries(),
-            **process_lookup(record, self.process_lists),
+            **self._process_lookup(record),
         )
         self.proxy.put_sandbox(entry)
+
+    def _process_lookup(self, record: SandboxRecord) -> dict[str, Any]:
+        return process_lookup(record, self.process_lists) if self.name_processes else {}
 
     def drop(self, address: str) -> None:
         self.proxy.drop_sandbox(address)

@@ -370,6 +370,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
         ),
         audit=policy_change_writer(settings.audit_log),
         process_lists=getattr(runtime, "process_lists", None),  # local: its cgroup; Docker: a netns scan
+        name_processes=settings.exec_audit == "processes",
     )
     service = Service(
         store,

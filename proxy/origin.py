@@ -21,9 +21,10 @@ Rules:
    records (a request's whole record, a pass-through's closing one) wait for the lookup to end
    (`write_when_known`) without holding up anything else (a program that ended at once is then
    still named if the lookup read it in time).
-3. A sandbox whose entry names no `netns` (gVisor: every socket of the sandbox is held by the
-   Sentry, one host process running all its programs, so the holder would name runsc) gets
-   `unknown` with that reason at once.
+3. A sandbox whose entry names no `netns` is not looked up, and its records' `process` stays
+   null: lifecycle names it only with `exec_audit = "processes"` (a lookup costs milliseconds of
+   CPU) and never on gVisor (every socket of the sandbox is held by the Sentry, one host process
+   running all its programs, so the holder would name runsc).
 4. Parsing is pure (`diag_request`, `socket_inodes`); the netlink socket and /proc are the edge.
 """
 
@@ -53,10 +54,6 @@ LOOKUP_S = 2.0  # a lookup past this gives up (a flood of processes or sockets)
 PENDING_MAX = 256  # lookups queued or running at once; past it a connection is not looked up
 WORKERS = 2
 SETTLE_S = 0.1  # the longest a request waits, after its decision, for its connection's lookup
-NO_NETNS = (
-    "no process lookup for this sandbox: its sockets are held by gVisor's kernel (the Sentry), "
-    "not by its programs"
-)
 PENDING = "the lookup had not finished when this record was written"
 
 
@@ -212,9 +209,9 @@ class ProcessFinder:
         """Look up who opened the connection from `peer` to `destination` (where the sandbox
         connected: the original destination of a redirected connection)."""
         client = _key(peer)
-        if netns is None:
-            self._done(client, ConnectionProcess(unknown=NO_NETNS))
-        elif sum(not lookup.done() for lookup in self._lookups.values()) >= PENDING_MAX:
+        if netns is None:  # rule 3
+            return
+        if sum(not lookup.done() for lookup in self._lookups.values()) >= PENDING_MAX:
             self._done(client, ConnectionProcess(unknown="too many lookups at once (a flood of connections)"))
         else:
             self._lookups[client] = self._pool.submit(find, Path(netns), client, _key(destination), lists)
