@@ -237,16 +237,21 @@ class Relay(Response):
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         relay = asyncio.ensure_future(self._relay(send))
         left = asyncio.ensure_future(_disconnected(receive))
+        client_left = True
         try:
             await asyncio.wait((relay, left), return_when=asyncio.FIRST_COMPLETED)
+            client_left = not relay.done()
         finally:
             left.cancel()
-            if not relay.done():
+            if client_left:
                 relay.cancel()
                 self.exchange.discard()
             if self.trail is not None:
                 self.trail.finish(self.status_code, _broken_off(relay))
-        relay.result()
+        if client_left:  # an ordinary end, not an error: let the cancelled relay end first
+            await asyncio.gather(relay, return_exceptions=True)
+        else:
+            relay.result()
 
     async def _relay(self, send: Send) -> None:
         async for chunk in self.exchange.body():
