@@ -42,6 +42,7 @@ from sandgate.lifecycle.errors import LifecycleError, quietly
 from sandgate.lifecycle.execd_client import new_token, start_entrypoint
 from sandgate.lifecycle.isolation import ISOLATION_KEY, choose
 from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy
+from sandgate.lifecycle.principals import DEFAULT_TENANT
 from sandgate.lifecycle.quantities import runtime_limits
 from sandgate.lifecycle.registry import Credentials, PullError
 from sandgate.lifecycle.renew_on_access import check_opt_in, extend_seconds
@@ -95,6 +96,7 @@ class CreateRequest:
     binds: tuple[BindMount, ...] = ()  # checked host volumes of this sandbox
     claims: tuple[ClaimMount, ...] = ()  # its `pvc` volumes (runtime/claims.py)
     image_auth: Credentials | None = None  # ImageSpec.auth: a registry login for this pull only
+    tenant: str = DEFAULT_TENANT  # whose the sandbox is: the caller's tenant
 
 
 class Service:
@@ -206,6 +208,7 @@ class Service:
             egress_token=new_token(),
             execd_token=execd_token,
             credential_proxy=request.credential_proxy,
+            tenant=request.tenant,
         )
 
     def list_sandboxes(self) -> list[SandboxRecord]:

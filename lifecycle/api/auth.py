@@ -15,26 +15,47 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
+import json
+import logging
 import os
 import re
 import secrets
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from starlette.datastructures import Headers, MutableHeaders
-from starlette.responses import JSONResponse
+from starlette.requests import cookie_parser
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sandgate.lifecycle.api import access
+from sandgate.lifecycle.api.access import EGRESS_PORT
+from sandgate.lifecycle.api.errors import EGRESS_MARKER
+from sandgate.lifecycle.errors import LifecycleError
+from sandgate.lifecycle.keys import KeyBook, now
+from sandgate.lifecycle.principals import BOOTSTRAP, DEFAULT_TENANT, Principal, acting, may_see
 from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
+from sandgate.proxy import AuditRecord
 
 API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
 EGRESS_AUTH_HEADER = "OPENSANDBOX-EGRESS-AUTH"  # a sandbox's own egress-API token (rule 1)
-EGRESS_PORT = 18080  # OpenSandbox's egress sidecar's port: its endpoint is the egress API
 REQUEST_ID_HEADER = "X-Request-ID"
 OPEN_PATHS = frozenset({"/health", "/version", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 EGRESS_PATH = re.compile(rf"^(/v1)?/sandboxes/[^/]+/(egress|proxy/{EGRESS_PORT})(/|$)")
 EXECD_PROXY_PATH = re.compile(rf"^(/v1)?/sandboxes/[^/]+/proxy/{EXECD_PORT}(/|$)")
+CONSOLE_COOKIE = "sandgate_console"
+CONTROL_PLANE_CLIENT = "control-plane"
+log = logging.getLogger(__name__)
+
+
+def Cookies(scope: Scope) -> dict[str, str]:
+    return cookie_parser(Headers(scope=scope).get("cookie", ""))
 
 
 def load_or_create_api_key(state_dir: Path) -> tuple[str, bool]:
@@ -54,18 +75,95 @@ def keys_match(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode(), expected.encode())
 
 
+@dataclass
+class Gate:
+    """What the middleware checks a call with: the bootstrap key, the managed keys, whose an
+    object is (`owner_of(parameter, value)`: a tenant, or None when there is no such object),
+    the console's sessions (`session_principal(cookie)`), the open streams of each key, and
+    where the `api` audit records go."""
+
+    api_key: str
+    keys: KeyBook | None = None
+    owner_of: Callable[[str, str], str | None] = lambda parameter, value: DEFAULT_TENANT
+    session_principal: Callable[[str | None], Principal | None] = lambda cookie: None
+    streams: Streams = field(default_factory=lambda: Streams())
+    audit: Callable[[AuditRecord], None] | None = None
+    console_prefix: str = "/console"
+
+    def principal(self, given: str) -> tuple[Principal | None, datetime | None]:
+        """The principal a key proves and when it stops being valid, or (None, None)."""
+        if keys_match(given, self.api_key):
+            return BOOTSTRAP, None
+        row = self.keys.resolve(given) if self.keys is not None else None
+        return (row.principal, row.expires_at) if row else (None, None)
+
+    def still_valid(self, principal: Principal) -> bool:
+        """A console session's principal, checked at each page: its key not revoked or expired."""
+        if principal.via != "key" or self.keys is None:
+            return principal.via == "bootstrap"
+        try:
+            return self.keys.get(principal.id).usable(now())
+        except LifecycleError:
+            return False
+
+
+class Streams:
+    """The calls under way of each managed key (follow streams, console streams, WebSockets,
+    long execd answers): revoking the key, or its expiry, cancels them (api/keys.py)."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, set[asyncio.Task[None]]] = {}
+
+    async def run(self, key_id: str, expires_at: datetime | None, call: Awaitable[None]) -> bool:
+        """Run `call` until it ends, the key is revoked or it expires; True if it was cut off."""
+        task = asyncio.ensure_future(call)
+        self._open.setdefault(key_id, set()).add(task)
+        timer = None
+        if expires_at is not None:
+            delay = max(0.0, (expires_at - now()).total_seconds())
+            timer = asyncio.get_running_loop().call_later(delay, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not task.cancelled():  # this call itself was cancelled (the client left)
+                raise
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            return True
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._open[key_id].discard(task)
+            if not self._open[key_id]:
+                del self._open[key_id]
+            if not task.done():
+                task.cancel()
+        return False
+
+    def close(self, key_id: str) -> int:
+        """Cancel every call of the key under way; how many."""
+        tasks = list(self._open.get(key_id, ()))
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
+
 class AuthMiddleware:
-    """Pure ASGI middleware (also guards WebSocket upgrades on the reverse proxy)."""
+    """Pure ASGI middleware: authenticates every call (also WebSocket upgrades on the reverse
+    proxy), checks it against api/access.py's table, sets `principals.acting`, runs a managed
+    key's call so that revoking the key ends it, and writes the `api` audit record of a change
+    or a refusal."""
 
     def __init__(
         self,
         app: ASGIApp,
-        api_key: str,
+        gate: Gate,
         open_paths: frozenset[str] = OPEN_PATHS,
         open_prefixes: tuple[str, ...] = (),
     ) -> None:
         self.app = app
-        self.api_key = api_key
+        self.gate = gate
         self.open_paths = open_paths
         self.open_prefixes = open_prefixes
 
@@ -75,29 +173,140 @@ class AuthMiddleware:
             return
         headers = Headers(scope=scope)
         request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        outcome = {"status": 0}
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 MutableHeaders(scope=message)[REQUEST_ID_HEADER] = request_id
+                outcome["status"] = message["status"]
+            elif message["type"] == "websocket.accept":
+                outcome["status"] = 101
             await send(message)
 
         scope.setdefault("state", {})["request_id"] = request_id
-        refusal = self._refusal(scope["path"], headers.get(API_KEY_HEADER), EXECD_TOKEN_HEADER in headers)
-        if refusal is None:
-            await self.app(scope, receive, send_with_id)
-        elif scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 4401, "reason": refusal[1]})
-        else:
-            response = JSONResponse({"code": refusal[0], "message": refusal[1]}, status_code=401)
-            await response(scope, receive, send_with_id)
+        method = "WS" if scope["type"] == "websocket" else scope["method"]
+        found = access.match(method, scope["path"])
+        principal, expires_at, refusal = self._caller(scope, headers, found)
+        if refusal is None and found is not None and principal is not None:
+            refusal = self._refusal(principal, *found)
+        if refusal is not None:
+            await self._refuse(scope, receive, send_with_id, refusal)
+            self._record(scope, found, principal, refusal[0])
+            return
+        scope["state"]["principal"] = principal
+        token = acting.set(principal)
+        try:
+            if principal is not None and principal.via in ("key", "oidc"):
+                cut = await self.gate.streams.run(
+                    principal.id, expires_at, self.app(scope, receive, send_with_id)
+                )
+                if cut:
+                    await self._cut_off(scope, send_with_id, outcome["status"])
+                    outcome["status"] = outcome["status"] or 401
+            else:
+                await self.app(scope, receive, send_with_id)
+        finally:
+            acting.reset(token)
+            if method not in ("GET", "HEAD", "WS") or outcome["status"] >= 400:
+                self._record(scope, found, principal, outcome["status"])
 
-    def _refusal(self, path: str, given: str | None, execd_token: bool) -> tuple[str, str] | None:
-        if path in self.open_paths or path.startswith(self.open_prefixes) or EGRESS_PATH.match(path):
-            return None
-        if given is None and execd_token and EXECD_PROXY_PATH.match(path):
-            return None  # the reverse proxy checks the token against the sandbox's
-        if not given:
-            return ("MISSING_API_KEY", f"send the API key in the {API_KEY_HEADER} header")
-        if not keys_match(given, self.api_key):
-            return ("INVALID_API_KEY", f"the {API_KEY_HEADER} header does not hold this server's key")
+    def _caller(
+        self, scope: Scope, headers: Headers, found: tuple[access.Rule, dict[str, str]] | None
+    ) -> tuple[Principal | None, datetime | None, tuple[int, str, str] | None]:
+        """Who calls: (principal, when it expires, None), or a refusal (status, code, message).
+        No principal and no refusal: an open route, or a sandbox's own token, which its route
+        checks (rule 1)."""
+        path, given = scope["path"], headers.get(API_KEY_HEADER)
+        if path in self.open_paths or (found is not None and found[0].is_open):
+            return None, None, None
+        if given:
+            principal, expires_at = self.gate.principal(given)
+            if principal is None:
+                message = f"{API_KEY_HEADER} holds no valid key of this server (unknown, revoked or expired)"
+                return None, None, (401, "INVALID_API_KEY", message)
+            return principal, expires_at, None
+        if path.startswith(self.gate.console_prefix):
+            session = self.gate.session_principal(Cookies(scope).get(CONSOLE_COOKIE))
+            if session is not None and self.gate.still_valid(session):
+                return session, None, None
+            return None, None, None  # the console's own login check answers (a redirect)
+        if EGRESS_PATH.match(path) or (EXECD_TOKEN_HEADER in headers and EXECD_PROXY_PATH.match(path)):
+            return None, None, None  # the route checks the sandbox's token against the sandbox's
+        if path.startswith(self.open_prefixes):
+            return None, None, None
+        return None, None, (401, "MISSING_API_KEY", f"send the API key in the {API_KEY_HEADER} header")
+
+    def _refusal(
+        self, principal: Principal, rule: access.Rule, params: dict[str, str]
+    ) -> tuple[int, str, str] | None:
+        if rule.owner is not None:
+            tenant = self.gate.owner_of(rule.owner, params[rule.owner])
+            if tenant is not None and not may_see(principal, tenant):
+                what = rule.owner.removesuffix("_id")
+                return 404, "NOT_FOUND", f"{what} {params[rule.owner]!r} does not exist"
+        if principal.role not in rule.roles:
+            return (
+                403,
+                "FORBIDDEN",
+                f"role {principal.role} may not {rule.action} (allowed: {', '.join(sorted(rule.roles))})",
+            )
         return None
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, refusal: tuple[int, str, str]) -> None:
+        status, code, message = refusal
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 4000 + status, "reason": message})
+            return
+        response: Response
+        if EGRESS_MARKER in scope["path"] + "/" or EGRESS_PATH.match(scope["path"]):
+            response = PlainTextResponse(message, status_code=status)
+        else:
+            response = JSONResponse({"code": code, "message": message}, status_code=status)
+        await response(scope, receive, send)
+
+    @staticmethod
+    async def _cut_off(scope: Scope, send: Send, status: int) -> None:
+        """A call whose key was revoked (or expired) while it ran: a WebSocket is closed with
+        4401, an answer not begun is a 401; a streamed answer just ends (the connection closes)."""
+        with contextlib.suppress(Exception):
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 4401, "reason": "key revoked or expired"})
+            elif status == 0:
+                await JSONResponse({"code": "KEY_REVOKED", "message": "the key was revoked or expired"},
+                                   status_code=401)(scope, _no_body, send)  # fmt: skip
+
+    def _record(
+        self,
+        scope: Scope,
+        found: tuple[access.Rule, dict[str, str]] | None,
+        principal: Principal | None,
+        status: int,
+    ) -> None:
+        if self.gate.audit is None or (found is not None and found[0].is_open):
+            return
+        rule, params = found if found is not None else (None, {})
+        if rule is not None and rule.action == "sandbox.proxy" and status < 400:
+            return  # the exec trail records each execd call with its principal
+        extra = scope["state"].get("audit_detail") or {}
+        detail = {"params": params, **extra}
+        record = AuditRecord(
+            kind="api",
+            sandbox=params.get("sandbox_id") or extra.get("sandbox") or "-",
+            client=CONTROL_PLANE_CLIENT,
+            decision="allow" if 0 < status < 400 else "deny",
+            reason=rule.action if rule else "unknown route",
+            method="WS" if scope["type"] == "websocket" else scope["method"],
+            path=scope["path"],
+            status=status or None,
+            detail=json.dumps(detail, sort_keys=True),
+            principal=principal or scope["state"].get("principal"),
+        )
+        try:
+            self.gate.audit(record)
+        except OSError:
+            log.exception("could not write the api audit record of %s %s", record.method, record.path)
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}

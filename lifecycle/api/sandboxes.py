@@ -10,7 +10,7 @@ import json
 import math
 import os
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
@@ -39,6 +39,7 @@ from sandgate.lifecycle.api.models import (
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.execd_client import execd_headers
 from sandgate.lifecycle.images import snapshot_image
+from sandgate.lifecycle.principals import caller_sees, caller_tenant
 from sandgate.lifecycle.registry import Credentials
 from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, ClaimMount, UnsafeBind, check_target
 from sandgate.lifecycle.runtime.claims import check_claim
@@ -180,7 +181,12 @@ def to_create_request(body: CreateSandboxRequest, host_volumes: HostVolumes) -> 
     "/sandboxes", status_code=202, response_model=CreateSandboxResponse, response_model_exclude_none=True
 )
 def create_sandbox(request: Request, body: CreateSandboxRequest) -> CreateSandboxResponse:
-    record = call(service_of(request).create, to_create_request(body, request.app.state.host_volumes))
+    if body.snapshot_id and not caller_sees(
+        request.app.state.gate.owner_of("snapshot_id", body.snapshot_id) or ""
+    ):
+        raise ApiError(404, "NOT_FOUND", f"snapshot {body.snapshot_id!r} does not exist")
+    create = replace(to_create_request(body, request.app.state.host_volumes), tenant=caller_tenant())
+    record = call(service_of(request).create, create)
     return CreateSandboxResponse(**to_sandbox(record).model_dump(exclude={"image"}))
 
 
@@ -211,7 +217,8 @@ def list_sandboxes(
     records = [
         r
         for r in service_of(request).list_sandboxes()
-        if (not wanted_states or r.state.lower() in wanted_states)
+        if caller_sees(r.tenant)
+        and (not wanted_states or r.state.lower() in wanted_states)
         and all(r.metadata.get(k) == v for k, v in wanted_metadata.items())
     ]
     start = (page - 1) * page_size
