@@ -6,7 +6,8 @@ Public face: the proxy's contract (proxy/contract/), which is all lifecycle may 
 sandboxes over the control socket), `ensure_ca` (the deployment CA; `.cert` goes into
 sandboxes), the audit schema (`AuditRecord`, `Principal`, `append_record`, `RECORD_KINDS`,
 `INCOMPLETE`), the audit file's hash chain (`verify_chain`) and the names of every file and
-socket in the state dir. None of it loads mitmproxy; the engine (every other module here) is private. See docs/proxy.md and docs/audit.md.
+socket in the state dir. None of it loads mitmproxy; the engine (every other module here) is
+private. See docs/proxy.md and docs/audit.md.
 
 Names are imported when first used (PEP 562): the CLI reads audit records with only pydantic
 loaded, and `sandgate vault put` talks to the control socket with httpx, never mitmproxy.

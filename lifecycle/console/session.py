@@ -52,7 +52,7 @@ def add_login_routes(
     def login(key: Annotated[str, Form()], next: Annotated[str, Form()] = "") -> Response:
         principal = verify_key(key)
         if principal is None:
-            error = "That key is not a valid key of this server (unknown, revoked or expired)."
+            error = "That key is not this server's API key (or it was revoked or has expired)."
             return console.page("login.html", nav="login", status_code=401, error=error, next=safe_next(next))
         return with_session(RedirectResponse(safe_next(next), 303), principal)
 
