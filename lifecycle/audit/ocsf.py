@@ -256,13 +256,15 @@ def _api(event: Event, record: RecordJSON, _kind: AuditKind) -> None:
 
 def _api_call(event: Event, record: RecordJSON) -> None:
     event["api"] = {"operation": record["reason"], "service": {"name": "sandgate"}}
-    event["src_endpoint"] = {"svc_name": record["client"]}
-    event["http_request"] = {
-        "http_method": record.get("method") or "",
-        "url": {"path": record.get("path") or "/"},
-    }
     if record.get("status") is not None:
-        event["http_response"] = {"code": record["status"]}
+        event["api"]["response"] = {"code": record["status"]}
+    event["src_endpoint"] = {"svc_name": record["client"]}
+    method = record.get("method") or ""
+    event["http_request"] = {"url": {"path": record.get("path") or "/"}}
+    if method in HTTP_METHODS:
+        event["http_request"]["http_method"] = method
+    else:  # PATCH, and a WebSocket (WS): not in OCSF's list
+        event["unmapped"]["method"] = method
     if record["decision"] == "deny":
         event["status_id"], event["status"] = 2, "Failure"
         event["status_detail"] = f"answered {record.get('status')}"
