@@ -11,12 +11,19 @@ Rules:
    endpoint; api/sandbox_proxy.py checks it against the sandbox).
 2. Keys are compared in constant time.
 3. `X-Request-ID` is echoed when the client sent one, generated otherwise.
+4. Who a key is (`Gate`): the bootstrap key is the admin `BOOTSTRAP`; a managed key is its row's
+   principal (lifecycle/keys.py), refused once revoked or expired. What it may call is
+   api/access.py's table. The execd and egress endpoints a managed key is handed carry a token
+   bound to that key and sandbox (`sgx_...`, an HMAC under the server's key) instead of the
+   sandbox's own: a call with it is that key's call (its role, tenant and audit principal), and
+   stops working when the key does, open streams included (`Streams`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
@@ -47,10 +54,11 @@ API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
 EGRESS_AUTH_HEADER = "OPENSANDBOX-EGRESS-AUTH"  # a sandbox's own egress-API token (rule 1)
 REQUEST_ID_HEADER = "X-Request-ID"
 OPEN_PATHS = frozenset({"/health", "/version", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
-EGRESS_PATH = re.compile(rf"^(/v1)?/sandboxes/[^/]+/(egress|proxy/{EGRESS_PORT})(/|$)")
-EXECD_PROXY_PATH = re.compile(rf"^(/v1)?/sandboxes/[^/]+/proxy/{EXECD_PORT}(/|$)")
+EGRESS_PATH = re.compile(rf"^(/v1)?/sandboxes/(?P<sandbox>[^/]+)/(egress|proxy/{EGRESS_PORT})(/|$)")
+EXECD_PROXY_PATH = re.compile(rf"^(/v1)?/sandboxes/(?P<sandbox>[^/]+)/proxy/{EXECD_PORT}(/|$)")
 CONSOLE_COOKIE = "sandgate_console"
 CONTROL_PLANE_CLIENT = "control-plane"
+BOUND_PREFIX = "sgx_"  # an endpoint token bound to a managed key (rule 4)
 log = logging.getLogger(__name__)
 
 
@@ -96,6 +104,29 @@ class Gate:
             return BOOTSTRAP, None
         row = self.keys.resolve(given) if self.keys is not None else None
         return (row.principal, row.expires_at) if row else (None, None)
+
+    def endpoint_token(self, principal: Principal, kind: str, sandbox_id: str) -> str:
+        """The token an endpoint hands a managed key's holder for a sandbox's execd or egress
+        API (rule 4): `sgx_<key id>_<mac>`, bound to that key and sandbox, so the key's
+        revocation ends it too."""
+        return f"{BOUND_PREFIX}{principal.id}_{self._mac(principal.id, kind, sandbox_id)}"
+
+    def endpoint_principal(
+        self, token: str, kind: str, sandbox_id: str
+    ) -> tuple[Principal | None, datetime | None]:
+        """The key behind an endpoint token, while the key is usable; else (None, None)."""
+        key_id, _, mac = token.removeprefix(BOUND_PREFIX).partition("_")
+        if self.keys is None or not hmac.compare_digest(mac, self._mac(key_id, kind, sandbox_id)):
+            return None, None
+        try:
+            row = self.keys.get(key_id)
+        except LifecycleError:
+            return None, None
+        return (row.principal, row.expires_at) if row.usable(now()) else (None, None)
+
+    def _mac(self, key_id: str, kind: str, sandbox_id: str) -> str:
+        message = f"{kind}\0{sandbox_id}\0{key_id}".encode()
+        return hmac.new(self.api_key.encode(), message, hashlib.sha256).hexdigest()
 
     def still_valid(self, principal: Principal) -> bool:
         """A console session's principal, checked at each page: its key not revoked or expired."""
@@ -230,11 +261,32 @@ class AuthMiddleware:
             if session is not None and self.gate.still_valid(session):
                 return session, None, None
             return None, None, None  # the console's own login check answers (a redirect)
+        bound = self._bound_token(path, headers)
+        if bound is not None:
+            kind, token, sandbox_id = bound
+            principal, expires_at = self.gate.endpoint_principal(token, kind, sandbox_id)
+            if principal is None:
+                return (
+                    None,
+                    None,
+                    (401, "INVALID_TOKEN", f"the {kind} token's key was revoked or has expired"),
+                )
+            return principal, expires_at, None
         if EGRESS_PATH.match(path) or (EXECD_TOKEN_HEADER in headers and EXECD_PROXY_PATH.match(path)):
             return None, None, None  # the route checks the sandbox's token against the sandbox's
         if path.startswith(self.open_prefixes):
             return None, None, None
         return None, None, (401, "MISSING_API_KEY", f"send the API key in the {API_KEY_HEADER} header")
+
+    @staticmethod
+    def _bound_token(path: str, headers: Headers) -> tuple[str, str, str] | None:
+        """(kind, token, sandbox id) of a key-bound endpoint token on its path, else None."""
+        for kind, header, pattern in (("execd", EXECD_TOKEN_HEADER, EXECD_PROXY_PATH),
+                                      ("egress", EGRESS_AUTH_HEADER, EGRESS_PATH)):  # fmt: skip
+            token = headers.get(header, "")
+            if token.startswith(BOUND_PREFIX) and (found := pattern.match(path)):
+                return kind, token, found["sandbox"]
+        return None
 
     def _refusal(
         self, principal: Principal, rule: access.Rule, params: dict[str, str]

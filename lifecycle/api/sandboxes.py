@@ -39,7 +39,7 @@ from sandgate.lifecycle.api.models import (
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.execd_client import execd_headers
 from sandgate.lifecycle.images import snapshot_image
-from sandgate.lifecycle.principals import caller_sees, caller_tenant
+from sandgate.lifecycle.principals import acting, caller_sees, caller_tenant
 from sandgate.lifecycle.registry import Credentials
 from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, ClaimMount, UnsafeBind, check_target
 from sandgate.lifecycle.runtime.claims import check_claim
@@ -287,6 +287,7 @@ def get_endpoint(
     """44772 (execd) is served here by default: the reverse proxy, with the sandbox's execd token
     as the header (the SDK sends an endpoint's headers on every request to it), so no
     control-plane header a client adds ever reaches the sandbox (api/sandbox_proxy.py strips them).
+    A managed key is handed tokens bound to it (api/auth.py rule 4), valid while the key is.
     With `execd_endpoint = "direct"` it is the sandbox's own address, for trusted clients.
     18080 (egress API) is served here, with the sandbox's token: at `.../egress`, or with
     `use_server_proxy` at `.../proxy/18080` as OpenSandbox answers (the same API is served
@@ -301,7 +302,7 @@ def get_endpoint(
     if port == EGRESS_PORT:
         return Endpoint(
             endpoint=proxied if use_server_proxy else f"{here}{prefix}/sandboxes/{sandbox_id}/egress",
-            headers={EGRESS_AUTH_HEADER: record.egress_token},
+            headers={EGRESS_AUTH_HEADER: bound(request, "egress", record.id, record.egress_token)},
         )
     if use_server_proxy:
         return Endpoint(endpoint=proxied)
@@ -309,8 +310,18 @@ def get_endpoint(
         raise ApiError(409, "NOT_RUNNING", f"sandbox {sandbox_id} is {record.state}; it has no endpoint now")
     headers = execd_headers(record) if port == EXECD_PORT else {}
     if port == EXECD_PORT and request.app.state.execd_endpoint == "host":
+        headers = {name: bound(request, "execd", record.id, token) for name, token in headers.items()}
         return Endpoint(endpoint=proxied, headers=headers or None)
     return Endpoint(endpoint=f"{record.address}:{port}", headers=headers or None)
+
+
+def bound(request: Request, kind: str, sandbox_id: str, token: str) -> str:
+    """The endpoint token for the caller: bound to its managed key (api/auth.py rule 4), or the
+    sandbox's own for the bootstrap key and in direct mode."""
+    principal = acting.get()
+    if principal is None or principal.via != "key":
+        return token
+    return str(request.app.state.gate.endpoint_token(principal, kind, sandbox_id))
 
 
 def audit_tail(path: Path, sandbox_id: str, policy_changes: bool, limit: int = 200) -> tuple[str, bool]:

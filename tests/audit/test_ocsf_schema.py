@@ -73,12 +73,13 @@ SYNTHETIC = {
     ),
     "key revoked by the bootstrap admin": record_of(
         "api", client="control-plane", sandbox="-", method="DELETE", path="/v1/keys/0a1b2c3d4e5f",
-        reason="key.revoke", status=200, detail='{"key": "0a1b2c3d4e5f", "params": {"key_id": "0a1b2c3d4e5f"}}',
+        reason="key.revoke", status=200,
+        detail='{"key": "0a1b2c3d4e5f", "params": {"key_id": "0a1b2c3d4e5f"}}',
         principal=BOOTSTRAP.model_dump(),
     ),
     "another tenant's sandbox refused": record_of(
-        "api", client="control-plane", method="POST", path="/v1/sandboxes/sbx-1/pause", reason="sandbox.pause",
-        status=404, decision="deny", detail='{"params": {"sandbox_id": "sbx-1"}}', principal=OPERATOR_B,
+        "api", client="control-plane", method="POST", path="/v1/sandboxes/sbx-1/pause",
+        reason="sandbox.pause", status=404, decision="deny", detail='{"params": {"sandbox_id": "sbx-1"}}', principal=OPERATOR_B,
     ),
     "a WebSocket refused to a reviewer": record_of(
         "api", client="control-plane", method="WS", path="/v1/sandboxes/sbx-1/proxy/44772/pty",
@@ -102,7 +103,9 @@ def test_a_principal_is_the_actors_user() -> None:
         "org": {"uid": "beta", "name": "beta"}, "groups": [{"name": "operator"}],
     }  # fmt: skip
     assert (event["status"], event["api"]["response"], event["unmapped"]["principal_via"]) == (
-        "Failure", {"code": 404}, "key"
+        "Failure",
+        {"code": 404},
+        "key",
     )
     assert (event["activity_name"], event["api"]["operation"]) == ("Create", "sandbox.pause")
     admin = to_ocsf(SYNTHETIC["key revoked by the bootstrap admin"])["actor"]["user"]

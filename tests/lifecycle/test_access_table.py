@@ -17,7 +17,10 @@ def served_routes(tmp_path: Path) -> list[tuple[str, str]]:
     """Every (method, path) of the app `sandgate serve` builds: the API at both prefixes, the
     audit API and the console (their routers as wiring.py makes them)."""
     store = AuditStore(tmp_path)
-    routers = [audit_router(store, auth=lambda: None), console_router(store, lambda key: None, list, desk=None)]
+    routers = [
+        audit_router(store, auth=lambda: None),
+        console_router(store, lambda key: None, list, desk=None),
+    ]
     service = cast(Service, None)  # the routes are listed, never called
     app = create_app(service, api_key="k", audit_path=tmp_path / "audit.jsonl", extra_routers=routers,
                      open_prefixes=["/console"], exec_audit=False)  # fmt: skip

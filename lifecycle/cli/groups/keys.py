@@ -24,7 +24,9 @@ def group() -> None:
 
 def shown(o: dict[str, Any], answer: dict[str, Any]) -> None:
     if o["output"] == "table":
-        click.echo(f"key {answer['id']} (tenant {answer['tenant']}, role {answer['role']}); shown once:", err=True)
+        click.echo(
+            f"key {answer['id']} (tenant {answer['tenant']}, role {answer['role']}); shown once:", err=True
+        )
         click.echo(answer["key"])
     else:
         emit(answer, o["output"])
@@ -39,7 +41,12 @@ def shown(o: dict[str, Any], answer: dict[str, Any]) -> None:
 @guarded
 def create(**o: Any) -> None:
     """Make a key; it is printed once."""
-    body = {"tenant": o.pop("tenant"), "role": o.pop("role"), "name": o.pop("name"), "expiresIn": o.pop("expires_in")}
+    body = {
+        "tenant": o.pop("tenant"),
+        "role": o.pop("role"),
+        "name": o.pop("name"),
+        "expiresIn": o.pop("expires_in"),
+    }
     shown(o, client_from(o).call("POST", "/keys", json=body))
 
 
