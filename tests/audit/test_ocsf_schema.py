@@ -79,7 +79,8 @@ SYNTHETIC = {
     ),
     "another tenant's sandbox refused": record_of(
         "api", client="control-plane", method="POST", path="/v1/sandboxes/sbx-1/pause",
-        reason="sandbox.pause", status=404, decision="deny", detail='{"params": {"sandbox_id": "sbx-1"}}', principal=OPERATOR_B,
+        reason="sandbox.pause", status=404, decision="deny", detail='{"params": {"sandbox_id": "sbx-1"}}',
+        principal=OPERATOR_B,
     ),
     "a WebSocket refused to a reviewer": record_of(
         "api", client="control-plane", method="WS", path="/v1/sandboxes/sbx-1/proxy/44772/pty",
