@@ -22,7 +22,6 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import json
@@ -35,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import cookie_parser
@@ -58,6 +58,7 @@ EGRESS_PATH = re.compile(rf"^(/v1)?/sandboxes/(?P<sandbox>[^/]+)/(egress|proxy/{
 EXECD_PROXY_PATH = re.compile(rf"^(/v1)?/sandboxes/(?P<sandbox>[^/]+)/proxy/{EXECD_PORT}(/|$)")
 CONSOLE_COOKIE = "sandgate_console"
 CONTROL_PLANE_CLIENT = "control-plane"
+REVOKED_CLOSE = 4401  # a WebSocket's close code when its key was revoked or expired
 BOUND_PREFIX = "sgx_"  # an endpoint token bound to a managed key (rule 4)
 log = logging.getLogger(__name__)
 
@@ -144,40 +145,51 @@ class Streams:
 
     def __init__(self) -> None:
         self._open: dict[str, set[asyncio.Task[None]]] = {}
+        self._cut: set[asyncio.Task[None]] = set()  # cancelled here, not by the client leaving
 
-    async def run(self, key_id: str, expires_at: datetime | None, call: Awaitable[None]) -> bool:
-        """Run `call` until it ends, the key is revoked or it expires; True if it was cut off."""
-        task = asyncio.ensure_future(call)
+    async def run(
+        self, key_id: str, expires_at: datetime | None, call: Awaitable[None], ticket: dict[str, Any]
+    ) -> bool:
+        """Run `call` until it ends, the key is revoked or it expires; True if it was cut off
+        (however the call ended then: a relay may turn its cancellation into an error)."""
+        task = ticket["task"] = asyncio.ensure_future(call)
         self._open.setdefault(key_id, set()).add(task)
         timer = None
         if expires_at is not None:
             delay = max(0.0, (expires_at - now()).total_seconds())
-            timer = asyncio.get_running_loop().call_later(delay, task.cancel)
+            timer = asyncio.get_running_loop().call_later(delay, self._cut_off, task)
         try:
             await task
-        except asyncio.CancelledError:
-            if not task.cancelled():  # this call itself was cancelled (the client left)
+        except BaseException:
+            if task not in self._cut:
                 raise
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
-            return True
         finally:
             if timer is not None:
                 timer.cancel()
             self._open[key_id].discard(task)
             if not self._open[key_id]:
                 del self._open[key_id]
-            if not task.done():
+            if not task.done():  # this call itself was cancelled (the client left, a shutdown)
                 task.cancel()
-        return False
+        cut = task in self._cut
+        self._cut.discard(task)
+        return cut
 
     def close(self, key_id: str) -> int:
         """Cancel every call of the key under way; how many."""
         tasks = list(self._open.get(key_id, ()))
         for task in tasks:
-            task.cancel()
+            self._cut_off(task)
         return len(tasks)
+
+    def was_cut(self, call: dict[str, Any]) -> bool:
+        """Whether the call `run` was given `call` for is being cut off (its key revoked or
+        expired); asked from its tasks (a WebSocket relay's run beside the call's own)."""
+        return call.get("task") in self._cut
+
+    def _cut_off(self, task: asyncio.Task[None]) -> None:
+        self._cut.add(task)
+        task.cancel()
 
 
 class AuthMiddleware:
@@ -204,7 +216,7 @@ class AuthMiddleware:
             return
         headers = Headers(scope=scope)
         request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
-        outcome = {"status": 0}
+        outcome: dict[str, Any] = {"status": 0}  # the answer's status; Streams' ticket
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -212,6 +224,10 @@ class AuthMiddleware:
                 outcome["status"] = message["status"]
             elif message["type"] == "websocket.accept":
                 outcome["status"] = 101
+            elif message["type"] == "websocket.close":
+                outcome["closed"] = 1
+                if self.gate.streams.was_cut(outcome):  # the relay closing as its key was revoked
+                    message = {**message, "code": REVOKED_CLOSE, "reason": "key revoked or expired"}
             await send(message)
 
         scope.setdefault("state", {})["request_id"] = request_id
@@ -228,10 +244,9 @@ class AuthMiddleware:
         token = acting.set(principal)
         try:
             if principal is not None and principal.via in ("key", "oidc"):
-                cut = await self.gate.streams.run(
-                    principal.id, expires_at, self.app(scope, receive, send_with_id)
-                )
-                if cut:
+                call = self.app(scope, receive, send_with_id)
+                cut = await self.gate.streams.run(principal.id, expires_at, call, outcome)
+                if cut and not outcome.get("closed"):
                     await self._cut_off(scope, send_with_id, outcome["status"])
                     outcome["status"] = outcome["status"] or 401
             else:
@@ -320,13 +335,19 @@ class AuthMiddleware:
     @staticmethod
     async def _cut_off(scope: Scope, send: Send, status: int) -> None:
         """A call whose key was revoked (or expired) while it ran: a WebSocket is closed with
-        4401, an answer not begun is a 401; a streamed answer just ends (the connection closes)."""
-        with contextlib.suppress(Exception):
+        4401, an answer not begun is a 401, a streamed answer ends there (its last chunk)."""
+        try:
             if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 4401, "reason": "key revoked or expired"})
+                await send(
+                    {"type": "websocket.close", "code": REVOKED_CLOSE, "reason": "key revoked or expired"}
+                )
             elif status == 0:
                 await JSONResponse({"code": "KEY_REVOKED", "message": "the key was revoked or expired"},
                                    status_code=401)(scope, _no_body, send)  # fmt: skip
+            else:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:  # the client left meanwhile, or the answer had ended
+            log.warning("could not end a call of a revoked key", exc_info=True)
 
     def _record(
         self,

@@ -187,6 +187,7 @@ def create_sandbox(request: Request, body: CreateSandboxRequest) -> CreateSandbo
         raise ApiError(404, "NOT_FOUND", f"snapshot {body.snapshot_id!r} does not exist")
     create = replace(to_create_request(body, request.app.state.host_volumes), tenant=caller_tenant())
     record = call(service_of(request).create, create)
+    request.scope["state"]["audit_detail"] = {"sandbox": record.id}  # the api record's target
     return CreateSandboxResponse(**to_sandbox(record).model_dump(exclude={"image"}))
 
 

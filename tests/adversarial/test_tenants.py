@@ -1,0 +1,345 @@
+"""Two tenants on one real `sandgate serve` (issue 38): an operator and a reviewer of `alpha`, an
+operator of `beta`, their keys made by `sandgate keys create` with the bootstrap admin key, their
+sandboxes made through the OpenSandbox SDK with their own key in `OPEN-SANDBOX-API-KEY`.
+
+Proven from the other side: every route the access table lists for a sandbox answers 404 to the
+other tenant (the app's own route list drives the walk), and afterwards the victim sandbox is
+still running, its file and policy unchanged, the origin's log holds nothing it was not allowed
+to send, and the audit file holds each refused call with the caller's key id; a reviewer reads
+but never execs or reads files; revoking a key ends its open follow stream, its execd stream, its
+PTY WebSocket and its console session at once; and each action has its record with the principal
+who did it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+from opensandbox import SandboxSync
+from opensandbox.config.connection_sync import ConnectionConfigSync
+from opensandbox.models.sandboxes import NetworkPolicy
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect as ws_connect
+
+from sandgate.lifecycle.api.access import ACCESS
+from tests.adversarial.conftest import OPEN_HOST, SANDBOX_LIFETIME
+from tests.execd.test_pty import next_json
+from tests.support.audit import audit_records
+from tests.support.internet import Internet
+from tests.support.server import SANDGATE, SandgateServer
+
+pytestmark = pytest.mark.root
+
+MARKER = "/workspace/tenant-marker"
+WAIT = 20.0  # bound for a stream to end after its key's revocation
+
+
+@dataclass
+class Key:
+    id: str
+    key: str
+    tenant: str
+    role: str
+
+    @property
+    def principal(self) -> dict[str, str]:
+        return {"id": self.id, "tenant": self.tenant, "role": self.role, "via": "key"}
+
+
+def make_key(server: SandgateServer, tenant: str, role: str, *extra: str) -> Key:
+    """`sandgate keys create` with the bootstrap admin key from the environment, as an admin does."""
+    made = subprocess.run(
+        [*SANDGATE, "keys", "create", "--tenant", tenant, "--role", role, "-o", "json", *extra],
+        capture_output=True, text=True, env=server.env(), timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    row = json.loads(made.stdout)
+    assert not row["key"].startswith("-") and row["state"] == "active"
+    return Key(row["id"], row["key"], tenant, role)
+
+
+def revoke(server: SandgateServer, key: Key) -> None:
+    done = subprocess.run(
+        [*SANDGATE, "keys", "revoke", key.id], capture_output=True, text=True, env=server.env(), timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def client(server: SandgateServer, key: Key) -> httpx.Client:
+    return httpx.Client(
+        base_url=server.base_url, headers={"OPEN-SANDBOX-API-KEY": key.key}, timeout=60, trust_env=False
+    )
+
+
+def sdk(server: SandgateServer, key: Key) -> ConnectionConfigSync:
+    return ConnectionConfigSync(
+        domain=server.domain, api_key=key.key, protocol="http",
+        request_timeout=timedelta(seconds=90), disable_metrics=True,
+    )  # fmt: skip
+
+
+def create(server: SandgateServer, key: Key) -> SandboxSync:
+    return SandboxSync.create(
+        "sandgate/host",
+        entrypoint=["sleep", "infinity"],
+        network_policy=NetworkPolicy(defaultAction="deny"),
+        connection_config=sdk(server, key),
+        timeout=SANDBOX_LIFETIME,
+        ready_timeout=timedelta(seconds=30),
+    )
+
+
+@dataclass
+class Tenants:
+    server: SandgateServer
+    op_a: Key
+    rev_a: Key
+    op_b: Key
+    a: SandboxSync  # alpha's, made by op_a
+    b: SandboxSync  # beta's, made by op_b
+
+
+@pytest.fixture(scope="module")
+def tenants(server: SandgateServer) -> Iterator[Tenants]:
+    op_a, rev_a = make_key(server, "alpha", "operator"), make_key(server, "alpha", "reviewer")
+    op_b = make_key(server, "beta", "operator", "--expires-in", "1d")
+    a = create(server, op_a)
+    try:
+        b = create(server, op_b)
+        try:
+            a.files.write_file(MARKER, "alpha's own")
+            b.files.write_file(MARKER, "beta's own")
+            yield Tenants(server, op_a, rev_a, op_b, a, b)
+        finally:
+            b.kill()
+    finally:
+        a.kill()
+
+
+def concrete(template: str, sandbox_id: str) -> str:
+    path = template.replace("{sandbox_id}", sandbox_id).replace("{port}", "44772").replace("{name}", "n")
+    return "/v1" + path.replace("{path:path}", "files/download")
+
+
+def sandbox_rows() -> list[tuple[str, str]]:
+    """Every HTTP route the access table lists for one sandbox (each method of a `*` row)."""
+    rows = []
+    for (method, template), rule in ACCESS.items():
+        if rule.owner != "sandbox_id" or template.startswith("/console") or method == "WS":
+            continue
+        rows += [
+            (m, template) for m in (["GET", "POST", "PUT", "PATCH", "DELETE"] if method == "*" else [method])
+        ]
+    return rows
+
+
+def other_tenants_calls(tenants: Tenants, key: Key, victim: SandboxSync) -> list[tuple[str, str, int]]:
+    """Every sandbox route against `victim` with `key`: (method, path, status)."""
+    answers = []
+    with client(tenants.server, key) as http:
+        for method, template in sandbox_rows():
+            path = concrete(template, victim.id)
+            body = {"egress": [{"action": "allow", "target": OPEN_HOST}]} if method != "GET" else None
+            answer = http.request(method, path, params={"path": MARKER}, json=body)
+            answers.append((method, path, answer.status_code))
+        # the egress API at the sandbox's egress port, and at the OpenSandbox name
+        for path in (
+            f"/v1/sandboxes/{victim.id}/proxy/18080/policy",
+            f"/v1/sandboxes/{victim.id}/networkpolicy",
+        ):
+            answer = http.patch(path, json=[{"action": "allow", "target": OPEN_HOST}])
+            answers.append(("PATCH", path, answer.status_code))
+    return answers
+
+
+def test_no_route_reaches_another_tenants_sandbox(tenants: Tenants, internet: Internet) -> None:
+    a, server = tenants.a, tenants.server
+    with client(server, tenants.op_a) as http:
+        policy_before = http.get(f"/v1/sandboxes/{a.id}/egress/sandgate-policy").json()
+    seen_before = len(internet.origin_requests())
+
+    answers = other_tenants_calls(tenants, tenants.op_b, a) + other_tenants_calls(
+        tenants, tenants.rev_a, tenants.b
+    )
+    assert len(answers) > 50
+    wrong = [(m, p, s) for m, p, s in answers if s != 404]
+    assert not wrong, f"another tenant's sandbox answered other than 404: {wrong}"
+    # the SDK of the other tenant cannot even connect (the endpoint is a 404)
+    with pytest.raises(Exception, match="404|not exist|NOT_FOUND"):
+        SandboxSync.connect(a.id, connection_config=sdk(server, tenants.op_b))
+    # the WebSocket (PTY) of the reverse proxy: the handshake is refused, never relayed
+    url = f"ws://{server.domain}/v1/sandboxes/{a.id}/proxy/44772/pty/any/ws"
+    with pytest.raises(InvalidStatus) as refused:
+        ws_connect(url, additional_headers={"OPEN-SANDBOX-API-KEY": tenants.op_b.key})
+    assert refused.value.response.status_code == 403  # uvicorn answers a close before accept so
+
+    # the other side: the victim is untouched
+    with client(server, tenants.op_a) as http:
+        assert http.get(f"/v1/sandboxes/{a.id}").json()["status"]["state"] == "Running"
+        assert http.get(f"/v1/sandboxes/{a.id}/egress/sandgate-policy").json() == policy_before
+        listed = {s["id"] for s in http.get("/v1/sandboxes", params={"pageSize": 200}).json()["items"]}
+    assert a.id in listed and tenants.b.id not in listed
+    with client(server, tenants.op_b) as http:
+        listed = {s["id"] for s in http.get("/v1/sandboxes", params={"pageSize": 200}).json()["items"]}
+    assert tenants.b.id in listed and a.id not in listed
+    assert a.files.read_file(MARKER) == "alpha's own"
+    assert tenants.b.files.read_file(MARKER) == "beta's own"
+    reached = a.commands.run(
+        f"curl -sS -o /dev/null -w '%{{http_code}}' --max-time 10 http://{OPEN_HOST}/tenants"
+    )
+    assert "".join(m.text for m in reached.logs.stdout) != "200"
+    assert not [r for r in internet.origin_requests()[seen_before:] if "/tenants" in json.dumps(r)]
+    # ...and the audit file holds every refused call, with the caller's key
+    refused_records = [
+        r for r in audit_records(server.state_dir)
+        if r["kind"] == "api" and r["decision"] == "deny" and r["status"] == 404
+        and r["principal"] in (tenants.op_b.principal, tenants.rev_a.principal)
+    ]  # fmt: skip
+    assert len(refused_records) >= len(answers)
+    assert {r["sandbox"] for r in refused_records} >= {a.id, tenants.b.id}
+
+
+def test_a_reviewer_reads_but_never_execs_or_reads_files(tenants: Tenants) -> None:
+    a, server = tenants.a, tenants.server
+    with client(server, tenants.rev_a) as http:
+        assert http.get(f"/v1/sandboxes/{a.id}").status_code == 200
+        assert http.get(f"/v1/sandboxes/{a.id}/egress/policy").status_code == 200
+        for method, path, body in (
+            ("GET", f"/v1/sandboxes/{a.id}/endpoints/44772", None),
+            ("POST", f"/v1/sandboxes/{a.id}/proxy/44772/command", {"command": f"echo pwned > {MARKER}"}),
+            ("GET", f"/v1/sandboxes/{a.id}/proxy/44772/files/download?path={MARKER}", None),
+            ("PATCH", f"/v1/sandboxes/{a.id}/egress/policy", [{"action": "allow", "target": OPEN_HOST}]),
+            ("DELETE", f"/v1/sandboxes/{a.id}", None),
+            ("POST", "/v1/keys", {"tenant": "alpha", "role": "admin"}),
+        ):
+            answer = http.request(method, path, json=body)
+            assert answer.status_code == 403, (method, path, answer.text)
+            assert "reviewer" in answer.text  # the egress API answers in plain text
+        records = http.get("/v1/audit", params={"limit": 1000}).json()["records"]
+        assert records and {r["sandbox"] for r in records} <= {a.id}  # its tenant's sandbox only
+    with pytest.raises(Exception, match="403|FORBIDDEN|may not"):
+        SandboxSync.connect(a.id, connection_config=sdk(server, tenants.rev_a))
+    assert a.files.read_file(MARKER) == "alpha's own"
+    assert not [
+        r for r in audit_records(server.state_dir, a.id)
+        if r["kind"] in ("command", "file") and r.get("principal") == tenants.rev_a.principal
+    ]  # fmt: skip
+
+
+def follow(response_lines: Iterator[str], seen: list[str]) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        for line in response_lines:
+            seen.append(line)
+
+
+@contextlib.contextmanager
+def streaming(
+    http: httpx.Client, method: str, path: str, **kwargs: Any
+) -> Iterator[tuple[threading.Thread, list[str]]]:
+    """A streamed answer read by a thread until it ends; (thread, lines read)."""
+    seen: list[str] = []
+    with http.stream(method, path, timeout=httpx.Timeout(60, read=None), **kwargs) as response:
+        assert response.status_code == 200, response.read()
+        reader = threading.Thread(target=follow, args=(response.iter_lines(), seen), daemon=True)
+        reader.start()
+        yield reader, seen
+
+
+def wait_for(predicate: Any, what: str, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_revoked_key_stops_on_every_open_stream(tenants: Tenants) -> None:
+    server, a = tenants.server, tenants.a
+    reviewer, operator = make_key(server, "alpha", "reviewer"), make_key(server, "alpha", "operator")
+    endpoint = SandboxSync.connect(a.id, connection_config=sdk(server, operator))  # SDK: bound tokens
+    execd = endpoint.get_endpoint(44772)
+    assert execd.headers and all(v.startswith("sgx_") for v in execd.headers.values())
+    pty = httpx.post(f"http://{execd.endpoint}/pty", json={"cwd": "/tmp"}, headers=execd.headers, timeout=30)
+    assert pty.status_code == 201, pty.text
+    console = httpx.Client(base_url=server.base_url, timeout=30, trust_env=False, follow_redirects=False)
+    assert console.post("/console/login", data={"key": reviewer.key, "next": "/console"}).status_code == 303
+    assert console.get("/console").status_code == 200
+    with (
+        client(server, reviewer) as rev,
+        httpx.Client(base_url=f"http://{execd.endpoint}", headers=execd.headers, trust_env=False) as op,
+        streaming(rev, "GET", "/v1/audit/follow") as (audit_follow, audit_lines),
+        streaming(console, "GET", "/console/feed/stream") as (console_feed, console_lines),
+        streaming(op, "POST", "/command", json={"command": "echo started; sleep 300"}) as (command, command_lines),
+        ws_connect(f"ws://{execd.endpoint}/pty/{pty.json()['session_id']}/ws", additional_headers=execd.headers) as shell,
+    ):  # fmt: skip
+        assert next_json(shell)["type"] == "connected"
+        wait_for(lambda: any("started" in line for line in command_lines), "the command never started")
+        wait_for(lambda: audit_lines and console_lines, "the follow streams never began")
+        revoke(server, reviewer)
+        revoke(server, operator)
+        for stream, name in (
+            (audit_follow, "audit follow"),
+            (console_feed, "console feed"),
+            (command, "command"),
+        ):
+            stream.join(WAIT)
+            assert not stream.is_alive(), f"the {name} stream outlived its key"
+        with pytest.raises(ConnectionClosed) as closed:
+            deadline = time.monotonic() + WAIT
+            while time.monotonic() < deadline:
+                shell.recv(timeout=max(0.01, deadline - time.monotonic()))
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+    # nothing of either key works any more: API, execd endpoint, console
+    with client(server, reviewer) as rev:
+        assert rev.get("/v1/audit").status_code == 401
+    assert httpx.get(f"http://{execd.endpoint}/ping", headers=execd.headers).status_code == 401
+    after = console.get("/console")
+    assert after.status_code == 303 and "/console/login" in after.headers["location"]
+    console.close()
+    revoked = [
+        r for r in audit_records(server.state_dir) if r["kind"] == "api" and r["reason"] == "key.revoke"
+    ]
+    assert {json.loads(r["detail"])["key"] for r in revoked} >= {reviewer.id, operator.id}
+    assert all(r["principal"]["via"] == "bootstrap" and r["principal"]["role"] == "admin" for r in revoked)
+
+
+def test_every_action_has_its_record_with_its_principal(tenants: Tenants) -> None:
+    server, op = tenants.server, tenants.op_a
+    sandbox = create(server, op)
+    try:
+        sandbox.commands.run("echo recorded")
+        sandbox.files.write_file("/workspace/recorded.txt", "x")
+        with client(server, op) as http:
+            patched = http.patch(
+                f"/v1/sandboxes/{sandbox.id}/egress/policy",
+                json=[{"action": "allow", "target": "one.example.com"}],
+            )
+            assert patched.status_code == 200, patched.text
+            renewed = http.post(
+                f"/v1/sandboxes/{sandbox.id}/renew-expiration", json={"expiresAt": "2099-01-01T00:00:00Z"}
+            )
+            assert renewed.status_code == 200, renewed.text
+    finally:
+        sandbox.kill()
+    records = audit_records(server.state_dir, sandbox.id)
+
+    def by(kind: str, **fields: Any) -> list[dict[str, Any]]:
+        return [r for r in records if r["kind"] == kind and all(r.get(k) == v for k, v in fields.items())]
+
+    mine = op.principal
+    assert [r["principal"] for r in by("policy_change", event="create")] == [mine]
+    assert [r["principal"] for r in by("policy_change", event="policy patch")] == [mine]
+    assert [r["principal"] for r in by("lifecycle", event="renew")] == [mine]
+    assert {r["principal"]["id"] for r in by("command")} == {op.id}  # through the bound execd token
+    assert {r["principal"]["id"] for r in by("file")} == {op.id}
+    actions = {r["reason"]: r for r in by("api") if r["principal"] == mine and r["decision"] == "allow"}
+    assert {"sandbox.create", "policy.patch", "sandbox.renew", "sandbox.delete"} <= set(actions)
+    assert actions["sandbox.delete"]["status"] == 204
