@@ -36,7 +36,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "group",
         "Answer requests held for a reviewer (policy `ask`): list, allow, deny.",
     ),
-    "keys": ("keys", "group", "Manage API keys: create, list, rotate, revoke (tenants and roles)."),
+    "keys": ("keys", "group", "Manage API keys: create, list, rotate, revoke."),
     "down": ("down", "command", "Remove what a stopped or killed server left in the kernel."),
 }
 
