@@ -136,7 +136,7 @@ KINDS: dict[str, AuditKind] = {
         AuditKind("security_event", "security event", ("event",), NETWORK_ACTIVITY, security_event),
         AuditKind("policy_change", "policy change", ("event", "detail"), API_ACTIVITY, api_change),
         AuditKind("lifecycle", "lifecycle", ("event", "detail"), API_ACTIVITY, api_change),
-        AuditKind("api", "API call", ("method", "path", "principal"), API_ACTIVITY, api_call),
+        AuditKind("api", "API call", ("method", "path"), API_ACTIVITY, api_call),
         AuditKind("command", "command", ("method", "detail"), PROCESS_ACTIVITY, execd_operation),
         AuditKind("file", "file", ("method", "detail"), FILE_ACTIVITY, execd_operation),
         AuditKind("process", "process", ("method", "detail"), PROCESS_ACTIVITY, process_event),

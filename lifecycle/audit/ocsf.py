@@ -117,9 +117,12 @@ def to_ocsf(record: RecordJSON) -> Event:
 def _add_principal(event: Event, principal: dict[str, Any]) -> None:
     """Who made a control-plane call: `actor.user` (its uid the key id or OIDC subject, its org
     the tenant, its one group the role; an admin is OCSF's Admin user type), how it proved
-    itself in `unmapped.principal_via`."""
+    itself in `unmapped.principal_via` (and the credential kind a record's detail names, `api-key`
+    or `execd-token`, in `unmapped.credential`)."""
     admin = principal["role"] == "admin"
     actor = event.setdefault("actor", {})
+    if credential := actor.get("user", {}).get("name"):  # the credential the call showed
+        event["unmapped"]["credential"] = credential
     actor["user"] = {
         "uid": principal["id"],
         "name": principal["id"],
@@ -259,6 +262,8 @@ def _api_call(event: Event, record: RecordJSON) -> None:
     if record.get("status") is not None:
         event["api"]["response"] = {"code": record["status"]}
     event["src_endpoint"] = {"svc_name": record["client"]}
+    if not record.get("principal"):  # a call refused for want of a valid key
+        event["actor"] = {"user": {"name": "unauthenticated"}}
     method = record.get("method") or ""
     event["http_request"] = {"url": {"path": record.get("path") or "/"}}
     if method in HTTP_METHODS:

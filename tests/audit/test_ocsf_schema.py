@@ -111,7 +111,9 @@ def test_a_principal_is_the_actors_user() -> None:
     assert (event["activity_name"], event["api"]["operation"]) == ("Create", "sandbox.pause")
     admin = to_ocsf(SYNTHETIC["key revoked by the bootstrap admin"])["actor"]["user"]
     assert (admin["type"], admin["uid"], admin["org"]["uid"]) == ("Admin", "bootstrap", "default")
-    assert to_ocsf(SYNTHETIC["command of an operator"])["actor"]["user"]["uid"] == "0f0f0f0f0f0f"
+    command = to_ocsf(SYNTHETIC["command of an operator"])
+    assert (command["actor"]["user"]["uid"], command["unmapped"]["credential"]) == ("0f0f0f0f0f0f", "api-key")
+    assert "credential" not in to_ocsf(SYNTHETIC["another tenant's sandbox refused"])["unmapped"]
 
 
 @pytest.mark.parametrize("record", SYNTHETIC.values(), ids=SYNTHETIC.keys())
