@@ -8,7 +8,10 @@ Rules:
    one is a `ValueError` (`PolicyError`) saying where and why.
 3. `NetworkPolicy` (opensandbox_shapes.py) is the OpenSandbox shape: what the lifecycle API's
    create and `/networkpolicy`, and the egress API's `/policy`, speak.
-4. No networkPolicy at create means the operator's default policy (the `default_policy`
+4. A ceiling bounds every policy the book hands out for a sandbox: the deployment's
+   (`policy_ceiling`) and, when the caller has one, a tenant's; both must allow
+   (sandgate.policy.within_ceiling, docs/policy.md "Ceilings").
+5. No networkPolicy at create means the operator's default policy (the `default_policy`
    setting) or, without one, deny everything (egress-first), unlike OpenSandbox, which leaves
    egress open.
 """
@@ -19,6 +22,8 @@ from typing import Any, Protocol
 
 from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy, NetworkRule
 from sandgate.policy import (
+    WITHIN,
+    CeilingDecision,
     Policy,
     Presets,
     delete_targets,
@@ -27,6 +32,7 @@ from sandgate.policy import (
     replace_policy,
     to_document,
     to_opensandbox,
+    within_ceiling,
 )
 
 # A policy file's JSON, or a binding's: free-form until `policy_from_dict` checks it, so that a
@@ -42,13 +48,21 @@ class PolicyBook(Protocol):
     def replace_opensandbox(self, policy: Policy, wanted: NetworkPolicy | None) -> Policy: ...
     def patch_rules(self, policy: Policy, rules: list[NetworkRule]) -> Policy: ...
     def delete_targets(self, policy: Policy, targets: list[str]) -> Policy: ...
+    def within_ceilings(self, policy: Policy, ceiling: Policy | None = None) -> CeilingDecision: ...
 
 
 class SandgatePolicies:
     """`PolicyBook` on sandgate.policy, with the deployment's rule limit."""
 
-    def __init__(self, max_rules: int, default: Policy | None = None, presets: Presets | None = None) -> None:
+    def __init__(
+        self,
+        max_rules: int,
+        default: Policy | None = None,
+        presets: Presets | None = None,
+        ceiling: Policy | None = None,
+    ) -> None:
         self.max_rules = max_rules
+        self.ceiling = ceiling
         self.presets = presets or Presets()
         self.default = default if default is not None else policy_from_dict({})
 
@@ -79,3 +93,10 @@ class SandgatePolicies:
 
     def delete_targets(self, policy: Policy, targets: list[str]) -> Policy:
         return delete_targets(policy, targets)
+
+    def within_ceilings(self, policy: Policy, ceiling: Policy | None = None) -> CeilingDecision:
+        """The deployment's ceiling and `ceiling` (a tenant's) must both allow `policy` (rule 4)."""
+        for bound in (self.ceiling, ceiling):
+            if bound is not None and not (decision := within_ceiling(bound, policy)).allowed:
+                return decision
+        return WITHIN

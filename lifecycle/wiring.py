@@ -366,7 +366,10 @@ def build_components(settings: Settings, api_key: str) -> Components:
         proxy=control,
         vault=vault,
         policies=SandgatePolicies(
-            settings.policy_max_rules, settings.load_default_policy(), settings.presets
+            settings.policy_max_rules,
+            settings.load_default_policy(),
+            settings.presets,
+            settings.load_policy_ceiling(),
         ),
         audit=policy_change_writer(settings.audit_log),
         process_lists=getattr(runtime, "process_lists", None),  # local: its cgroup; Docker: a netns scan

@@ -13,6 +13,7 @@ from sandgate.policy.addresses import (
     embedded_ipv4,
 )
 from sandgate.policy.canonical import AmbiguousTarget, RequestIdentity, request_identity
+from sandgate.policy.ceiling import WITHIN, CeilingDecision, within_ceiling
 from sandgate.policy.compiled import (
     ALWAYS_ENFORCED,
     DEFAULT_CACHE_SIZE,
@@ -67,6 +68,7 @@ __all__ = [
     "EMBEDDING_PREFIXES",
     "OUTCOMES",
     "RESERVED_HEADERS",
+    "WITHIN",
     "AmbiguousTarget",
     "ApiKeyAuth",
     "Auth",
@@ -76,6 +78,7 @@ __all__ = [
     "Binding",
     "BindingMatch",
     "Budget",
+    "CeilingDecision",
     "CompiledPolicy",
     "CustomHeadersAuth",
     "Decision",
@@ -111,4 +114,5 @@ __all__ = [
     "to_document",
     "to_opensandbox",
     "to_source_document",
+    "within_ceiling",
 ]

@@ -1,0 +1,97 @@
+"""A ceiling through a real server (the deployment's `policy_ceiling`, the hook a tenant's ceiling
+uses too): a create or change beyond it is a 403 naming the ceiling rule, and nothing changes,
+proven at the proxy (its entry, its DNS audit records), not by the API's word alone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.audit import dns_decision
+from tests.support.server import SandgateServer, sandgate_server
+
+pytestmark = pytest.mark.root
+
+CEILING = """\
+egress:
+  - {action: deny, target: secret.example.test}
+  - {action: allow, target: "*.example.test"}
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandgateServer]:
+    folder = tmp_path_factory.mktemp("ceiling")
+    ceiling = folder / "ceiling.yaml"
+    ceiling.write_text(CEILING)
+    with sandgate_server(folder, {"SANDGATE_POLICY_CEILING": str(ceiling)}) as running:
+        yield running
+
+
+def allow(*targets: str) -> list[dict[str, str]]:
+    return [{"action": "allow", "target": target} for target in targets]
+
+
+def proxy_targets(server: SandgateServer, sandbox_id: str) -> list[str]:
+    from sandgate.proxy import ProxyControl
+
+    with ProxyControl(server.state_dir / "proxy.sock") as control:
+        [entry] = [entry for entry in control.list() if entry.sandbox_id == sandbox_id]
+    return [rule["target"] for rule in entry.policy["egress"]]
+
+
+def create(server: SandgateServer, policy: dict[str, Any]) -> Any:
+    with server.client() as client:
+        return client.post(
+            "/v1/sandboxes",
+            json={
+                "image": {"uri": "sandgate/host"},
+                "entrypoint": ["sleep", "infinity"],
+                "resourceLimits": {},
+                "networkPolicy": policy,
+            },
+        )
+
+
+def test_a_create_beyond_the_ceiling_is_403_naming_its_rule_and_no_sandbox(server: SandgateServer) -> None:
+    with server.client() as client:
+        before = client.get("/v1/sandboxes").json()["items"]
+    response = create(server, {"defaultAction": "deny", "egress": allow("*.example.test")})
+    assert response.status_code == 403, response.text
+    assert "ceiling rule" in response.text and "ceiling.yaml:2" in response.text  # deny secret.example.test
+    with server.client() as client:
+        assert client.get("/v1/sandboxes").json()["items"] == before
+    outside = create(server, {"defaultAction": "deny", "egress": allow("api.example.org")})
+    assert outside.status_code == 403 and "ceiling defaultAction deny" in outside.text
+
+
+def test_changes_beyond_the_ceiling_are_refused_and_the_proxy_keeps_the_old_policy(
+    server: SandgateServer,
+) -> None:
+    sandbox_id = server.create_sandbox(
+        networkPolicy={"defaultAction": "deny", "egress": allow("a.example.test")}
+    )["id"]
+    base = f"/v1/sandboxes/{sandbox_id}"
+    with server.client() as client:
+        patched = client.patch(f"{base}/egress/policy", json=allow("b.example.test"))
+        assert patched.status_code == 200, patched.text
+        refusals = [
+            client.patch(f"{base}/egress/policy", json=allow("secret.example.test")),
+            client.patch(f"{base}/networkpolicy", json=allow("api.example.org")),
+            client.put(f"{base}/egress/policy", json={"defaultAction": "allow", "egress": []}),
+            client.put(
+                f"{base}/egress/sandgate-policy",
+                json={"policy": {"egress": [{"action": "allow", "target": "b.example.test", "ports": [443]}],
+                                 "mode": "report"}},
+            ),
+        ]  # fmt: skip
+    for refused in refusals:
+        assert refused.status_code == 403, refused.text
+        assert "ceiling" in refused.text and "nothing changed" in refused.text
+    assert proxy_targets(server, sandbox_id) == ["b.example.test", "a.example.test"]
+    server.run(sandbox_id, "getent hosts b.example.test secret.example.test api.example.org")
+    assert dns_decision(server.state_dir, sandbox_id, "b.example.test") == "allow"
+    assert dns_decision(server.state_dir, sandbox_id, "secret.example.test") == "deny"
+    assert dns_decision(server.state_dir, sandbox_id, "api.example.org") == "deny"
