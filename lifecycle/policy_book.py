@@ -26,6 +26,7 @@ from sandgate.policy import (
     CeilingDecision,
     Policy,
     Presets,
+    check_rule_limit,
     delete_targets,
     patch_rules,
     policy_from_dict,
@@ -71,10 +72,7 @@ class SandgatePolicies:
 
     def parse(self, document: PolicyJSON) -> Policy:
         policy = policy_from_dict(document, presets=self.presets)
-        if len(policy.egress) > self.max_rules:
-            raise ValueError(
-                f"{len(policy.egress)} rules exceed the limit of {self.max_rules} (policy_max_rules)"
-            )
+        check_rule_limit(len(policy.egress), self.max_rules)
         return policy
 
     def with_bindings(self, policy: Policy, bindings: list[PolicyJSON]) -> Policy:

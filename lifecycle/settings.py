@@ -36,7 +36,7 @@ from pydantic_settings import (
 
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.quantities import parse_quantity
-from sandgate.policy import DEFAULT_MAX_RULES, Policy, Presets, load_policy
+from sandgate.policy import DEFAULT_MAX_RULES, Policy, Presets, check_rule_limit, load_policy
 from sandgate.proxy import ResolverAddress, UpstreamProxy, audit_path
 
 DEFAULT_CONFIG_FILE = Path("/etc/sandgate/config.toml")
@@ -362,8 +362,7 @@ def default_policy(path: Path, max_rules: int, presets: Presets) -> Policy:
     """The policy file at `path`; ValueError (PolicyError: file:line) if unreadable or invalid, or
     if it has more than `max_rules` rules."""
     policy = load_policy(path, presets)
-    if len(policy.egress) > max_rules:
-        raise ValueError(f"{path} has {len(policy.egress)} rules, over policy_max_rules ({max_rules})")
+    check_rule_limit(len(policy.egress), max_rules)
     return policy
 
 

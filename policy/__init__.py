@@ -23,6 +23,7 @@ from sandgate.policy.compiled import (
     Decision,
     Outcome,
     Request,
+    check_rule_limit,
     compile_policy,
 )
 from sandgate.policy.errors import PolicyError, PolicyIssue
@@ -98,6 +99,7 @@ __all__ = [
     "RequestIdentity",
     "Substitution",
     "Suggestion",
+    "check_rule_limit",
     "compile_policy",
     "delete_targets",
     "denied_range",

@@ -591,6 +591,8 @@ def compile_policy(
 
 
 def check_rule_limit(count: int, max_rules: int) -> None:
+    """The one check of the rule limit (presets expanded), wherever a policy enters: API bodies,
+    patches, approvals, files; the proxy's compile repeats it with the same setting."""
     if count > max_rules:
         raise PolicyError(
             [
@@ -599,7 +601,7 @@ def check_rule_limit(count: int, max_rules: int) -> None:
                     0,
                     0,
                     f"policy has {count} egress rules; the limit is {max_rules}",
-                    "merge rules with wildcards or CIDRs, or raise the limit (settings / max_rules)",
+                    "merge rules with wildcards or CIDRs, or raise the limit (the setting policy_max_rules)",
                     "egress",
                 )
             ]

@@ -1,9 +1,11 @@
 """A ceiling through a real server (the deployment's `policy_ceiling`, the hook a tenant's ceiling
 uses too): a create or change beyond it is a 403 naming the ceiling rule, and nothing changes,
-proven at the proxy (its entry, its DNS audit records), not by the API's word alone."""
+proven at the proxy (its entry, its DNS audit records), not by the API's word alone. The rule
+limit and the ceiling answer the same on every entry path (create, patch, a preset's include)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +21,13 @@ egress:
   - {action: deny, target: secret.example.test}
   - {action: allow, target: "*.example.test"}
 """
+LIMIT = 4
+
+
+def preset(*targets: str) -> str:
+    return json.dumps(
+        {"preset": {"version": 1, "description": "test", "risk": "none"}, "egress": allow(*targets)}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +35,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandgateServer]
     folder = tmp_path_factory.mktemp("ceiling")
     ceiling = folder / "ceiling.yaml"
     ceiling.write_text(CEILING)
-    with sandgate_server(folder, {"SANDGATE_POLICY_CEILING": str(ceiling)}) as running:
+    presets = folder / "presets"
+    presets.mkdir()
+    (presets / "many.yaml").write_text(preset("m1.example.test", "m2.example.test", "m3.example.test"))
+    (presets / "wide.yaml").write_text(preset("api.example.org"))
+    settings = {
+        "SANDGATE_POLICY_CEILING": str(ceiling),
+        "SANDGATE_POLICY_MAX_RULES": str(LIMIT),
+        "SANDGATE_PRESET_DIRS": json.dumps([str(presets)]),
+    }
+    with sandgate_server(folder, settings) as running:
         yield running
 
 
@@ -95,3 +113,39 @@ def test_changes_beyond_the_ceiling_are_refused_and_the_proxy_keeps_the_old_poli
     assert dns_decision(server.state_dir, sandbox_id, "b.example.test") == "allow"
     assert dns_decision(server.state_dir, sandbox_id, "secret.example.test") == "deny"
     assert dns_decision(server.state_dir, sandbox_id, "api.example.org") == "deny"
+
+
+def test_the_limit_and_the_ceiling_answer_the_same_on_every_entry_path(server: SandgateServer) -> None:
+    """Create, egress PATCH, networkpolicy PATCH and a sandgate policy whose preset brings the
+    rules in: one rule over the limit is the same 400, a rule beyond the ceiling the same 403."""
+    five = allow(*(f"n{n}.example.test" for n in range(LIMIT + 1)))
+    sandbox_id = server.create_sandbox(networkPolicy={"defaultAction": "deny", "egress": five[:LIMIT]})["id"]
+    base = f"/v1/sandboxes/{sandbox_id}"
+    with server.client() as client:
+        over = {
+            "create": create(server, {"defaultAction": "deny", "egress": five}),
+            "patch": client.patch(f"{base}/egress/policy", json=allow("n9.example.test")),
+            "networkpolicy": client.patch(f"{base}/networkpolicy", json=allow("n9.example.test")),
+            "preset": client.put(
+                f"{base}/egress/sandgate-policy",
+                json={"policy": {"egress": five[:2], "include": ["preset:many"]}},
+            ),
+        }
+        base = f"/v1/sandboxes/{server.create_sandbox()['id']}"  # deny all: room for a rule
+        beyond = {
+            "create": create(server, {"defaultAction": "deny", "egress": allow("api.example.org")}),
+            "patch": client.patch(f"{base}/egress/policy", json=allow("api.example.org")),
+            "networkpolicy": client.patch(f"{base}/networkpolicy", json=allow("api.example.org")),
+            "preset": client.put(
+                f"{base}/egress/sandgate-policy", json={"policy": {"include": ["preset:wide"]}}
+            ),
+        }
+    for path, response in over.items():
+        assert response.status_code == 400, (path, response.text)
+        assert f"policy has {LIMIT + 1} egress rules; the limit is {LIMIT}" in response.text, path
+    for path, response in beyond.items():
+        assert response.status_code == 403, (path, response.text)
+        assert (
+            "ceiling defaultAction deny refuses" in response.text and "allow api.example.org" in response.text
+        )
+    assert proxy_targets(server, sandbox_id) == [rule["target"] for rule in five[:LIMIT]]

@@ -59,7 +59,7 @@ def test_one_rule_over_the_limit_is_a_400_naming_it(server: SandgateServer) -> N
             },
         )
     assert response.status_code == 400, response.text
-    assert f"limit of {LIMIT}" in response.text and "policy_max_rules" in response.text
+    assert f"the limit is {LIMIT}" in response.text and "policy_max_rules" in response.text
 
 
 def test_a_change_up_to_the_limit_is_accepted_and_one_over_it_refused(server: SandgateServer) -> None:
@@ -71,7 +71,7 @@ def test_a_change_up_to_the_limit_is_accepted_and_one_over_it_refused(server: Sa
         assert proxy_rule_count(server, sandbox_id) == LIMIT
         over = client.patch(f"/v1/sandboxes/{sandbox_id}/egress/policy", json=rules(1, LIMIT))
     assert over.status_code == 400, over.text
-    assert f"limit is {LIMIT}" in over.text or f"limit of {LIMIT}" in over.text
+    assert f"the limit is {LIMIT}" in over.text
     assert proxy_rule_count(server, sandbox_id) == LIMIT  # the policy in force is untouched
 
 
