@@ -11,6 +11,7 @@ Rules:
    deletes the old ones afterwards.
 3. The proxy holds a sandbox's effective policy: its policy plus its vault's bindings, validated
    together (a binding's host must be allowed by the rules), with credential -> vault entry names.
+   It travels as the typed `Policy` in the proxy's `SandboxEntry` (written once as JSON there).
 4. One lock per sandbox (`locks`), shared with the lifecycle actions: an egress change and a
    delete of the same sandbox never interleave.
 5. No HTTP here: failures are `LifecycleError(kind, message)`.
@@ -152,7 +153,7 @@ class EgressControl:
         entry = SandboxEntry(
             sandbox_id=record.id,
             address=record.address or "",
-            policy=to_document(policy),
+            policy=policy,
             **self._process_lookup(record),
         )
         try:
@@ -175,7 +176,7 @@ class EgressControl:
         entry = SandboxEntry(
             sandbox_id=record.id,
             address=record.address or "",
-            policy=to_document(self.effective(base, vault)),
+            policy=self.effective(base, vault),
             credentials=vault.entries(),
             **self._process_lookup(record),
         )

@@ -26,12 +26,11 @@ from sandgate.policy import (
     CeilingDecision,
     Policy,
     Presets,
-    check_rule_limit,
+    add_bindings,
     delete_targets,
     patch_rules,
     policy_from_dict,
     replace_policy,
-    to_document,
     to_opensandbox,
     within_ceiling,
 )
@@ -71,14 +70,11 @@ class SandgatePolicies:
         return self.parse(network_policy.wire()) if network_policy else self.default
 
     def parse(self, document: PolicyJSON) -> Policy:
-        policy = policy_from_dict(document, presets=self.presets)
-        check_rule_limit(len(policy.egress), self.max_rules)
-        return policy
+        return policy_from_dict(document, presets=self.presets, max_rules=self.max_rules)
 
     def with_bindings(self, policy: Policy, bindings: list[PolicyJSON]) -> Policy:
         """`policy` with more bindings, validated together (a binding's host must be allowed)."""
-        document = to_document(policy)
-        return self.parse({**document, "bindings": [*document.get("bindings", []), *bindings]})
+        return add_bindings(policy, bindings, max_rules=self.max_rules)
 
     def to_opensandbox(self, policy: Policy) -> NetworkPolicy:
         return NetworkPolicy.model_validate(to_opensandbox(policy))
@@ -90,7 +86,7 @@ class SandgatePolicies:
         return patch_rules(policy, [rule.model_dump() for rule in rules], max_rules=self.max_rules)
 
     def delete_targets(self, policy: Policy, targets: list[str]) -> Policy:
-        return delete_targets(policy, targets)
+        return delete_targets(policy, targets, max_rules=self.max_rules)
 
     def within_ceilings(self, policy: Policy, ceiling: Policy | None = None) -> CeilingDecision:
         """The deployment's ceiling and `ceiling` (a tenant's) must both allow `policy` (rule 4)."""

@@ -36,7 +36,7 @@ from pydantic_settings import (
 
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.quantities import parse_quantity
-from sandgate.policy import DEFAULT_MAX_RULES, Policy, Presets, check_rule_limit, load_policy
+from sandgate.policy import DEFAULT_MAX_RULES, Policy, Presets, load_policy
 from sandgate.proxy import ResolverAddress, UpstreamProxy, audit_path
 
 DEFAULT_CONFIG_FILE = Path("/etc/sandgate/config.toml")
@@ -361,9 +361,7 @@ def config_file() -> Path | None:
 def default_policy(path: Path, max_rules: int, presets: Presets) -> Policy:
     """The policy file at `path`; ValueError (PolicyError: file:line) if unreadable or invalid, or
     if it has more than `max_rules` rules."""
-    policy = load_policy(path, presets)
-    check_rule_limit(len(policy.egress), max_rules)
-    return policy
+    return load_policy(path, presets, max_rules)
 
 
 def load_settings(config: Path | None = None, **flags: Any) -> Settings:

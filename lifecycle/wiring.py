@@ -113,7 +113,6 @@ def write_proxy_config(settings: Settings) -> Path:
         audit_max_bytes=settings.audit_max_bytes,
         audit_backups=settings.audit_backups,
         audit_fsync=settings.audit_fsync,
-        max_rules=settings.policy_max_rules,
         vault=vault_settings(settings),
         upstream_proxies=settings.upstream_proxies,
     )

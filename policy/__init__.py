@@ -23,7 +23,6 @@ from sandgate.policy.compiled import (
     Decision,
     Outcome,
     Request,
-    check_rule_limit,
     compile_policy,
 )
 from sandgate.policy.errors import PolicyError, PolicyIssue
@@ -52,6 +51,7 @@ from sandgate.policy.presets import Preset, Presets
 from sandgate.policy.reasons import Reason
 from sandgate.policy.suggest import Suggestion, suggest_policy
 from sandgate.policy.updates import (
+    add_bindings,
     delete_targets,
     patch_rules,
     replace_policy,
@@ -99,7 +99,7 @@ __all__ = [
     "RequestIdentity",
     "Substitution",
     "Suggestion",
-    "check_rule_limit",
+    "add_bindings",
     "compile_policy",
     "delete_targets",
     "denied_range",

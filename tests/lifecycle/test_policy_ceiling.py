@@ -1,11 +1,13 @@
 """A ceiling through a real server (the deployment's `policy_ceiling`, the hook a tenant's ceiling
 uses too): a create or change beyond it is a 403 naming the ceiling rule, and nothing changes,
 proven at the proxy (its entry, its DNS audit records), not by the API's word alone. The rule
-limit and the ceiling answer the same on every entry path (create, patch, a preset's include)."""
+limit and the ceiling answer the same on every entry path (create, patch, a preset's include,
+an approval's "allow for this sandbox")."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +21,7 @@ pytestmark = pytest.mark.root
 CEILING = """\
 egress:
   - {action: deny, target: secret.example.test}
+  - {action: ask, target: review.example.test}
   - {action: allow, target: "*.example.test"}
 """
 LIMIT = 4
@@ -57,7 +60,7 @@ def proxy_targets(server: SandgateServer, sandbox_id: str) -> list[str]:
 
     with ProxyControl(server.state_dir / "proxy.sock") as control:
         [entry] = [entry for entry in control.list() if entry.sandbox_id == sandbox_id]
-    return [rule["target"] for rule in entry.policy["egress"]]
+    return [rule.target for rule in entry.policy.egress]
 
 
 def create(server: SandgateServer, policy: dict[str, Any]) -> Any:
@@ -149,3 +152,62 @@ def test_the_limit_and_the_ceiling_answer_the_same_on_every_entry_path(server: S
             "ceiling defaultAction deny refuses" in response.text and "allow api.example.org" in response.text
         )
     assert proxy_targets(server, sandbox_id) == [rule["target"] for rule in five[:LIMIT]]
+
+
+GATEWAY = (  # the sandbox's default route: where the proxy's explicit port listens
+    "python3 -c \"import socket, struct; print([socket.inet_ntoa(struct.pack('<L', int(f[2], 16))) "
+    "for f in map(str.split, open('/proc/net/route')) if f[1] == '00000000'][0])\""
+)
+
+ASK_HELD = {"action": "ask", "target": "*.held.example.test"}
+
+
+def held_approval(server: SandgateServer, policy: dict[str, Any], url: str) -> tuple[str, str]:
+    """A sandbox with `policy` whose request to `url` the proxy holds for a reviewer: (sandbox
+    id, approval id). The request goes through the explicit proxy port (no DNS needed)."""
+    sandbox_id = str(server.create_sandbox()["id"])
+    with server.client() as client:
+        put = client.put(f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy", json={"policy": policy})
+        assert put.status_code == 200, put.text
+    gateway = server.run(sandbox_id, GATEWAY).stdout.strip()
+    port = server.proxy_ports["EXPLICIT"]
+    server.run(sandbox_id, f"curl -s -m 120 -x http://{gateway}:{port} {url}", background=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with server.client() as client:
+            held = [item for item in client.get("/v1/approvals").json() if item["sandbox"] == sandbox_id]
+        if held:
+            return sandbox_id, str(held[0]["id"])
+        time.sleep(0.2)
+    raise AssertionError(f"no approval held for {url} in 30 s")
+
+
+def test_an_approval_answers_the_limit_and_the_ceiling_as_a_patch_does(server: SandgateServer) -> None:
+    """ "Allow for this sandbox" is a patch: past the limit the same 400, past the ceiling (which
+    only lets a reviewer decide review.example.test) the same 403; the request stays held and
+    the proxy keeps the old policy."""
+    cases = [
+        (
+            {"egress": [ASK_HELD, *allow("a.example.test", "b.example.test", "c.example.test")]},
+            "http://x.held.example.test/",
+            400,
+            f"policy has {LIMIT + 1} egress rules; the limit is {LIMIT}",
+        ),
+        (
+            {"egress": [{"action": "ask", "target": "review.example.test"}]},
+            "http://review.example.test/",
+            403,
+            "ceiling.yaml:3 (ask review.example.test) refuses",
+        ),
+    ]  # fmt: skip
+    for policy, url, status, message in cases:
+        sandbox_id, approval = held_approval(server, policy, url)
+        before = proxy_targets(server, sandbox_id)
+        with server.client() as client:
+            answer = client.post(f"/v1/approvals/{approval}", json={"decision": "allow-sandbox"})
+            assert answer.status_code == status, answer.text
+            assert message in answer.text
+            assert approval in [item["id"] for item in client.get("/v1/approvals").json()]  # still held
+            assert proxy_targets(server, sandbox_id) == before
+            denied = client.post(f"/v1/approvals/{approval}", json={"decision": "deny"})
+            assert denied.status_code == 200, denied.text
