@@ -2,10 +2,11 @@
 
 Rules:
 1. Inside lifecycle a sandbox's policy is a `sandgate.policy.Policy`, the typed model of the
-   policy file. Its JSON form (`sandgate.policy.to_document`) exists only at the edges: the
-   sandbox store's column, the proxy's entry, the audit record and the API's answers.
-2. Every `Policy` that leaves the book is valid and within the deployment's rule limit; a bad
-   one is a `ValueError` (`PolicyError`) saying where and why.
+   policy file, and it reaches the proxy as that type (`SandboxEntry.policy`). Its JSON form
+   (`sandgate.policy.to_document`) exists only at the edges: the sandbox store's column, the
+   control socket, the audit record and the API's answers.
+2. Every `Policy` that leaves the book went through sandgate.policy's one validation with the
+   deployment's rule limit; a bad one is a `ValueError` (`PolicyError`) saying where and why.
 3. `NetworkPolicy` (opensandbox_shapes.py) is the OpenSandbox shape: what the lifecycle API's
    create and `/networkpolicy`, and the egress API's `/policy`, speak.
 4. A ceiling bounds every policy the book hands out for a sandbox: the deployment's

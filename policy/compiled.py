@@ -578,7 +578,7 @@ def _compile_binding(binding: Binding) -> _Binding:
     return _Binding(binding.name, _conditions(match.ports, match.schemes, match.methods, match.paths))
 
 
-def compile_policy(policy: Policy, cache_size: int = DEFAULT_CACHE_SIZE) -> CompiledPolicy:
+def compile_policy(policy: Policy, *, cache_size: int = DEFAULT_CACHE_SIZE) -> CompiledPolicy:
     """Build the indexes for `policy`, a validated document (its limits were checked where it
     entered, loader.py rule 5). `cache_size` bounds each decision cache (connections,
     addresses); 0 turns caching off."""
