@@ -246,7 +246,8 @@ class EgressControl:
         ceiling: Policy | None = None,
     ) -> EgressState:
         """Apply `edit` to the current document; validate, check against the ceilings (a tenant's
-        `ceiling` and the deployment's), push, persist, audit (rule 1)."""
+        `ceiling`, by default the one its admin stored for the sandbox's tenant, and the
+        deployment's), push, persist, audit (rule 1)."""
         with self.locks(sandbox_id):
             record = existing(self.store, sandbox_id)
             current = self.policy(sandbox_id)
@@ -258,7 +259,9 @@ class EgressControl:
                 new = edit(current.document)
             except ValueError as exc:  # PolicyError: the change itself is invalid
                 raise LifecycleError("invalid", f"policy change rejected: {exc}") from exc
-            self.check_ceilings(new, ceiling)
+            self.check_ceilings(
+                new, ceiling if ceiling is not None else self.store.tenant_ceiling(record.tenant)
+            )
             with self._restoring(record):
                 self.push(record, new)
                 revision = self.store.put_policy(sandbox_id, new, current.revision)
@@ -271,9 +274,10 @@ class EgressControl:
         if not decision.allowed:
             raise LifecycleError("forbidden", f"policy refused, nothing changed: {decision.reason}")
 
-    def parse_policy(self, document: PolicyJSON) -> Policy:
-        """A whole sandgate policy document from a client; a bad one is `invalid`."""
-        return self._rejecting(lambda: self.policies.parse(document))
+    def parse_policy(self, document: PolicyJSON, source: str = "<api>") -> Policy:
+        """A whole sandgate policy document from a client (`source` names it in errors and in
+        its rules' ids); a bad one is `invalid`."""
+        return self._rejecting(lambda: self.policies.parse(document, source))
 
     def effective(self, base: Policy, vault: VaultState) -> Policy:
         if not vault.bindings:

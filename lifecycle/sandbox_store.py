@@ -52,6 +52,11 @@ CREATE TABLE IF NOT EXISTS sandbox_tenants (  -- whose a sandbox was, kept after
     tenant TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sandbox_tenants_by_tenant ON sandbox_tenants(tenant);
+CREATE TABLE IF NOT EXISTS tenant_ceilings (  -- a tenant's ceiling: every policy of its sandboxes within it
+    tenant TEXT PRIMARY KEY,
+    document TEXT NOT NULL,        -- the sandgate policy document (JSON)
+    updated_at TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS tombstones (  -- sandboxes deleted because they expired
     id TEXT PRIMARY KEY,
     expired_at TEXT NOT NULL,
@@ -204,6 +209,32 @@ class SandboxStore:
             rows = self._db.execute("SELECT id FROM sandbox_tenants WHERE tenant = ?", (tenant,)).fetchall()
         live = [r.id for r in self.list_sandboxes() if r.tenant == tenant]
         return sorted({row[0] for row in rows} | set(live))
+
+    # tenants' ceilings
+    def tenant_ceiling(self, tenant: str) -> Policy | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT document FROM tenant_ceilings WHERE tenant = ?", (tenant,)
+            ).fetchone()
+        return policy_from_dict(json.loads(row[0]), f"the stored ceiling of tenant {tenant}") if row else None
+
+    def put_tenant_ceiling(self, tenant: str, ceiling: Policy | None) -> None:
+        """Set (or with None remove) the tenant's ceiling."""
+        with self.transaction() as db:
+            db.execute("DELETE FROM tenant_ceilings WHERE tenant = ?", (tenant,))
+            if ceiling is not None:
+                db.execute(
+                    "INSERT INTO tenant_ceilings VALUES (?, ?, ?)",
+                    (tenant, json.dumps(to_document(ceiling)), utcnow().isoformat()),
+                )
+
+    def tenants(self) -> list[str]:
+        """Every tenant with a sandbox (now or before) or a ceiling."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT tenant FROM sandbox_tenants UNION SELECT tenant FROM tenant_ceilings"
+            ).fetchall()
+        return sorted({row[0] for row in rows} | {r.tenant for r in self.list_sandboxes()})
 
     def delete_sandbox(self, sandbox_id: str, expired_at: datetime | None = None) -> None:
         """Delete the record; with `expired_at`, keep a tombstone saying when it expired (older

@@ -142,12 +142,15 @@ class Service:
     def create(
         self, request: CreateRequest, actor: str = "api", ceiling: Policy | None = None
     ) -> SandboxRecord:
-        """`ceiling`: the caller's tenant's, checked with the deployment's (policy_book.py rule 4)."""
+        """`ceiling`: the caller's tenant's (by default the one stored for `request.tenant`),
+        checked with the deployment's (policy_book.py rule 4)."""
         try:
             document = self.egress.policies.from_opensandbox(request.network_policy)
         except ValueError as exc:  # PolicyError
             raise LifecycleError("invalid", f"policy rejected: {exc}") from exc
-        self.egress.check_ceilings(document, ceiling)
+        self.egress.check_ceilings(
+            document, ceiling if ceiling is not None else self.store.tenant_ceiling(request.tenant)
+        )
         try:
             self.check_image(request)  # pulls the image when the store lacks it (pull policy)
         except PullError as exc:

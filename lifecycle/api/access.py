@@ -32,7 +32,7 @@ READERS: frozenset[Role] = frozenset({ADMIN, REVIEWER})  # who reads audit and c
 ADMINS: frozenset[Role] = frozenset({ADMIN})
 OPEN: frozenset[Role] = frozenset()
 EGRESS_PORT = 18080  # OpenSandbox's egress sidecar's port: its endpoint is the egress API
-OWNED = ("sandbox_id", "snapshot_id", "approval_id")  # path parameters naming a tenant's object
+OWNED = ("sandbox_id", "snapshot_id", "approval_id", "tenant")  # path parameters naming a tenant's object
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,10 @@ def _rows() -> dict[tuple[str, str], Rule]:
         ("POST", "/keys", "key.create", ADMINS),
         ("POST", "/keys/{key_id}/rotate", "key.rotate", ADMINS),
         ("DELETE", "/keys/{key_id}", "key.revoke", ADMINS),
+        ("GET", "/tenants", "tenant.list", ADMINS),
+        ("GET", "/tenants/{tenant}/ceiling", "tenant.ceiling-read", ANY_ROLE),
+        ("PUT", "/tenants/{tenant}/ceiling", "tenant.ceiling-set", ADMINS),
+        ("DELETE", "/tenants/{tenant}/ceiling", "tenant.ceiling-delete", ADMINS),
         ("GET", "/v1/audit", "audit.query", READERS),
         ("GET", "/v1/audit/follow", "audit.follow", READERS),
         ("GET", "/v1/audit/summary", "audit.summary", READERS),

@@ -27,6 +27,7 @@ from sandgate.lifecycle.api import (
     sandbox_proxy,
     sandboxes,
     snapshots,
+    tenants,
     unsupported,
 )
 from sandgate.lifecycle.api.auth import OPEN_PATHS, AuthMiddleware, Gate
@@ -117,6 +118,7 @@ def create_app(
             snapshots.router,
             approvals.router,
             keys.router,
+            tenants.router,
             unsupported.router,
         )
         for router in routers:
@@ -136,6 +138,8 @@ def owners(service: Service) -> Callable[[str, str], str | None]:
     from sandgate.lifecycle.snapshots import Snapshots
 
     def owner_of(parameter: str, value: str) -> str | None:
+        if parameter == "tenant":
+            return value
         if parameter == "sandbox_id":
             return service.store.tenant_of(value)
         try:

@@ -1,8 +1,8 @@
 """The `sandgate` command line: one click group, one module per subcommand group.
 
 Rules:
-1. Each group module (serve, policy, vault, egress, logs, sandbox, image, approvals, keys, down) registers its
-   commands on its own group; this module only names them. A group module is imported when its
+1. Each group module (serve, policy, vault, egress, logs, sandbox, image, approvals, keys,
+   tenants, down) registers its commands on its own group; this module only names them. A group module is imported when its
    command runs, never for `--help` or another group: the server side pulls in mitmproxy,
    FastAPI, httpx and docker, seconds of imports a `policy check` must not pay
    (tests/unit/test_cli_imports.py holds the import graph to that).
@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Answer requests held for a reviewer (policy `ask`): list, allow, deny.",
     ),
     "keys": ("keys", "group", "Manage API keys: create, list, rotate, revoke."),
+    "tenants": ("tenants", "group", "List tenants; show, set and clear a tenant's ceiling."),
     "down": ("down", "command", "Remove what a stopped or killed server left in the kernel."),
 }
 

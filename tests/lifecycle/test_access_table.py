@@ -39,7 +39,7 @@ def test_every_route_has_exactly_its_row(tmp_path: Path) -> None:
         # the matcher finds that same row for a concrete call of the route
         concrete = bare.replace("{path:path}", "a/b").replace("{port}", "44772")
         for name in ("sandbox_id", "snapshot_id", "approval_id", "key_id", "name", "pid", "record_id",
-                     "template_id", "pool_name"):  # fmt: skip
+                     "tenant", "template_id", "pool_name"):  # fmt: skip
             concrete = concrete.replace(f"{{{name}}}", "x1")
         found = match(method, concrete)
         assert found is not None and found[0] == ACCESS[(method, bare)], f"{method} {concrete} -> {found}"
