@@ -259,20 +259,27 @@ class EgressControl:
                 new = edit(current.document)
             except ValueError as exc:  # PolicyError: the change itself is invalid
                 raise LifecycleError("invalid", f"policy change rejected: {exc}") from exc
-            self.check_ceilings(
-                new, ceiling if ceiling is not None else self.store.tenant_ceiling(record.tenant)
-            )
+            self.check_ceilings(new, ceiling, tenant=record.tenant)
             with self._restoring(record):
                 self.push(record, new)
                 revision = self.store.put_policy(sandbox_id, new, current.revision)
             self.audit_change(sandbox_id, actor, current.revision, revision, current.document, new, what)
             return EgressState(revision, new)
 
-    def check_ceilings(self, policy: Policy, ceiling: Policy | None = None) -> None:
-        """`forbidden`, naming the ceiling rule, unless every ceiling allows `policy`."""
-        decision = self.policies.within_ceilings(policy, ceiling)
+    def check_ceilings(
+        self, policy: Policy, ceiling: Policy | None = None, tenant: str | None = None
+    ) -> None:
+        """`forbidden`, naming the ceiling and its rule, unless every ceiling allows `policy`:
+        the deployment's, and `ceiling` or else the one stored for `tenant` (its admin's)."""
+        if ceiling is None and tenant is not None:
+            ceiling = self.store.tenant_ceiling(tenant)
+        decision = self.policies.within_ceilings(policy)
+        whose = "the deployment's ceiling (policy_ceiling)"
+        if decision.allowed and ceiling is not None:
+            decision = self.policies.within_ceilings(policy, ceiling)
+            whose = f"the ceiling of tenant {tenant}" if tenant else "the tenant's ceiling"
         if not decision.allowed:
-            raise LifecycleError("forbidden", f"policy refused, nothing changed: {decision.reason}")
+            raise LifecycleError("forbidden", f"policy refused, nothing changed: {whose}: {decision.reason}")
 
     def parse_policy(self, document: PolicyJSON, source: str = "<api>") -> Policy:
         """A whole sandgate policy document from a client (`source` names it in errors and in

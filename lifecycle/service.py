@@ -148,9 +148,7 @@ class Service:
             document = self.egress.policies.from_opensandbox(request.network_policy)
         except ValueError as exc:  # PolicyError
             raise LifecycleError("invalid", f"policy rejected: {exc}") from exc
-        self.egress.check_ceilings(
-            document, ceiling if ceiling is not None else self.store.tenant_ceiling(request.tenant)
-        )
+        self.egress.check_ceilings(document, ceiling, tenant=request.tenant)
         try:
             self.check_image(request)  # pulls the image when the store lacks it (pull policy)
         except PullError as exc:

@@ -346,3 +346,87 @@ def test_every_action_has_its_record_with_its_principal(tenants: Tenants) -> Non
     actions = {r["reason"]: r for r in by("api") if r["principal"] == mine and r["decision"] == "allow"}
     assert {"sandbox.create", "policy.patch", "sandbox.renew", "sandbox.delete"} <= set(actions)
     assert actions["sandbox.delete"]["status"] == 204
+
+
+BETA_CEILING = """\
+version: 1
+defaultAction: deny
+egress:
+  - {action: allow, target: one.example.com}
+"""
+
+
+def tenants_cli(
+    server: SandgateServer, *args: str, key: Key | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**server.env(), **({"OPEN_SANDBOX_API_KEY": key.key} if key else {})}
+    return subprocess.run([*SANDGATE, "tenants", *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_no_sandbox_policy_exceeds_its_tenants_ceiling(
+    tenants: Tenants, internet: Internet, tmp_path: Any
+) -> None:
+    server, b = tenants.server, tenants.b
+    ceiling = tmp_path / "beta-ceiling.yaml"
+    ceiling.write_text(BETA_CEILING)
+    # only an admin sets a ceiling; another tenant's is not even there for an operator
+    refused = tenants_cli(server, "ceiling", "set", "beta", str(ceiling), key=tenants.op_b)
+    assert refused.returncode == 1 and "403" in refused.stderr and "operator" in refused.stderr
+    hidden = tenants_cli(server, "ceiling", "set", "beta", str(ceiling), key=tenants.op_a)
+    assert hidden.returncode == 1 and "404" in hidden.stderr
+    made = tenants_cli(server, "ceiling", "set", "beta", str(ceiling), "-o", "json")
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["beyond"] == []  # beta's sandbox denies everything: within it
+    try:
+        seen_before = len(internet.origin_requests())
+        with client(server, tenants.op_b) as http:
+            for method, path, body in (
+                ("PATCH", f"/v1/sandboxes/{b.id}/egress/policy", [{"action": "allow", "target": OPEN_HOST}]),
+                ("PATCH", f"/v1/sandboxes/{b.id}/networkpolicy", [{"action": "allow", "target": OPEN_HOST}]),
+                ("PUT", f"/v1/sandboxes/{b.id}/egress/sandgate-policy",
+                 {"policy": {"version": 1, "egress": [{"action": "allow", "target": OPEN_HOST}]}}),
+            ):  # fmt: skip
+                answer = http.request(method, path, json=body)
+                assert answer.status_code == 403, (path, answer.text)
+                assert "ceiling of tenant beta" in answer.text and "nothing changed" in answer.text
+            within = http.patch(
+                f"/v1/sandboxes/{b.id}/egress/policy", json=[{"action": "allow", "target": "one.example.com"}]
+            )
+            assert within.status_code == 200, within.text
+        with pytest.raises(Exception, match=r"403|ceiling"):
+            SandboxSync.create(
+                "sandgate/host",
+                entrypoint=["sleep", "infinity"],
+                network_policy=NetworkPolicy(defaultAction="allow"),
+                connection_config=sdk(server, tenants.op_b),
+                timeout=SANDBOX_LIFETIME,
+                ready_timeout=timedelta(seconds=30),
+            )
+        # the other side: beta's sandbox still cannot reach the host, the origin saw nothing
+        reached = b.commands.run(
+            f"curl -sS -o /dev/null -w '%{{http_code}}' --max-time 10 http://{OPEN_HOST}/ceiling"
+        )
+        assert "".join(m.text for m in reached.logs.stdout) != "200"
+        assert not [r for r in internet.origin_requests()[seen_before:] if "/ceiling" in json.dumps(r)]
+        # alpha has no ceiling: its operator widens its own sandbox as before
+        with client(server, tenants.op_a) as http:
+            widened = http.patch(
+                f"/v1/sandboxes/{tenants.a.id}/egress/policy", json=[{"action": "allow", "target": OPEN_HOST}]
+            )
+            assert widened.status_code == 200, widened.text
+        shown = tenants_cli(server, "ceiling", "show", "beta", "-o", "json", key=tenants.op_b)
+        assert (
+            shown.returncode == 0
+            and json.loads(shown.stdout)["policy"]["egress"][0]["target"] == "one.example.com"
+        )
+    finally:
+        assert tenants_cli(server, "ceiling", "clear", "beta").returncode == 0
+    records = audit_records(server.state_dir)
+    set_by = [
+        r
+        for r in records
+        if r["kind"] == "api" and r["reason"] == "tenant.ceiling-set" and r["decision"] == "allow"
+    ]
+    assert set_by and set_by[-1]["principal"]["via"] == "bootstrap"
+    refusals = [r for r in records if r["kind"] == "api" and r["sandbox"] == b.id and r["status"] == 403]
+    assert len(refusals) >= 3 and all(r["principal"] == tenants.op_b.principal for r in refusals)
