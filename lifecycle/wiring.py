@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.gvisor_events import GvisorEvents
     from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.network import SandboxNetworks
+    from sandgate.lifecycle.oidc import OidcVerifier
     from sandgate.lifecycle.process_events import ProcessWatcher
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
     from sandgate.lifecycle.registry import Credentials, RegistryConfig
@@ -225,6 +226,21 @@ class TenantDesk:
 
     def answer(self, approval_id: str, decision: Any, actor: str) -> Any:
         return self.desk.answer(approval_id, decision, actor)
+
+
+def oidc_verifier(settings: Settings) -> OidcVerifier | None:
+    """The OIDC issuer the settings name (tokens as principals), or None."""
+    from sandgate.lifecycle.oidc import OidcVerifier
+
+    if not settings.oidc_issuer or not settings.oidc_audience:
+        return None
+    return OidcVerifier(
+        settings.oidc_issuer,
+        settings.oidc_audience,
+        tenant_claim=settings.oidc_tenant_claim,
+        role_claim=settings.oidc_role_claim,
+        ca=settings.oidc_ca,
+    )
 
 
 def make_networks(settings: Settings, instance: str) -> SandboxNetworks:
@@ -434,7 +450,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
 
     watchers = process_watchers(settings, instance, store, Secrets(egress.vault_values, api_key))
     keys = KeyBook(settings.database)
-    gate = Gate(api_key, keys)
+    gate = Gate(api_key, keys, oidc=oidc_verifier(settings))
     audit, routers = audit_and_console(service, settings, gate)
     audit.start()
     return Components(

@@ -1,7 +1,8 @@
 """Who may call the API, and the request id every answer carries.
 
 Rules:
-1. Every path needs `OPEN-SANDBOX-API-KEY` except the open ones (health, version, docs,
+1. Every path needs `OPEN-SANDBOX-API-KEY` (or, with an OIDC issuer set, its JWT there or as
+   `Authorization: Bearer`) except the open ones (health, version, docs,
    OpenAPI document), prefixes of routers with a login of their own (the console), and the
    egress API, which a per-sandbox `OPENSANDBOX-EGRESS-AUTH` token (`EGRESS_AUTH_HEADER`)
    guards instead (the clients send no API key there in direct mode), at its own path and at
@@ -46,6 +47,7 @@ from sandgate.lifecycle.api.access import EGRESS_PORT
 from sandgate.lifecycle.api.errors import EGRESS_MARKER
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.keys import KeyBook, now
+from sandgate.lifecycle.oidc import OidcVerifier
 from sandgate.lifecycle.principals import BOOTSTRAP, DEFAULT_TENANT, Principal, acting, may_see
 from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
 from sandgate.proxy import AuditRecord
@@ -80,6 +82,20 @@ def load_or_create_api_key(state_dir: Path) -> tuple[str, bool]:
     return key, True
 
 
+def looks_like_jwt(token: str) -> bool:
+    return token.count(".") == 2 and not token.startswith(("sgk_", BOUND_PREFIX))
+
+
+def bearer(headers: Headers) -> str | None:
+    """An `Authorization: Bearer` token (an OIDC client's way), when no API key field was sent."""
+    return bearer_token(headers.get("authorization", ""))
+
+
+def bearer_token(value: str) -> str | None:
+    scheme, _, token = value.partition(" ")
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
+
+
 def keys_match(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode(), expected.encode())
 
@@ -98,11 +114,15 @@ class Gate:
     streams: Streams = field(default_factory=lambda: Streams())
     audit: Callable[[AuditRecord], None] | None = None
     console_prefix: str = "/console"
+    oidc: OidcVerifier | None = None  # bearer tokens of an OIDC issuer (lifecycle/oidc.py)
 
     def principal(self, given: str) -> tuple[Principal | None, datetime | None]:
-        """The principal a key proves and when it stops being valid, or (None, None)."""
+        """The principal a key (or an OIDC token) proves and when it stops being valid, or
+        (None, None). An OIDC token may need the issuer's key set fetched: call it off the loop."""
         if keys_match(given, self.api_key):
             return BOOTSTRAP, None
+        if self.oidc is not None and looks_like_jwt(given):
+            return self.oidc.principal(given) or (None, None)
         row = self.keys.resolve(given) if self.keys is not None else None
         return (row.principal, row.expires_at) if row else (None, None)
 
@@ -233,7 +253,7 @@ class AuthMiddleware:
         scope.setdefault("state", {})["request_id"] = request_id
         method = "WS" if scope["type"] == "websocket" else scope["method"]
         found = access.match(method, scope["path"])
-        principal, expires_at, refusal = self._caller(scope, headers, found)
+        principal, expires_at, refusal = await self._caller(scope, headers, found)
         if refusal is None and found is not None and principal is not None:
             refusal = self._refusal(principal, *found)
         if refusal is not None:
@@ -256,17 +276,20 @@ class AuthMiddleware:
             if method not in ("GET", "HEAD", "WS") or outcome["status"] >= 400:
                 self._record(scope, found, principal, outcome["status"])
 
-    def _caller(
+    async def _caller(
         self, scope: Scope, headers: Headers, found: tuple[access.Rule, dict[str, str]] | None
     ) -> tuple[Principal | None, datetime | None, tuple[int, str, str] | None]:
         """Who calls: (principal, when it expires, None), or a refusal (status, code, message).
         No principal and no refusal: an open route, or a sandbox's own token, which its route
         checks (rule 1)."""
-        path, given = scope["path"], headers.get(API_KEY_HEADER)
+        path, given = scope["path"], headers.get(API_KEY_HEADER) or bearer(headers)
         if path in self.open_paths or (found is not None and found[0].is_open):
             return None, None, None
         if given:
-            principal, expires_at = self.gate.principal(given)
+            if looks_like_jwt(given):  # the issuer's key set may be fetched: not on the loop
+                principal, expires_at = await asyncio.to_thread(self.gate.principal, given)
+            else:
+                principal, expires_at = self.gate.principal(given)
             if principal is None:
                 message = f"{API_KEY_HEADER} holds no valid key of this server (unknown, revoked or expired)"
                 return None, None, (401, "INVALID_API_KEY", message)

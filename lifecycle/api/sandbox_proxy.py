@@ -49,7 +49,13 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sandgate.lifecycle.api.auth import API_KEY_HEADER, EGRESS_AUTH_HEADER, EGRESS_PORT, keys_match
+from sandgate.lifecycle.api.auth import (
+    API_KEY_HEADER,
+    EGRESS_AUTH_HEADER,
+    EGRESS_PORT,
+    bearer_token,
+    keys_match,
+)
 from sandgate.lifecycle.api.calls import call
 from sandgate.lifecycle.api.errors import ApiError
 from sandgate.lifecycle.api.exec_audit import Call
@@ -139,7 +145,9 @@ def upstream_headers(
     """The client's end-to-end fields for the sandbox, with nothing of the control plane (the
     server's key, the caller's own key, the sandbox's tokens)."""
     fields = list(fields)
-    callers = [value for name, value in fields if name.lower() == API_KEY_HEADER.lower()]
+    callers = [value for name, value in fields if name.lower() == API_KEY_HEADER.lower()] or [
+        token for name, value in fields if name.lower() == "authorization" and (token := bearer_token(value))
+    ]  # the caller's own credential: its key field, else the bearer token it authenticated with
     secrets = [s for s in (api_key, *callers, record.egress_token, record.execd_token) if s]
     kept = [
         (name, value) for name, value in end_to_end(fields) if _passes(name.lower(), value, port, secrets)
