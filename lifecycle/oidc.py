@@ -11,7 +11,8 @@ Rules:
    `oidc_role_claim` the role (one of lifecycle/principals.py's); a token without them, or with a
    role sandgate does not have, is refused. Its `exp` ends whatever it has open (api/auth.py).
 3. The key set is cached; a token signed with a key id the cache lacks refetches it, at most once
-   a minute (an issuer's key rotation is seen, a flood of made-up key ids costs one fetch).
+   every `REFETCH_S` (an issuer's key rotation is seen within seconds, a flood of made-up key ids
+   costs one fetch per interval).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from sandgate.lifecycle.principals import ROLES, Principal
 
 ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
 LEEWAY_S = 30
-REFETCH_S = 60.0
+REFETCH_S = 5.0
 log = logging.getLogger(__name__)
 
 

@@ -23,6 +23,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import json
@@ -33,7 +34,7 @@ import secrets
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -126,37 +127,47 @@ class Gate:
         row = self.keys.resolve(given) if self.keys is not None else None
         return (row.principal, row.expires_at) if row else (None, None)
 
-    def endpoint_token(self, principal: Principal, kind: str, sandbox_id: str) -> str:
-        """The token an endpoint hands a managed key's holder for a sandbox's execd or egress
-        API (rule 4): `sgx_<key id>_<mac>`, bound to that key and sandbox, so the key's
-        revocation ends it too."""
-        return f"{BOUND_PREFIX}{principal.id}_{self._mac(principal.id, kind, sandbox_id)}"
+    def endpoint_token(
+        self, principal: Principal, expires_at: datetime | None, kind: str, sandbox_id: str
+    ) -> str:
+        """The token an endpoint hands a managed key's or an OIDC token's holder for a sandbox's
+        execd or egress API (rule 4): `sgx_<principal>.<mac>`, bound to that principal and
+        sandbox, so the key's revocation (or the token's expiry) ends it too."""
+        facts = {**principal.model_dump(), "exp": expires_at.timestamp() if expires_at else None}
+        payload = base64.urlsafe_b64encode(json.dumps(facts, sort_keys=True).encode()).decode().rstrip("=")
+        return f"{BOUND_PREFIX}{payload}.{self._mac(payload, kind, sandbox_id)}"
 
     def endpoint_principal(
         self, token: str, kind: str, sandbox_id: str
     ) -> tuple[Principal | None, datetime | None]:
-        """The key behind an endpoint token, while the key is usable; else (None, None)."""
-        key_id, _, mac = token.removeprefix(BOUND_PREFIX).partition("_")
-        if self.keys is None or not hmac.compare_digest(mac, self._mac(key_id, kind, sandbox_id)):
+        """The principal behind an endpoint token while it may still act (its key usable, its
+        OIDC token unexpired); else (None, None)."""
+        payload, _, mac = token.removeprefix(BOUND_PREFIX).rpartition(".")
+        if not hmac.compare_digest(mac, self._mac(payload, kind, sandbox_id)):
             return None, None
-        try:
-            row = self.keys.get(key_id)
-        except LifecycleError:
-            return None, None
-        return (row.principal, row.expires_at) if row.usable(now()) else (None, None)
+        facts = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        expires = datetime.fromtimestamp(facts.pop("exp"), UTC) if facts.get("exp") else None
+        principal = Principal(**facts)
+        if principal.via == "key":
+            return (principal, expires) if self._key_usable(principal.id) else (None, None)
+        return (principal, expires) if expires is None or now() < expires else (None, None)
 
-    def _mac(self, key_id: str, kind: str, sandbox_id: str) -> str:
-        message = f"{kind}\0{sandbox_id}\0{key_id}".encode()
+    def _mac(self, payload: str, kind: str, sandbox_id: str) -> str:
+        message = f"{kind}\0{sandbox_id}\0{payload}".encode()
         return hmac.new(self.api_key.encode(), message, hashlib.sha256).hexdigest()
 
-    def still_valid(self, principal: Principal) -> bool:
-        """A console session's principal, checked at each page: its key not revoked or expired."""
-        if principal.via != "key" or self.keys is None:
-            return principal.via == "bootstrap"
+    def _key_usable(self, key_id: str) -> bool:
+        if self.keys is None:
+            return False
         try:
-            return self.keys.get(principal.id).usable(now())
+            return self.keys.get(key_id).usable(now())
         except LifecycleError:
             return False
+
+    def still_valid(self, principal: Principal) -> bool:
+        """A console session's principal, checked at each page: its key not revoked or expired
+        (an OIDC token opens no console session: its expiry would not end it)."""
+        return principal.via == "bootstrap" or (principal.via == "key" and self._key_usable(principal.id))
 
 
 class Streams:
@@ -261,6 +272,7 @@ class AuthMiddleware:
             self._record(scope, found, principal, refusal[0])
             return
         scope["state"]["principal"] = principal
+        scope["state"]["principal_expires"] = expires_at
         token = acting.set(principal)
         try:
             if principal is not None and principal.via in ("key", "oidc"):

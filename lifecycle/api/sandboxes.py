@@ -317,12 +317,13 @@ def get_endpoint(
 
 
 def bound(request: Request, kind: str, sandbox_id: str, token: str) -> str:
-    """The endpoint token for the caller: bound to its managed key (api/auth.py rule 4), or the
-    sandbox's own for the bootstrap key and in direct mode."""
+    """The endpoint token for the caller: bound to its managed key or OIDC token (api/auth.py
+    rule 4), or the sandbox's own for the bootstrap key and in direct mode."""
     principal = acting.get()
-    if principal is None or principal.via != "key":
+    if principal is None or principal.via not in ("key", "oidc"):
         return token
-    return str(request.app.state.gate.endpoint_token(principal, kind, sandbox_id))
+    expires = request.scope["state"].get("principal_expires")
+    return str(request.app.state.gate.endpoint_token(principal, expires, kind, sandbox_id))
 
 
 def audit_tail(path: Path, sandbox_id: str, policy_changes: bool, limit: int = 200) -> tuple[str, bool]:
