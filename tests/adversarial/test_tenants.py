@@ -31,7 +31,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from sandgate.lifecycle.api.access import ACCESS
-from tests.adversarial.conftest import OPEN_HOST, SANDBOX_LIFETIME
+from tests.adversarial.conftest import DENIED_HOST, OPEN_HOST, SANDBOX_LIFETIME
 from tests.execd.test_pty import next_json
 from tests.support.audit import audit_records
 from tests.support.internet import Internet
@@ -430,3 +430,64 @@ def test_no_sandbox_policy_exceeds_its_tenants_ceiling(
     assert set_by and set_by[-1]["principal"]["via"] == "bootstrap"
     refusals = [r for r in records if r["kind"] == "api" and r["sandbox"] == b.id and r["status"] == 403]
     assert len(refusals) >= 3 and all(r["principal"] == tenants.op_b.principal for r in refusals)
+
+
+def test_snapshots_and_held_requests_stay_in_their_tenant(tenants: Tenants, internet: Internet) -> None:
+    server, a = tenants.server, tenants.a
+    rev_b = make_key(server, "beta", "reviewer")
+    snapshot = a.create_snapshot("alpha-snap")
+    try:
+        with client(server, tenants.op_b) as http:
+            assert snapshot.id not in {s["id"] for s in http.get("/v1/snapshots").json()["items"]}
+            assert http.get(f"/v1/snapshots/{snapshot.id}").status_code == 404
+            assert http.delete(f"/v1/snapshots/{snapshot.id}").status_code == 404
+            taken = http.post("/v1/sandboxes", json={"snapshotId": snapshot.id, "entrypoint": ["sleep", "1"]})
+            assert taken.status_code == 404, taken.text
+        with client(server, tenants.op_a) as http:
+            assert http.get(f"/v1/snapshots/{snapshot.id}").status_code == 200  # still there, its own
+    finally:
+        with client(server, tenants.op_a) as http:
+            assert http.delete(f"/v1/snapshots/{snapshot.id}").status_code == 204
+
+    asking = {"version": 1, "defaultAction": "ask", "askTimeout": 60, "egress": []}
+    with client(server, tenants.op_a) as http:
+        put = http.put(f"/v1/sandboxes/{a.id}/egress/sandgate-policy", json={"policy": asking})
+        assert put.status_code == 200, put.text
+    seen_before = len(internet.origin_requests())
+    outcome: list[str] = []
+    command = f"curl -sS --max-time 90 -o /dev/null -w '%{{http_code}}' http://{DENIED_HOST}/held-for-review"
+    curl = threading.Thread(
+        target=lambda: outcome.append("".join(m.text for m in a.commands.run(command).logs.stdout)),
+        daemon=True,
+    )
+    curl.start()
+    with client(server, tenants.rev_a) as rev:
+        deadline = time.monotonic() + 30
+        while not (held := [h for h in rev.get("/v1/approvals").json() if h["sandbox"] == a.id]):
+            assert time.monotonic() < deadline, "the request was never held"
+            time.sleep(0.1)
+    approval = held[0]["id"]
+    with client(server, rev_b) as other:
+        assert approval not in {h["id"] for h in other.get("/v1/approvals").json()}
+        answered = other.post(f"/v1/approvals/{approval}", json={"decision": "allow-sandbox"})
+        assert answered.status_code == 404, answered.text
+    console = httpx.Client(base_url=server.base_url, timeout=30, trust_env=False, follow_redirects=False)
+    assert console.post("/console/login", data={"key": rev_b.key, "next": "/console"}).status_code == 303
+    assert approval not in console.get("/console/approvals").text
+    forged = console.post(f"/console/approvals/{approval}", data={"decision": "allow-once", "csrf": "x"})
+    assert forged.status_code == 404
+    console.close()
+    with client(server, tenants.op_a) as http:  # the operator of the sandbox does not review itself
+        assert http.post(f"/v1/approvals/{approval}", json={"decision": "allow-once"}).status_code == 403
+    with client(server, tenants.rev_a) as rev:
+        assert rev.post(f"/v1/approvals/{approval}", json={"decision": "deny"}).status_code == 200
+    curl.join(60)
+    assert outcome == ["403"]
+    assert not [r for r in internet.origin_requests()[seen_before:] if "held-for-review" in json.dumps(r)]
+    with client(server, tenants.op_a) as http:  # nothing was added to the sandbox's policy
+        assert http.get(f"/v1/sandboxes/{a.id}/egress/sandgate-policy").json()["policy"]["egress"] == []
+    answers = [
+        r for r in audit_records(server.state_dir) if r["kind"] == "api" and r["reason"] == "approval.answer"
+    ]
+    by_whom = {(r["principal"]["id"], r["status"]) for r in answers}
+    assert {(rev_b.id, 404), (tenants.op_a.id, 403), (tenants.rev_a.id, 200)} <= by_whom
