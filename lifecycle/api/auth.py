@@ -265,11 +265,14 @@ class AuthMiddleware:
         method = "WS" if scope["type"] == "websocket" else scope["method"]
         found = access.match(method, scope["path"])
         principal, expires_at, refusal = await self._caller(scope, headers, found)
-        if refusal is None and found is not None and principal is not None:
+        if found is None and scope["path"] not in self.open_paths:  # no row: fail closed (access.py rule 1)
+            refusal = refusal or (404, "NOT_FOUND", f"no route {method} {scope['path']}")
+        elif refusal is None and found is not None and principal is not None:
             refusal = self._refusal(principal, *found)
         if refusal is not None:
             await self._refuse(scope, receive, send_with_id, refusal)
-            self._record(scope, found, principal, refusal[0])
+            if refusal[1] != "MISSING_API_KEY":  # a call with no credential at all is not recorded
+                self._record(scope, found, principal, refusal[0])
             return
         scope["state"]["principal"] = principal
         scope["state"]["principal_expires"] = expires_at
