@@ -207,7 +207,7 @@ def audit_and_console(service: Service, settings: Settings, gate: Gate) -> tuple
     desk = TenantDesk(ApprovalDesk(service.egress), service.store.tenant_of)
     routers = [
         audit_router(audit, auth=lambda: None),
-        console_router(audit, lambda key: gate.principal(key)[0], sandboxes, desk, sessions=sessions),
+        console_router(audit, gate.console_principal, sandboxes, desk, sessions=sessions),
     ]
     return audit, routers
 

@@ -164,6 +164,11 @@ class Gate:
         except LifecycleError:
             return False
 
+    def console_principal(self, key: str) -> Principal | None:
+        """Who a console login's key is: the bootstrap or a managed key (`still_valid`)."""
+        principal, _ = self.principal(key)
+        return principal if principal is not None and self.still_valid(principal) else None
+
     def still_valid(self, principal: Principal) -> bool:
         """A console session's principal, checked at each page: its key not revoked or expired
         (an OIDC token opens no console session: its expiry would not end it)."""
