@@ -254,10 +254,20 @@ class AuthMiddleware:
         request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         outcome: dict[str, Any] = {"status": 0}  # the answer's status; Streams' ticket
 
+        def answered(status: int) -> None:
+            """The call's `api` record, once, when its answer's status is known and before the
+            client sees it (a change, or a refusal; not a read, nor a call with no credential)."""
+            outcome["status"] = status
+            if outcome.get("recorded") or (method in ("GET", "HEAD", "WS") and 0 < status < 400):
+                return
+            outcome["recorded"] = True
+            if not outcome.get("quiet"):
+                self._record(scope, found, principal, status)
+
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 MutableHeaders(scope=message)[REQUEST_ID_HEADER] = request_id
-                outcome["status"] = message["status"]
+                answered(message["status"])
             elif message["type"] == "websocket.accept":
                 outcome["status"] = 101
             elif message["type"] == "websocket.close":
@@ -275,9 +285,9 @@ class AuthMiddleware:
         elif refusal is None and found is not None and principal is not None:
             refusal = self._refusal(principal, *found)
         if refusal is not None:
+            outcome["quiet"] = refusal[1] == "MISSING_API_KEY"  # no credential at all: no record
+            answered(refusal[0])
             await self._refuse(scope, receive, send_with_id, refusal)
-            if refusal[1] != "MISSING_API_KEY":  # a call with no credential at all is not recorded
-                self._record(scope, found, principal, refusal[0])
             return
         scope["state"]["principal"] = principal
         scope["state"]["principal_expires"] = expires_at
@@ -293,8 +303,7 @@ class AuthMiddleware:
                 await self.app(scope, receive, send_with_id)
         finally:
             acting.reset(token)
-            if method not in ("GET", "HEAD", "WS") or outcome["status"] >= 400:
-                self._record(scope, found, principal, outcome["status"])
+            answered(outcome["status"])  # a call that ended without an answer (cut off, failed)
 
     async def _caller(
         self, scope: Scope, headers: Headers, found: tuple[access.Rule, dict[str, str]] | None
