@@ -281,7 +281,7 @@ class AuthMiddleware:
         found = access.match(method, scope["path"])
         principal, expires_at, refusal = await self._caller(scope, headers, found)
         if found is None and scope["path"] not in self.open_paths:  # no row: fail closed (access.py rule 1)
-            refusal = refusal or (404, "NOT_FOUND", f"no route {method} {scope['path']}")
+            refusal = refusal or (404, "NOT_FOUND", "Not Found")  # the router's own words
         elif refusal is None and found is not None and principal is not None:
             refusal = self._refusal(principal, *found)
         if refusal is not None:
