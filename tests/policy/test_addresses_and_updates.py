@@ -148,9 +148,16 @@ def test_patch_is_rejected_whole() -> None:
 
 def test_rule_limit_is_enforced_with_a_clear_error() -> None:
     with pytest.raises(PolicyError, match="4 egress rules; the limit is 3"):
-        compile_policy(policy_from_dict(BASE), max_rules=3)
+        policy_from_dict(BASE, max_rules=3)
     with pytest.raises(PolicyError, match="the limit is 4"):
         patch_rules(policy_from_dict(BASE), [{"action": "allow", "target": "n.example.com"}], max_rules=4)
+    with pytest.raises(PolicyError, match="the limit is 4"):
+        replace_policy(
+            policy_from_dict(BASE),
+            {"egress": [*BASE["egress"], {"action": "deny", "target": "x.test"}]},
+            max_rules=4,
+        )
+    assert len(policy_from_dict(BASE, max_rules=4).egress) == 4  # at the limit
 
 
 def test_delete_is_idempotent_and_normalises_targets() -> None:
