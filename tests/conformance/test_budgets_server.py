@@ -28,7 +28,8 @@ def test_a_sandbox_budget_put_through_the_api_holds_at_the_proxy(
         set_policy(
             server, sandbox_id, {"version": 1, "defaultAction": "deny", "budgets": budgets, "egress": egress}
         )
-        loop = f"for i in $(seq {TRIES}); do curl -s -o /dev/null -w '%{{http_code}} ' --max-time 10 http://{API_HOST}{path}; done"
+        curl = f"curl -s -o /dev/null -w '%{{http_code}} ' --max-time 10 http://{API_HOST}{path}"
+        loop = f"for i in $(seq {TRIES}); do {curl}; done"
         started = time.monotonic()
         statuses = server.run(sandbox_id, loop, timeout=180).stdout.split()
         elapsed = time.monotonic() - started
