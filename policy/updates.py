@@ -127,11 +127,13 @@ def _document(policy: Policy, rules: list[EgressRule]) -> dict[str, Any]:
         document["bindings"] = [
             binding.model_dump(mode="json", by_alias=True, exclude_none=True) for binding in policy.bindings
         ]
+    if policy.budgets is not None:
+        document["budgets"] = policy.budgets.model_dump(mode="json", by_alias=True, exclude_none=True)
     return document
 
 
 def _rule_document(rule: EgressRule) -> dict[str, Any]:
-    data = rule.model_dump(mode="json", exclude_none=True)
+    data = rule.model_dump(mode="json", by_alias=True, exclude_none=True)
     if data.get("inspect") == "auto":
         del data["inspect"]
     return data
