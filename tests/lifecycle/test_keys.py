@@ -73,3 +73,20 @@ def test_bad_input_is_refused_and_changes_nothing(
         book.create(tenant, role, ttl=parse_lifetime(lifetime) if lifetime else None)
     assert refused.value.kind == "invalid" and book.list() == []
     assert parse_lifetime("90d") == timedelta(days=90) and parse_lifetime("30m") == timedelta(minutes=30)
+
+
+def test_an_endpoint_token_opens_its_sandbox_and_kind_only_while_its_key_lives(book: KeyBook) -> None:
+    from sandgate.lifecycle.api.auth import Gate
+
+    gate = Gate("the-server-key", book)
+    row, _key = book.create("alpha", "operator")
+    token = gate.endpoint_token(row.principal, None, "execd", "sbx-1")
+    assert token.startswith("sgx_") and gate.endpoint_principal(token, "execd", "sbx-1")[0] == row.principal
+    assert gate.endpoint_principal(token, "execd", "sbx-2") == (None, None)  # another sandbox
+    assert gate.endpoint_principal(token, "egress", "sbx-1") == (None, None)  # another API
+    assert Gate("another-server-key", book).endpoint_principal(token, "execd", "sbx-1") == (None, None)
+    payload, _, mac = token.removeprefix("sgx_").rpartition(".")
+    forged = "sgx_" + payload[:-1] + ("B" if payload.endswith("A") else "A") + "." + mac  # mac kept
+    assert gate.endpoint_principal(forged, "execd", "sbx-1") == (None, None)
+    book.revoke(row.id)
+    assert gate.endpoint_principal(token, "execd", "sbx-1") == (None, None)
