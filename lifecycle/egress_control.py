@@ -368,7 +368,8 @@ class EgressControl:
             if expected_revision is not None and expected_revision != current:
                 raise LifecycleError("conflict", f"vault revision is {current}, not {expected_revision}")
             state, values = build(stored.document if current else None, current + 1)
-            self.effective(self.policy(sandbox_id).document, state)
+            # its bindings within the ceilings too (a binding a ceiling refuses is refused here)
+            self.check_ceilings(self.effective(self.policy(sandbox_id).document, state), tenant=record.tenant)
             with self._restoring(record):
                 revision = self._write_vault(record, state, values, current)
             for name in set(stored.document.entries().values()) - set(state.entries().values()):

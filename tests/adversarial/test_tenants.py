@@ -393,6 +393,14 @@ def test_no_sandbox_policy_exceeds_its_tenants_ceiling(
                 f"/v1/sandboxes/{b.id}/egress/policy", json=[{"action": "allow", "target": "one.example.com"}]
             )
             assert within.status_code == 200, within.text
+            vault = {  # a credential for a host its policy allows, but a binding the ceiling has not
+                "credentials": [{"name": "t", "source": {"type": "inline", "value": "sk-ceiling-test"}}],
+                "bindings": [{"name": "one", "match": {"hosts": ["one.example.com"]},
+                              "auth": {"type": "bearer", "credential": "t"}}],
+            }  # fmt: skip
+            bound = http.post(f"/v1/sandboxes/{b.id}/egress/credential-vault", json=vault)
+            assert bound.status_code == 403 and "ceiling of tenant beta" in bound.text, bound.text
+            assert http.get(f"/v1/sandboxes/{b.id}/egress/credential-vault").status_code == 404  # none made
         with pytest.raises(Exception, match=r"403|ceiling"):
             SandboxSync.create(
                 "sandgate/host",
