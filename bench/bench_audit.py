@@ -152,6 +152,7 @@ def synthetic_records(
             }
             if kind in ("request", "connection")
             else None,
+            "principal": None,
         }
 
 

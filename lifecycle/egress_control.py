@@ -246,7 +246,8 @@ class EgressControl:
         ceiling: Policy | None = None,
     ) -> EgressState:
         """Apply `edit` to the current document; validate, check against the ceilings (a tenant's
-        `ceiling` and the deployment's), push, persist, audit (rule 1)."""
+        `ceiling`, by default the one its admin stored for the sandbox's tenant, and the
+        deployment's), push, persist, audit (rule 1)."""
         with self.locks(sandbox_id):
             record = existing(self.store, sandbox_id)
             current = self.policy(sandbox_id)
@@ -258,22 +259,32 @@ class EgressControl:
                 new = edit(current.document)
             except ValueError as exc:  # PolicyError: the change itself is invalid
                 raise LifecycleError("invalid", f"policy change rejected: {exc}") from exc
-            self.check_ceilings(new, ceiling)
+            self.check_ceilings(new, ceiling, tenant=record.tenant)
             with self._restoring(record):
                 self.push(record, new)
                 revision = self.store.put_policy(sandbox_id, new, current.revision)
             self.audit_change(sandbox_id, actor, current.revision, revision, current.document, new, what)
             return EgressState(revision, new)
 
-    def check_ceilings(self, policy: Policy, ceiling: Policy | None = None) -> None:
-        """`forbidden`, naming the ceiling rule, unless every ceiling allows `policy`."""
-        decision = self.policies.within_ceilings(policy, ceiling)
+    def check_ceilings(
+        self, policy: Policy, ceiling: Policy | None = None, tenant: str | None = None
+    ) -> None:
+        """`forbidden`, naming the ceiling and its rule, unless every ceiling allows `policy`:
+        the deployment's, and `ceiling` or else the one stored for `tenant` (its admin's)."""
+        if ceiling is None and tenant is not None:
+            ceiling = self.store.tenant_ceiling(tenant)
+        decision = self.policies.within_ceilings(policy)
+        whose = "the deployment's ceiling (policy_ceiling)"
+        if decision.allowed and ceiling is not None:
+            decision = self.policies.within_ceilings(policy, ceiling)
+            whose = f"the ceiling of tenant {tenant}" if tenant else "the tenant's ceiling"
         if not decision.allowed:
-            raise LifecycleError("forbidden", f"policy refused, nothing changed: {decision.reason}")
+            raise LifecycleError("forbidden", f"policy refused, nothing changed: {whose}: {decision.reason}")
 
-    def parse_policy(self, document: PolicyJSON) -> Policy:
-        """A whole sandgate policy document from a client; a bad one is `invalid`."""
-        return self._rejecting(lambda: self.policies.parse(document))
+    def parse_policy(self, document: PolicyJSON, source: str = "<api>") -> Policy:
+        """A whole sandgate policy document from a client (`source` names it in errors and in
+        its rules' ids); a bad one is `invalid`."""
+        return self._rejecting(lambda: self.policies.parse(document, source))
 
     def effective(self, base: Policy, vault: VaultState) -> Policy:
         if not vault.bindings:
@@ -357,7 +368,8 @@ class EgressControl:
             if expected_revision is not None and expected_revision != current:
                 raise LifecycleError("conflict", f"vault revision is {current}, not {expected_revision}")
             state, values = build(stored.document if current else None, current + 1)
-            self.effective(self.policy(sandbox_id).document, state)
+            # its bindings within the ceilings too (a binding a ceiling refuses is refused here)
+            self.check_ceilings(self.effective(self.policy(sandbox_id).document, state), tenant=record.tenant)
             with self._restoring(record):
                 revision = self._write_vault(record, state, values, current)
             for name in set(stored.document.entries().values()) - set(state.entries().values()):

@@ -43,7 +43,7 @@ PolicyJSON = dict[str, Any]
 
 class PolicyBook(Protocol):
     def from_opensandbox(self, network_policy: NetworkPolicy | None) -> Policy: ...
-    def parse(self, document: PolicyJSON) -> Policy: ...
+    def parse(self, document: PolicyJSON, source: str = "<api>") -> Policy: ...
     def with_bindings(self, policy: Policy, bindings: list[PolicyJSON]) -> Policy: ...
     def to_opensandbox(self, policy: Policy) -> NetworkPolicy: ...
     def replace_opensandbox(self, policy: Policy, wanted: NetworkPolicy | None) -> Policy: ...
@@ -70,8 +70,8 @@ class SandgatePolicies:
     def from_opensandbox(self, network_policy: NetworkPolicy | None) -> Policy:
         return self.parse(network_policy.wire()) if network_policy else self.default
 
-    def parse(self, document: PolicyJSON) -> Policy:
-        return policy_from_dict(document, presets=self.presets, max_rules=self.max_rules)
+    def parse(self, document: PolicyJSON, source: str = "<api>") -> Policy:
+        return policy_from_dict(document, source, presets=self.presets, max_rules=self.max_rules)
 
     def with_bindings(self, policy: Policy, bindings: list[PolicyJSON]) -> Policy:
         """`policy` with more bindings, validated together (a binding's host must be allowed)."""

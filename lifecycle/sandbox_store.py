@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sandgate.lifecycle.credential_state import VaultState
+from sandgate.lifecycle.principals import DEFAULT_TENANT
 from sandgate.lifecycle.sandbox_state import SandboxState, move
 from sandgate.policy import Policy, policy_from_dict, to_document
 
@@ -44,6 +45,16 @@ CREATE TABLE IF NOT EXISTS vaults (
     sandbox_id TEXT PRIMARY KEY REFERENCES sandboxes(id) ON DELETE CASCADE,
     revision INTEGER NOT NULL,
     state TEXT NOT NULL,           -- JSON of VaultState (names and bindings, never values)
+    updated_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sandbox_tenants (  -- whose a sandbox was, kept after its deletion
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sandbox_tenants_by_tenant ON sandbox_tenants(tenant);
+CREATE TABLE IF NOT EXISTS tenant_ceilings (  -- a tenant's ceiling: every policy of its sandboxes within it
+    tenant TEXT PRIMARY KEY,
+    document TEXT NOT NULL,        -- the sandgate policy document (JSON)
     updated_at TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS tombstones (  -- sandboxes deleted because they expired
@@ -82,6 +93,7 @@ class SandboxRecord:
     egress_token: str = ""
     execd_token: str = ""  # "" for sandboxes made before execd tokens: their execd has none
     credential_proxy: bool = False
+    tenant: str = DEFAULT_TENANT  # whose it is (lifecycle/principals.py); older records: default
 
     def moved(self, verb: str, message: str | None = None) -> SandboxRecord:
         """This record after the move `verb` (sandbox_state.MOVES); IllegalMove if not allowed."""
@@ -164,6 +176,7 @@ class SandboxStore:
                 "INSERT INTO policies(sandbox_id, revision, document, updated_at) VALUES (?, 1, ?, ?)",
                 (record.id, json.dumps(to_document(policy)), utcnow().isoformat()),
             )
+            db.execute("INSERT OR REPLACE INTO sandbox_tenants VALUES (?, ?)", (record.id, record.tenant))
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         with self._lock:
@@ -176,6 +189,52 @@ class SandboxStore:
         with self._lock:
             rows = self._db.execute("SELECT record FROM sandboxes ORDER BY created_at, id").fetchall()
         return [SandboxRecord.from_json(row[0]) for row in rows]
+
+    def tenant_of(self, sandbox_id: str) -> str | None:
+        """Whose the sandbox is or was (None: never created here)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT tenant FROM sandbox_tenants WHERE id = ?", (sandbox_id,)
+            ).fetchone()
+        if row is None:  # a sandbox of a server before tenants: its record says (default)
+            try:
+                return self.get_sandbox(sandbox_id).tenant
+            except NotFound:
+                return None
+        return str(row[0])
+
+    def tenant_sandboxes(self, tenant: str) -> list[str]:
+        """Every sandbox the tenant has or had (an audit query's scope)."""
+        with self._lock:
+            rows = self._db.execute("SELECT id FROM sandbox_tenants WHERE tenant = ?", (tenant,)).fetchall()
+        live = [r.id for r in self.list_sandboxes() if r.tenant == tenant]
+        return sorted({row[0] for row in rows} | set(live))
+
+    # tenants' ceilings
+    def tenant_ceiling(self, tenant: str) -> Policy | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT document FROM tenant_ceilings WHERE tenant = ?", (tenant,)
+            ).fetchone()
+        return policy_from_dict(json.loads(row[0]), f"the stored ceiling of tenant {tenant}") if row else None
+
+    def put_tenant_ceiling(self, tenant: str, ceiling: Policy | None) -> None:
+        """Set (or with None remove) the tenant's ceiling."""
+        with self.transaction() as db:
+            db.execute("DELETE FROM tenant_ceilings WHERE tenant = ?", (tenant,))
+            if ceiling is not None:
+                db.execute(
+                    "INSERT INTO tenant_ceilings VALUES (?, ?, ?)",
+                    (tenant, json.dumps(to_document(ceiling)), utcnow().isoformat()),
+                )
+
+    def tenants(self) -> list[str]:
+        """Every tenant with a sandbox (now or before) or a ceiling."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT tenant FROM sandbox_tenants UNION SELECT tenant FROM tenant_ceilings"
+            ).fetchall()
+        return sorted({row[0] for row in rows} | {r.tenant for r in self.list_sandboxes()})
 
     def delete_sandbox(self, sandbox_id: str, expired_at: datetime | None = None) -> None:
         """Delete the record; with `expired_at`, keep a tombstone saying when it expired (older

@@ -42,6 +42,7 @@ from sandgate.lifecycle.errors import LifecycleError, quietly
 from sandgate.lifecycle.execd_client import new_token, start_entrypoint
 from sandgate.lifecycle.isolation import ISOLATION_KEY, choose
 from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy
+from sandgate.lifecycle.principals import DEFAULT_TENANT
 from sandgate.lifecycle.quantities import runtime_limits
 from sandgate.lifecycle.registry import Credentials, PullError
 from sandgate.lifecycle.renew_on_access import check_opt_in, extend_seconds
@@ -95,6 +96,7 @@ class CreateRequest:
     binds: tuple[BindMount, ...] = ()  # checked host volumes of this sandbox
     claims: tuple[ClaimMount, ...] = ()  # its `pvc` volumes (runtime/claims.py)
     image_auth: Credentials | None = None  # ImageSpec.auth: a registry login for this pull only
+    tenant: str = DEFAULT_TENANT  # whose the sandbox is: the caller's tenant
 
 
 class Service:
@@ -140,12 +142,13 @@ class Service:
     def create(
         self, request: CreateRequest, actor: str = "api", ceiling: Policy | None = None
     ) -> SandboxRecord:
-        """`ceiling`: the caller's tenant's, checked with the deployment's (policy_book.py rule 4)."""
+        """`ceiling`: the caller's tenant's (by default the one stored for `request.tenant`),
+        checked with the deployment's (policy_book.py rule 4)."""
         try:
             document = self.egress.policies.from_opensandbox(request.network_policy)
         except ValueError as exc:  # PolicyError
             raise LifecycleError("invalid", f"policy rejected: {exc}") from exc
-        self.egress.check_ceilings(document, ceiling)
+        self.egress.check_ceilings(document, ceiling, tenant=request.tenant)
         try:
             self.check_image(request)  # pulls the image when the store lacks it (pull policy)
         except PullError as exc:
@@ -210,6 +213,7 @@ class Service:
             egress_token=new_token(),
             execd_token=execd_token,
             credential_proxy=request.credential_proxy,
+            tenant=request.tenant,
         )
 
     def list_sandboxes(self) -> list[SandboxRecord]:

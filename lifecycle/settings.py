@@ -200,6 +200,19 @@ class Settings(BaseSettings):
         60.0, gt=0, description="seconds between two renewals on access of one sandbox at most"
     )
 
+    # OIDC bearer tokens as principals (docs/operations.md, "Tenants, roles and keys")
+    oidc_issuer: str | None = Field(
+        None, description="accept JWTs of this OIDC issuer (its `iss`; JWKS from its discovery document)"
+    )
+    oidc_audience: str | None = Field(
+        None, description="the `aud` a token must name (required with oidc_issuer)"
+    )
+    oidc_tenant_claim: str = Field("tenant", description="the claim that names the principal's tenant")
+    oidc_role_claim: str = Field(
+        "role", description="the claim that names its role (admin, operator, reviewer)"
+    )
+    oidc_ca: Path | None = Field(None, description="CA bundle to verify the issuer's TLS (default: certifi)")
+
     # per-sandbox caps (docs/runtime.md, "Caps")
     pids_max: int = Field(
         1024,
@@ -288,6 +301,16 @@ class Settings(BaseSettings):
             raise ValueError(
                 "registry_mirror_only is set but registry_mirrors is empty: no docker.io image "
                 "could be pulled; name a mirror (e.g. https://mirror.example.com) or unset it"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _oidc_names_its_audience(self) -> Settings:
+        if self.oidc_issuer and not self.oidc_audience:
+            raise ValueError(
+                "oidc_issuer is set but oidc_audience is not: a token meant for another service of "
+                "the issuer would be taken; set oidc_audience to the audience your issuer puts in "
+                "tokens for sandgate"
             )
         return self
 

@@ -25,10 +25,12 @@ from sandgate.lifecycle.settings import Settings
 if TYPE_CHECKING:
     from fastapi import APIRouter
 
+    from sandgate.lifecycle.api.auth import Gate
     from sandgate.lifecycle.audit import AuditIndex, AuditStore, Change, PolicyChange
     from sandgate.lifecycle.gvisor_events import GvisorEvents
     from sandgate.lifecycle.images import ImageStore
     from sandgate.lifecycle.network import SandboxNetworks
+    from sandgate.lifecycle.oidc import OidcVerifier
     from sandgate.lifecycle.process_events import ProcessWatcher
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
     from sandgate.lifecycle.registry import Credentials, RegistryConfig
@@ -50,6 +52,7 @@ class Components:
     extra_routers: list[APIRouter] = field(default_factory=list)
     open_prefixes: list[str] = field(default_factory=list)
     closers: list[Callable[[], None]] = field(default_factory=list)
+    gate: Gate | None = None  # who may call (api/auth.py): keys, console sessions
 
     def close(self) -> None:
         for close in reversed(self.closers):
@@ -166,19 +169,26 @@ def answers(control: ProxyControl) -> bool:
     return True
 
 
-def audit_and_console(
-    service: Service, settings: Settings, api_key: str
-) -> tuple[AuditStore, list[APIRouter]]:
-    """The audit query API (/v1/audit, behind the API-key middleware) and the console (/console,
-    its own cookie login), both reading the audit index of the state dir."""
-    from sandgate.lifecycle.api.auth import keys_match
+def audit_and_console(service: Service, settings: Settings, gate: Gate) -> tuple[AuditStore, list[APIRouter]]:
+    """The audit query API (/v1/audit, behind the auth middleware) and the console (/console,
+    its own cookie login, its sessions the gate's), both reading the audit index of the state
+    dir, each caller seeing its own tenant's sandboxes (an admin every tenant's)."""
     from sandgate.lifecycle.approvals import ApprovalDesk
     from sandgate.lifecycle.audit import AuditStore, Retention, audit_router
-    from sandgate.lifecycle.console import ConsoleSandbox, console_router
+    from sandgate.lifecycle.console import ConsoleSandbox, Sessions, console_router
+    from sandgate.lifecycle.principals import acting, caller_sees, sees_every_tenant
     from sandgate.policy import to_document
 
     retention = Retention(max_age_days=settings.audit_max_age_days, max_rows=settings.audit_max_rows)
     audit = AuditStore(settings.state_dir, retention)
+
+    def scope() -> list[str] | None:
+        principal = acting.get()
+        if principal is None or sees_every_tenant(principal):
+            return None
+        return service.store.tenant_sandboxes(principal.tenant)
+
+    audit.index.scope = scope
 
     def sandboxes() -> list[ConsoleSandbox]:
         return [
@@ -189,13 +199,48 @@ def audit_and_console(
                 policy=to_document(service.egress.effective_policy(r.id)),
             )
             for r in service.list_sandboxes()
+            if caller_sees(r.tenant)
         ]
 
+    sessions = Sessions(still_valid=gate.still_valid)
+    gate.session_principal = sessions.principal
+    desk = TenantDesk(ApprovalDesk(service.egress), service.store.tenant_of)
     routers = [
         audit_router(audit, auth=lambda: None),
-        console_router(audit, lambda key: keys_match(key, api_key), sandboxes, ApprovalDesk(service.egress)),
+        console_router(audit, gate.console_principal, sandboxes, desk, sessions=sessions),
     ]
     return audit, routers
+
+
+@dataclass
+class TenantDesk:
+    """The approval desk as the console shows it: the caller's tenant's held requests."""
+
+    desk: Any
+    tenant_of: Callable[[str], str | None]
+
+    def pending(self) -> list[Any]:
+        from sandgate.lifecycle.principals import caller_sees
+
+        return [held for held in self.desk.pending() if caller_sees(self.tenant_of(held.sandbox) or "")]
+
+    def answer(self, approval_id: str, decision: Any, actor: str) -> Any:
+        return self.desk.answer(approval_id, decision, actor)
+
+
+def oidc_verifier(settings: Settings) -> OidcVerifier | None:
+    """The OIDC issuer the settings name (tokens as principals), or None."""
+    from sandgate.lifecycle.oidc import OidcVerifier
+
+    if not settings.oidc_issuer or not settings.oidc_audience:
+        return None
+    return OidcVerifier(
+        settings.oidc_issuer,
+        settings.oidc_audience,
+        tenant_claim=settings.oidc_tenant_claim,
+        role_claim=settings.oidc_role_claim,
+        ca=settings.oidc_ca,
+    )
 
 
 def make_networks(settings: Settings, instance: str) -> SandboxNetworks:
@@ -338,8 +383,10 @@ def operator_binds(settings: Settings) -> list[BindMount]:
 
 
 def build_components(settings: Settings, api_key: str) -> Components:
+    from sandgate.lifecycle.api.auth import Gate
     from sandgate.lifecycle.egress_control import EgressControl
     from sandgate.lifecycle.kernel import instance_tag
+    from sandgate.lifecycle.keys import KeyBook
     from sandgate.lifecycle.policy_book import SandgatePolicies
     from sandgate.lifecycle.proxy_supervisor import Listeners, ProxySupervisor
     from sandgate.lifecycle.sandbox_store import SandboxStore
@@ -402,14 +449,24 @@ def build_components(settings: Settings, api_key: str) -> Components:
     from sandgate.lifecycle.trail_secrets import Secrets
 
     watchers = process_watchers(settings, instance, store, Secrets(egress.vault_values, api_key))
-    audit, routers = audit_and_console(service, settings, api_key)
+    keys = KeyBook(settings.database)
+    gate = Gate(api_key, keys, oidc=oidc_verifier(settings))
+    audit, routers = audit_and_console(service, settings, gate)
     audit.start()
     return Components(
         service,
         supervisor,
         routers,
         open_prefixes=["/console"],
-        closers=[store.close, supervisor.stop, audit.stop, service.stop, *(w.stop for w in watchers)],
+        closers=[
+            store.close,
+            keys.close,
+            supervisor.stop,
+            audit.stop,
+            service.stop,
+            *(w.stop for w in watchers),
+        ],
+        gate=gate,
     )
 
 

@@ -4,9 +4,10 @@ Public face: the proxy's contract (proxy/contract/), which is all lifecycle may 
 (import-linter holds it to that in `make lint`): `ProxyConfig` (written to `CONFIG_FILE` for
 `python -m sandgate.proxy --config FILE`), `SandboxEntry` + `ProxyControl` (push and drop
 sandboxes over the control socket), `ensure_ca` (the deployment CA; `.cert` goes into
-sandboxes), the audit schema (`AuditRecord`, `append_record`, `RECORD_KINDS`, `INCOMPLETE`), the audit
-file's hash chain (`verify_chain`) and the names of every file and socket in the state dir. None
-of it loads mitmproxy; the engine (every other module here) is private. See docs/proxy.md and docs/audit.md.
+sandboxes), the audit schema (`AuditRecord`, `Principal`, `append_record`, `RECORD_KINDS`,
+`INCOMPLETE`), the audit file's hash chain (`verify_chain`) and the names of every file and
+socket in the state dir. None of it loads mitmproxy; the engine (every other module here) is
+private. See docs/proxy.md and docs/audit.md.
 
 Names are imported when first used (PEP 562): the CLI reads audit records with only pydantic
 loaded, and `sandgate vault put` talks to the control socket with httpx, never mitmproxy.
@@ -26,6 +27,7 @@ _PUBLIC = {
             "INCOMPLETE",
             "RECORD_KINDS",
             "AuditRecord",
+            "Principal",
             "RecordKind",
             "append_record",
             "append_records",
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
         INCOMPLETE,
         RECORD_KINDS,
         AuditRecord,
+        Principal,
         RecordKind,
         append_record,
         append_records,
@@ -91,6 +94,7 @@ __all__ = [
     "AuditRecord",
     "CaFiles",
     "ConnectionLimits",
+    "Principal",
     "ProxyConfig",
     "ProxyControl",
     "ProxyControlError",

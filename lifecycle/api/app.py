@@ -9,7 +9,7 @@ key and the audit path are handed in, so tests and `sandgate serve` build it the
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from email.utils import formatdate
 from importlib.metadata import version
@@ -22,13 +22,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sandgate.lifecycle.api import (
     approvals,
     egress,
+    keys,
     metrics,
     sandbox_proxy,
     sandboxes,
     snapshots,
+    tenants,
     unsupported,
 )
-from sandgate.lifecycle.api.auth import OPEN_PATHS, AuthMiddleware
+from sandgate.lifecycle.api.auth import OPEN_PATHS, AuthMiddleware, Gate
 from sandgate.lifecycle.api.errors import install_error_handlers
 from sandgate.lifecycle.api.exec_audit import ExecTrail
 from sandgate.lifecycle.api.sandbox_proxy import ProxyFrontDoor
@@ -37,6 +39,7 @@ from sandgate.lifecycle.api.upstream import Pool
 from sandgate.lifecycle.renew_on_access import AccessRenewals
 from sandgate.lifecycle.service import Service
 from sandgate.lifecycle.trail_secrets import Secrets
+from sandgate.proxy import append_record
 
 API_PREFIXES = ("", "/v1")
 
@@ -52,6 +55,7 @@ def create_app(
     exec_audit: bool = True,
     host_volumes: HostVolumes | None = None,
     renew_interval: float = 60.0,
+    gate: Gate | None = None,
 ) -> FastAPI:
     """The lifecycle + egress API. `extra_routers` (e.g. audit, console) are mounted as given,
     behind the same API-key check unless their paths start with one of `open_prefixes` (routers
@@ -59,7 +63,8 @@ def create_app(
     out the reverse proxy as execd's endpoint, "direct" the sandbox's address. `exec_audit`
     records every execd call the reverse proxy forwards (api/exec_audit.py). `host_volumes` says
     where a create's host volumes may come from (none: refused). `renew_interval`: the setting
-    renew_on_access_interval."""
+    renew_on_access_interval. `gate`: who may call (api/auth.py; default: the one key, whose
+    principal is the bootstrap admin)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -77,6 +82,10 @@ def create_app(
     )
     app.state.service = service
     app.state.api_key = api_key
+    app.state.gate = gate = gate or Gate(api_key)
+    if gate.audit is None:
+        gate.audit = lambda record: append_record(audit_path, record)
+    gate.owner_of = owners(service)
     app.state.audit_path = audit_path
     app.state.execd_endpoint = execd_endpoint
     app.state.exec_trail = (
@@ -108,6 +117,8 @@ def create_app(
             metrics.router,
             snapshots.router,
             approvals.router,
+            keys.router,
+            tenants.router,
             unsupported.router,
         )
         for router in routers:
@@ -115,11 +126,32 @@ def create_app(
     for router in extra_routers:
         app.include_router(router)
     app.add_middleware(ProxyFrontDoor)  # innermost: after the API-key check, before routing
-    app.add_middleware(
-        AuthMiddleware, api_key=api_key, open_paths=OPEN_PATHS, open_prefixes=tuple(open_prefixes)
-    )
+    app.add_middleware(AuthMiddleware, gate=gate, open_paths=OPEN_PATHS, open_prefixes=tuple(open_prefixes))
     app.add_middleware(DateHeader)
     return app
+
+
+def owners(service: Service) -> Callable[[str, str], str | None]:
+    """Whose the object a path parameter names is (api/access.py rule 3): a sandbox's tenant, a
+    snapshot's sandbox's, a held request's sandbox's; None when there is no such object."""
+    from sandgate.lifecycle.approvals import ApprovalDesk
+    from sandgate.lifecycle.snapshots import Snapshots
+
+    def owner_of(parameter: str, value: str) -> str | None:
+        if parameter == "tenant":
+            return value
+        if parameter == "sandbox_id":
+            return service.store.tenant_of(value)
+        try:
+            if parameter == "snapshot_id":
+                taken = Snapshots(service).get(value).snapshot
+                return service.store.tenant_of(taken.sandbox_id) if taken else None
+            held = next((item for item in ApprovalDesk(service.egress).pending() if item.id == value), None)
+        except Exception:  # no such snapshot; the proxy's list unreachable: the route answers
+            return None
+        return service.store.tenant_of(held.sandbox) if held else None
+
+    return owner_of
 
 
 class DateHeader:

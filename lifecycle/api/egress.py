@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Request, Response
 
-from sandgate.lifecycle.api.auth import API_KEY_HEADER, EGRESS_AUTH_HEADER, keys_match
+from sandgate.lifecycle.api.auth import EGRESS_AUTH_HEADER
 from sandgate.lifecycle.api.calls import ERRORS, KIND_STATUS, call, egress_of, service_of
 from sandgate.lifecycle.api.egress_models import (
     CredentialBindingListResponse,
@@ -69,10 +69,10 @@ def caller(
     request: Request,
     sandbox_id: str,
     egress_auth: Annotated[str | None, Header(alias=EGRESS_AUTH_HEADER)] = None,
-    api_key: Annotated[str | None, Header(alias=API_KEY_HEADER)] = None,
 ) -> str:
-    """Who is calling (for the audit record); refuses anyone without token or API key."""
-    if api_key and keys_match(api_key, request.app.state.api_key):
+    """Who is calling (for the audit record): a principal the auth middleware let through (its
+    key checked, its role and tenant against api/access.py), or the sandbox's egress token."""
+    if request.scope["state"].get("principal") is not None:
         run(service_of(request).get, sandbox_id)
         return "api-key"
     try:

@@ -12,7 +12,8 @@ Rules:
 3. Redacted at write time with every value the sandbox's credential vault has held here, its
    execd and egress tokens and the API key (`Secrets`), the proxy's writer's rules for the rest.
 4. Who called: `actor` is `api-key` or `execd-token` (the sandbox's own execd token), `client`
-   the caller's address as the server saw it.
+   the caller's address as the server saw it, `principal` the key's id, tenant and role (or the
+   execd token's holder: lifecycle/principals.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from typing import Any
 
 from starlette.requests import Request
 
-from sandgate.lifecycle.api.auth import API_KEY_HEADER
 from sandgate.lifecycle.api.errors import ApiError
 from sandgate.lifecycle.exec_trail import (
     JSON_BODY_MAX,
@@ -40,6 +40,7 @@ from sandgate.lifecycle.exec_trail import (
     query_facts,
     summary,
 )
+from sandgate.lifecycle.principals import acting, token_holder
 from sandgate.lifecycle.runtime.base import EXECD_PORT
 from sandgate.lifecycle.sandbox_store import SandboxRecord
 from sandgate.lifecycle.trail_secrets import Secrets
@@ -73,7 +74,7 @@ class ExecTrail:
             record,
             op,
             facts,
-            actor="api-key" if API_KEY_HEADER in request.headers else "execd-token",
+            actor="api-key" if request.scope["state"].get("principal") else "execd-token",
             client=f"{peer.host}:{peer.port}" if peer else "unknown",
             route=f"{request.method} {path.partition('?')[0]}",
         )
@@ -87,6 +88,7 @@ class Call:
         self.sandbox = record
         self.op = op
         self.facts: Facts = {"op": op.name, "actor": who["actor"], "route": who["route"], **facts}
+        self.principal = acting.get() or token_holder("execd", record.tenant)
         self.client = who["client"]
         self.started = time.monotonic()
         self.bytes_out = 0  # client -> execd
@@ -188,5 +190,6 @@ class Call:
             path=paths[0] if paths and isinstance(paths[0], str) else None,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
+            principal=self.principal,
             **fields,
         )

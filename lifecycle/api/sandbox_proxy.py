@@ -4,7 +4,8 @@ This is the one way in from clients: the `useServerProxy` endpoints and, by defa
 endpoint every SDK is handed (`GET .../endpoints/44772`) point here.
 
 Rules:
-1. Who may pass: the API key, or for execd (44772) the sandbox's own execd token instead (the
+1. Who may pass: a key the auth middleware let through (its role and tenant checked against
+   api/access.py), or for execd (44772) the sandbox's own execd token instead (the
    header the execd endpoint carries; it opens that sandbox's execd and nothing else). The
    request goes to `<sandbox address>:<port>` over the host's veth, never anywhere else.
 2. A faithful intermediary (RFC 9110 7.6): only hop-by-hop fields are removed (Connection and
@@ -48,7 +49,13 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sandgate.lifecycle.api.auth import API_KEY_HEADER, EGRESS_AUTH_HEADER, EGRESS_PORT, keys_match
+from sandgate.lifecycle.api.auth import (
+    API_KEY_HEADER,
+    EGRESS_AUTH_HEADER,
+    EGRESS_PORT,
+    bearer_token,
+    keys_match,
+)
 from sandgate.lifecycle.api.calls import call
 from sandgate.lifecycle.api.errors import ApiError
 from sandgate.lifecycle.api.exec_audit import Call
@@ -75,7 +82,7 @@ log = logging.getLogger(__name__)
 RENEWING: set[asyncio.Task[None]] = set()  # renewals under way (the loop keeps weak references)
 
 
-def target(app_state: Any, headers: Headers, sandbox_id: str, port: int) -> SandboxRecord:
+def target(app_state: Any, scope: Scope, headers: Headers, sandbox_id: str, port: int) -> SandboxRecord:
     """The running sandbox behind the route, once the caller has shown a key for it (checked
     here too: a path the auth middleware let through as the egress API's, spelt so that the
     front door does not take it as one, must not pass on any key)."""
@@ -84,7 +91,7 @@ def target(app_state: Any, headers: Headers, sandbox_id: str, port: int) -> Sand
     if port == EGRESS_PORT:  # rule 6, however the path was spelt
         raise ApiError(404, "NOT_FOUND", f"port {EGRESS_PORT} is the egress API; nothing is forwarded to it")
     record: SandboxRecord = call(app_state.service.get, sandbox_id)
-    if not keys_match(headers.get(API_KEY_HEADER, ""), app_state.api_key) and (
+    if scope["state"].get("principal") is None and (
         port != EXECD_PORT or not keys_match(headers.get(EXECD_TOKEN_HEADER, ""), record.execd_token or "\0")
     ):
         raise ApiError(
@@ -135,8 +142,13 @@ def end_to_end(fields: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
 def upstream_headers(
     fields: Iterable[tuple[str, str]], record: SandboxRecord, port: int, api_key: str
 ) -> list[tuple[str, str]]:
-    """The client's end-to-end fields for the sandbox, with nothing of the control plane."""
-    secrets = [s for s in (api_key, record.egress_token, record.execd_token) if s]
+    """The client's end-to-end fields for the sandbox, with nothing of the control plane (the
+    server's key, the caller's own key, the sandbox's tokens)."""
+    fields = list(fields)
+    callers = [value for name, value in fields if name.lower() == API_KEY_HEADER.lower()] or [
+        token for name, value in fields if name.lower() == "authorization" and (token := bearer_token(value))
+    ]  # the caller's own credential: its key field, else the bearer token it authenticated with
+    secrets = [s for s in (api_key, *callers, record.egress_token, record.execd_token) if s]
     kept = [
         (name, value) for name, value in end_to_end(fields) if _passes(name.lower(), value, port, secrets)
     ]
@@ -195,7 +207,7 @@ def egress_api_scope(scope: Scope, raw_path: bytes, found: re.Match[str]) -> Sco
 async def forward(request: Request, sandbox_id: str, port: int, path: str) -> Relay:
     """Forward one HTTP request into the sandbox; the answer streams back through the Relay."""
     state = request.app.state
-    record = target(state, request.headers, sandbox_id, port)
+    record = target(state, request.scope, request.headers, sandbox_id, port)
     query = request.scope.get("query_string", b"").decode("latin-1")
     body = request.stream() if has_body(request.headers) else None
     trail = state.exec_trail.begin(request, record, port, path) if state.exec_trail else None
@@ -281,7 +293,7 @@ async def proxy_websocket(websocket: WebSocket, sandbox_id: str, port: int, path
     """Relay a WebSocket session into the sandbox, message by message, until either side closes."""
     state = websocket.app.state
     try:
-        record = target(state, websocket.headers, sandbox_id, port)
+        record = target(state, websocket.scope, websocket.headers, sandbox_id, port)
     except ApiError as exc:
         await websocket.close(code=4000 + exc.status, reason=exc.message[:120])
         return

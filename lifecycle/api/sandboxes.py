@@ -10,7 +10,7 @@ import json
 import math
 import os
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
@@ -39,6 +39,7 @@ from sandgate.lifecycle.api.models import (
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.execd_client import execd_headers
 from sandgate.lifecycle.images import snapshot_image
+from sandgate.lifecycle.principals import acting, caller_sees, caller_tenant
 from sandgate.lifecycle.registry import Credentials
 from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, ClaimMount, UnsafeBind, check_target
 from sandgate.lifecycle.runtime.claims import check_claim
@@ -180,7 +181,13 @@ def to_create_request(body: CreateSandboxRequest, host_volumes: HostVolumes) -> 
     "/sandboxes", status_code=202, response_model=CreateSandboxResponse, response_model_exclude_none=True
 )
 def create_sandbox(request: Request, body: CreateSandboxRequest) -> CreateSandboxResponse:
-    record = call(service_of(request).create, to_create_request(body, request.app.state.host_volumes))
+    if body.snapshot_id and not caller_sees(
+        request.app.state.gate.owner_of("snapshot_id", body.snapshot_id) or ""
+    ):
+        raise ApiError(404, "NOT_FOUND", f"snapshot {body.snapshot_id!r} does not exist")
+    create = replace(to_create_request(body, request.app.state.host_volumes), tenant=caller_tenant())
+    record = call(service_of(request).create, create)
+    request.scope["state"]["audit_detail"] = {"sandbox": record.id}  # the api record's target
     return CreateSandboxResponse(**to_sandbox(record).model_dump(exclude={"image"}))
 
 
@@ -211,7 +218,8 @@ def list_sandboxes(
     records = [
         r
         for r in service_of(request).list_sandboxes()
-        if (not wanted_states or r.state.lower() in wanted_states)
+        if caller_sees(r.tenant)
+        and (not wanted_states or r.state.lower() in wanted_states)
         and all(r.metadata.get(k) == v for k, v in wanted_metadata.items())
     ]
     start = (page - 1) * page_size
@@ -280,6 +288,7 @@ def get_endpoint(
     """44772 (execd) is served here by default: the reverse proxy, with the sandbox's execd token
     as the header (the SDK sends an endpoint's headers on every request to it), so no
     control-plane header a client adds ever reaches the sandbox (api/sandbox_proxy.py strips them).
+    A managed key is handed tokens bound to it (api/auth.py rule 4), valid while the key is.
     With `execd_endpoint = "direct"` it is the sandbox's own address, for trusted clients.
     18080 (egress API) is served here, with the sandbox's token: at `.../egress`, or with
     `use_server_proxy` at `.../proxy/18080` as OpenSandbox answers (the same API is served
@@ -294,7 +303,7 @@ def get_endpoint(
     if port == EGRESS_PORT:
         return Endpoint(
             endpoint=proxied if use_server_proxy else f"{here}{prefix}/sandboxes/{sandbox_id}/egress",
-            headers={EGRESS_AUTH_HEADER: record.egress_token},
+            headers={EGRESS_AUTH_HEADER: bound(request, "egress", record.id, record.egress_token)},
         )
     if use_server_proxy:
         return Endpoint(endpoint=proxied)
@@ -302,8 +311,19 @@ def get_endpoint(
         raise ApiError(409, "NOT_RUNNING", f"sandbox {sandbox_id} is {record.state}; it has no endpoint now")
     headers = execd_headers(record) if port == EXECD_PORT else {}
     if port == EXECD_PORT and request.app.state.execd_endpoint == "host":
+        headers = {name: bound(request, "execd", record.id, token) for name, token in headers.items()}
         return Endpoint(endpoint=proxied, headers=headers or None)
     return Endpoint(endpoint=f"{record.address}:{port}", headers=headers or None)
+
+
+def bound(request: Request, kind: str, sandbox_id: str, token: str) -> str:
+    """The endpoint token for the caller: bound to its managed key or OIDC token (api/auth.py
+    rule 4), or the sandbox's own for the bootstrap key and in direct mode."""
+    principal = acting.get()
+    if principal is None or principal.via not in ("key", "oidc"):
+        return token
+    expires = request.scope["state"].get("principal_expires")
+    return str(request.app.state.gate.endpoint_token(principal, expires, kind, sandbox_id))
 
 
 def audit_tail(path: Path, sandbox_id: str, policy_changes: bool, limit: int = 200) -> tuple[str, bool]:

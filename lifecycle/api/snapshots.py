@@ -15,6 +15,7 @@ from pydantic import Field
 from sandgate.lifecycle.api.calls import ERRORS, call, service_of
 from sandgate.lifecycle.api.models import PaginationInfo, WireModel
 from sandgate.lifecycle.images import Image
+from sandgate.lifecycle.principals import caller_sees
 from sandgate.lifecycle.snapshots import Snapshots
 
 router = APIRouter(tags=["Snapshots"], responses=ERRORS)
@@ -70,7 +71,13 @@ def create_snapshot(request: Request, sandbox_id: str, body: CreateSnapshotReque
 
 @router.get("/snapshots", response_model=ListSnapshotsResponse)
 def list_snapshots(request: Request) -> ListSnapshotsResponse:
-    items = [to_snapshot(image) for image in call(snapshots_of(request).list)]
+    tenant_of = service_of(request).store.tenant_of
+    images = [
+        i
+        for i in call(snapshots_of(request).list)
+        if i.snapshot and caller_sees(tenant_of(i.snapshot.sandbox_id) or "")
+    ]
+    items = [to_snapshot(image) for image in images]
     items.sort(key=lambda snapshot: snapshot.created_at, reverse=True)
     pagination = PaginationInfo(
         page=1,

@@ -23,6 +23,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,10 @@ class AuditIndex:
         self._analyzed_at_rows = 0
         self._conn().executescript(_SCHEMA)
         self._add_new_columns()
+        # The sandboxes the caller may read (None: all). The server sets it to the acting
+        # principal's tenant's (api/access.py); every query below goes through it, so a page, a
+        # follow stream, a summary or one record never shows another tenant's.
+        self.scope: Callable[[], list[str] | None] = lambda: None
 
     def _add_new_columns(self) -> None:
         """An index made before the schema gained a field (v1 only grows optional fields, such as
@@ -205,7 +210,7 @@ class AuditIndex:
 
     # -- queries -------------------------------------------------------------------------------
     def count(self, query: AuditFilter | None = None) -> int:
-        where, params = _where(query or AuditFilter())
+        where, params = _where(query or AuditFilter(), scope=self.scope())
         return int(self._conn().execute(f"SELECT count(*) FROM records{where}", params).fetchone()[0])
 
     def page(self, query: AuditFilter, limit: int = 50, cursor: str | None = None) -> Page:
@@ -214,7 +219,7 @@ class AuditIndex:
         position = Cursor.decode(cursor, query) if cursor else None
         if position is not None:
             query = query.model_copy(update={"since": position.since, "until": position.until})
-        where, params = _where(query, position)
+        where, params = _where(query, position, scope=self.scope())
         rows = (
             self._conn()
             .execute(f"{_SELECT}{where} ORDER BY ts_us DESC, seq DESC LIMIT ?", [*params, limit + 1])
@@ -232,7 +237,7 @@ class AuditIndex:
         self, seq: int, query: AuditFilter, limit: int = 500, upto: int | None = None
     ) -> list[tuple[int, RecordJSON]]:
         """Records ingested after `seq` (and at most `upto`), oldest first, with their seq."""
-        where, params = _where(query, after_seq=seq, upto_seq=upto)
+        where, params = _where(query, after_seq=seq, upto_seq=upto, scope=self.scope())
         rows = self._conn().execute(f"{_SELECT}{where} ORDER BY seq LIMIT ?", [*params, limit]).fetchall()
         return [(row[0], from_row(row[1:])) for row in rows]
 
@@ -241,12 +246,20 @@ class AuditIndex:
 
     def get(self, record_id: str) -> RecordJSON | None:
         row = self._conn().execute(f"{_SELECT} WHERE id = ?", (record_id,)).fetchone()
-        return from_row(row[1:]) if row else None
+        scope = self.scope()
+        return (
+            from_row(row[1:])
+            if row and (scope is None or row[1 + COLUMNS.index("sandbox")] in scope)
+            else None
+        )
 
     def of_process(self, sandbox: str, pid: int, limit: int = 200) -> list[RecordJSON]:
         """A sandbox's records of one process (its host pid), newest first: the kernel's records
         of it (`process`: its execs, its ptrace attaches) and the connections and requests it
         opened (their `process`). A pid the kernel reused later shows both lives, by time."""
+        scope = self.scope()
+        if scope is not None and sandbox not in scope:
+            return []
         where = (
             " WHERE sandbox = ? AND ((kind = 'process' AND json_extract(detail, '$.pid') = ?)"
             " OR json_extract(process, '$.pid') = ?)"
@@ -258,7 +271,7 @@ class AuditIndex:
 
     def summary(self, query: AuditFilter, top: int = 15) -> Summary:
         """Top hosts, denials by reason and injections by binding for the filtered records."""
-        where, params = _where(query)
+        where, params = _where(query, scope=self.scope())
         db = self._conn()
         total, denied = db.execute(
             f"SELECT coalesce(sum({_COUNTED}), 0), coalesce(sum(decision = 'deny' AND {_COUNTED}), 0)"
@@ -300,7 +313,7 @@ class AuditIndex:
 
     def counts_by_sandbox(self, query: AuditFilter) -> dict[str, tuple[int, int]]:
         """sandbox -> (records, denied) for the filtered records."""
-        where, params = _where(query)
+        where, params = _where(query, scope=self.scope())
         rows = self._conn().execute(
             f"SELECT sandbox, sum({_COUNTED}), sum(decision = 'deny' AND {_COUNTED}) FROM records{where}"
             " GROUP BY sandbox",
@@ -389,9 +402,13 @@ def _where(
     cursor: Cursor | None = None,
     after_seq: int | None = None,
     upto_seq: int | None = None,
+    scope: list[str] | None = None,
 ) -> tuple[str, list[Any]]:
     clauses: list[str] = []
     params: list[Any] = []
+    if scope is not None:  # the caller's tenant's sandboxes only (AuditIndex.scope)
+        clauses.append(f"sandbox IN ({', '.join('?' * len(scope))})" if scope else "0")
+        params.extend(scope)
     for column in ("sandbox", "kind", "decision", "binding", "reason", "status"):
         value = getattr(query, column)
         if value is not None:

@@ -104,6 +104,16 @@ def api_change(record: RecordJSON) -> Activity:
     return API_CHANGES.get(change, (OTHER, change))
 
 
+# API Activity's activity of a control-plane call (`api`) by its method; a WebSocket is a Read.
+API_CALLS: dict[str, Activity] = {"POST": _CREATE, "GET": (2, "Read"), "WS": (2, "Read"), "PUT": _UPDATE,
+                                  "PATCH": _UPDATE, "DELETE": _DELETE}  # fmt: skip
+
+
+def api_call(record: RecordJSON) -> Activity:
+    method = (record.get("method") or "").upper()
+    return API_CALLS.get(method, (OTHER, method.title() or "Other"))
+
+
 def execd_operation(record: RecordJSON) -> Activity:
     captions = PROCESS_ACTIVITIES if record["kind"] == "command" else FILE_ACTIVITIES
     operation = record.get("method") or "Other"
@@ -126,6 +136,7 @@ KINDS: dict[str, AuditKind] = {
         AuditKind("security_event", "security event", ("event",), NETWORK_ACTIVITY, security_event),
         AuditKind("policy_change", "policy change", ("event", "detail"), API_ACTIVITY, api_change),
         AuditKind("lifecycle", "lifecycle", ("event", "detail"), API_ACTIVITY, api_change),
+        AuditKind("api", "API call", ("method", "path"), API_ACTIVITY, api_call),
         AuditKind("command", "command", ("method", "detail"), PROCESS_ACTIVITY, execd_operation),
         AuditKind("file", "file", ("method", "detail"), FILE_ACTIVITY, execd_operation),
         AuditKind("process", "process", ("method", "detail"), PROCESS_ACTIVITY, process_event),

@@ -108,8 +108,30 @@ def to_ocsf(record: RecordJSON) -> Event:
     if SECURITY_CONTROL in kind.ocsf.profiles:
         _add_security_control(event, record)
     CLASS_ATTRIBUTES[kind.ocsf.uid](event, record, kind)
+    if record.get("principal"):
+        _add_principal(event, record["principal"])
     event["unmapped"] = {key: value for key, value in event["unmapped"].items() if value is not None}
     return event
+
+
+def _add_principal(event: Event, principal: dict[str, Any]) -> None:
+    """Who made a control-plane call: `actor.user` (its uid the key id or OIDC subject, its org
+    the tenant, its one group the role; an admin is OCSF's Admin user type), how it proved
+    itself in `unmapped.principal_via` (and the credential kind a record's detail names, `api-key`
+    or `execd-token`, in `unmapped.credential`)."""
+    admin = principal["role"] == "admin"
+    actor = event.setdefault("actor", {})
+    if credential := actor.get("user", {}).get("name"):  # the credential the call showed
+        event["unmapped"]["credential"] = credential
+    actor["user"] = {
+        "uid": principal["id"],
+        "name": principal["id"],
+        "type_id": 2 if admin else 1,
+        "type": "Admin" if admin else "User",
+        "org": {"uid": principal["tenant"], "name": principal["tenant"]},
+        "groups": [{"name": principal["role"]}],
+    }
+    event["unmapped"]["principal_via"] = principal["via"]
 
 
 def _add_security_control(event: Event, record: RecordJSON) -> None:
@@ -211,7 +233,12 @@ def _dns(event: Event, record: RecordJSON, kind: AuditKind) -> None:
 def _api(event: Event, record: RecordJSON, _kind: AuditKind) -> None:
     """A control-plane change (API Activity): who, which operation, on which sandbox's document.
     The caller's address is not recorded: `client` names the control plane (src_endpoint's
-    service), and `actor` the credential the caller used (`api-key`, `egress-token`, `api`)."""
+    service), and `actor` the credential the caller used (`api-key`, `egress-token`, `api`), its
+    principal when the record names one (`_add_principal`). An `api` record is one call: its
+    action, route, answer status and what it acted on."""
+    if record["kind"] == "api":
+        _api_call(event, record)
+        return
     change = PolicyChange.from_detail(record.get("detail"))
     operation = change.change or record.get("event") or record["reason"]
     event["actor"] = {"user": {"name": change.actor or "unknown"}}
@@ -228,6 +255,28 @@ def _api(event: Event, record: RecordJSON, _kind: AuditKind) -> None:
             resource["version"] = str(change.revision)
         resource["data"] = change.model_dump(exclude={"actor", "change"})
     event["resources"] = [resource]
+
+
+def _api_call(event: Event, record: RecordJSON) -> None:
+    event["api"] = {"operation": record["reason"], "service": {"name": "sandgate"}}
+    if record.get("status") is not None:
+        event["api"]["response"] = {"code": record["status"]}
+    event["src_endpoint"] = {"svc_name": record["client"]}
+    if not record.get("principal"):  # a call refused for want of a valid key
+        event["actor"] = {"user": {"name": "unauthenticated"}}
+    method = record.get("method") or ""
+    event["http_request"] = {"url": {"path": record.get("path") or "/"}}
+    if method in HTTP_METHODS:
+        event["http_request"]["http_method"] = method
+    else:  # PATCH, and a WebSocket (WS): not in OCSF's list
+        event["unmapped"]["method"] = method
+    if record["decision"] == "deny":
+        event["status_id"], event["status"] = 2, "Failure"
+        event["status_detail"] = f"answered {record.get('status')}"
+    target = record["sandbox"] if record["sandbox"] != "-" else None
+    data = _detail_object(record.get("detail"))
+    if target is not None or data:
+        event["resources"] = [{"uid": target or "-", "type": "sandbox" if target else "server", "data": data}]
 
 
 def _system(event: Event, record: RecordJSON, kind: AuditKind) -> dict[str, Any]:

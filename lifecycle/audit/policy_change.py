@@ -11,6 +11,8 @@ Rules:
 4. A change is not a decision: `change_record` writes it (decision `allow`, `reason` and `event`
    its `Change`), and its words live here, not among the policy's reasons. A `lifecycle` record
    (a sandbox's expiry renewed) is written the same way, its detail the old and new expiry.
+5. Each names its principal (`principal`: key id or OIDC subject, tenant, role), the call's
+   under way (lifecycle/principals.py `acting`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from sandgate.lifecycle.principals import acting
 from sandgate.proxy import AuditRecord, RecordKind
 
 CONTROL_PLANE = "control-plane"  # the `client` of a change: the caller's address is not recorded
@@ -82,8 +85,9 @@ def change_record(sandbox_id: str, what: Change, change: PolicyChange) -> AuditR
 
 
 def control_plane_record(kind: RecordKind, sandbox_id: str, what: Change, detail: str) -> AuditRecord:
-    """A record of the control plane's (`policy_change`, `lifecycle`): what it did, and its JSON
-    detail."""
+    """A record of the control plane's (`policy_change`, `lifecycle`): what it did, its JSON
+    detail, and who asked (the call's principal; none for the server's own acts: expiry,
+    renewal on access)."""
     return AuditRecord(
         kind=kind,
         sandbox=sandbox_id,
@@ -92,4 +96,5 @@ def control_plane_record(kind: RecordKind, sandbox_id: str, what: Change, detail
         reason=what,
         event=what,
         detail=detail,
+        principal=acting.get(),
     )

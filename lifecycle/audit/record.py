@@ -24,8 +24,8 @@ RecordJSON = dict[str, Any]
 
 
 # Index columns in table order; `ts_us` replaces `ts`. Every schema field is a column; an object
-# field (`process`) is its JSON text.
-OBJECT_COLUMNS = ("process",)
+# field (`process`, `principal`) is its JSON text.
+OBJECT_COLUMNS = ("process", "principal")
 COLUMNS: tuple[str, ...] = tuple("ts_us" if name == "ts" else name for name in AuditRecord.model_fields)
 
 

@@ -4,7 +4,7 @@ Mount with `console_router(store, verify_key, sandboxes)`; see docs/audit.md.
 """
 
 from sandgate.lifecycle.console.routes import console_router
-from sandgate.lifecycle.console.session import COOKIE
+from sandgate.lifecycle.console.session import COOKIE, Sessions
 from sandgate.lifecycle.console.views import ConsoleSandbox
 
-__all__ = ["COOKIE", "ConsoleSandbox", "console_router"]
+__all__ = ["COOKIE", "ConsoleSandbox", "Sessions", "console_router"]

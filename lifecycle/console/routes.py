@@ -20,22 +20,25 @@ from sandgate.lifecycle.console.feed import add_change_pages, add_feed_pages
 from sandgate.lifecycle.console.pages import Console, SandboxLister, add_static_routes
 from sandgate.lifecycle.console.sandboxes import add_sandbox_pages
 from sandgate.lifecycle.console.session import Sessions, add_login_routes, require_session
+from sandgate.lifecycle.principals import Principal
 
 
 def console_router(
     store: AuditStore,
-    verify_key: Callable[[str], bool],
+    verify_key: Callable[[str], Principal | None],
     sandboxes: SandboxLister,
     desk: Desk | None = None,
     *,
+    sessions: Sessions | None = None,
     prefix: str = "/console",
     secure_cookie: bool = False,
 ) -> APIRouter:
-    """The console pages. `sandboxes()` returns the live sandboxes (dicts or objects with id,
-    status, address, policy); `verify_key(key)` says whether a key is this server's API key."""
+    """The console pages. `sandboxes()` returns the live sandboxes the caller may see (dicts or
+    objects with id, status, address, policy); `verify_key(key)` names the principal of a key of
+    this server (None: not one); `sessions` are shared with the auth middleware."""
     router = APIRouter(prefix=prefix, include_in_schema=False)
     console = Console(store, sandboxes, prefix, secure_cookie)
-    sessions = Sessions()
+    sessions = sessions or Sessions()
     authed = Depends(require_session(console, sessions))
     add_static_routes(router)
     add_login_routes(router, console, sessions, verify_key)

@@ -1,7 +1,9 @@
 """Console sessions and the login pages: how a reviewer gets in and out.
 
 Rules: the key is taken only from the login form's POST body (a query string ends up in access
-logs and browser history) and checked by the app's `verify_key`; a login sets an HttpOnly,
+logs and browser history) and checked by the app's `verify_key`, which names its principal (the
+session is that principal's: the auth middleware checks its key at every page, and revoking the
+key ends its sessions); a login sets an HttpOnly,
 SameSite=Strict cookie holding a random session token (never the API key). Sessions live in
 memory for 12 hours (a restart logs everyone out; logout ends one). `next` after a login only
 ever points inside the console.
@@ -21,21 +23,22 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 
+from sandgate.lifecycle.api.auth import CONSOLE_COOKIE as COOKIE
 from sandgate.lifecycle.console.pages import Console
+from sandgate.lifecycle.principals import Principal
 
-COOKIE = "sandgate_console"
 SESSION_LIFETIME_S = 12 * 3600  # a console login lasts a working day
 
 
 def add_login_routes(
-    router: APIRouter, console: Console, sessions: Sessions, verify_key: Callable[[str], bool]
+    router: APIRouter, console: Console, sessions: Sessions, verify_key: Callable[[str], Principal | None]
 ) -> None:
     def safe_next(target: str | None) -> str:
         prefix = console.prefix
         return target if target and target.startswith(prefix) and not target.startswith("//") else prefix
 
-    def with_session(response: Response) -> Response:
-        token, secure = sessions.new(), console.secure_cookie
+    def with_session(response: Response, principal: Principal) -> Response:
+        token, secure = sessions.new(principal), console.secure_cookie
         response.set_cookie(
             COOKIE, token, httponly=True, samesite="strict", secure=secure, path=console.prefix
         )
@@ -47,10 +50,11 @@ def add_login_routes(
 
     @router.post("/login")
     def login(key: Annotated[str, Form()], next: Annotated[str, Form()] = "") -> Response:
-        if not verify_key(key):
-            error = "That key is not this server's API key."
+        principal = verify_key(key)
+        if principal is None:
+            error = "That key is not this server's API key (or it was revoked or has expired)."
             return console.page("login.html", nav="login", status_code=401, error=error, next=safe_next(next))
-        return with_session(RedirectResponse(safe_next(next), 303))
+        return with_session(RedirectResponse(safe_next(next), 303), principal)
 
     @router.post("/logout")
     def logout(request: Request) -> Response:
@@ -82,12 +86,14 @@ class Sessions:
         limit: int = 1000,
         lifetime: float = SESSION_LIFETIME_S,
         clock: Callable[[], float] = time.monotonic,
+        still_valid: Callable[[Principal], bool] = lambda principal: True,
     ) -> None:
         self.limit = limit
+        self.still_valid = still_valid  # the principal's key is not revoked or expired (api/auth.py)
         self.lifetime = lifetime
         self.clock = clock
         self._csrf_key = secrets.token_bytes(32)
-        self._tokens: dict[str, float] = {}  # token -> when it ends; insertion-ordered: oldest first
+        self._tokens: dict[str, tuple[float, Principal]] = {}  # token -> (when it ends, who); oldest first
         self._guard = threading.Lock()
 
     def csrf(self, token: str | None) -> str:
@@ -98,17 +104,29 @@ class Sessions:
     def csrf_valid(self, token: str | None, given: str) -> bool:
         return self.valid(token) and hmac.compare_digest(self.csrf(token), given)
 
-    def new(self) -> str:
+    def new(self, principal: Principal) -> str:
         token = secrets.token_urlsafe(32)
         with self._guard:
-            self._tokens[token] = self.clock() + self.lifetime
+            self._tokens[token] = (self.clock() + self.lifetime, principal)
             while len(self._tokens) > self.limit:
                 del self._tokens[next(iter(self._tokens))]
         return token
 
     def valid(self, token: str | None) -> bool:
-        ends = self._tokens.get(token or "")
-        return ends is not None and self.clock() < ends
+        return self.principal(token) is not None
+
+    def principal(self, token: str | None) -> Principal | None:
+        """Who logged in with this session token, while it lasts."""
+        found = self._tokens.get(token or "")
+        if found is None or self.clock() >= found[0] or not self.still_valid(found[1]):
+            return None
+        return found[1]
+
+    def end_for(self, key_id: str) -> None:
+        """End every session of a key (it was revoked)."""
+        with self._guard:
+            for token in [t for t, (_, who) in self._tokens.items() if who.id == key_id]:
+                del self._tokens[token]
 
     def end(self, token: str | None) -> None:
         with self._guard:

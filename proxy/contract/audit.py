@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from sandgate.policy import Decision, Outcome
 from sandgate.proxy.contract.chain import append_line
@@ -45,6 +45,7 @@ RecordKind = Literal[
     "command",
     "file",
     "process",
+    "api",
 ]
 RECORD_KINDS: tuple[RecordKind, ...] = get_args(RecordKind)
 Redact = Callable[[str], str]
@@ -80,6 +81,19 @@ class ConnectionProcess(BaseModel):
     unknown: str | None = None
 
 
+class Principal(BaseModel):
+    """Who made a control-plane call: a managed key's id (`via` "key"), the bootstrap key
+    ("bootstrap"), an OIDC subject ("oidc"), or a sandbox's own token ("sandbox-token"); its
+    tenant and role (lifecycle/principals.py)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    tenant: str
+    role: str
+    via: str
+
+
 class AuditRecord(BaseModel):
     """One line of audit.jsonl. `bytes_in`: upstream -> client; `bytes_out`: client -> upstream."""
 
@@ -109,6 +123,7 @@ class AuditRecord(BaseModel):
     event: str | None = None
     detail: str | None = None
     process: ConnectionProcess | None = None  # connection and request records (standard isolation)
+    principal: Principal | None = None  # control-plane records: who called
 
     @classmethod
     def of(cls, kind: RecordKind, sandbox: str, client: str, decision: Decision, **facts: Any) -> AuditRecord:

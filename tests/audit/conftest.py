@@ -24,6 +24,7 @@ from fastapi import FastAPI, Header, HTTPException
 from bench.bench_audit import synthetic_records
 from sandgate.lifecycle.audit import AuditStore, audit_router
 from sandgate.lifecycle.console import console_router
+from sandgate.lifecycle.principals import BOOTSTRAP
 from sandgate.proxy import AuditRecord
 from sandgate.proxy.audit import AuditLog
 
@@ -74,7 +75,7 @@ def serve(state_dir: Path, sandboxes: list[dict[str, Any]] | None = None) -> Ite
     store = AuditStore(state_dir, poll_interval=0.1)
     app = FastAPI()
     app.include_router(audit_router(store, require_key))
-    app.include_router(console_router(store, lambda key: key == API_KEY, lambda: live))
+    app.include_router(console_router(store, lambda key: BOOTSTRAP if key == API_KEY else None, lambda: live))
     port = _free_port()
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2

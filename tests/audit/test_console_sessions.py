@@ -4,12 +4,13 @@ lifetime, or when newer logins push it past the limit."""
 from __future__ import annotations
 
 from sandgate.lifecycle.console.session import SESSION_LIFETIME_S, Sessions
+from sandgate.lifecycle.principals import BOOTSTRAP
 
 
 def test_sessions_end_at_logout_after_their_lifetime_and_past_the_limit() -> None:
     now = [1000.0]
     sessions = Sessions(limit=2, clock=lambda: now[0])
-    first, second = sessions.new(), sessions.new()
+    first, second = sessions.new(BOOTSTRAP), sessions.new(BOOTSTRAP)
     assert first != second and len(first) >= 40
     assert sessions.valid(first) and sessions.valid(second)
     assert not sessions.valid(None) and not sessions.valid("") and not sessions.valid("guess")
@@ -17,7 +18,7 @@ def test_sessions_end_at_logout_after_their_lifetime_and_past_the_limit() -> Non
     sessions.end(second)
     assert not sessions.valid(second) and sessions.valid(first)
 
-    third, fourth = sessions.new(), sessions.new()  # the limit drops the oldest: first
+    third, fourth = sessions.new(BOOTSTRAP), sessions.new(BOOTSTRAP)  # the limit drops the oldest: first
     assert not sessions.valid(first) and sessions.valid(third) and sessions.valid(fourth)
 
     now[0] += SESSION_LIFETIME_S - 1

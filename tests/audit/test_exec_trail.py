@@ -313,4 +313,5 @@ def test_ocsf_export_of_commands_and_files_passes_the_schema(server: SandgateSer
     assert moved["file_result"]["path"] == "/tmp/ocsf/two.txt"
     failed = next(e for e in events if e.get("exit_code") == 4)
     assert failed["status_id"] == 2 and failed["process"]["cmd_line"] == "exit 4"
-    assert failed["actor"]["user"]["name"] == "api-key" and failed["device"]["uid"] == sandbox
+    assert failed["actor"]["user"]["name"] == "bootstrap" and failed["device"]["uid"] == sandbox
+    assert failed["unmapped"]["credential"] == "api-key"

@@ -14,11 +14,14 @@ from ocsf_json_schema import get_ocsf_schema
 
 from sandgate.lifecycle.audit import KINDS, OCSF_VERSION, Change, to_ocsf
 from sandgate.lifecycle.audit.kinds import API_CHANGES
+from sandgate.lifecycle.principals import BOOTSTRAP
 from sandgate.proxy import RECORD_KINDS
 from tests.audit.test_query import record_of
 from tests.support.ocsf import ocsf_errors
 
 SCHEMA = get_ocsf_schema(version=OCSF_VERSION)
+OPERATOR_B = {"id": "0f0f0f0f0f0f", "tenant": "beta", "role": "operator", "via": "key"}
+REVIEWER_A = {"id": "1e1e1e1e1e1e", "tenant": "alpha", "role": "reviewer", "via": "key"}
 
 
 def test_every_record_kind_has_one_row_whose_class_is_the_schemas() -> None:
@@ -68,7 +71,49 @@ SYNTHETIC = {
         event="renew on access",
         detail='{"actor": "access", "expires_at": "2026-01-01T00:10:00+00:00", "extend_seconds": 300}',
     ),
-}
+    "key revoked by the bootstrap admin": record_of(
+        "api", client="control-plane", sandbox="-", method="DELETE", path="/v1/keys/0a1b2c3d4e5f",
+        reason="key.revoke", status=200,
+        detail='{"key": "0a1b2c3d4e5f", "params": {"key_id": "0a1b2c3d4e5f"}}',
+        principal=BOOTSTRAP.model_dump(),
+    ),
+    "another tenant's sandbox refused": record_of(
+        "api", client="control-plane", method="POST", path="/v1/sandboxes/sbx-1/pause",
+        reason="sandbox.pause", status=404, decision="deny", detail='{"params": {"sandbox_id": "sbx-1"}}',
+        principal=OPERATOR_B,
+    ),
+    "a WebSocket refused to a reviewer": record_of(
+        "api", client="control-plane", method="WS", path="/v1/sandboxes/sbx-1/proxy/44772/pty",
+        reason="sandbox.proxy", status=403, decision="deny", detail=None, principal=REVIEWER_A,
+    ),
+    "policy patch by an operator": record_of(
+        "policy_change", client="control-plane", event="policy patch", detail='{"actor": "api-key"}',
+        principal=OPERATOR_B,
+    ),
+    "command of an operator": record_of(
+        "command", client="10.0.0.1:5000", method="run", detail='{"actor": "api-key", "command": "id"}',
+        principal=OPERATOR_B,
+    ),
+}  # fmt: skip
+
+
+def test_a_principal_is_the_actors_user() -> None:
+    event = to_ocsf(SYNTHETIC["another tenant's sandbox refused"])
+    assert event["actor"]["user"] == {
+        "uid": "0f0f0f0f0f0f", "name": "0f0f0f0f0f0f", "type_id": 1, "type": "User",
+        "org": {"uid": "beta", "name": "beta"}, "groups": [{"name": "operator"}],
+    }  # fmt: skip
+    assert (event["status"], event["api"]["response"], event["unmapped"]["principal_via"]) == (
+        "Failure",
+        {"code": 404},
+        "key",
+    )
+    assert (event["activity_name"], event["api"]["operation"]) == ("Create", "sandbox.pause")
+    admin = to_ocsf(SYNTHETIC["key revoked by the bootstrap admin"])["actor"]["user"]
+    assert (admin["type"], admin["uid"], admin["org"]["uid"]) == ("Admin", "bootstrap", "default")
+    command = to_ocsf(SYNTHETIC["command of an operator"])
+    assert (command["actor"]["user"]["uid"], command["unmapped"]["credential"]) == ("0f0f0f0f0f0f", "api-key")
+    assert "credential" not in to_ocsf(SYNTHETIC["another tenant's sandbox refused"])["unmapped"]
 
 
 @pytest.mark.parametrize("record", SYNTHETIC.values(), ids=SYNTHETIC.keys())

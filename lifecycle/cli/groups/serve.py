@@ -188,6 +188,7 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
                     tuple(settings.volume_host_prefixes), (settings.state_dir,), claims=settings.pvc_volumes
                 ),
                 renew_interval=settings.renew_on_access_interval,
+                gate=parts.gate,
             )
         finally:
             stop_reaper()
