@@ -39,7 +39,7 @@ _PUBLIC = {
         ("ConnectionLimits", "ProxyConfig", "ResolverAddress", "SandboxEntry", "UpstreamProxy"), "config"
     ),
     "system_servers": "config",
-    **dict.fromkeys(("ProxyControl", "ProxyControlError"), "control"),
+    **dict.fromkeys(("ProxyControl", "ProxyControlError", "VaultValues"), "control"),
 }
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
         UpstreamProxy,
         system_servers,
     )
-    from sandgate.proxy.contract.control import ProxyControl, ProxyControlError
+    from sandgate.proxy.contract.control import ProxyControl, ProxyControlError, VaultValues
     from sandgate.proxy.contract.names import (
         AUDIT_FILE,
         CONFIG_FILE,
@@ -98,6 +98,7 @@ __all__ = [
     "ResolverAddress",
     "SandboxEntry",
     "UpstreamProxy",
+    "VaultValues",
     "append_record",
     "append_records",
     "audit_path",
