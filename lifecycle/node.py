@@ -8,6 +8,9 @@ Rules:
    else is dropped and counted (named counters, `COUNTERS`): IPv6, spoofed sources, metadata
    addresses, the API server and kubelet ports, every other port of the node, other Pods (routed,
    and switched on the bridge: a `bridge`-family table, no br_netfilter needed), other UDP, ICMP.
+   The bridge table drops every frame any bridge of the node forwards between two of its ports
+   (this kernel has no `meta ibrname` to name cni0): the node's Pods are sandboxes only, and a
+   Pod still reaches the node itself (bridge input), where the inet table judges it.
    The rules name no Pod: they hold before any Pod exists and whatever the agent does next.
 2. Fail closed. The table is never removed by the agent (not at stop either): with the agent or
    its proxy down the redirect points at a port nobody listens on and Pods have no egress. The
@@ -48,6 +51,7 @@ from sandgate.proxy import (
     ProxyControlError,
     SandboxEntry,
     VaultValues,
+    audit_files,
     audit_path,
     config_path,
     control_socket,
@@ -142,7 +146,7 @@ table bridge {table} {{
   counter bridged {{}}
   chain pod_to_pod {{
     type filter hook forward priority filter; policy accept;
-    meta ibrname "{pods.bridge}" counter name bridged drop
+    counter name bridged drop
   }}
 }}
 """
@@ -187,18 +191,11 @@ class AuditChunk(BaseModel):
 # -- the node's audit file, read from a cursor ------------------------------------------------
 
 
-def audit_files(state_dir: Path, backups: int) -> list[Path]:
-    """The audit files that exist, oldest first (`audit.jsonl.N` ... `.1`, then the live one)."""
-    live = audit_path(state_dir)
-    rotated = [live.with_name(f"{live.name}.{n}") for n in range(backups, 0, -1)]
-    return [path for path in [*rotated, live] if path.exists()]
-
-
-def read_audit(state_dir: Path, backups: int, file: int, offset: int, max_bytes: int) -> AuditChunk:
+def read_audit(state_dir: Path, file: int, offset: int, max_bytes: int) -> AuditChunk:
     """Whole lines after the cursor, at most about `max_bytes`. A rotated file read to its end
     moves the cursor to the start of the next newer one; a cursor whose file is gone (rotated
     past the backups kept) restarts at the oldest file kept."""
-    files = [(path, path.stat().st_ino) for path in audit_files(state_dir, backups)]
+    files = [(path, path.stat().st_ino) for path in audit_files(audit_path(state_dir))]
     inodes = [inode for _, inode in files]
     if file not in inodes:
         if not files:
@@ -215,7 +212,7 @@ def read_audit(state_dir: Path, backups: int, file: int, offset: int, max_bytes:
             whole = handle.readline()
             whole = whole if whole.endswith(b"\n") else b""
     if not whole and index + 1 < len(files) and not data:  # a rotated file read to its end
-        return read_audit(state_dir, backups, inodes[index + 1], 0, max_bytes)
+        return read_audit(state_dir, inodes[index + 1], 0, max_bytes)
     lines = [line.decode("utf-8", "replace") for line in whole.splitlines() if line]
     return AuditChunk(file=file, offset=offset + len(whole), lines=lines)
 
@@ -383,8 +380,7 @@ def node_app(agent: NodeAgent, token: str) -> Any:
 
     @app.get(f"{API_PREFIX}/audit")
     def audit(file: int = 0, offset: int = 0, max_bytes: int = 1 << 20) -> AuditChunk:
-        config = agent.config
-        return read_audit(config.state_dir, config.audit_backups, file, offset, min(max_bytes, 8 << 20))
+        return read_audit(agent.config.state_dir, file, offset, min(max_bytes, 8 << 20))
 
     @app.get(f"{API_PREFIX}/health")
     def health() -> dict[str, Any]:
