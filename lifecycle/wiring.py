@@ -26,9 +26,9 @@ if TYPE_CHECKING:
     from fastapi import APIRouter
 
     from sandgate.lifecycle.audit import AuditIndex, AuditStore, Change, PolicyChange
+    from sandgate.lifecycle.confinement import Confinement, SandboxNetworks
     from sandgate.lifecycle.gvisor_events import GvisorEvents
     from sandgate.lifecycle.images import ImageStore
-    from sandgate.lifecycle.network import SandboxNetworks
     from sandgate.lifecycle.process_events import ProcessWatcher
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
     from sandgate.lifecycle.registry import Credentials, RegistryConfig
@@ -200,7 +200,7 @@ def audit_and_console(
 
 
 def make_networks(settings: Settings, instance: str) -> SandboxNetworks:
-    from sandgate.lifecycle.network import ProxyPorts, SandboxNetworks
+    from sandgate.lifecycle.confinement import ProxyPorts, SandboxNetworks
 
     return SandboxNetworks(
         table=settings.nft_table,
@@ -213,6 +213,17 @@ def make_networks(settings: Settings, instance: str) -> SandboxNetworks:
             explicit=settings.proxy_explicit_port,
         ),
     )
+
+
+def make_confinement(settings: Settings, instance: str, proxy: ProxyControl) -> Confinement:
+    """Where sandboxes are confined: on this host (local, Docker), or by the Pod network."""
+    from sandgate.lifecycle.confinement import HostConfinement, PodConfinement
+
+    if settings.runtime == "kubernetes":
+        return PodConfinement(proxy)
+    networks = make_networks(settings, instance)
+    networks.ensure_table()
+    return HostConfinement(networks, proxy)
 
 
 def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRuntime:
@@ -350,8 +361,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
     ca = ensure_ca(settings.state_dir)
     control = ProxyControl(control_socket(settings.state_dir))
     instance = instance_tag(settings.state_dir)
-    networks = make_networks(settings, instance)
-    networks.ensure_table()
+    confinement = make_confinement(settings, instance, control)
     runtime = make_runtime(settings, instance)
     if settings.isolation not in runtime.isolations:  # every create would be refused
         raise ValueError(
@@ -363,7 +373,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
     vault = open_vault(settings)
     egress = EgressControl(
         store,
-        proxy=control,
+        proxy=confinement.proxy,
         vault=vault,
         policies=SandgatePolicies(
             settings.policy_max_rules, settings.load_default_policy(), settings.presets
@@ -374,7 +384,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
     )
     service = Service(
         store,
-        networks=networks,
+        confinement=confinement,
         runtime=runtime,
         egress=egress,
         check_image=image_check(runtime, registry_login(settings, vault)),
