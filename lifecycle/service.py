@@ -161,6 +161,8 @@ class Service:
             binds=request.binds,
             claims=request.claims,
             isolation=isolation,
+            metadata=request.metadata,
+            pull_auth=request.image_auth,
             **asdict(limits),
         )
         undo: list[Callable[[], object]] = []

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from sandgate.lifecycle.confinement import SandboxNet
 from sandgate.lifecycle.errors import RuntimeError_
+from sandgate.lifecycle.registry import Credentials
 
 EXECD_PORT = 44772
 # execd refuses every route but /ping without it (when it was started with a token).
@@ -127,6 +128,10 @@ class SandboxSpec:
     binds: tuple[BindMount, ...] = ()  # checked binds of this sandbox (besides the runtime's)
     claims: tuple[ClaimMount, ...] = ()  # its `pvc` volumes (runtime/claims.py)
     isolation: str = "standard"  # "gvisor": on gVisor's kernel (runtime/gvisor.py)
+    metadata: dict[str, str] = field(default_factory=dict)  # the create's, for runtimes that label
+    # ImageSpec.auth, for runtimes whose node pulls at start (Kubernetes); local and Docker pulled
+    # before the create, when the image was checked.
+    pull_auth: Credentials | None = None
 
 
 class Runtime(Protocol):
