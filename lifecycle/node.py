@@ -44,7 +44,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Header, HTTPException, Response
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from sandgate.lifecycle.network import ProxyPorts
+from sandgate.lifecycle.confinement import ProxyPorts
 from sandgate.lifecycle.proxy_supervisor import Listeners, ProxySupervisor
 from sandgate.proxy import (
     ProxyConfig,
@@ -245,6 +245,7 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._entries: dict[str, NodeEntry] = {}
         self._fed: set[str] = set()  # names whose values the proxy's memory vault holds
+        self.boot = os.urandom(8).hex()  # a new one each start: the server re-pushes when it changes
         self.supervisor = ProxySupervisor(
             self._write_proxy_config(),
             is_healthy=self._proxy_answers,
@@ -343,6 +344,7 @@ class NodeAgent:
 
 def node_app(agent: NodeAgent, token: str) -> FastAPI:
     """The API the server calls (lifecycle/node_client.py `NodeClient`); every route needs the token."""
+
     def authorized(authorization: str = Header(default="")) -> None:
         scheme, _, given = authorization.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
@@ -383,7 +385,8 @@ def node_app(agent: NodeAgent, token: str) -> FastAPI:
 
     @app.get(f"{API_PREFIX}/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "proxy_pid": agent.supervisor.pid, "sandboxes": len(agent.sandboxes())}
+        sandboxes = len(agent.sandboxes())
+        return {"status": "ok", "boot": agent.boot, "proxy_pid": agent.supervisor.pid, "sandboxes": sandboxes}
 
     return app
 
