@@ -288,7 +288,9 @@ class AuditShipper:
         while True:
             file, offset = self.cursor()
             chunk = self.client.audit(file, offset)
-            records = [(record, None) for line in chunk.lines if (record := _record(line)) is not None]
+            records: list[tuple[AuditRecord, Callable[[str], str] | None]] = [
+                (record, None) for line in chunk.lines if (record := _record(line)) is not None
+            ]
             append_records(self.audit_log, records)
             self._save(chunk.file, chunk.offset)
             shipped += len(records)
