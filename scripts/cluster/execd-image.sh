@@ -19,9 +19,10 @@ EXECD_PYTHON=${SANDGATE_EXECD_PYTHON:-$HERE/../../.venv/bin/python}
 BIN=$(bash "$HERE/build.sh" --cached)
 images="$CLUSTER_DIR/images"
 mkdir -p "$images"
-"$EXECD_PYTHON" -m sandgate.lifecycle.runtime.kubernetes_execd >"$images/execd.json"
+"$EXECD_PYTHON" -m sandgate.lifecycle.runtime.kubernetes_execd --strip-into "$images/execd-stripped" \
+	>"$images/execd.json"
 "${PYTHON:-python3}" "$HERE/oci_image.py" "$IMAGE" "$images/execd.tar" --files-from "$images/execd.json"
 "$BIN/ctr" --address "$CLUSTER_DIR/containerd/containerd.sock" --namespace k8s.io images import \
 	"$images/execd.tar" >>"$CLUSTER_DIR/logs/ctr.log" 2>&1
-rm "$images/execd.tar"
+rm -r "$images/execd.tar" "$images/execd-stripped"
 echo "execd-image: imported $IMAGE" >&2

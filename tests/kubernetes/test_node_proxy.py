@@ -36,7 +36,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from lightkube import Client
+from lightkube import Client, KubeConfig
 from lightkube.models.core_v1 import Container, PodDNSConfig, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Pod, Secret
@@ -53,7 +53,14 @@ from sandgate.lifecycle.node_client import (
 from sandgate.proxy import SandboxEntry, audit_path, verify_chain
 from sandgate.proxy.contract.ca import new_ca
 from sandgate.vault import open_store
-from tests.kubernetes.cluster import BUSYBOX_IMAGE, Cluster, skip_unless_built, up_to_a_build, wait_for_pod
+from tests.kubernetes.cluster import (
+    BUSYBOX_IMAGE,
+    Cluster,
+    running_cluster,
+    skip_unless_built,
+    up_to_a_build,
+    wait_for_pod,
+)
 from tests.support.internet import DNS_ADDR, HOST_V4, ORIGIN_V4, Internet, start_internet
 from tests.support.netns import ip
 
@@ -183,6 +190,17 @@ def write_agent_tls(directory: Path) -> Path:
     (directory / "agent.key").write_bytes(key_pem)
     os.chmod(directory / "agent.key", 0o600)
     return directory / "ca.crt"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with running_cluster(tmp_path_factory.mktemp("cluster") / "state") as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Cluster) -> Client:
+    return Client(config=KubeConfig.from_file(cluster.kubeconfig))
 
 
 @pytest.fixture(scope="module")
