@@ -39,7 +39,7 @@ from cryptography.x509.oid import NameOID
 from lightkube import Client, KubeConfig
 from lightkube.models.core_v1 import Container, PodDNSConfig, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Pod, Secret
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret
 
 from sandgate.lifecycle.node import COUNTERS, NODE_TABLE
 from sandgate.lifecycle.node_client import (
@@ -56,6 +56,7 @@ from sandgate.vault import open_store
 from tests.kubernetes.cluster import (
     BUSYBOX_IMAGE,
     Cluster,
+    run_script,
     running_cluster,
     skip_unless_built,
     up_to_a_build,
@@ -63,6 +64,7 @@ from tests.kubernetes.cluster import (
 )
 from tests.support.internet import DNS_ADDR, HOST_V4, ORIGIN_V4, Internet, start_internet
 from tests.support.netns import ip
+from tests.support.server import SANDGATE, SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
 skip_unless_built()
@@ -513,3 +515,96 @@ def test_no_secret_in_the_cluster_or_on_the_nodes_disk(
             assert SECRET.encode() not in path.read_bytes(), path
     assert SECRET.encode() not in agent.log.read_bytes()
     assert server.shipped() and SECRET not in server.audit_log.read_text()
+
+
+# -- through the runtime's server: `sandgate serve --runtime kubernetes` with the node agents -------
+
+SANDBOX_NAMESPACE = "sandgate"
+E2E_PATH = "/echo/through-the-server"
+
+
+@pytest.fixture(scope="module")
+def runtime_server(
+    cluster: Cluster, client: Client, agent: Agent, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SandgateServer]:
+    """A real server whose sandboxes are Pods, confined by the node agents (`[kubernetes]`
+    node_agent_*), with the bound value in its vault (`sandgate vault put`)."""
+    imported = run_script("execd-image.sh", cluster.state_dir, timeout=600, PYTHON=sys.executable)
+    assert imported.returncode == 0, imported.stderr
+    client.create(Namespace(metadata=ObjectMeta(name=SANDBOX_NAMESPACE)))
+    settings = {
+        "kubeconfig": str(cluster.kubeconfig),
+        "namespace": SANDBOX_NAMESPACE,
+        "node_agent_port": AGENT_PORT,
+        "node_agent_ca": str(agent.agents.ca_file),
+        "node_agent_token_file": str(agent.agents.token_file),
+    }
+    env = {
+        "SANDGATE_RUNTIME": "kubernetes",
+        "SANDGATE_KUBERNETES": json.dumps(settings),
+        "SANDGATE_IMAGE_PULL_POLICY": "never",
+    }
+    with sandgate_server(tmp_path_factory.mktemp("k8s-server"), env) as server:
+        put = subprocess.run(
+            [*SANDGATE, "vault", "put", "node-api-token"], input=SECRET, capture_output=True, text=True,
+            env=server.server_env(), timeout=60,
+        )  # fmt: skip
+        assert put.returncode == 0, put.stderr
+        yield server
+
+
+@up_to_a_build
+def test_a_sandbox_of_the_runtime_gets_out_only_through_its_nodes_proxy(
+    runtime_server: SandgateServer, client: Client, internet: Internet, agent: Agent
+) -> None:
+    """Created through the API (a Pod of the busybox image whose entrypoint asks the origin every
+    few seconds): nothing arrives under the default policy; after the sandgate policy with its
+    binding is set through the API, the requests arrive with the injected credential; after the
+    delete the node holds no entry and no value for it."""
+    request = f"GET {E2E_PATH} HTTP/1.1\\r\\nHost: api.example.com\\r\\nConnection: close\\r\\n\\r\\n"
+    loop = (
+        f"while true; do {{ busybox printf '{request}'; busybox sleep 2; }} "
+        f"| busybox nc -w 5 {ORIGIN_V4} 80; busybox sleep 1; done"
+    )
+    body = {
+        "image": {"uri": BUSYBOX_IMAGE},
+        "entrypoint": ["/bin/busybox", "sh", "-c", loop],
+        "resourceLimits": {},
+    }
+    with runtime_server.client(timeout=300) as api:
+        created = api.post("/v1/sandboxes", json=body)
+        assert created.status_code == 202, created.text
+        sandbox_id = created.json()["id"]
+        try:
+            pods = list(
+                client.list(Pod, namespace=SANDBOX_NAMESPACE, labels={"sandgate/sandbox": sandbox_id})
+            )
+            assert len(pods) == 1
+            pod_ip = pods[0].status.podIP if pods[0].status else None
+            with agent.client() as node:  # ready only once its node holds it
+                assert {"sandbox_id": sandbox_id, "address": pod_ip} in node.sandboxes()
+            mark = len(internet.origin_requests())
+            wait_until(
+                "the entrypoint's requests were judged (node audit)",
+                lambda: f'"client":"{pod_ip}:' in (agent.state_dir / "audit.jsonl").read_text(),
+                timeout=60,
+            )
+            assert [r for r in origin_requests_from(internet, mark) if r.get("path") == E2E_PATH] == []
+
+            answer = api.put(f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy", json={"policy": POLICY})
+            assert answer.status_code == 200, answer.text
+
+            def arrived() -> list[dict[str, object]]:
+                return [r for r in origin_requests_from(internet, mark) if r.get("path") == E2E_PATH]
+
+            wait_until("the sandbox's request at the origin", lambda: bool(arrived()), timeout=60)
+            headers = arrived()[0]["headers"]
+            assert isinstance(headers, dict) and headers["authorization"] == f"Bearer {SECRET}"
+            assert str(arrived()[0]["client"]).startswith(f"{NODE_IP}:")
+        finally:
+            deleted = api.delete(f"/v1/sandboxes/{sandbox_id}")
+            assert deleted.status_code in (200, 204), deleted.text
+    with agent.client() as node:
+        assert sandbox_id not in {entry["sandbox_id"] for entry in node.sandboxes()}
+    for item in client.list(Pod, namespace="*"):
+        assert SECRET not in json.dumps(item.to_dict())
