@@ -426,6 +426,7 @@ def run_agent(config: NodeAgentConfig) -> None:
             ssl_keyfile=str(config.tls_key),
             log_level="warning",
             access_log=False,
+            timeout_graceful_shutdown=5,  # the server retries what a stop cut; a DaemonSet waits 30 s
         )
     )
     try:
