@@ -42,7 +42,7 @@ def load_or_create_api_key(state_dir: Path) -> tuple[str, bool]:
     path = state_dir / "api_key"
     if path.is_file():
         return path.read_text().strip(), False
-    key = secrets.token_urlsafe(32)
+    key = "sg-" + secrets.token_urlsafe(32)  # never '-' first: a CLI would read it as an option
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:

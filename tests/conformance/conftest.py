@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,7 +37,11 @@ def upstream(internet: Internet) -> dict[str, str]:
 
 @pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory, internet: Internet) -> Iterator[SandgateServer]:
-    with sandgate_server(Path(tmp_path_factory.mktemp("sandgate")), upstream(internet)) as running:
+    # A key that starts with '-' (token_urlsafe gives one in 64): every client must take it as a value.
+    key = "-" + secrets.token_urlsafe(16)
+    with sandgate_server(
+        Path(tmp_path_factory.mktemp("sandgate")), upstream(internet), api_key=key
+    ) as running:
         yield running
 
 

@@ -51,8 +51,7 @@ async def mcp_session(server: SandgateServer, mode: str) -> AsyncIterator[Client
         "stdio",
         "--domain",
         server.domain,
-        "--api-key",
-        server.api_key,
+        f"--api-key={server.api_key}",  # one word: a key may start with '-' (argparse: an option)
         "--protocol",
         "http",
     ]

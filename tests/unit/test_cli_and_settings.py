@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from sandgate.lifecycle.api.auth import load_or_create_api_key
 from sandgate.lifecycle.cli import main
 from sandgate.lifecycle.settings import load_settings
 from sandgate.proxy import ProxyConfig
@@ -169,3 +170,11 @@ def test_a_bad_resolver_address_is_one_line_naming_the_setting(
         load_settings()
     with pytest.raises(ValueError, match=r"resolver address|valid port"):
         ProxyConfig(state_dir=Path("/x"), upstream_dns=[given])
+
+
+def test_a_generated_api_key_is_never_read_as_an_option(tmp_path: Path) -> None:
+    """`osb --api-key KEY`, `opensandbox-mcp --api-key KEY`: argparse takes a key that starts
+    with '-' for an option (a plain token_urlsafe key does one time in 64)."""
+    keys = [load_or_create_api_key(tmp_path / str(n))[0] for n in range(200)]
+    assert all(key.startswith("sg-") and len(key) > 40 for key in keys) and len(set(keys)) == 200
+    assert load_or_create_api_key(tmp_path / "0") == (keys[0], False)
