@@ -40,7 +40,6 @@ from typing import Any
 import httpx
 
 from sandgate.lifecycle.node import API_PREFIX, AuditChunk, NodeEntry, read_token
-from sandgate.policy import policy_from_dict
 from sandgate.proxy import AuditRecord, SandboxEntry, append_records
 from sandgate.vault import SecretNotFound, SecretStore
 
@@ -153,10 +152,9 @@ def placement(pod: Any) -> PodPlacement | None:
 
 def vault_names(entry: SandboxEntry) -> set[str]:
     """The vault entries the entry's bindings (and its upstream proxies) read."""
-    policy = policy_from_dict(entry.policy)
     names = {
         entry.credentials.get(credential, credential)
-        for binding in policy.bindings
+        for binding in entry.policy.bindings
         for credential in binding.credential_names()
     }
     return names | {proxy.credential for proxy in entry.upstream_proxies or () if proxy.credential}
