@@ -61,7 +61,7 @@ class SecureRuntime(BaseModel):
 
     type: str = Field("", description="'' (none) or 'gvisor'; kata and firecracker have no mapping here")
     docker_runtime: str | None = None  # OpenSandbox's runtime name; sandgate registers its own
-    k8s_runtime_class: str | None = None  # no Kubernetes here: accepted, unused
+    k8s_runtime_class: str | None = None  # kubernetes.gvisor_runtime_class, unless that is set
 
     @model_validator(mode="after")
     def _maps(self) -> SecureRuntime:
@@ -79,6 +79,51 @@ class SecureRuntime(BaseModel):
         )
 
 
+class KubernetesSettings(BaseModel):
+    """The `[kubernetes]` TOML table (env: SANDGATE_KUBERNETES as JSON), read with runtime = kubernetes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kubeconfig: Path | None = Field(
+        None,
+        description="kubeconfig file; unset: $KUBECONFIG or ~/.kube/config, else the Pod's in-cluster config",
+    )
+    namespace: str = Field(
+        "sandgate", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", description="where sandbox Pods run"
+    )
+    execd_image: str = Field(
+        "sandgate.example.test/execd:1",
+        description="the image whose init container copies execd into each Pod "
+        "(scripts/cluster/execd-image.sh builds and imports it; docs/kubernetes.md)",
+    )
+    gvisor_runtime_class: str = Field(
+        "gvisor", description="RuntimeClass of gvisor sandboxes (offered when the cluster has it)"
+    )
+    start_timeout: float = Field(
+        180.0, gt=0, description="seconds a Pod may take to run (its image pulled) before a create fails"
+    )
+    node_agent_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="port of every node's agent (`sandgate node-proxy`) at the node's InternalIP; "
+        "unset: no node agents, and sandbox Pods have no egress at all (docs/kubernetes.md)",
+    )
+    node_agent_ca: Path | None = Field(None, description="PEM CA file the node agents' certificates chain to")
+    node_agent_token_file: Path | None = Field(
+        None, description="file holding the bearer token every node agent accepts (mode 0600)"
+    )
+
+    @model_validator(mode="after")
+    def _node_agents_whole(self) -> KubernetesSettings:
+        given = [self.node_agent_ca is not None, self.node_agent_token_file is not None]
+        if self.node_agent_port is not None and not all(given):
+            raise ValueError("node_agent_port needs node_agent_ca and node_agent_token_file")
+        if self.node_agent_port is None and any(given):
+            raise ValueError("node_agent_ca and node_agent_token_file need node_agent_port")
+        return self
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SANDGATE_", extra="forbid")
 
@@ -89,8 +134,11 @@ class Settings(BaseSettings):
         None, description="OPEN-SANDBOX-API-KEY; generated into the state dir when unset"
     )
     state_dir: Path = Field(Path("/var/lib/sandgate"), description="vault, CA, database, audit log")
-    runtime: Literal["local", "docker"] = Field("local", description="sandbox runtime")
+    runtime: Literal["local", "docker", "kubernetes"] = Field("local", description="sandbox runtime")
     docker_host: str | None = Field(None, description="Docker engine URL (default: DOCKER_HOST)")
+    kubernetes: KubernetesSettings = Field(
+        KubernetesSettings.model_validate({}), description="the Kubernetes runtime (docs/kubernetes.md)"
+    )
     docker_oci_runtime: str | None = Field(None, description="OCI runtime for sandbox containers, e.g. runsc")
     docker_gvisor_runtime: str = Field(
         "sandgate-runsc", description="the engine's runtime name for gvisor sandboxes (docs/runtime.md)"
@@ -318,6 +366,13 @@ class Settings(BaseSettings):
     def _isolation_from_secure_runtime(self) -> Settings:
         if self.secure_runtime is not None and "isolation" not in self.model_fields_set:
             self.isolation = self.secure_runtime.isolation()
+        return self
+
+    @model_validator(mode="after")
+    def _runtime_class_from_secure_runtime(self) -> Settings:
+        runtime_class = self.secure_runtime.k8s_runtime_class if self.secure_runtime else None
+        if runtime_class and "gvisor_runtime_class" not in self.kubernetes.model_fields_set:
+            self.kubernetes = self.kubernetes.model_copy(update={"gvisor_runtime_class": runtime_class})
         return self
 
     @field_validator("default_policy", "policy_ceiling")

@@ -27,15 +27,17 @@ if TYPE_CHECKING:
 
     from sandgate.lifecycle.api.auth import Gate
     from sandgate.lifecycle.audit import AuditIndex, AuditStore, Change, PolicyChange
+    from sandgate.lifecycle.confinement import Confinement, SandboxNetworks
     from sandgate.lifecycle.gvisor_events import GvisorEvents
     from sandgate.lifecycle.images import ImageStore
-    from sandgate.lifecycle.network import SandboxNetworks
+    from sandgate.lifecycle.node_client import NodeProxies
     from sandgate.lifecycle.oidc import OidcVerifier
     from sandgate.lifecycle.process_events import ProcessWatcher
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
     from sandgate.lifecycle.registry import Credentials, RegistryConfig
     from sandgate.lifecycle.runtime.base import BindMount
     from sandgate.lifecycle.runtime.docker import DockerRuntime
+    from sandgate.lifecycle.runtime.kubernetes import KubernetesRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
     from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
     from sandgate.lifecycle.sandbox_store import SandboxRecord, SandboxStore
@@ -244,7 +246,7 @@ def oidc_verifier(settings: Settings) -> OidcVerifier | None:
 
 
 def make_networks(settings: Settings, instance: str) -> SandboxNetworks:
-    from sandgate.lifecycle.network import ProxyPorts, SandboxNetworks
+    from sandgate.lifecycle.confinement import ProxyPorts, SandboxNetworks
 
     return SandboxNetworks(
         table=settings.nft_table,
@@ -259,7 +261,45 @@ def make_networks(settings: Settings, instance: str) -> SandboxNetworks:
     )
 
 
-def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRuntime:
+def make_confinement(
+    settings: Settings, instance: str, proxy: ProxyControl, nodes: NodeProxies | None = None
+) -> Confinement:
+    """Where sandboxes are confined: on this host (local, Docker), or by the Pod network and
+    each node's proxy (`nodes`; without node agents the server's own proxy, which no Pod reaches)."""
+    from sandgate.lifecycle.confinement import HostConfinement, PodConfinement
+
+    if settings.runtime == "kubernetes":
+        return PodConfinement(nodes or proxy)
+    networks = make_networks(settings, instance)
+    networks.ensure_table()
+    return HostConfinement(networks, proxy)
+
+
+def node_proxies(
+    settings: Settings, runtime: LocalRuntime | DockerRuntime | KubernetesRuntime, vault: SecretStore
+) -> NodeProxies | None:
+    """The node agents' client (lifecycle/node_client.py) when `[kubernetes]` names them."""
+    from sandgate.lifecycle.node_client import NodeAgents, NodeProxies, pod_locator
+
+    options = settings.kubernetes
+    if (
+        options.node_agent_port is None
+        or options.node_agent_ca is None
+        or options.node_agent_token_file is None
+    ):
+        return None
+    agents = NodeAgents(options.node_agent_port, options.node_agent_ca, options.node_agent_token_file)
+    locate = pod_locator(getattr(runtime, "client"), options.namespace)  # noqa: B009 (the Kubernetes runtime's)
+    return NodeProxies(agents, locate, vault, settings.audit_log, settings.state_dir / "node-audit")
+
+
+def make_runtime(
+    settings: Settings, instance: str, login: Callable[[str], Credentials | None] = lambda registry: None
+) -> LocalRuntime | DockerRuntime | KubernetesRuntime:
+    """The runtime the settings name; `login` is the vault's registry login (Kubernetes pulls
+    at start, so it needs it then)."""
+    if settings.runtime == "kubernetes":
+        return kubernetes_runtime(settings, instance, login)
     binds = operator_binds(settings)
     if settings.runtime == "docker":
         from sandgate.lifecycle.runtime.docker import DockerRuntime
@@ -289,6 +329,29 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
         runsc=settings.runsc,
         gvisor_platform=settings.gvisor_platform,
         gvisor_events=events_endpoint(settings.state_dir) if settings.exec_audit == "processes" else None,
+    )
+
+
+def kubernetes_runtime(
+    settings: Settings, instance: str, login: Callable[[str], Credentials | None]
+) -> KubernetesRuntime:
+    from sandgate.lifecycle.errors import RuntimeError_
+    from sandgate.lifecycle.runtime.kubernetes import KubernetesRuntime, connect
+
+    options = settings.kubernetes
+    try:
+        client = connect(options.kubeconfig, options.namespace)
+    except RuntimeError_ as exc:
+        raise ValueError(f"setting runtime = kubernetes: {exc}") from None
+    return KubernetesRuntime(
+        client,
+        namespace=options.namespace,
+        instance=instance,
+        execd_image=options.execd_image,
+        pull_policy=settings.image_pull_policy,
+        gvisor_runtime_class=options.gvisor_runtime_class,
+        start_timeout=options.start_timeout,
+        login=login,
     )
 
 
@@ -349,7 +412,8 @@ def registry_login(settings: Settings, vault: SecretStore) -> Callable[[str], Cr
 
 
 def image_check(
-    runtime: LocalRuntime | DockerRuntime, login: Callable[[str], Credentials | None] = lambda registry: None
+    runtime: LocalRuntime | DockerRuntime | KubernetesRuntime,
+    login: Callable[[str], Credentials | None] = lambda registry: None,
 ) -> Callable[[CreateRequest], object]:
     """What a create runs before anything is built: the image is there, or is pulled now (with
     `image.auth`, else the vault's login for the registry)."""
@@ -396,9 +460,10 @@ def build_components(settings: Settings, api_key: str) -> Components:
     ca = ensure_ca(settings.state_dir)
     control = ProxyControl(control_socket(settings.state_dir))
     instance = instance_tag(settings.state_dir)
-    networks = make_networks(settings, instance)
-    networks.ensure_table()
-    runtime = make_runtime(settings, instance)
+    vault = open_vault(settings)
+    runtime = make_runtime(settings, instance, registry_login(settings, vault))
+    nodes = node_proxies(settings, runtime, vault) if runtime.name == "kubernetes" else None
+    confinement = make_confinement(settings, instance, control, nodes)
     if settings.isolation not in runtime.isolations:  # every create would be refused
         raise ValueError(
             f"setting `isolation` (SANDGATE_ISOLATION) is {settings.isolation!r}, which this host's "
@@ -406,10 +471,9 @@ def build_components(settings: Settings, api_key: str) -> Components:
             "(`apt-get install runsc`; on Docker, register sandgate-runsc, docs/runtime.md)"
         )
     store = SandboxStore(settings.database)
-    vault = open_vault(settings)
     egress = EgressControl(
         store,
-        proxy=control,
+        proxy=confinement.proxy,
         vault=vault,
         policies=SandgatePolicies(
             settings.policy_max_rules,
@@ -423,7 +487,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
     )
     service = Service(
         store,
-        networks=networks,
+        confinement=confinement,
         runtime=runtime,
         egress=egress,
         check_image=image_check(runtime, registry_login(settings, vault)),
@@ -448,6 +512,8 @@ def build_components(settings: Settings, api_key: str) -> Components:
     )
     from sandgate.lifecycle.trail_secrets import Secrets
 
+    if nodes is not None:
+        nodes.on_restart = egress.repush  # rule 5 of node_client.py
     watchers = process_watchers(settings, instance, store, Secrets(egress.vault_values, api_key))
     keys = KeyBook(settings.database)
     gate = Gate(api_key, keys, oidc=oidc_verifier(settings))
@@ -465,6 +531,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
             audit.stop,
             service.stop,
             *(w.stop for w in watchers),
+            *([nodes.close] if nodes is not None else []),
         ],
         gate=gate,
     )

@@ -2,10 +2,10 @@
 
 Rules:
 1. Each group module (serve, policy, vault, egress, logs, sandbox, image, approvals, keys,
-   tenants, down) registers its commands on its own group; this module only names them. A group
-   module is imported when its command runs, never for `--help` or another group: the server
-   side pulls in mitmproxy, FastAPI, httpx and docker, seconds of imports a `policy check` must
-   not pay
+   tenants, down, node-proxy) registers its commands on its own group; this module only names
+   them. A group module is imported when its command runs, never for `--help` or another group:
+   the server side pulls in mitmproxy, FastAPI, httpx and docker, seconds of imports a `policy
+   check` must not pay
    (tests/unit/test_cli_imports.py holds the import graph to that).
 2. Settings are loaded lazily through `CliContext.settings(...)` so that commands needing none
    (e.g. `policy check`) work without a state dir or config file.
@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "keys": ("keys", "group", "Manage API keys: create, list, rotate, revoke."),
     "tenants": ("tenants", "group", "List tenants; show, set and clear a tenant's ceiling."),
     "down": ("down", "command", "Remove what a stopped or killed server left in the kernel."),
+    "node-proxy": ("node_proxy", "command", "Run a Kubernetes node's egress proxy agent (as root)."),
 }
 
 

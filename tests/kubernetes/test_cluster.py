@@ -17,13 +17,12 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-import os
+import re
 import secrets
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -32,63 +31,26 @@ from lightkube.models.core_v1 import Container, EnvVar, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 
+from tests.kubernetes.cluster import (
+    BUILD_TIMEOUT,
+    BUSYBOX_IMAGE,
+    START_TIMEOUT,
+    Cluster,
+    run_script,
+    running_cluster,
+    skip_unless_built,
+    sysctls,
+    up_to_a_build,
+    wait_for_pod,
+)
+
 pytestmark = pytest.mark.root
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "cluster"
 NODE_NAME = "sandgate-node"
 POD_CIDR = ipaddress.ip_network("10.232.0.0/24")
 CNI_RESULTS = Path("/var/lib/cni/results")  # libcni's cache: containerd cannot move it
 HOST_LINK_IP = "10.231.0.1"  # the host's end of the node's veth (scripts/cluster/common.sh)
-BUSYBOX_IMAGE = "sandgate.example.test/busybox:1"
-KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops")
-# A cold build of every program runs for a long time on two cores (docs/kubernetes.md); the
-# module's first test sets the cluster up, so each test may take that long.
-BUILD_TIMEOUT = 2 * 3600
-START_TIMEOUT = 600
-up_to_a_build = pytest.mark.timeout(BUILD_TIMEOUT + START_TIMEOUT + 300)
-
-
-def cached_build() -> bool:
-    return (
-        subprocess.run(["bash", str(SCRIPTS / "build.sh"), "--cached"], capture_output=True).returncode == 0
-    )
-
-
-if not (os.environ.get("SANDGATE_TEST_KUBERNETES") == "1" or cached_build()):
-    pytest.skip(
-        "the cluster's programs are not built: `make cluster-build`, or SANDGATE_TEST_KUBERNETES=1",
-        allow_module_level=True,
-    )
-
-
-@dataclass
-class Cluster:
-    state_dir: Path
-    kubeconfig: Path
-    cluster_id: str
-    sysctls_before: dict[str, str]
-    removed: bool = False
-
-    @property
-    def netns(self) -> str:
-        return f"sgk8s-{self.cluster_id}"
-
-    @property
-    def cgroup(self) -> str:
-        return f"sandgate-k8s-{self.cluster_id}"
-
-    def down(self) -> subprocess.CompletedProcess[str]:
-        self.removed = True
-        return run_script("down.sh", self.state_dir, timeout=300)
-
-
-def run_script(
-    name: str, state_dir: Path, timeout: float, **env_overrides: str
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SANDGATE_CLUSTER_DIR": str(state_dir), **env_overrides}
-    return subprocess.run(
-        ["bash", str(SCRIPTS / name)], env=env, capture_output=True, text=True, timeout=timeout
-    )
+skip_unless_built()
 
 
 def cgroup_hierarchies() -> list[Path]:
@@ -137,23 +99,10 @@ def node_nft_tables(netns: str) -> set[str]:
     return set(out.stdout.splitlines())
 
 
-def sysctls() -> dict[str, str]:
-    return {key: Path(f"/proc/sys/{key}").read_text().strip() for key in KUBELET_SYSCTLS}
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    state_dir = tmp_path_factory.mktemp("cluster") / "state"
-    sysctls_before = sysctls()
-    started = run_script("up.sh", state_dir, timeout=BUILD_TIMEOUT + START_TIMEOUT)
-    assert started.returncode == 0, f"up.sh failed:\n{started.stderr[-6000:]}"
-    kubeconfig = Path(started.stdout.strip().splitlines()[-1])
-    handle = Cluster(state_dir, kubeconfig, (state_dir / "id").read_text().strip(), sysctls_before)
-    try:
+    with running_cluster(tmp_path_factory.mktemp("cluster") / "state") as handle:
         yield handle
-    finally:
-        if not handle.removed:
-            handle.down()
 
 
 @pytest.fixture(scope="module")
@@ -166,16 +115,19 @@ def test_a_start_that_fails_leaves_nothing(tmp_path: Path) -> None:
     """up.sh fails after the network, cgroups and certificates exist (its image writer fails) and
     must take them down again itself."""
     state_dir = tmp_path / "state"
-    netns_before = set(Path("/run/netns").glob("sgk8s-*"))
-    veths_before = links("veth")
+    veths_before = links("veth")  # this test's namespace: no other cluster's
     failed = run_script("up.sh", state_dir, timeout=BUILD_TIMEOUT + START_TIMEOUT, PYTHON="false")
     assert failed.returncode != 0
     assert "cluster: start failed" in failed.stderr, failed.stderr
-    assert "cluster: removed sgk8s-" in failed.stderr, failed.stderr  # down.sh ran, and succeeded
+    removed = re.search(r"cluster: removed sgk8s-([0-9a-f]+)", failed.stderr)  # down.sh ran, and succeeded
+    assert removed, failed.stderr
     assert not state_dir.exists()
-    assert set(Path("/run/netns").glob("sgk8s-*")) == netns_before
+    # its own names only: netns and cgroups are the machine's, where other clusters may run
+    assert not Path(f"/run/netns/sgk8s-{removed[1]}").exists()
     assert links("veth") == veths_before
-    assert not [path for hierarchy in cgroup_hierarchies() for path in hierarchy.glob("sandgate-k8s-*")]
+    assert not [
+        hierarchy for hierarchy in cgroup_hierarchies() if (hierarchy / f"sandgate-k8s-{removed[1]}").exists()
+    ]
 
 
 @up_to_a_build
@@ -187,18 +139,6 @@ def test_node_is_ready(client: Client) -> None:
     assert node.status.nodeInfo is not None
     assert node.status.nodeInfo.kubeletVersion.startswith("v1.")
     assert node.status.nodeInfo.containerRuntimeVersion.startswith("containerd://2.")
-
-
-def wait_for_pod(client: Client, name: str, phases: tuple[str, ...], timeout: float) -> Pod:
-    """The Pod once in one of `phases` (or as it is when the time is up: the caller's assertion
-    then shows its status)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        pod = client.get(Pod, name, namespace="default")
-        assert pod.status is not None
-        if pod.status.phase in phases or time.monotonic() > deadline:
-            return pod
-        time.sleep(0.5)
 
 
 def run_busybox(client: Client, name: str, script: str, env: dict[str, str]) -> None:
