@@ -63,6 +63,7 @@ images: bootstrap
 cluster:
 	@bash scripts/bootstrap.sh cluster
 	@PYTHON=$(VENV)/python bash scripts/cluster/up.sh
+	@PYTHON=$(VENV)/python bash scripts/cluster/execd-image.sh
 
 cluster-build:
 	@bash scripts/cluster/build.sh

@@ -26,13 +26,13 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from sandgate.lifecycle.audit import Change, PolicyChange
+from sandgate.lifecycle.confinement import RUN_NETNS, ProxyControlClient
 from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.errors import LifecycleError, quietly
 from sandgate.lifecycle.isolation import ISOLATION_KEY
-from sandgate.lifecycle.network import RUN_NETNS
 from sandgate.lifecycle.policy_book import PolicyBook, PolicyJSON
 from sandgate.lifecycle.sandbox_state import LIVE_STATES
 from sandgate.lifecycle.sandbox_store import (
@@ -51,16 +51,6 @@ log = logging.getLogger(__name__)
 
 EgressState = Revisioned[Policy]  # a sandbox's policy and the revision it was stored as
 VaultRevision = Revisioned[VaultState]  # its credential-vault state and that revision
-
-
-class ProxyControlClient(Protocol):
-    """The proxy's control socket as lifecycle uses it (`sandgate.proxy.ProxyControl`)."""
-
-    def put_sandbox(self, entry: SandboxEntry) -> object: ...
-    def drop_sandbox(self, address: str) -> object: ...
-    def metrics(self) -> str: ...
-    def approvals(self) -> list[dict[str, Any]]: ...
-    def answer_approval(self, approval_id: str, allow: bool, by: str) -> bool: ...
 
 
 AuditWriter = Callable[[str, Change, PolicyChange], None]  # (sandbox id, what, change)

@@ -26,6 +26,11 @@ class LifecycleError(Exception):
         self.message = message
 
 
+class RuntimeError_(Exception):
+    """A runtime (or the image store or a registry it pulls from) could not do what was asked;
+    the message says what and how to fix it."""
+
+
 def quietly(step: Callable[[], object]) -> None:
     """Run a clean-up step; log its failure and go on."""
     try:

@@ -52,6 +52,7 @@ from typing import IO, Any, Literal
 
 from pydantic import BaseModel
 
+from sandgate.lifecycle.errors import RuntimeError_
 from sandgate.lifecycle.layers import LayerError, LayerStore
 from sandgate.lifecycle.registry import (
     Credentials,
@@ -61,7 +62,6 @@ from sandgate.lifecycle.registry import (
     RegistryClient,
     RegistryConfig,
 )
-from sandgate.lifecycle.runtime.base import RuntimeError_
 
 HOST_IMAGE = "sandgate/host"
 PullPolicy = Literal["if-not-present", "always", "never"]

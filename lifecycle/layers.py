@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from sandgate.lifecycle.runtime.base import RuntimeError_
+from sandgate.lifecycle.errors import RuntimeError_
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"

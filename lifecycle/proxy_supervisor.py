@@ -20,11 +20,15 @@ Rules:
 5. The vault's secrets never touch the disk: every start writes them into a fresh pipe whose
    read end the child inherits (`--secrets-fd`); the config file holds only where the vault is,
    and the child's environment has none of the server's `SANDGATE_*` settings.
+6. With `die_with_supervisor` (the node agent's), the child gets SIGKILL when the thread that
+   started it ends (PR_SET_PDEATHSIG: the supervisor's caller or its watcher, both living as long
+   as the supervisor): a killed agent leaves no proxy serving its Pods.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -115,12 +119,14 @@ class ProxySupervisor:
         listeners: Listeners = Listeners(),
         control_socket: Path | None = None,
         secrets: bytes | None = None,
+        die_with_supervisor: bool = False,
     ) -> None:
         self.config_path = config_path
         self.secrets = secrets  # the vault's StoreSecrets JSON, piped to every start (rule 5)
         self.control_socket = control_socket
         self._socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket it bound
         self.listeners = listeners
+        self.die_with_supervisor = die_with_supervisor  # rule 6
         self.is_healthy = is_healthy
         self.on_ready = on_ready
         self.log_path = log_path
@@ -158,6 +164,7 @@ class ProxySupervisor:
                 stdin=subprocess.DEVNULL,
                 pass_fds=fds,
                 env=proxy_environment(),
+                preexec_fn=die_with(os.getpid()) if self.die_with_supervisor else None,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self._stopping.is_set():
@@ -227,6 +234,20 @@ class ProxySupervisor:
             except Exception:
                 log.exception("proxy restart failed; retrying in %.1fs", backoff)
                 backoff, timeout = min(backoff * 2, 10.0), min(timeout * 2, MAX_START_TIMEOUT)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with(parent: int) -> Callable[[], None]:
+    """A preexec function: SIGKILL this child when its parent ends (or at once, if it has)."""
+
+    def arm() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0 or os.getppid() != parent:
+            os._exit(1)
+
+    return arm
 
 
 def proxy_environment() -> dict[str, str]:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from sandgate.lifecycle.runtime.base import RuntimeError_
+from sandgate.lifecycle.errors import RuntimeError_
 
 DOCKER_HUB = "docker.io"
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")

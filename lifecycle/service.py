@@ -3,18 +3,20 @@ claims from the warm pool. The egress part (policy, credential vault, the proxy'
 `Service.egress` (egress_control.py).
 
 Rules:
-1. Order of a create: validate everything (request, policy, image, limits) -> build the network
-   -> push the sandbox's entry to the proxy (so its first packet is already governed) -> start
-   the runtime -> wait for execd `/ping` -> persist the record, Running, with its first policy
-   revision in one transaction (`SandboxStore.create_sandbox`) -> audit. A failure at any step undoes
-   the steps before it; nothing half-made is left behind or recorded.
-2. Delete: runtime, proxy entry and vault values, network (each step quietly, so one failure
+1. Order of a create: validate everything (request, policy, image, limits) -> prepare the
+   confinement (`sandgate.lifecycle.confinement`: on this host, the network) -> admit the
+   sandbox's entry to its proxy as soon as its address is known (before the runtime starts when
+   the confinement placed it, so its first packet is already governed; else right after) ->
+   start the runtime -> wait for execd `/ping` -> persist the record, Running, with its first
+   policy revision in one transaction (`SandboxStore.create_sandbox`) -> audit. A failure at any
+   step undoes the steps before it; nothing half-made is left behind or recorded.
+2. Delete: runtime, proxy entry and vault values, confinement (each step quietly, so one failure
    does not strand the rest), then the record with its policy and vault state.
 3. Restart: the sandbox store is the truth. `start()` asks the runtime which sandboxes survived,
-   re-pushes their entries to the proxy, removes the rest with their networks, all before the
+   re-pushes their entries to the proxy, removes the rest with their confinement, all before the
    API accepts traffic.
 4. This module speaks no HTTP: it raises `LifecycleError(kind, message)`; the API maps kinds to
-   status codes. Collaborators (networks, runtime, egress control) are passed in; wiring.py
+   status codes. Collaborators (confinement, runtime, egress control) are passed in; wiring.py
    builds them.
 5. Warm pool (optional, `warm_pool_size`): a create that fits claims a pre-built sandbox
    (env and limits applied, policy pushed, entrypoint started through execd) or starts cold;
@@ -37,6 +39,7 @@ from typing import Protocol, runtime_checkable
 
 from sandgate.lifecycle.audit import Change
 from sandgate.lifecycle.cgroups import Limits
+from sandgate.lifecycle.confinement import Confinement
 from sandgate.lifecycle.egress_control import EgressControl, existing
 from sandgate.lifecycle.errors import LifecycleError, quietly
 from sandgate.lifecycle.execd_client import new_token, start_entrypoint
@@ -50,7 +53,6 @@ from sandgate.lifecycle.runtime.base import (
     ClaimMount,
     Runtime,
     RuntimeError_,
-    SandboxNet,
     SandboxSpec,
     wait_for_execd,
 )
@@ -63,12 +65,6 @@ log = logging.getLogger(__name__)
 
 READY_TIMEOUT = 15.0
 POOL_IMAGE = "sandgate/host"
-
-
-class Networks(Protocol):
-    def create(self, sandbox_id: str) -> SandboxNet: ...
-    def destroy(self, sandbox_id: str) -> None: ...
-    def cleanup_leftovers(self, keep: set[str]) -> dict[str, SandboxNet]: ...
 
 
 @runtime_checkable
@@ -102,7 +98,7 @@ class Service:
         self,
         store: SandboxStore,
         *,
-        networks: Networks,
+        confinement: Confinement,
         runtime: Runtime,
         egress: EgressControl,
         check_image: Callable[[CreateRequest], object] = lambda request: None,
@@ -119,7 +115,7 @@ class Service:
         self.renew_max_lifetime = renew_max_lifetime
         self.audit = audit
         self.isolation = isolation
-        self.networks = networks
+        self.confinement = confinement
         self.runtime = runtime
         self.egress = egress
         self.check_image = check_image
@@ -165,18 +161,23 @@ class Service:
             binds=request.binds,
             claims=request.claims,
             isolation=isolation,
+            metadata=request.metadata,
+            pull_auth=request.image_auth,
             **asdict(limits),
         )
         undo: list[Callable[[], object]] = []
         try:
-            net = self.networks.create(record.id)
-            undo.append(lambda: self.networks.destroy(record.id))
-            record = replace(record, address=net.address, gateway=net.gateway, netns=net.netns)
-            self.egress.push_new(record, document)
-            undo.append(lambda: self.egress.drop(net.address))
-            self.runtime.create(spec, net)
+            net = self.confinement.prepare(record.id)
+            undo.append(lambda: self.confinement.release(record.id))
+            if net is not None:  # placed on this host: admitted before its first packet
+                record = replace(record, address=net.address, gateway=net.gateway, netns=net.netns)
+                undo.append(self._admit(record, document))
+            address = self.runtime.create(spec, net)
             undo.append(lambda: self.runtime.delete(record.id))
-            self._wait_ready(record.id, net)
+            if net is None:  # placed by the runtime's network: admitted once it has an address
+                record = replace(record, address=address)
+                undo.append(self._admit(record, document))
+            self._wait_ready(record.id, address)
             record = record.moved("start", "execd answered /ping")
             self.store.create_sandbox(record, document)
         except Exception as exc:
@@ -187,6 +188,12 @@ class Service:
             raise LifecycleError("unavailable", f"sandbox could not be started: {exc}") from exc
         self.egress.audit_change(record.id, actor, 0, 1, None, document, Change.CREATE, isolation=isolation)
         return record
+
+    def _admit(self, record: SandboxRecord, document: Policy) -> Callable[[], None]:
+        """Push the new sandbox's entry to the proxy that confines it; returns its undo."""
+        self.egress.push_new(record, document)
+        address = record.address or ""
+        return lambda: self.egress.drop(address)
 
     @staticmethod
     def _new_record(request: CreateRequest, sandbox_id: str, execd_token: str) -> SandboxRecord:
@@ -314,7 +321,7 @@ class Service:
         alive = set(self.runtime.adopt())
         records = self.store.list_sandboxes()
         keep = {r.id for r in records if r.id in alive and r.state in LIVE_STATES}
-        adopted = self.networks.cleanup_leftovers(keep)
+        adopted = self.confinement.adopt(keep)
         for record in records:
             if record.id in keep and record.id in adopted:
                 continue
@@ -345,12 +352,12 @@ class Service:
     def _teardown(self, record: SandboxRecord) -> None:
         quietly(lambda: self.runtime.delete(record.id))
         self.egress.forget_sandbox(record)
-        quietly(lambda: self.networks.destroy(record.id))
+        quietly(lambda: self.confinement.release(record.id))
 
-    def _wait_ready(self, sandbox_id: str, net: SandboxNet) -> None:
+    def _wait_ready(self, sandbox_id: str, address: str) -> None:
         """Until execd answers /ping; a sandbox that died, or a timeout, fails with its output."""
         try:
-            wait_for_execd(self.runtime, sandbox_id, net, self.ready_timeout, poll=0.005)
+            wait_for_execd(self.runtime, sandbox_id, address, self.ready_timeout, poll=0.005)
         except RuntimeError_ as exc:
             raise LifecycleError("unavailable", str(exc)) from exc
 
@@ -402,13 +409,14 @@ class Service:
         return record
 
     def _build_pool_member(self, sandbox_id: str) -> Member:
-        net = self.networks.create(sandbox_id)
+        net = self.confinement.prepare(sandbox_id)
+        if net is None:
+            raise LifecycleError("unsupported", f"the {self.confinement.name} confinement has no warm pool")
         token = new_token()
         spec = SandboxSpec(sandbox_id, POOL_IMAGE, [], execd_token=token, ca_cert=self.ca_cert)
-        self.runtime.create(spec, net)
-        self._wait_ready(sandbox_id, net)
+        self._wait_ready(sandbox_id, self.runtime.create(spec, net))
         return Member(sandbox_id, net, token)
 
     def _discard_pool_member(self, sandbox_id: str) -> None:
         quietly(lambda: self.runtime.delete(sandbox_id))
-        quietly(lambda: self.networks.destroy(sandbox_id))
+        quietly(lambda: self.confinement.release(sandbox_id))

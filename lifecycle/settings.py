@@ -79,6 +79,31 @@ class SecureRuntime(BaseModel):
         )
 
 
+class KubernetesSettings(BaseModel):
+    """The `[kubernetes]` TOML table (env: SANDGATE_KUBERNETES as JSON), read with runtime = kubernetes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kubeconfig: Path | None = Field(
+        None,
+        description="kubeconfig file; unset: $KUBECONFIG or ~/.kube/config, else the Pod's in-cluster config",
+    )
+    namespace: str = Field(
+        "sandgate", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", description="where sandbox Pods run"
+    )
+    execd_image: str = Field(
+        "sandgate.example.test/execd:1",
+        description="the image whose init container copies execd into each Pod "
+        "(scripts/cluster/execd-image.sh builds and imports it; docs/kubernetes.md)",
+    )
+    gvisor_runtime_class: str = Field(
+        "gvisor", description="RuntimeClass of gvisor sandboxes (offered when the cluster has it)"
+    )
+    start_timeout: float = Field(
+        180.0, gt=0, description="seconds a Pod may take to run (its image pulled) before a create fails"
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SANDGATE_", extra="forbid")
 
@@ -89,8 +114,11 @@ class Settings(BaseSettings):
         None, description="OPEN-SANDBOX-API-KEY; generated into the state dir when unset"
     )
     state_dir: Path = Field(Path("/var/lib/sandgate"), description="vault, CA, database, audit log")
-    runtime: Literal["local", "docker"] = Field("local", description="sandbox runtime")
+    runtime: Literal["local", "docker", "kubernetes"] = Field("local", description="sandbox runtime")
     docker_host: str | None = Field(None, description="Docker engine URL (default: DOCKER_HOST)")
+    kubernetes: KubernetesSettings = Field(
+        KubernetesSettings.model_validate({}), description="the Kubernetes runtime (docs/kubernetes.md)"
+    )
     docker_oci_runtime: str | None = Field(None, description="OCI runtime for sandbox containers, e.g. runsc")
     docker_gvisor_runtime: str = Field(
         "sandgate-runsc", description="the engine's runtime name for gvisor sandboxes (docs/runtime.md)"

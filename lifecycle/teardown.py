@@ -27,9 +27,9 @@ from pathlib import Path
 
 from sandgate.lifecycle import statelock
 from sandgate.lifecycle.cgroups import SandboxCgroup
+from sandgate.lifecycle.confinement import RUN_NETNS
 from sandgate.lifecycle.credential_state import VaultState
 from sandgate.lifecycle.kernel import instance_tag, mount_points
-from sandgate.lifecycle.network import RUN_NETNS
 from sandgate.lifecycle.proxy_supervisor import proxy_processes, stop_proxies
 from sandgate.lifecycle.runtime.gvisor import processes as runsc_processes
 from sandgate.lifecycle.runtime.sandbox_disk import image_prefix, loop_devices

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sandgate.lifecycle.runtime.base import SandboxNet
+from sandgate.lifecycle.confinement import SandboxNet
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 30.0

@@ -26,14 +26,15 @@ if TYPE_CHECKING:
     from fastapi import APIRouter
 
     from sandgate.lifecycle.audit import AuditIndex, AuditStore, Change, PolicyChange
+    from sandgate.lifecycle.confinement import Confinement, SandboxNetworks
     from sandgate.lifecycle.gvisor_events import GvisorEvents
     from sandgate.lifecycle.images import ImageStore
-    from sandgate.lifecycle.network import SandboxNetworks
     from sandgate.lifecycle.process_events import ProcessWatcher
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
     from sandgate.lifecycle.registry import Credentials, RegistryConfig
     from sandgate.lifecycle.runtime.base import BindMount
     from sandgate.lifecycle.runtime.docker import DockerRuntime
+    from sandgate.lifecycle.runtime.kubernetes import KubernetesRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
     from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
     from sandgate.lifecycle.sandbox_store import SandboxRecord, SandboxStore
@@ -200,7 +201,7 @@ def audit_and_console(
 
 
 def make_networks(settings: Settings, instance: str) -> SandboxNetworks:
-    from sandgate.lifecycle.network import ProxyPorts, SandboxNetworks
+    from sandgate.lifecycle.confinement import ProxyPorts, SandboxNetworks
 
     return SandboxNetworks(
         table=settings.nft_table,
@@ -215,7 +216,24 @@ def make_networks(settings: Settings, instance: str) -> SandboxNetworks:
     )
 
 
-def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRuntime:
+def make_confinement(settings: Settings, instance: str, proxy: ProxyControl) -> Confinement:
+    """Where sandboxes are confined: on this host (local, Docker), or by the Pod network."""
+    from sandgate.lifecycle.confinement import HostConfinement, PodConfinement
+
+    if settings.runtime == "kubernetes":
+        return PodConfinement(proxy)
+    networks = make_networks(settings, instance)
+    networks.ensure_table()
+    return HostConfinement(networks, proxy)
+
+
+def make_runtime(
+    settings: Settings, instance: str, login: Callable[[str], Credentials | None] = lambda registry: None
+) -> LocalRuntime | DockerRuntime | KubernetesRuntime:
+    """The runtime the settings name; `login` is the vault's registry login (Kubernetes pulls
+    at start, so it needs it then)."""
+    if settings.runtime == "kubernetes":
+        return kubernetes_runtime(settings, instance, login)
     binds = operator_binds(settings)
     if settings.runtime == "docker":
         from sandgate.lifecycle.runtime.docker import DockerRuntime
@@ -245,6 +263,29 @@ def make_runtime(settings: Settings, instance: str) -> LocalRuntime | DockerRunt
         runsc=settings.runsc,
         gvisor_platform=settings.gvisor_platform,
         gvisor_events=events_endpoint(settings.state_dir) if settings.exec_audit == "processes" else None,
+    )
+
+
+def kubernetes_runtime(
+    settings: Settings, instance: str, login: Callable[[str], Credentials | None]
+) -> KubernetesRuntime:
+    from sandgate.lifecycle.errors import RuntimeError_
+    from sandgate.lifecycle.runtime.kubernetes import KubernetesRuntime, connect
+
+    options = settings.kubernetes
+    try:
+        client = connect(options.kubeconfig, options.namespace)
+    except RuntimeError_ as exc:
+        raise ValueError(f"setting runtime = kubernetes: {exc}") from None
+    return KubernetesRuntime(
+        client,
+        namespace=options.namespace,
+        instance=instance,
+        execd_image=options.execd_image,
+        pull_policy=settings.image_pull_policy,
+        gvisor_runtime_class=options.gvisor_runtime_class,
+        start_timeout=options.start_timeout,
+        login=login,
     )
 
 
@@ -305,7 +346,8 @@ def registry_login(settings: Settings, vault: SecretStore) -> Callable[[str], Cr
 
 
 def image_check(
-    runtime: LocalRuntime | DockerRuntime, login: Callable[[str], Credentials | None] = lambda registry: None
+    runtime: LocalRuntime | DockerRuntime | KubernetesRuntime,
+    login: Callable[[str], Credentials | None] = lambda registry: None,
 ) -> Callable[[CreateRequest], object]:
     """What a create runs before anything is built: the image is there, or is pulled now (with
     `image.auth`, else the vault's login for the registry)."""
@@ -350,9 +392,9 @@ def build_components(settings: Settings, api_key: str) -> Components:
     ca = ensure_ca(settings.state_dir)
     control = ProxyControl(control_socket(settings.state_dir))
     instance = instance_tag(settings.state_dir)
-    networks = make_networks(settings, instance)
-    networks.ensure_table()
-    runtime = make_runtime(settings, instance)
+    confinement = make_confinement(settings, instance, control)
+    vault = open_vault(settings)
+    runtime = make_runtime(settings, instance, registry_login(settings, vault))
     if settings.isolation not in runtime.isolations:  # every create would be refused
         raise ValueError(
             f"setting `isolation` (SANDGATE_ISOLATION) is {settings.isolation!r}, which this host's "
@@ -360,10 +402,9 @@ def build_components(settings: Settings, api_key: str) -> Components:
             "(`apt-get install runsc`; on Docker, register sandgate-runsc, docs/runtime.md)"
         )
     store = SandboxStore(settings.database)
-    vault = open_vault(settings)
     egress = EgressControl(
         store,
-        proxy=control,
+        proxy=confinement.proxy,
         vault=vault,
         policies=SandgatePolicies(
             settings.policy_max_rules, settings.load_default_policy(), settings.presets
@@ -374,7 +415,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
     )
     service = Service(
         store,
-        networks=networks,
+        confinement=confinement,
         runtime=runtime,
         egress=egress,
         check_image=image_check(runtime, registry_login(settings, vault)),

@@ -5,8 +5,9 @@ Public face: the proxy's contract (proxy/contract/), which is all lifecycle may 
 `python -m sandgate.proxy --config FILE`), `SandboxEntry` + `ProxyControl` (push and drop
 sandboxes over the control socket), `ensure_ca` (the deployment CA; `.cert` goes into
 sandboxes), the audit schema (`AuditRecord`, `append_record`, `RECORD_KINDS`, `INCOMPLETE`), the audit
-file's hash chain (`verify_chain`) and the names of every file and socket in the state dir. None
-of it loads mitmproxy; the engine (every other module here) is private. See docs/proxy.md and docs/audit.md.
+file's hash chain (`verify_chain`, over `audit_files`) and the names of every file and socket
+in the state dir. None of it loads mitmproxy; the engine (every other module here) is private.
+See docs/proxy.md and docs/audit.md.
 
 Names are imported when first used (PEP 562): the CLI reads audit records with only pydantic
 loaded, and `sandgate vault put` talks to the control socket with httpx, never mitmproxy.
@@ -33,13 +34,13 @@ _PUBLIC = {
         ),
         "audit",
     ),
-    "verify_chain": "chain",
+    **dict.fromkeys(("audit_files", "verify_chain"), "chain"),
     **dict.fromkeys(("CaFiles", "ensure_ca"), "ca"),
     **dict.fromkeys(
         ("ConnectionLimits", "ProxyConfig", "ResolverAddress", "SandboxEntry", "UpstreamProxy"), "config"
     ),
     "system_servers": "config",
-    **dict.fromkeys(("ProxyControl", "ProxyControlError"), "control"),
+    **dict.fromkeys(("ProxyControl", "ProxyControlError", "VaultValues"), "control"),
 }
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
         redact_path,
     )
     from sandgate.proxy.contract.ca import CaFiles, ensure_ca
-    from sandgate.proxy.contract.chain import verify_chain
+    from sandgate.proxy.contract.chain import audit_files, verify_chain
     from sandgate.proxy.contract.config import (
         ConnectionLimits,
         ProxyConfig,
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
         UpstreamProxy,
         system_servers,
     )
-    from sandgate.proxy.contract.control import ProxyControl, ProxyControlError
+    from sandgate.proxy.contract.control import ProxyControl, ProxyControlError, VaultValues
     from sandgate.proxy.contract.names import (
         AUDIT_FILE,
         CONFIG_FILE,
@@ -98,8 +99,10 @@ __all__ = [
     "ResolverAddress",
     "SandboxEntry",
     "UpstreamProxy",
+    "VaultValues",
     "append_record",
     "append_records",
+    "audit_files",
     "audit_path",
     "config_path",
     "control_socket",

@@ -27,8 +27,16 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sandgate.policy import PolicyError
 from sandgate.proxy.contract.config import SandboxEntry
-from sandgate.proxy.contract.control import ROUTES, WORKER_ROUTES, ApprovalAnswer, Route, VaultChange
+from sandgate.proxy.contract.control import (
+    ROUTES,
+    WORKER_ROUTES,
+    ApprovalAnswer,
+    Route,
+    VaultChange,
+    VaultValues,
+)
 from sandgate.proxy.state import ProxyState
+from sandgate.vault import MemoryStore
 
 # Idle keep-alive connections stay open this long: longer than the clients' (lifecycle's
 # ProxyControl and the pool's and workers' clients are httpx, which keeps them 5 s, uvicorn's own
@@ -89,6 +97,17 @@ def control_app(state: ProxyState, serve: Callable[[], Awaitable[None]] | None =
     def vault_changed(change: VaultChange) -> dict[str, int]:
         # A sync handler: FastAPI runs it in a worker thread, so the vault reads never block the loop.
         return {"refreshed": state.table.values.refresh(change.names)}
+
+    @on(app, ROUTES.put_values)
+    def put_values(change: VaultValues) -> dict[str, int]:
+        store = state.table.values.store
+        if not isinstance(store, MemoryStore):
+            raise HTTPException(409, "values are pushed only into a `memory` vault (a node proxy's)")
+        for name, value in change.values.items():
+            store.put(name, value.get_secret_value())
+        removed = sum(store.delete(name) for name in change.removed)
+        state.table.values.refresh([*change.values, *change.removed])
+        return {"stored": len(change.values), "removed": removed}
 
     @on(app, ROUTES.list_sandboxes)
     def list_sandboxes() -> list[SandboxEntry]:

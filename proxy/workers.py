@@ -483,6 +483,11 @@ def pool_app(pool: WorkerPool) -> FastAPI:
     async def vault_changed(change: VaultChange) -> Response:
         return reply(await pool.change(ROUTES.vault_changed, None, change.model_dump_json()))
 
+    @on(app, ROUTES.put_values)
+    def put_values() -> Response:
+        # a restarted worker gets the pool's table, which holds no values: one worker only
+        return JSONResponse(status_code=409, content={"detail": "a memory vault needs workers = 1"})
+
     @on(app, ROUTES.list_sandboxes)
     def list_sandboxes() -> list[SandboxEntry]:
         return list(pool.entries.values())

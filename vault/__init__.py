@@ -6,7 +6,8 @@ proxy's injection path calls `reveal`, and only to render a binding; `values` on
 `Redactor`. No code here logs, prints or raises with a value in it.
 
 - Stores: `LocalStore` (one AES-256-GCM file in the state dir), `OpenBaoStore` (HashiCorp
-  Vault / OpenBao KV v2), both `SecretStore`s; `open_store(...)` builds one from settings values;
+  Vault / OpenBao KV v2), `MemoryStore` (a node proxy's, fed over its control socket), all
+  `SecretStore`s; `open_store(...)` builds one from settings values;
   `open_configured(StoreSettings, StoreSecrets)` from the two halves a config file and a pipe carry.
 - Rendering: `render(binding, reveal) -> Injection` (headers to set and `Placeholders` to
   substitute), one renderer per auth type in `RENDERERS`.
@@ -20,6 +21,7 @@ proxy's injection path calls `reveal`, and only to render a binding; `values` on
 
 from sandgate.vault.errors import InvalidSecretName, SecretNotFound, VaultError, VaultKeyError, VaultTampered
 from sandgate.vault.local import LocalStore, decode_master_key, generate_master_key
+from sandgate.vault.memory import MemoryStore
 from sandgate.vault.models import SecretInfo
 from sandgate.vault.oauth2 import (
     Minted,
@@ -65,6 +67,7 @@ __all__ = [
     "Injection",
     "InvalidSecretName",
     "LocalStore",
+    "MemoryStore",
     "MintError",
     "Minted",
     "OpenBaoStore",

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from sandgate.vault.errors import VaultError
 from sandgate.vault.local import LocalStore, decode_master_key
+from sandgate.vault.memory import MemoryStore
 from sandgate.vault.models import SecretInfo
 from sandgate.vault.openbao import OpenBaoStore
 
@@ -50,7 +51,7 @@ class StoreSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["local", "openbao"] = "local"
+    backend: Literal["local", "openbao", "memory"] = "local"  # memory: a node proxy's (vault/memory.py)
     state_dir: Path
     openbao_addr: str | None = None
     openbao_role_id: str | None = None
@@ -95,7 +96,7 @@ def open_configured(settings: StoreSettings, secrets: StoreSecrets) -> SecretSto
 
 
 def open_store(
-    backend: Literal["local", "openbao"],
+    backend: Literal["local", "openbao", "memory"],
     state_dir: Path,
     vault_key: str | None = None,
     openbao_addr: str | None = None,
@@ -110,6 +111,8 @@ def open_store(
     if backend == "local":
         master = decode_master_key(vault_key) if vault_key else None
         return LocalStore(Path(state_dir) / LOCAL_VAULT_FILE, master, Path(state_dir) / LOCAL_KEY_FILE)
+    if backend == "memory":
+        return MemoryStore()
     if backend == "openbao":
         if not openbao_addr:
             raise VaultError("vault_backend is openbao but no address is set: set SANDGATE_OPENBAO_ADDR")
@@ -122,4 +125,4 @@ def open_store(
             prefix=openbao_prefix,
             cache_ttl=cache_ttl,
         )
-    raise VaultError(f"unknown vault backend {backend!r}: use 'local' or 'openbao'")
+    raise VaultError(f"unknown vault backend {backend!r}: use 'local', 'openbao' or 'memory'")

@@ -1,7 +1,8 @@
 """The `sandgate` command line: one click group, one module per subcommand group.
 
 Rules:
-1. Each group module (serve, policy, vault, egress, logs, sandbox, image, approvals, down) registers its
+1. Each group module (serve, policy, vault, egress, logs, sandbox, image, approvals, down,
+   node-proxy) registers its
    commands on its own group; this module only names them. A group module is imported when its
    command runs, never for `--help` or another group: the server side pulls in mitmproxy,
    FastAPI, httpx and docker, seconds of imports a `policy check` must not pay
@@ -37,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Answer requests held for a reviewer (policy `ask`): list, allow, deny.",
     ),
     "down": ("down", "command", "Remove what a stopped or killed server left in the kernel."),
+    "node-proxy": ("node_proxy", "command", "Run a Kubernetes node's egress proxy agent (as root)."),
 }
 
 

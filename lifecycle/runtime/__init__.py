@@ -1,5 +1,5 @@
-"""Sandbox runtimes: `local` (bubblewrap in a sandgate netns) and `docker`."""
+"""Sandbox runtimes: `local` (bubblewrap in a sandgate netns), `docker` and `kubernetes`."""
 
-from sandgate.lifecycle.runtime.base import Runtime, RuntimeError_, SandboxNet, SandboxSpec
+from sandgate.lifecycle.runtime.base import Runtime, RuntimeError_, SandboxSpec
 
-__all__ = ["Runtime", "RuntimeError_", "SandboxNet", "SandboxSpec"]
+__all__ = ["Runtime", "RuntimeError_", "SandboxSpec"]

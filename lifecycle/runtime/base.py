@@ -1,8 +1,9 @@
 """What a runtime is given and what it must do.
 
-A runtime starts a sandbox's processes (its entrypoint and execd) inside a network namespace
-that lifecycle's network module has already built; it never touches routes or nftables, so
-every runtime inherits the same egress guarantees. All operations are idempotent.
+A runtime starts a sandbox's processes (its entrypoint and execd) inside the network its
+confinement placed it in (`sandgate.lifecycle.confinement`: a netns built on this host, or the
+runtime's own network, e.g. a Pod's); it never touches routes, nftables or the proxy, so every
+runtime inherits the same egress guarantees. All operations are idempotent.
 """
 
 from __future__ import annotations
@@ -16,23 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
+from sandgate.lifecycle.confinement import SandboxNet
+from sandgate.lifecycle.errors import RuntimeError_
+from sandgate.lifecycle.registry import Credentials
+
 EXECD_PORT = 44772
 # execd refuses every route but /ping without it (when it was started with a token).
 EXECD_TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"
-
-
-@dataclass(frozen=True)
-class SandboxNet:
-    """The sandbox's network as built by lifecycle.network."""
-
-    netns: str  # name under /run/netns
-    address: str  # the sandbox's IPv4 address (its identity at the proxy)
-    gateway: str  # host end of the veth; the sandbox's only route and its resolver
-    prefixlen: int = 30
-
-    @property
-    def netns_path(self) -> Path:
-        return Path("/run/netns") / self.netns
 
 
 # Host paths no bind may show a sandbox, nor contain (the control plane's files, kernel and
@@ -137,18 +128,19 @@ class SandboxSpec:
     binds: tuple[BindMount, ...] = ()  # checked binds of this sandbox (besides the runtime's)
     claims: tuple[ClaimMount, ...] = ()  # its `pvc` volumes (runtime/claims.py)
     isolation: str = "standard"  # "gvisor": on gVisor's kernel (runtime/gvisor.py)
-
-
-class RuntimeError_(Exception):
-    """A runtime could not do what was asked; the message says what and how to fix it."""
+    metadata: dict[str, str] = field(default_factory=dict)  # the create's, for runtimes that label
+    # ImageSpec.auth, for runtimes whose node pulls at start (Kubernetes); local and Docker pulled
+    # before the create, when the image was checked.
+    pull_auth: Credentials | None = None
 
 
 class Runtime(Protocol):
     name: str
     isolations: tuple[str, ...]  # what `SandboxSpec.isolation` may ask of it on this host
 
-    def create(self, spec: SandboxSpec, net: SandboxNet) -> None:
-        """Start entrypoint and execd (listening on net.address:EXECD_PORT) inside net."""
+    def create(self, spec: SandboxSpec, net: SandboxNet | None) -> str:
+        """Start entrypoint and execd inside `net` (None: in the runtime's own network); returns
+        the sandbox's address, where execd listens (EXECD_PORT) and its identity at the proxy."""
 
     def delete(self, sandbox_id: str) -> None:
         """Stop every process, remove mounts/cgroups/containers; no error if already gone."""
@@ -166,6 +158,13 @@ class Runtime(Protocol):
         """The end of the sandbox's output (for errors that say why it did not start)."""
 
 
+def placed(net: SandboxNet | None, runtime: str) -> SandboxNet:
+    """`net`, or RuntimeError_ when the confinement built none (this runtime needs one)."""
+    if net is None:
+        raise RuntimeError_(f"the {runtime} runtime starts sandboxes in a network built on this host")
+    return net
+
+
 def ping_execd(address: str) -> bool:
     """True if execd on `address` answers GET /ping with 200 (within a second)."""
     connection = http.client.HTTPConnection(address, EXECD_PORT, timeout=1)
@@ -178,11 +177,11 @@ def ping_execd(address: str) -> bool:
         connection.close()
 
 
-def wait_for_execd(runtime: Runtime, sandbox_id: str, net: SandboxNet, timeout: float, poll: float) -> None:
+def wait_for_execd(runtime: Runtime, sandbox_id: str, address: str, timeout: float, poll: float) -> None:
     """Wait until execd answers GET /ping with 200; fail early if the sandbox died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if ping_execd(net.address):
+        if ping_execd(address):
             return
         if not runtime.alive(sandbox_id):
             raise RuntimeError_(
@@ -190,6 +189,6 @@ def wait_for_execd(runtime: Runtime, sandbox_id: str, net: SandboxNet, timeout: 
             )
         time.sleep(poll)
     raise RuntimeError_(
-        f"execd of sandbox {sandbox_id} did not answer /ping on {net.address}:{EXECD_PORT} "
+        f"execd of sandbox {sandbox_id} did not answer /ping on {address}:{EXECD_PORT} "
         f"within {timeout}s: {runtime.log_tail(sandbox_id)}"
     )

@@ -44,14 +44,15 @@ from docker.models.containers import Container
 from docker.types import Mount
 from pyroute2 import IPRoute
 
+from sandgate.lifecycle.confinement import SandboxNet
 from sandgate.lifecycle.kernel import MS_BIND, in_fresh_thread, mount, umount
 from sandgate.lifecycle.registry import RegistryConfig
 from sandgate.lifecycle.runtime.base import (
     EXECD_PORT,
     BindMount,
     RuntimeError_,
-    SandboxNet,
     SandboxSpec,
+    placed,
     wait_for_execd,
 )
 from sandgate.lifecycle.runtime.docker_claims import DockerClaims
@@ -111,12 +112,13 @@ class DockerRuntime:
 
     # -- the Runtime protocol ---------------------------------------------------------------
 
-    def create(self, spec: SandboxSpec, net: SandboxNet) -> None:
+    def create(self, spec: SandboxSpec, net: SandboxNet | None) -> str:
         """Start the container and join it to `net`; returns once launched (see `wait_ready`)."""
+        net = placed(net, self.name)
         existing = self._container(spec.sandbox_id)
         if existing is not None:
             if existing.status in LIVE_STATES:
-                return
+                return net.address
             self.delete(spec.sandbox_id)  # the container and its filesystem
         if spec.isolation == "gvisor" and self.gvisor_runtime is None:
             raise RuntimeError_(
@@ -132,7 +134,7 @@ class DockerRuntime:
         try:
             container.start()
             if spec.isolation == "gvisor":
-                return  # booted inside net by the runtime wrapper (rule 7)
+                return net.address  # booted inside net by the runtime wrapper (rule 7)
             container.reload()
             container_ns = self._open_netns(spec.sandbox_id, container)
             try:
@@ -143,6 +145,7 @@ class DockerRuntime:
         except BaseException:
             self.delete(spec.sandbox_id)
             raise
+        return net.address
 
     def delete(self, sandbox_id: str) -> None:
         container = self._container(sandbox_id)
@@ -185,7 +188,7 @@ class DockerRuntime:
 
     def wait_ready(self, sandbox_id: str, net: SandboxNet, timeout: float = 10.0) -> None:
         """Wait until execd answers GET /ping with 200; fail early if the container died."""
-        wait_for_execd(self, sandbox_id, net, timeout, poll=0.005)
+        wait_for_execd(self, sandbox_id, net.address, timeout, poll=0.005)
 
     def log_tail(self, sandbox_id: str, limit: int = 2000) -> str:
         container = self._container(sandbox_id)

@@ -49,6 +49,16 @@ from sandgate.lifecycle.runtime.launch import ExecdPython, python_paths
 SANDGATE_ENTRY = "/usr/local/bin/sandgate-entry"
 CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
 CA_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO")
+# Launcher lines (with `c`, the proxy CA's path, set): the image's CA bundle plus the proxy CA in
+# /run/sandgate, named by the variables programs read.
+TRUST_PROXY_CA = (
+    "if os.path.exists(c):\n"
+    " os.makedirs('/run/sandgate',exist_ok=True);b=b''\n"
+    f" for p in {CA_BUNDLES!r}:\n"
+    "  if os.path.exists(p):b=open(p,'rb').read();break\n"
+    " open('/run/sandgate/ca-bundle.crt','wb').write(b+b'\\n'+open(c,'rb').read())\n"
+    f" for k in {CA_ENV!r}:os.environ[k]='/run/sandgate/ca-bundle.crt'\n"
+)
 # argv: N, the entrypoint's N words, execd's package parent dir, its site-packages, execd's args.
 FOREIGN_LAUNCHER = (
     "import os,sys,socket,time\n"
@@ -61,12 +71,7 @@ FOREIGN_LAUNCHER = (
     "  if time.monotonic()>d:sys.exit('sandgate: address '+a+' did not appear within 30 s')\n"
     "  time.sleep(0.01)\n"
     "c='/etc/sandgate/proxy-ca.crt'\n"
-    "if os.path.exists(c):\n"
-    " os.makedirs('/run/sandgate',exist_ok=True);b=b''\n"
-    f" for p in {CA_BUNDLES!r}:\n"
-    "  if os.path.exists(p):b=open(p,'rb').read();break\n"
-    " open('/run/sandgate/ca-bundle.crt','wb').write(b+b'\\n'+open(c,'rb').read())\n"
-    f" for k in {CA_ENV!r}:os.environ[k]='/run/sandgate/ca-bundle.crt'\n"
+    f"{TRUST_PROXY_CA}"
     "n=int(sys.argv[1]);e=sys.argv[2:2+n];p,s,*x=sys.argv[2+n:]\n"
     "if e:x+=[f'--entrypoint-pid={os.posix_spawnp(e[0],e,os.environ)}','--entrypoint='+e[0]]\n"
     "sys.path[:0]=[s];m=type(sys)('sandgate');m.__path__=[p];sys.modules['sandgate']=m\n"

@@ -40,8 +40,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from sandgate.lifecycle.confinement import SandboxNet
 from sandgate.lifecycle.gvisor_events import trace_config
-from sandgate.lifecycle.runtime.base import RuntimeError_, SandboxNet, SandboxSpec
+from sandgate.lifecycle.runtime.base import RuntimeError_, SandboxSpec
 from sandgate.lifecycle.runtime.launch import LAUNCH_ENV, SANDBOX_CAPS, Launch, launcher_argv
 from sandgate.lifecycle.runtime.sandbox_root import SANDBOX_HOSTNAME
 

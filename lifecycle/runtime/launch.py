@@ -35,7 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, RuntimeError_, SandboxNet, SandboxSpec
+from sandgate.lifecycle.confinement import SandboxNet
+from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, RuntimeError_, SandboxSpec
 from sandgate.lifecycle.runtime.sandbox_root import DEFAULT_PATH, SANDBOX_HOSTNAME
 
 SANDBOX_CAPS = (

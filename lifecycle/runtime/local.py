@@ -39,9 +39,10 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from sandgate.lifecycle.cgroups import Limits, SandboxCgroup
+from sandgate.lifecycle.confinement import SandboxNet
 from sandgate.lifecycle.images import HOST_IMAGE, HostRoot, Image, ImageStore
 from sandgate.lifecycle.kernel import instance_tag, mount, umount
-from sandgate.lifecycle.runtime.base import BindMount, RuntimeError_, SandboxNet, SandboxSpec, wait_for_execd
+from sandgate.lifecycle.runtime.base import BindMount, RuntimeError_, SandboxSpec, placed, wait_for_execd
 from sandgate.lifecycle.runtime.claims import DirectoryClaims, close_held
 from sandgate.lifecycle.runtime.gvisor import Gvisor, Platform, find_runsc, require
 from sandgate.lifecycle.runtime.java_trust import JavaTrust
@@ -114,10 +115,11 @@ class LocalRuntime:
 
     # -- the Runtime protocol ---------------------------------------------------------------
 
-    def create(self, spec: SandboxSpec, net: SandboxNet) -> None:
+    def create(self, spec: SandboxSpec, net: SandboxNet | None) -> str:
         """Start the entrypoint and execd; returns once launched (see `wait_ready`)."""
+        net = placed(net, self.name)
         if self.alive(spec.sandbox_id):
-            return
+            return net.address
         image = self.images.get(spec.image)
         require(spec.isolation, self.gvisor.runsc if self.gvisor else None)
         self.delete(spec.sandbox_id)
@@ -152,6 +154,7 @@ class LocalRuntime:
             raise
         finally:
             close_held(held)  # the launcher has its copies
+        return net.address
 
     def delete(self, sandbox_id: str) -> None:
         process = self._processes.pop(sandbox_id, None)
@@ -212,7 +215,7 @@ class LocalRuntime:
 
     def wait_ready(self, sandbox_id: str, net: SandboxNet, timeout: float = 10.0) -> None:
         """Wait until execd answers GET /ping with 200; fail early if the sandbox died."""
-        wait_for_execd(self, sandbox_id, net, timeout, poll=0.002)
+        wait_for_execd(self, sandbox_id, net.address, timeout, poll=0.002)
 
     def configure(self, sandbox_id: str, env: dict[str, str], limits: Limits) -> None:
         """Give a running sandbox (a claimed warm-pool member) its limits and its env: the env

@@ -12,6 +12,8 @@ drift apart. What each route does is documented in docs/proxy.md ("Control API")
     GET    /health                                          -> 200 {"status": "ok", "sandboxes": n}
     GET    /metrics                                         -> 200 Prometheus text
     POST   /vault/changed   body: {"names": [...]} or {}    -> 200 {"refreshed": n}
+    PUT    /vault/values    body: VaultValues               -> 200 {"stored": n, "removed": n}
+                                                               (409 unless the vault is `memory`)
     GET    /approvals                                       -> 200 [held request, ...]
     POST   /approvals/{approval_id}  body: ApprovalAnswer    -> 200 {"answered": id} (404 if not held)
 
@@ -23,12 +25,13 @@ A worker of the pool has its own socket, which only the pool talks to, with one 
 from __future__ import annotations
 
 import builtins
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from sandgate.proxy.contract.config import SandboxEntry
 
@@ -52,6 +55,7 @@ class Routes:
     health: Route = Route("GET", "/health")
     metrics: Route = Route("GET", "/metrics")
     vault_changed: Route = Route("POST", "/vault/changed")
+    put_values: Route = Route("PUT", "/vault/values")
     list_approvals: Route = Route("GET", "/approvals")
     answer_approval: Route = Route("POST", "/approvals/{approval_id}")
 
@@ -76,6 +80,21 @@ class VaultChange(BaseModel):
     """Vault entries that were stored, rotated or removed; None means "maybe all of them"."""
 
     names: list[str] | None = None
+
+
+class VaultValues(BaseModel):
+    """Values for a `memory` vault (a node proxy's: vault/memory.py), stored and removed by name.
+    The values never appear in a validation error or a repr."""
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    values: dict[str, SecretStr] = Field(default_factory=dict)
+    removed: list[str] = Field(default_factory=list)
+
+    def revealed_json(self) -> str:
+        """The body as sent: the values themselves (`model_dump_json` would write asterisks)."""
+        plain = {name: value.get_secret_value() for name, value in self.values.items()}
+        return json.dumps({"values": plain, "removed": self.removed})
 
 
 class ApprovalAnswer(BaseModel):
@@ -115,6 +134,11 @@ class ProxyControl:
         """Tell the proxy these vault entries changed (None: any); how many it re-read."""
         route = ROUTES.vault_changed
         return int(self._call(route.method, route.path, json={"names": names}).json()["refreshed"])
+
+    def put_values(self, values: VaultValues) -> dict[str, int]:
+        """Store and remove values of the proxy's `memory` vault (a node proxy's)."""
+        route = ROUTES.put_values
+        return self._call(route.method, route.path, content=values.revealed_json(), headers=JSON).json()
 
     def list(self) -> list[SandboxEntry]:
         route = ROUTES.list_sandboxes

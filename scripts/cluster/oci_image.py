@@ -9,6 +9,7 @@ carries the image's name in `io.containerd.image.name`, which `ctr images import
 Files enter the layer as root-owned, mode kept, mtime 0, so the same inputs give the same digest.
 
 Usage: oci_image.py NAME OUT.tar --file /in/image=/host/path [--file ...] [--entrypoint /prog]
+       oci_image.py NAME OUT.tar --files-from FILES.json  (a JSON object: /in/image -> /host/path)
 """
 
 from __future__ import annotations
@@ -94,10 +95,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name", help="image reference, e.g. sandgate.example.test/pause:1")
     parser.add_argument("out", type=Path)
-    parser.add_argument("--file", type=parse_file, action="append", required=True, dest="files")
+    parser.add_argument("--file", type=parse_file, action="append", default=[], dest="files")
+    parser.add_argument("--files-from", type=Path, help="a JSON object: /path/in/image -> /host/file")
     parser.add_argument("--entrypoint", action="append", default=[])
     args = parser.parse_args()
-    write_image(args.name, args.out, dict(args.files), args.entrypoint)
+    files = dict(args.files)
+    if args.files_from:
+        listed = json.loads(args.files_from.read_text())
+        files |= dict(parse_file(f"{target}={source}") for target, source in listed.items())
+    if not files:
+        parser.error("name at least one file (--file or --files-from)")
+    write_image(args.name, args.out, files, args.entrypoint)
 
 
 if __name__ == "__main__":

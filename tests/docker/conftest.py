@@ -19,8 +19,7 @@ from types import ModuleType
 import docker
 import pytest
 
-from sandgate.lifecycle.network import ProxyPorts
-from sandgate.lifecycle.runtime.base import SandboxNet
+from sandgate.lifecycle.confinement import ProxyPorts, SandboxNet
 from sandgate.lifecycle.runtime.docker import DockerRuntime
 from tests.runtime.harness import PROBE, Harness, Listeners
 from tests.support.dockerd import GVISOR_RUNTIME

@@ -7,9 +7,8 @@ container could compute (the SHA-256 of a nonce the test made up, its own addres
 teardown is checked against what the cluster was seen to hold while it ran (its processes, mounts,
 network namespace, veth, nft table, cgroups), so each check had something to find.
 
-The cluster builds once per version (scripts/cluster/build.sh; a cold build takes long, see
-docs/kubernetes.md): the module runs when the build is cached or SANDGATE_TEST_KUBERNETES=1 asks
-for the build.
+The cluster (tests/kubernetes/cluster.py) runs when its build is cached or
+SANDGATE_TEST_KUBERNETES=1 asks for the build.
 """
 
 from __future__ import annotations
@@ -17,78 +16,37 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-import os
 import secrets
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from lightkube import Client, KubeConfig
+from lightkube import Client
 from lightkube.models.core_v1 import Container, EnvVar, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 
-pytestmark = pytest.mark.root
+from tests.kubernetes.cluster import (
+    BUILD_TIMEOUT,
+    BUSYBOX_IMAGE,
+    START_TIMEOUT,
+    Cluster,
+    run_script,
+    skip_unless_built,
+    sysctls,
+    up_to_a_build,
+    wait_for_pod,
+)
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "cluster"
+pytestmark = pytest.mark.root
+skip_unless_built()
+
 NODE_NAME = "sandgate-node"
 POD_CIDR = ipaddress.ip_network("10.232.0.0/24")
 CNI_RESULTS = Path("/var/lib/cni/results")  # libcni's cache: containerd cannot move it
 HOST_LINK_IP = "10.231.0.1"  # the host's end of the node's veth (scripts/cluster/common.sh)
-BUSYBOX_IMAGE = "sandgate.example.test/busybox:1"
-KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops")
-# A cold build of every program runs for a long time on two cores (docs/kubernetes.md); the
-# module's first test sets the cluster up, so each test may take that long.
-BUILD_TIMEOUT = 2 * 3600
-START_TIMEOUT = 600
-up_to_a_build = pytest.mark.timeout(BUILD_TIMEOUT + START_TIMEOUT + 300)
-
-
-def cached_build() -> bool:
-    return (
-        subprocess.run(["bash", str(SCRIPTS / "build.sh"), "--cached"], capture_output=True).returncode == 0
-    )
-
-
-if not (os.environ.get("SANDGATE_TEST_KUBERNETES") == "1" or cached_build()):
-    pytest.skip(
-        "the cluster's programs are not built: `make cluster-build`, or SANDGATE_TEST_KUBERNETES=1",
-        allow_module_level=True,
-    )
-
-
-@dataclass
-class Cluster:
-    state_dir: Path
-    kubeconfig: Path
-    cluster_id: str
-    sysctls_before: dict[str, str]
-    removed: bool = False
-
-    @property
-    def netns(self) -> str:
-        return f"sgk8s-{self.cluster_id}"
-
-    @property
-    def cgroup(self) -> str:
-        return f"sandgate-k8s-{self.cluster_id}"
-
-    def down(self) -> subprocess.CompletedProcess[str]:
-        self.removed = True
-        return run_script("down.sh", self.state_dir, timeout=300)
-
-
-def run_script(
-    name: str, state_dir: Path, timeout: float, **env_overrides: str
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SANDGATE_CLUSTER_DIR": str(state_dir), **env_overrides}
-    return subprocess.run(
-        ["bash", str(SCRIPTS / name)], env=env, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def cgroup_hierarchies() -> list[Path]:
@@ -137,30 +95,6 @@ def node_nft_tables(netns: str) -> set[str]:
     return set(out.stdout.splitlines())
 
 
-def sysctls() -> dict[str, str]:
-    return {key: Path(f"/proc/sys/{key}").read_text().strip() for key in KUBELET_SYSCTLS}
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    state_dir = tmp_path_factory.mktemp("cluster") / "state"
-    sysctls_before = sysctls()
-    started = run_script("up.sh", state_dir, timeout=BUILD_TIMEOUT + START_TIMEOUT)
-    assert started.returncode == 0, f"up.sh failed:\n{started.stderr[-6000:]}"
-    kubeconfig = Path(started.stdout.strip().splitlines()[-1])
-    handle = Cluster(state_dir, kubeconfig, (state_dir / "id").read_text().strip(), sysctls_before)
-    try:
-        yield handle
-    finally:
-        if not handle.removed:
-            handle.down()
-
-
-@pytest.fixture(scope="module")
-def client(cluster: Cluster) -> Client:
-    return Client(config=KubeConfig.from_file(cluster.kubeconfig))
-
-
 @up_to_a_build
 def test_a_start_that_fails_leaves_nothing(tmp_path: Path) -> None:
     """up.sh fails after the network, cgroups and certificates exist (its image writer fails) and
@@ -187,18 +121,6 @@ def test_node_is_ready(client: Client) -> None:
     assert node.status.nodeInfo is not None
     assert node.status.nodeInfo.kubeletVersion.startswith("v1.")
     assert node.status.nodeInfo.containerRuntimeVersion.startswith("containerd://2.")
-
-
-def wait_for_pod(client: Client, name: str, phases: tuple[str, ...], timeout: float) -> Pod:
-    """The Pod once in one of `phases` (or as it is when the time is up: the caller's assertion
-    then shows its status)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        pod = client.get(Pod, name, namespace="default")
-        assert pod.status is not None
-        if pod.status.phase in phases or time.monotonic() > deadline:
-            return pod
-        time.sleep(0.5)
 
 
 def run_busybox(client: Client, name: str, script: str, env: dict[str, str]) -> None:

@@ -24,12 +24,13 @@ import pytest
 
 from sandgate.lifecycle.audit import PolicyChange
 from sandgate.lifecycle.cgroups import Limits
+from sandgate.lifecycle.confinement import SandboxNet
 from sandgate.lifecycle.credential_state import CredentialEntry, VaultState
 from sandgate.lifecycle.egress_control import EgressControl, VaultBuild
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy, NetworkRule
 from sandgate.lifecycle.policy_book import SandgatePolicies
-from sandgate.lifecycle.runtime.base import EXECD_PORT, SandboxNet, SandboxSpec, ping_execd
+from sandgate.lifecycle.runtime.base import EXECD_PORT, SandboxSpec, ping_execd
 from sandgate.lifecycle.sandbox_store import SandboxStore
 from sandgate.lifecycle.service import CreateRequest, Service
 from sandgate.policy import Policy, to_document
@@ -44,10 +45,13 @@ class Broken(Exception):
     """What an injected failure raises (so a test can tell it from a real one)."""
 
 
-class LoopbackNetworks:
+class LoopbackConfinement:
     """Addresses in a random 127.x.y.0/24 instead of namespaces: each sandbox one address."""
 
-    def __init__(self) -> None:
+    name = "loopback"
+
+    def __init__(self, proxy: RecordingProxy) -> None:
+        self.proxy = proxy
         self.prefix = f"127.{secrets.randbelow(200) + 20}.{secrets.randbelow(250) + 1}"
         self.live: dict[str, SandboxNet] = {}
         self.fail = False
@@ -55,7 +59,7 @@ class LoopbackNetworks:
         self._next = 2
         self._guard = threading.Lock()
 
-    def create(self, sandbox_id: str) -> SandboxNet:
+    def prepare(self, sandbox_id: str) -> SandboxNet:
         if self.fail:
             raise Broken("network")
         with self._guard:  # the warm pool builds members on its own thread
@@ -66,13 +70,13 @@ class LoopbackNetworks:
             self.live[sandbox_id] = net
         return net
 
-    def destroy(self, sandbox_id: str) -> None:
+    def release(self, sandbox_id: str) -> None:
         if self.fail_destroy:
             raise Broken("network destroy")
         self.live.pop(sandbox_id, None)
 
-    def cleanup_leftovers(self, keep: set[str]) -> dict[str, SandboxNet]:
-        return {key: net for key, net in self.live.items() if key in keep}
+    def adopt(self, keep: set[str]) -> set[str]:
+        return {key for key in self.live if key in keep}
 
 
 class ExecdRuntime:
@@ -89,7 +93,8 @@ class ExecdRuntime:
         self.fail_configure = False
         self.configured: dict[str, tuple[dict[str, str], Limits]] = {}
 
-    def create(self, spec: SandboxSpec, net: SandboxNet) -> None:
+    def create(self, spec: SandboxSpec, net: SandboxNet | None) -> str:
+        assert net is not None
         if self.fail:
             raise Broken("runtime")
         workdir = self.root / spec.sandbox_id
@@ -102,6 +107,7 @@ class ExecdRuntime:
             argv, env={"PATH": os.environ["PATH"], "EXECD_ACCESS_TOKEN": spec.execd_token or ""},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )  # fmt: skip
+        return net.address
 
     def delete(self, sandbox_id: str) -> None:
         process = self.processes.pop(sandbox_id, None)
@@ -176,9 +182,9 @@ class Rig:
     def __init__(self, tmp_path: Path, pool_size: int = 0) -> None:
         (tmp_path / "sandboxes").mkdir()
         self.store = SandboxStore(tmp_path / "state.db")
-        self.networks = LoopbackNetworks()
-        self.runtime = ExecdRuntime(tmp_path / "sandboxes")
         self.proxy = RecordingProxy()
+        self.networks = LoopbackConfinement(self.proxy)
+        self.runtime = ExecdRuntime(tmp_path / "sandboxes")
         self.vault = DictVault()
         self.audit: list[tuple[str, str]] = []
         self.bad_image = False
@@ -191,7 +197,7 @@ class Rig:
         )
         self.service = Service(
             self.store,
-            networks=self.networks,
+            confinement=self.networks,
             runtime=self.runtime,
             egress=self.egress,
             check_image=self._check_image,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.lifecycle.network import RUN_NETNS
+from sandgate.lifecycle.confinement import RUN_NETNS
 from tests.runtime.harness import (
     ICMP_ECHO,
     Harness,
@@ -127,7 +127,7 @@ def test_spoofed_source_addresses_are_dropped(harness: Harness, listeners: Liste
 
 
 def test_cleanup_leftovers_of_a_crashed_run(harness: Harness, tmp_path: Path) -> None:
-    from sandgate.lifecycle.network import SandboxNetworks
+    from sandgate.lifecycle.confinement import SandboxNetworks
 
     crashed = SandboxNetworks(
         table=harness.networks.table,

@@ -23,9 +23,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from sandgate.lifecycle.confinement import ProxyPorts, SandboxNet, SandboxNetworks
 from sandgate.lifecycle.images import ImageStore
-from sandgate.lifecycle.network import ProxyPorts, SandboxNetworks
-from sandgate.lifecycle.runtime.base import SandboxNet, SandboxSpec
+from sandgate.lifecycle.runtime.base import SandboxSpec
 from sandgate.lifecycle.runtime.local import LocalRuntime
 
 SO_ORIGINAL_DST = 80

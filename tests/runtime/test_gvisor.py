@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from sandgate.lifecycle.cgroups import SandboxCgroup
+from sandgate.lifecycle.confinement import SandboxNet
 from sandgate.lifecycle.kernel import mount_points
 from sandgate.lifecycle.runtime import RuntimeError_
-from sandgate.lifecycle.runtime.base import SandboxNet, SandboxSpec, ping_execd
+from sandgate.lifecycle.runtime.base import SandboxSpec, ping_execd
 from sandgate.lifecycle.runtime.gvisor import find_runsc, processes
 from sandgate.lifecycle.runtime.local import LocalRuntime
 from tests.runtime.harness import (

@@ -39,7 +39,7 @@ IDLE_KEEP_ALIVE = 620
 @click.command("serve")
 @click.option("--host", help="Listen address of the API (default 127.0.0.1).")
 @click.option("--port", type=int, help="Listen port of the API (default 8080).")
-@click.option("--runtime", type=click.Choice(["local", "docker"]), help="Sandbox runtime.")
+@click.option("--runtime", type=click.Choice(["local", "docker", "kubernetes"]), help="Sandbox runtime.")
 @click.option("--upstream-dns", multiple=True, help="Resolver the proxy asks (repeatable).")
 @click.option("--upstream-ca", type=click.Path(exists=True, dir_okay=False), help="Extra upstream CA bundle.")
 @click.option(

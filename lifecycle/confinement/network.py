@@ -32,6 +32,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from sandgate.lifecycle.confinement.contract import SandboxNet
 from sandgate.lifecycle.kernel import (
     MS_BIND,
     MS_REC,
@@ -41,7 +42,6 @@ from sandgate.lifecycle.kernel import (
     mount_points,
     umount,
 )
-from sandgate.lifecycle.runtime.base import SandboxNet
 
 RUN_NETNS = Path("/run/netns")
 SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")

@@ -1,0 +1,430 @@
+"""The node agent (`sandgate node-proxy`, lifecycle/node.py) on the real one-node test cluster:
+the proxy is every Pod's only way out, proven from the other side.
+
+The world: the cluster of scripts/cluster (its own module-scoped start, torn down also on
+failure); the test internet (tests/support/internet.py: origins at 198.51.100.10, DNS at .53)
+joined to the test's namespace, and an explicit route from the node to it (the node has no
+default route). The agent runs as root in the node's network namespace (`nsenter --net`), as a
+DaemonSet with hostNetwork would. Busybox Pods serve a shell on TCP 7000 (`nc -ll -e sh`), which
+the test reaches through the node's route to the Pods: every probe runs inside a real Pod.
+
+The evidence is taken outside the Pods: the origin's request log (what arrived, from where, with
+which Authorization), the node's nft counters (each kind of drop has its own), the node's audit
+file and the server's audit log after shipping, the API server's objects and the node's disk
+(no secret there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import ipaddress
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from lightkube import Client
+from lightkube.models.core_v1 import Container, PodDNSConfig, PodSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap, Pod, Secret
+
+from sandgate.lifecycle.node import COUNTERS, NODE_TABLE
+from sandgate.lifecycle.node_client import (
+    AuditShipper,
+    NodeAgents,
+    NodeClient,
+    PodPlacement,
+    admit,
+    placement,
+)
+from sandgate.proxy import SandboxEntry, audit_path, verify_chain
+from sandgate.proxy.contract.ca import new_ca
+from tests.kubernetes.cluster import BUSYBOX_IMAGE, Cluster, skip_unless_built, up_to_a_build, wait_for_pod
+from tests.support.internet import DNS_ADDR, HOST_V4, ORIGIN_V4, Internet, start_internet
+from tests.support.netns import ip
+
+pytestmark = pytest.mark.root
+skip_unless_built()
+
+NODE_IP = "10.231.0.2"  # scripts/cluster/common.sh
+HOST_LINK_IP = "10.231.0.1"
+POD_GATEWAY = "10.232.0.1"
+AGENT_PORT = 15443
+SHELL_PORT = 7000
+SECRET = "sk-node-" + secrets.token_hex(12)
+POLICY = {
+    "version": 1,
+    "defaultAction": "deny",
+    "egress": [{"action": "allow", "target": "api.example.com"}],
+    "bindings": [
+        {
+            "name": "api",
+            "credential": "node-api-token",
+            "match": {"hosts": ["api.example.com"], "schemes": ["http"]},
+            "auth": {"type": "bearer"},
+        }
+    ],
+}
+ZONE = {"api.example.com": [ORIGIN_V4], "denied.example.com": [ORIGIN_V4]}
+READY_TIMEOUT = 180.0
+
+
+@dataclass
+class Agent:
+    """The node agent process, and what the server needs to reach it."""
+
+    netns: str
+    state_dir: Path
+    agents: NodeAgents
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, upstream_ca: Path) -> None:
+        argv = [
+            sys.executable, "-m", "sandgate.lifecycle.cli", "node-proxy",
+            "--state-dir", str(self.state_dir), "--listen", f"{NODE_IP}:{AGENT_PORT}",
+            "--tls-cert", str(self.state_dir.parent / "agent.crt"),
+            "--tls-key", str(self.state_dir.parent / "agent.key"),
+            "--token-file", str(self.agents.token_file),
+            "--upstream-dns", DNS_ADDR, "--upstream-ca", str(upstream_ca),
+        ]  # fmt: skip
+        with self.log.open("ab") as output:
+            self.process = subprocess.Popen(
+                ["nsenter", f"--net=/run/netns/{self.netns}", "--", *argv],
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            assert self.process.poll() is None, self.log.read_text()[-4000:]
+            with contextlib.suppress(Exception), self.client() as node:
+                if node.health()["status"] == "ok":
+                    return
+            assert time.monotonic() < deadline, self.log.read_text()[-4000:]
+            time.sleep(0.5)
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[NodeClient]:
+        node = self.agents.client(NODE_IP)
+        try:
+            yield node
+        finally:
+            node.close()
+
+    def proxy_pid(self) -> int:
+        with self.client() as node:
+            return int(node.health()["proxy_pid"])
+
+    def kill(self) -> None:
+        """SIGKILL by PID, as an OOM kill or a node's crash would end it."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def write_agent_tls(directory: Path) -> Path:
+    """A CA and the agent's certificate for the node's address (the platform's part); the CA file."""
+    ca_key, ca = new_ca("sandgate node agents test CA", validity=datetime.timedelta(days=2))
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandgate-node-agent")]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(NODE_IP))]), False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    (directory / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (directory / "agent.crt").write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    (directory / "agent.key").write_bytes(key_pem)
+    os.chmod(directory / "agent.key", 0o600)
+    return directory / "ca.crt"
+
+
+@pytest.fixture(scope="module")
+def internet(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
+    """The test internet, routed to and from the node (and only the node) through this namespace."""
+    with start_internet(tmp_path_factory.mktemp("internet")) as net:
+        net.set_names(ZONE)
+        Path("/proc/sys/net/ipv4/ip_forward").write_text("1")  # this test's own namespace
+        ip("route", "add", "198.51.100.0/24", "via", HOST_LINK_IP, netns=cluster.netns)
+        ip("route", "add", "10.231.0.0/30", "via", HOST_V4, netns=net.netns_name)
+        yield net
+
+
+@pytest.fixture(scope="module")
+def agent(cluster: Cluster, internet: Internet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    workdir = tmp_path_factory.mktemp("node-agent")
+    ca_file = write_agent_tls(workdir)
+    token_file = workdir / "token"
+    token_file.write_text(secrets.token_urlsafe(32))
+    token_file.chmod(0o600)
+    handle = Agent(
+        cluster.netns, workdir / "state", NodeAgents(AGENT_PORT, ca_file, token_file), workdir / "agent.log"
+    )
+    handle.start(internet.ca_cert)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def start_shell_pod(client: Client, name: str) -> PodPlacement:
+    """A busybox Pod serving a shell on TCP 7000; its IP and its node's, once it runs."""
+    container = Container(
+        name="main",
+        image=BUSYBOX_IMAGE,
+        imagePullPolicy="Never",
+        command=["/bin/busybox", "nc", "-ll", "-p", str(SHELL_PORT), "-e", "/bin/busybox", "sh"],
+    )
+    spec = PodSpec(
+        restartPolicy="Never",
+        automountServiceAccountToken=False,
+        containers=[container],
+        dnsPolicy="None",
+        dnsConfig=PodDNSConfig(nameservers=[POD_GATEWAY]),
+    )
+    client.create(Pod(metadata=ObjectMeta(name=name), spec=spec), namespace="default")
+    running = wait_for_pod(client, name, ("Running",), timeout=180)
+    found = placement(running)
+    assert found is not None, running.status
+    pod_sh(found.pod_ip, "true", timeout=30)  # its shell answers
+    return found
+
+
+def pod_sh(pod_ip: str, command: str, timeout: float = 30) -> str:
+    """Run `command` in the Pod's shell; its output (stdout and stderr). The listener starts a
+    moment after the Pod is Running: connecting is retried, bounded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            connection = socket.create_connection((pod_ip, SHELL_PORT), timeout=5)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    with connection:
+        connection.settimeout(timeout)
+        connection.sendall(f'{command} 2>&1; echo "status=$?"\n'.encode())
+        connection.shutdown(socket.SHUT_WR)
+        chunks = []
+        while data := connection.recv(65536):
+            chunks.append(data)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def wget(path_url: str) -> str:
+    return f"busybox wget -q -T 5 -O - {path_url}"
+
+
+def counters(netns: str) -> dict[str, int]:
+    """The node table's drop counters, by name (inet and bridge tables)."""
+    found: dict[str, int] = {}
+    for family in ("inet", "bridge"):
+        command = [
+            "ip",
+            "netns",
+            "exec",
+            netns,
+            "nft",
+            "--json",
+            "list",
+            "counters",
+            "table",
+            family,
+            NODE_TABLE,
+        ]
+        listing = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+        for item in listing["nftables"]:
+            if "counter" in item:
+                found[item["counter"]["name"]] = int(item["counter"]["packets"])
+    assert set(found) == set(COUNTERS), found
+    return found
+
+
+def origin_requests_from(internet: Internet, mark: int) -> list[dict[str, object]]:
+    return internet.origin_requests()[mark:]
+
+
+def entry_for(sandbox_id: str, pod_ip: str) -> SandboxEntry:
+    return SandboxEntry(sandbox_id=sandbox_id, address=pod_ip, policy=POLICY)
+
+
+@up_to_a_build
+def test_a_pod_without_an_entry_gets_nothing(
+    cluster: Cluster, client: Client, agent: Agent, internet: Internet
+) -> None:
+    pod = start_shell_pod(client, f"noentry-{secrets.token_hex(3)}")
+    mark = len(internet.origin_requests())
+    output = pod_sh(pod.pod_ip, wget("http://api.example.com/echo"))
+    assert "status=0" not in output, output
+    output = pod_sh(pod.pod_ip, f"busybox nslookup api.example.com {POD_GATEWAY}")
+    assert ORIGIN_V4 not in output, output
+    assert origin_requests_from(internet, mark) == []
+
+
+@pytest.fixture(scope="module")
+def sandbox_pod(client: Client, agent: Agent) -> PodPlacement:
+    """A Pod that the server admitted on its node: its entry and its secret pushed to the agent."""
+    pod = start_shell_pod(client, f"sandbox-{secrets.token_hex(3)}")
+    admit(agent.agents, pod, entry_for("sbx-node-1", "0.0.0.0"), {"node-api-token": SECRET})
+    return pod
+
+
+@up_to_a_build
+def test_an_allowed_request_reaches_the_origin_with_the_credential_and_a_denied_one_does_not(
+    agent: Agent, internet: Internet, sandbox_pod: PodPlacement
+) -> None:
+    mark = len(internet.origin_requests())
+    allowed = pod_sh(sandbox_pod.pod_ip, wget("http://api.example.com/echo"))
+    assert "status=0" in allowed, allowed
+    assert SECRET not in allowed, "the origin's echo of the credential reached the Pod unscrubbed"
+    denied = pod_sh(sandbox_pod.pod_ip, wget("http://denied.example.com/echo"))
+    assert "status=0" not in denied and "403" in denied, denied
+    seen = origin_requests_from(internet, mark)
+    assert len(seen) == 1, seen
+    headers = seen[0]["headers"]
+    assert isinstance(headers, dict)
+    assert headers["host"] == "api.example.com"
+    assert headers["authorization"] == f"Bearer {SECRET}"
+    assert str(seen[0]["client"]).startswith(f"{NODE_IP}:")  # left through the node's proxy
+
+
+@up_to_a_build
+def test_dns_is_answered_by_the_proxys_resolver(internet: Internet, sandbox_pod: PodPlacement) -> None:
+    """Any address's port 53 is the proxy's resolver: an address where nothing answers DNS (the
+    gateway, an unrouted one) answers allowed names, and the test's DNS server saw the query."""
+    internet.clear_dns_queries()
+    for server in (POD_GATEWAY, "192.0.2.99"):
+        output = pod_sh(sandbox_pod.pod_ip, f"busybox nslookup api.example.com {server}")
+        assert ORIGIN_V4 in output, output
+    assert any(query["name"].rstrip(".") == "api.example.com" for query in internet.dns_queries())
+    output = pod_sh(sandbox_pod.pod_ip, f"busybox nslookup denied.example.com {POD_GATEWAY}")
+    assert ORIGIN_V4 not in output, output
+
+
+@up_to_a_build
+def test_the_node_the_cluster_and_other_pods_are_out_of_reach(
+    cluster: Cluster, client: Client, sandbox_pod: PodPlacement
+) -> None:
+    """Each attempt fails in the Pod and moves its own counter on the node."""
+    other = start_shell_pod(client, f"neighbour-{secrets.token_hex(3)}")
+    attempts = {
+        "apiserver": [f"busybox nc -w 3 {NODE_IP} 6443", f"busybox nc -w 3 {POD_GATEWAY} 6443"],
+        "kubelet": [f"busybox nc -w 3 {NODE_IP} 10250", f"busybox nc -w 3 {POD_GATEWAY} 10250"],
+        "node_ports": [f"busybox nc -w 3 {NODE_IP} {AGENT_PORT}", f"busybox nc -w 3 {POD_GATEWAY} 22"],
+        "metadata": ["busybox nc -w 3 169.254.169.254 80"],
+        "bridged": [f"busybox nc -w 3 {other.pod_ip} {SHELL_PORT}"],
+        "other": [f"echo x | busybox nc -u -w 2 {ORIGIN_V4} 123", f"busybox ping -c 1 -W 2 {POD_GATEWAY}"],
+        "ipv6": ["busybox ping6 -c 1 -W 2 -I eth0 ff02::1"],
+    }
+    for counter, commands in attempts.items():
+        before = counters(cluster.netns)[counter]
+        for command in commands:
+            output = pod_sh(sandbox_pod.pod_ip, f"echo true | {command}")
+            if counter != "other":  # a UDP send "succeeds" locally; its counter says it was dropped
+                assert "status=0" not in output, (command, output)
+        after = counters(cluster.netns)[counter]
+        assert after > before, (counter, before, after)
+    # the neighbour is alive and reachable from the host: only the Pod-to-Pod path is closed
+    assert "status=0" in pod_sh(other.pod_ip, "true")
+
+
+@up_to_a_build
+def test_agent_killed_means_no_egress_and_its_records_are_shipped(
+    cluster: Cluster, agent: Agent, internet: Internet, sandbox_pod: PodPlacement, tmp_path: Path
+) -> None:
+    server_state = tmp_path / "server"
+    server_state.mkdir()
+    server_log = audit_path(server_state)
+    with agent.client() as node:
+        shipper = AuditShipper(node, server_log, server_state / "node-cursor.json")
+        shipped_before = shipper.ship()
+    assert shipped_before > 0
+
+    marker = f"/echo/before-kill-{secrets.token_hex(4)}"
+    assert "status=0" in pod_sh(sandbox_pod.pod_ip, wget(f"http://api.example.com{marker}"))
+    proxy_pid = agent.proxy_pid()
+    agent.kill()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{proxy_pid}").exists():  # the proxy dies with the agent (PR_SET_PDEATHSIG)
+        assert time.monotonic() < deadline, "the proxy outlived its agent"
+        time.sleep(0.1)
+    mark = len(internet.origin_requests())
+    cut = pod_sh(sandbox_pod.pod_ip, wget("http://api.example.com/echo/while-down"))
+    assert "status=0" not in cut, cut
+    assert origin_requests_from(internet, mark) == []
+    assert counters(cluster.netns)  # the table stays while the agent is down (fail closed)
+
+    agent.start(internet.ca_cert)  # the DaemonSet restarts it; the server pushes its sandboxes again
+    admit(agent.agents, sandbox_pod, entry_for("sbx-node-1", "0.0.0.0"), {"node-api-token": SECRET})
+    assert "status=0" in pod_sh(sandbox_pod.pod_ip, wget("http://api.example.com/echo/after-restart"))
+
+    with agent.client() as node:
+        shipper = AuditShipper(node, server_log, server_state / "node-cursor.json")
+        shipper.ship()
+    shipped = [json.loads(line) for line in server_log.read_text().splitlines()]
+    paths = {record.get("path") for record in shipped if record["kind"] == "request"}
+    assert {marker, "/echo/after-restart"} <= paths, paths  # the record written before the kill too
+    node_ids = {
+        json.loads(line)["id"]
+        for path in sorted(agent.state_dir.glob("audit.jsonl*"))
+        for line in path.read_text().splitlines()
+        if line.strip()
+    }
+    assert node_ids <= {record["id"] for record in shipped}  # nothing lost
+    verdict = verify_chain(server_log)
+    assert not verdict.problems and verdict.chained == verdict.lines == len(shipped), verdict
+
+
+@up_to_a_build
+def test_no_secret_in_the_cluster_or_on_the_nodes_disk(
+    client: Client, agent: Agent, sandbox_pod: PodPlacement
+) -> None:
+    """The secret reached the origin (test above) but lives nowhere the cluster or the node keeps."""
+    objects = [
+        *client.list(Pod, namespace="*"),
+        *client.list(Secret, namespace="*"),
+        *client.list(ConfigMap, namespace="*"),
+    ]
+    assert objects
+    for item in objects:
+        assert SECRET not in json.dumps(item.to_dict()), item.metadata
+    for path in agent.state_dir.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+    assert SECRET.encode() not in agent.log.read_bytes()
