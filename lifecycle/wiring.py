@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.runtime.docker import DockerRuntime
     from sandgate.lifecycle.runtime.kubernetes import KubernetesRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
+    from sandgate.lifecycle.runtime.claim_disks import ClaimDisks
     from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
     from sandgate.lifecycle.sandbox_store import SandboxRecord, SandboxStore
     from sandgate.lifecycle.service import CreateRequest, Service
@@ -245,6 +246,7 @@ def make_runtime(
             binds=binds,
             default_pids_max=settings.pids_max,
             disks=make_disks(settings, instance),
+            claim_disks=make_claim_disks(settings),
             registry=registry_config(settings),
             pull_policy=settings.image_pull_policy,
             gvisor_runtime=settings.docker_gvisor_runtime,
@@ -259,6 +261,7 @@ def make_runtime(
         instance=instance,
         binds=binds,
         disks=make_disks(settings, instance),
+        claim_disks=make_claim_disks(settings),
         default_pids_max=settings.pids_max,
         runsc=settings.runsc,
         gvisor_platform=settings.gvisor_platform,
@@ -301,6 +304,15 @@ def make_disks(settings: Settings, instance: str) -> SandboxDisks | None:
     return SandboxDisks(
         settings.disk_dir, instance, settings.state_dir, default_bytes=size, reserve_bytes=reserve
     )
+
+
+def make_claim_disks(settings: Settings) -> ClaimDisks | None:
+    """The `pvc` claims' size caps (runtime/claim_disks.py); None with volume_default_size '0'."""
+    from sandgate.lifecycle.quantities import parse_quantity
+    from sandgate.lifecycle.runtime.claim_disks import ClaimDisks
+
+    size = int(parse_quantity(settings.volume_default_size, "volume_default_size"))
+    return ClaimDisks(settings.state_dir / "volume-disks", size) if size else None
 
 
 def image_store(settings: Settings) -> ImageStore:

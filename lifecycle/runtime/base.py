@@ -107,6 +107,7 @@ class ClaimMount:
     sub_path: str = ""
     create: bool = True  # createIfNotExists
     delete_on_end: bool = False  # deleteOnSandboxTermination
+    size_bytes: int | None = None  # pvc.storage: the claim's size cap when this create makes it
 
 
 @dataclass(frozen=True)
