@@ -79,10 +79,14 @@ def sysctls() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The module's cluster, of `CLUSTER_NODES` nodes when the module sets it (default 1)."""
     state_dir = tmp_path_factory.mktemp("cluster") / "state"
     sysctls_before = sysctls()
-    started = run_script("up.sh", state_dir, timeout=BUILD_TIMEOUT + START_TIMEOUT)
+    nodes = str(getattr(request.module, "CLUSTER_NODES", 1))
+    started = run_script(
+        "up.sh", state_dir, timeout=BUILD_TIMEOUT + START_TIMEOUT, SANDGATE_CLUSTER_NODES=nodes
+    )
     assert started.returncode == 0, f"up.sh failed:\n{started.stderr[-6000:]}"
     kubeconfig = Path(started.stdout.strip().splitlines()[-1])
     handle = Cluster(state_dir, kubeconfig, (state_dir / "id").read_text().strip(), sysctls_before)
