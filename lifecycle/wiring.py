@@ -33,10 +33,10 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
     from sandgate.lifecycle.registry import Credentials, RegistryConfig
     from sandgate.lifecycle.runtime.base import BindMount
+    from sandgate.lifecycle.runtime.claim_disks import ClaimDisks
     from sandgate.lifecycle.runtime.docker import DockerRuntime
     from sandgate.lifecycle.runtime.kubernetes import KubernetesRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
-    from sandgate.lifecycle.runtime.claim_disks import ClaimDisks
     from sandgate.lifecycle.runtime.sandbox_disk import SandboxDisks
     from sandgate.lifecycle.sandbox_store import SandboxRecord, SandboxStore
     from sandgate.lifecycle.service import CreateRequest, Service

@@ -62,7 +62,9 @@ def node_containers(cluster: Cluster, node: str) -> str:
     built = subprocess.run(["bash", str(SCRIPTS / "build.sh"), "--cached"], capture_output=True, text=True)
     ctr = Path(built.stdout.strip()) / "ctr"
     command = [str(ctr), "--address", str(root / "containerd" / "containerd.sock"), "-n", "k8s.io"]
-    return subprocess.run([*command, "containers", "list", "-q"], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        [*command, "containers", "list", "-q"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def run_on(client: Client, node: str, name: str, script: str) -> Pod:
@@ -122,7 +124,9 @@ def test_teardown_leaves_nothing_of_either_node(cluster: Cluster, client: Client
         assert pod.status is not None and pod.status.phase == "Running", pod.status
     namespaces = [node_netns(cluster, node) for node in NODES]
     processes = cluster_processes(cluster.cgroup)
-    assert len(processes) >= 14, processes  # 6 daemons, node 2's containerd and kubelet, 2 x (shim, pause, sleep)
+    assert len(processes) >= 14, (
+        processes
+    )  # 6 daemons, node 2's containerd and kubelet, 2 x (shim, pause, sleep)
     node2_cgroup = [hierarchy / cluster.cgroup / "node-2" for hierarchy in cgroup_hierarchies()]
     assert any(path.exists() for path in node2_cgroup)
     mounts = mounts_under(cluster.state_dir / "nodes" / "2")

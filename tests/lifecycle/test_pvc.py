@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from sandgate.lifecycle.kernel import mount_points
-from sandgate.lifecycle.runtime.sandbox_disk import loop_devices
 from opensandbox import SandboxSync
 from opensandbox.models.sandboxes import PVC, Volume
 
+from sandgate.lifecycle.kernel import mount_points
+from sandgate.lifecycle.runtime.sandbox_disk import loop_devices
 from tests.conformance.test_sdk import connection
 from tests.support.server import SandgateServer, sandgate_server
 
@@ -91,7 +90,9 @@ def delete(server: SandgateServer, sandbox_id: str) -> None:
 
 def pvc(claim: str, mount: str = "/mnt/data", **fields: Any) -> dict[str, Any]:
     pvc_fields = {
-        k: fields.pop(k) for k in ("createIfNotExists", "deleteOnSandboxTermination", "storage") if k in fields
+        key: fields.pop(key)
+        for key in ("createIfNotExists", "deleteOnSandboxTermination", "storage")
+        if key in fields
     }
     return {"name": "data", "pvc": {"claimName": claim, **pvc_fields}, "mountPath": mount, **fields}
 
