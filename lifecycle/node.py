@@ -41,6 +41,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
+from fastapi import Depends, FastAPI, Header, HTTPException, Response
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from sandgate.lifecycle.network import ProxyPorts
@@ -115,12 +116,12 @@ table inet {table} {{
     {bridge} ip saddr != {pods.cidr} counter name spoofed drop
     {bridge} ip daddr {METADATA_RANGE} counter name metadata drop
     {bridge} meta l4proto {{ tcp, udp }} th dport 53 accept
+    {bridge} meta l4proto != tcp counter name other drop
     {bridge} fib daddr type local tcp dport {API_SERVER_PORT} counter name apiserver drop
     {bridge} fib daddr type local tcp dport {KUBELET_PORT} counter name kubelet drop
     {bridge} ip daddr {pods.gateway} tcp dport {ports.explicit} accept
     {bridge} fib daddr type local counter name node_ports drop
     {bridge} ip daddr {pods.cidr} counter name pods drop
-    {bridge} meta l4proto != tcp counter name other drop
   }}
   chain pod_nat {{
     type nat hook prerouting priority dstnat; policy accept;
@@ -340,10 +341,8 @@ class NodeAgent:
 # -- the control API (TLS, bearer token) ----------------------------------------------------------
 
 
-def node_app(agent: NodeAgent, token: str) -> Any:
+def node_app(agent: NodeAgent, token: str) -> FastAPI:
     """The API the server calls (lifecycle/node_client.py `NodeClient`); every route needs the token."""
-    from fastapi import Depends, FastAPI, Header, HTTPException, Response
-
     def authorized(authorization: str = Header(default="")) -> None:
         scheme, _, given = authorization.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
