@@ -343,6 +343,7 @@ class NodeAgent:
 
 def node_app(agent: NodeAgent, token: str) -> FastAPI:
     """The API the server calls (lifecycle/node_client.py `NodeClient`); every route needs the token."""
+
     def authorized(authorization: str = Header(default="")) -> None:
         scheme, _, given = authorization.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):

@@ -102,6 +102,11 @@ class KubernetesSettings(BaseModel):
     start_timeout: float = Field(
         180.0, gt=0, description="seconds a Pod may take to run (its image pulled) before a create fails"
     )
+    storage_class: str | None = Field(
+        None,
+        description="StorageClass of the PersistentVolumeClaims `pvc` volumes make when a create "
+        "names none (unset: the cluster's default class)",
+    )
 
 
 class Settings(BaseSettings):

@@ -273,6 +273,7 @@ def kubernetes_runtime(
     settings: Settings, instance: str, login: Callable[[str], Credentials | None]
 ) -> KubernetesRuntime:
     from sandgate.lifecycle.errors import RuntimeError_
+    from sandgate.lifecycle.quantities import parse_quantity
     from sandgate.lifecycle.runtime.kubernetes import KubernetesRuntime, connect
 
     options = settings.kubernetes
@@ -289,6 +290,8 @@ def kubernetes_runtime(
         gvisor_runtime_class=options.gvisor_runtime_class,
         start_timeout=options.start_timeout,
         login=login,
+        claim_bytes=int(parse_quantity(settings.volume_default_size, "volume_default_size")) or 1 << 30,
+        storage_class=options.storage_class,
     )
 
 

@@ -72,6 +72,18 @@ delete_tasks() {
 	done
 }
 
+# The hostPath provisioner's directories of the cluster's PersistentVolumes (up.sh
+# make_storage_class), outside the state directory; only while the API server answers.
+remove_provisioned_volumes() {
+	daemon_pid kube-apiserver >/dev/null && [[ -f $CLUSTER_DIR/admin.kubeconfig ]] || return 0
+	local kubectl path
+	kubectl="$(dirname "$(readlink "/proc/$(daemon_pid kube-apiserver)/exe")")/kubectl"
+	for path in $("$kubectl" --kubeconfig "$CLUSTER_DIR/admin.kubeconfig" --request-timeout 20s get pv \
+		-o jsonpath='{range .items[*]}{.spec.hostPath.path}{"\n"}{end}'); do
+		if [[ $path == /tmp/hostpath_pv/* ]]; then rm -rf "$path"; fi
+	done
+}
+
 cgroup_pids() {
 	local hierarchy
 	for hierarchy in $(cgroup_hierarchies); do
@@ -179,6 +191,7 @@ for node in "${nodes[@]}"; do
 	step stop_daemon "containerd-$node"
 done
 step delete_tasks containerd "$SOCKET"
+step remove_provisioned_volumes
 for daemon in containerd kube-apiserver etcd; do step stop_daemon "$daemon"; done
 step stop_leftovers
 step remove_outside_state "${ids[@]}"

@@ -277,7 +277,7 @@ make_images() {
 	local images="$CLUSTER_DIR/images" python=${PYTHON:-python3}
 	"$python" "$HERE/oci_image.py" "$PAUSE_IMAGE" "$images/pause.tar" --file "/pause=$BIN/pause" --entrypoint /pause
 	"$python" "$HERE/oci_image.py" "$BUSYBOX_IMAGE" "$images/busybox.tar" --file "/bin/busybox=$BUSYBOX" \
-		--entrypoint /bin/busybox
+		--file "/bin/sh=$BUSYBOX" --entrypoint /bin/busybox
 }
 
 # start NAME PROGRAM ARGS...: in the node's namespace and the cluster's cgroup, PID in pids/NAME.
@@ -330,6 +330,7 @@ start_daemons() {
 		--kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" --bind-address 127.0.0.1 \
 		--leader-elect=false --use-service-account-credentials \
 		--service-account-private-key-file "$pki/service-account.key" --root-ca-file "$pki/ca.crt" \
+		--enable-hostpath-provisioner \
 		--authentication-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
 		--authorization-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig"
 	start kube-scheduler "$BIN/kube-scheduler" --kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
@@ -342,6 +343,24 @@ start_daemons() {
 	wait_for "node $NODE_NAME" 180 kubectl wait --for=condition=Ready "node/$NODE_NAME" --timeout=5s
 	# a Pod is admitted only once its namespace's service account exists (controller-manager)
 	wait_for "service account default" 60 kubectl get serviceaccount default
+	make_storage_class
+}
+
+# The cluster's default StorageClass, for PersistentVolumeClaims (sandgate's `pvc` volumes):
+# kube-controller-manager's own hostPath provisioner (a directory /tmp/hostpath_pv/<uuid> per
+# claim, removed with the claim; no size cap). Only for a cluster on one machine, whose nodes
+# share the filesystem: down.sh removes what is left of them.
+make_storage_class() {
+	kubectl apply -f - >/dev/null <<-EOF
+		apiVersion: storage.k8s.io/v1
+		kind: StorageClass
+		metadata:
+		  name: sandgate-local
+		  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+		provisioner: kubernetes.io/host-path
+		reclaimPolicy: Delete
+		volumeBindingMode: Immediate
+	EOF
 }
 
 # Node n (2..NODE_COUNT): a network namespace linked to node 1 (which routes between it and the
