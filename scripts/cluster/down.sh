@@ -82,6 +82,7 @@ remove_provisioned_volumes() {
 		-o jsonpath='{range .items[*]}{.spec.hostPath.path}{"\n"}{end}'); do
 		if [[ $path == /tmp/hostpath_pv/* ]]; then rm -rf "$path"; fi
 	done
+	rmdir /tmp/hostpath_pv 2>/dev/null || true # the provisioner's parent, unless another cluster uses it
 }
 
 cgroup_pids() {
