@@ -61,7 +61,7 @@ class SecureRuntime(BaseModel):
 
     type: str = Field("", description="'' (none) or 'gvisor'; kata and firecracker have no mapping here")
     docker_runtime: str | None = None  # OpenSandbox's runtime name; sandgate registers its own
-    k8s_runtime_class: str | None = None  # no Kubernetes here: accepted, unused
+    k8s_runtime_class: str | None = None  # kubernetes.gvisor_runtime_class, unless that is set
 
     @model_validator(mode="after")
     def _maps(self) -> SecureRuntime:
@@ -328,6 +328,13 @@ class Settings(BaseSettings):
     def _isolation_from_secure_runtime(self) -> Settings:
         if self.secure_runtime is not None and "isolation" not in self.model_fields_set:
             self.isolation = self.secure_runtime.isolation()
+        return self
+
+    @model_validator(mode="after")
+    def _runtime_class_from_secure_runtime(self) -> Settings:
+        runtime_class = self.secure_runtime.k8s_runtime_class if self.secure_runtime else None
+        if runtime_class and "gvisor_runtime_class" not in self.kubernetes.model_fields_set:
+            self.kubernetes = self.kubernetes.model_copy(update={"gvisor_runtime_class": runtime_class})
         return self
 
     @field_validator("default_policy")

@@ -15,11 +15,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from sandgate.lifecycle.confinement import SandboxNet
 from sandgate.lifecycle.errors import RuntimeError_
-from sandgate.lifecycle.registry import Credentials
+
+if TYPE_CHECKING:  # the netns builder behind the confinement's face loads netlink
+    from sandgate.lifecycle.confinement import SandboxNet
+    from sandgate.lifecycle.registry import Credentials
 
 EXECD_PORT = 44772
 # execd refuses every route but /ping without it (when it was started with a token).

@@ -156,6 +156,7 @@ class KubernetesRuntime:
         self.images = KubernetesImages(pull_policy)
         self.start_timeout = start_timeout
         self.login = login
+        self.gvisor_runtime_class = gvisor_runtime_class
         self.claims = KubernetesClaims(
             client,
             namespace,
@@ -177,7 +178,8 @@ class KubernetesRuntime:
             )
         if spec.isolation == "gvisor" and self.runtime_class is None:
             raise RuntimeError_(
-                f"isolation 'gvisor' needs the RuntimeClass {self.runtime_class!r} in the cluster"
+                f"isolation 'gvisor' needs the RuntimeClass {self.gvisor_runtime_class!r} in the cluster "
+                "(setting kubernetes.gvisor_runtime_class)"
             )
         if not spec.execd_token:
             raise RuntimeError_("the kubernetes runtime needs an execd token to hand over")

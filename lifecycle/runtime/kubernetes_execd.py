@@ -4,10 +4,12 @@ Rules:
 1. The execd image holds one self-contained Python (this server's, ≥ 3.12) relocated under
    /sandgate: the host's dynamic loader (`ld.so`), the libraries it and the standard library's
    extension modules load (`lib/`), the interpreter and its standard library (`python/`, without
-   tests, IDLE, Tk and the build files), and `site/` with execd and the two packages it imports
-   (h11, python_multipart), plus a static busybox to copy it. It is built from local files
-   (`python -m sandgate.lifecycle.runtime.kubernetes_execd` lists them, scripts/cluster/
-   execd-image.sh writes and imports the image); nothing is pulled.
+   tests, IDLE, Tk, the build files and the optimised bytecode `-O` would read), and `site/` with
+   execd and the two packages it imports (h11, python_multipart), plus a static busybox to copy
+   it; the libraries and the interpreter without their symbols (`strip`), so a Pod copies about
+   40 MB. It is built from local files (`python -m sandgate.lifecycle.runtime.kubernetes_execd
+   --strip-into DIR` lists them, scripts/cluster/execd-image.sh writes and imports the image);
+   nothing is pulled.
 2. In a Pod, an init container copies /sandgate into an emptyDir that the sandbox container
    mounts read-only at /.sandgate (`EXECD_MOUNT`): the user's image is never changed, and the
    sandbox's programs cannot change the execd that serves them.
@@ -129,9 +131,8 @@ def image_files(python: str = sys.executable) -> dict[str, str]:
     files = {f"{EXECD_ROOT}/python/bin/python3": executable}
     for path in _walk(stdlib):
         relative = path.relative_to(stdlib)
-        if not relative.parts[0].startswith(SKIPPED_STDLIB) and not relative.name.startswith(
-            SKIPPED_EXTENSIONS
-        ):
+        skipped = relative.parts[0].startswith(SKIPPED_STDLIB) or relative.name.startswith(SKIPPED_EXTENSIONS)
+        if not skipped and ".opt-" not in relative.name:  # foo.cpython-313.opt-1.pyc: for -O only
             files[f"{EXECD_ROOT}/python/lib/{stdlib.name}/{relative}"] = str(path)
     loader, libraries = _loader_and_libraries([executable, *_extension_modules(stdlib)])
     files[f"{EXECD_ROOT}/ld.so"] = loader
@@ -173,5 +174,22 @@ def _loader_and_libraries(programs: list[str]) -> tuple[str, dict[str, str]]:
     return loader, libraries
 
 
+def stripped(files: dict[str, str], into: Path) -> dict[str, str]:
+    """`files` with each ELF library and the interpreter replaced by a copy under `into` without
+    its symbols (the loader and busybox stay as they are)."""
+    into.mkdir(parents=True, exist_ok=True)
+    result = dict(files)
+    for target, source in files.items():
+        if target.endswith(("/ld.so", "/busybox")) or Path(source).read_bytes()[:4] != b"\x7fELF":
+            continue
+        copy = into / target.lstrip("/").replace("/", "_")
+        subprocess.run(["strip", "--strip-unneeded", "-o", str(copy), source], check=True, timeout=120)
+        result[target] = str(copy)
+    return result
+
+
 if __name__ == "__main__":
-    json.dump(image_files(), sys.stdout, indent=0, sort_keys=True)
+    listed = image_files()
+    if sys.argv[1:2] == ["--strip-into"]:
+        listed = stripped(listed, Path(sys.argv[2]))
+    json.dump(listed, sys.stdout, indent=0, sort_keys=True)

@@ -19,11 +19,12 @@ EXECD_PYTHON=${SANDGATE_EXECD_PYTHON:-$HERE/../../.venv/bin/python}
 BIN=$(bash "$HERE/build.sh" --cached)
 images="$CLUSTER_DIR/images"
 mkdir -p "$images"
-"$EXECD_PYTHON" -m sandgate.lifecycle.runtime.kubernetes_execd >"$images/execd.json"
+"$EXECD_PYTHON" -m sandgate.lifecycle.runtime.kubernetes_execd --strip-into "$images/execd-stripped" \
+	>"$images/execd.json"
 "${PYTHON:-python3}" "$HERE/oci_image.py" "$IMAGE" "$images/execd.tar" --files-from "$images/execd.json"
 for socket in "$CLUSTER_DIR/containerd/containerd.sock" "$CLUSTER_DIR"/nodes/*/containerd/containerd.sock; do
 	[[ -S $socket ]] || continue # every node's containerd (SANDGATE_CLUSTER_NODES)
 	"$BIN/ctr" --address "$socket" --namespace k8s.io images import "$images/execd.tar" >>"$CLUSTER_DIR/logs/ctr.log" 2>&1
 done
-rm "$images/execd.tar"
+rm -r "$images/execd.tar" "$images/execd-stripped"
 echo "execd-image: imported $IMAGE" >&2

@@ -18,7 +18,9 @@
 #   containerd and kubelet, linked to node 1, which runs the control plane.
 #
 # Env: SANDGATE_CLUSTER_DIR (state; default /var/lib/sandgate/cluster), SANDGATE_K8S_CACHE (build.sh),
-#      SANDGATE_CLUSTER_NODES (default 1), PYTHON (for oci_image.py; default python3).
+#      SANDGATE_CLUSTER_NODES (default 1), PYTHON (for oci_image.py; default python3),
+#      SANDGATE_CLUSTER_MIRROR (http(s)://host:port: the node pulls docker.io images from this
+#      mirror only; more in containerd/certs.d, see below).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=common.sh
@@ -229,6 +231,9 @@ write_configs() {
 		  stream_server_address = "127.0.0.1"
 		[plugins.'io.containerd.cri.v1.images']
 		  snapshotter = "overlayfs"
+		  [plugins.'io.containerd.cri.v1.images'.registry]
+		    # one hosts.toml per registry name, read at each pull (write_registry_hosts)
+		    config_path = "$CLUSTER_DIR/containerd/certs.d"
 		  [plugins.'io.containerd.cri.v1.images'.pinned_images]
 		    sandbox = "$PAUSE_IMAGE"
 		[plugins.'io.containerd.cri.v1.runtime']
@@ -269,7 +274,24 @@ write_configs() {
 		imageGCLowThresholdPercent: 99
 		evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%}
 		serializeImagePulls: false
+		podPidsLimit: 1024
 		registerWithTaints: []
+	EOF
+}
+
+# The node's registries: containerd reads certs.d/<registry>/hosts.toml at each pull. With
+# SANDGATE_CLUSTER_MIRROR, docker.io names resolve at that mirror and nowhere else (its `server`
+# is the mirror too, so containerd never falls back to the public name). A test's registry
+# listens on plain HTTP inside the test's network; a registry named by its own host:port needs
+# a hosts.toml of its own, which the test writes the same way.
+write_registry_hosts() {
+	mkdir -p "$CLUSTER_DIR/containerd/certs.d"
+	[[ -n ${SANDGATE_CLUSTER_MIRROR:-} ]] || return 0
+	mkdir -p "$CLUSTER_DIR/containerd/certs.d/docker.io"
+	cat >"$CLUSTER_DIR/containerd/certs.d/docker.io/hosts.toml" <<-EOF
+		server = "$SANDGATE_CLUSTER_MIRROR"
+		[host."$SANDGATE_CLUSTER_MIRROR"]
+		  capabilities = ["pull", "resolve"]
 	EOF
 }
 
@@ -392,6 +414,7 @@ add_node() {
 		>"$dir/cni/net.d/10-sandgate.conflist"
 	sed -e "s|$CLUSTER_DIR/containerd|$dir/containerd|g" -e "s|$CLUSTER_DIR/cni|$dir/cni|g" \
 		-e "s|$CLUSTER_DIR/runc|$dir/runc|g" "$CLUSTER_DIR/containerd/config.toml" >"$dir/containerd/config.toml"
+	cp -r "$CLUSTER_DIR/containerd/certs.d" "$dir/containerd/" # the same registries (write_registry_hosts)
 	sed -e "s|^address: .*|address: $ip|" -e "s|$CLUSTER_DIR/containerd|$dir/containerd|" \
 		-e "s|^cgroupRoot: .*|cgroupRoot: /$CGROUP/node-$n|" "$CLUSTER_DIR/kubelet/config.yaml" >"$dir/kubelet/config.yaml"
 	local node_ctr=("$BIN/ctr" --address "$dir/containerd/containerd.sock" --namespace k8s.io)
@@ -412,6 +435,7 @@ make_network
 make_cgroups
 make_pki
 write_configs
+write_registry_hosts
 make_images
 start_daemons
 for ((node = 2; node <= NODE_COUNT; node++)); do add_node "$node"; done

@@ -8,6 +8,7 @@ cached or SANDGATE_TEST_KUBERNETES=1 asks for the build.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -60,6 +61,9 @@ class Cluster:
     def cgroup(self) -> str:
         return f"sandgate-k8s-{self.cluster_id}"
 
+    def pid(self, daemon: str) -> int:
+        return int((self.state_dir / "pids" / daemon).read_text())
+
     def down(self) -> subprocess.CompletedProcess[str]:
         self.removed = True
         return run_script("down.sh", self.state_dir, timeout=300)
@@ -78,15 +82,12 @@ def sysctls() -> dict[str, str]:
     return {key: Path(f"/proc/sys/{key}").read_text().strip() for key in KUBELET_SYSCTLS}
 
 
-@pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The module's cluster, of `CLUSTER_NODES` nodes when the module sets it (default 1)."""
-    state_dir = tmp_path_factory.mktemp("cluster") / "state"
+@contextlib.contextmanager
+def running_cluster(state_dir: Path, **env: str) -> Iterator[Cluster]:
+    """up.sh with `env` (e.g. SANDGATE_CLUSTER_MIRROR, SANDGATE_CLUSTER_NODES); down.sh
+    afterwards, whatever happened."""
     sysctls_before = sysctls()
-    nodes = str(getattr(request.module, "CLUSTER_NODES", 1))
-    started = run_script(
-        "up.sh", state_dir, timeout=BUILD_TIMEOUT + START_TIMEOUT, SANDGATE_CLUSTER_NODES=nodes
-    )
+    started = run_script("up.sh", state_dir, timeout=BUILD_TIMEOUT + START_TIMEOUT, **env)
     assert started.returncode == 0, f"up.sh failed:\n{started.stderr[-6000:]}"
     kubeconfig = Path(started.stdout.strip().splitlines()[-1])
     handle = Cluster(state_dir, kubeconfig, (state_dir / "id").read_text().strip(), sysctls_before)
@@ -95,6 +96,16 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     finally:
         if not handle.removed:
             handle.down()
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The module's cluster, of `CLUSTER_NODES` nodes when the module sets it (default 1)."""
+    nodes = str(getattr(request.module, "CLUSTER_NODES", 1))
+    with running_cluster(
+        tmp_path_factory.mktemp("cluster") / "state", SANDGATE_CLUSTER_NODES=nodes
+    ) as handle:
+        yield handle
 
 
 @pytest.fixture(scope="module")

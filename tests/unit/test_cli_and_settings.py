@@ -57,6 +57,25 @@ def test_flags_beat_env_beat_file(clean_env: pytest.MonkeyPatch, tmp_path: Path)
     assert settings.state_dir == Path("/srv/from-file")
 
 
+def test_the_kubernetes_table_from_toml_and_env(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = tmp_path / "k8s.toml"
+    config.write_text(
+        'runtime = "kubernetes"\n[kubernetes]\nkubeconfig = "/etc/k.conf"\nnamespace = "agents"\n'
+    )
+    settings = load_settings(config)
+    assert settings.runtime == "kubernetes"
+    assert (settings.kubernetes.kubeconfig, settings.kubernetes.namespace) == (Path("/etc/k.conf"), "agents")
+    assert settings.kubernetes.execd_image == "sandgate.example.test/execd:1"  # the default
+    assert settings.kubernetes.gvisor_runtime_class == "gvisor"
+    config.write_text(config.read_text() + '[secure_runtime]\ntype = "gvisor"\nk8s_runtime_class = "runsc"\n')
+    assert load_settings(config).kubernetes.gvisor_runtime_class == "runsc"  # OpenSandbox's name
+    clean_env.setenv("SANDGATE_KUBERNETES", json.dumps({"namespace": "from-env"}))
+    assert load_settings(config).kubernetes.namespace == "from-env"
+    clean_env.setenv("SANDGATE_KUBERNETES", json.dumps({"namespace": "Not_A_Name"}))
+    with pytest.raises(ValueError, match="setting kubernetes"):
+        load_settings(config)
+
+
 def test_env_names_config_file(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text("proxy_dns_port = 5399\n")
