@@ -158,7 +158,14 @@ def make_filesystem(image: Path) -> None:
 
 
 def mount_image(image: Path, mount_point: Path) -> None:
-    """Attach `image` to a loop device with autoclear and mount its ext4 at `mount_point`."""
+    """Attach `image` to a loop device with autoclear and mount its ext4 at `mount_point`. A
+    device that still backs the image (its filesystem still held elsewhere, e.g. by a mount
+    namespace that has not died yet) is mounted again instead: a second device would mount the
+    same filesystem twice, with two superblocks writing to one image."""
+    held = [device for device, backing in loop_devices(str(image)).items() if backing == str(image)]
+    if held:
+        mount(held[0], mount_point, "ext4", MS_NOSUID | MS_NODEV, MOUNT_OPTIONS)
+        return
     loop_fd, device = _attach(image)
     try:
         mount(device, mount_point, "ext4", MS_NOSUID | MS_NODEV, MOUNT_OPTIONS)

@@ -7,6 +7,7 @@ created."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -150,6 +151,28 @@ def test_a_write_past_the_claims_size_fails_inside_and_the_size_stays(claims: Cl
     assert "No space left on device" in read.stdout, read
     assert claims.image("capped").stat().st_size == 32 << 20
     delete(server, later["id"])
+
+
+def test_a_claim_still_held_elsewhere_is_mounted_again_not_twice(claims: Claims) -> None:
+    """A loop device that still backs a claim's image when the next sandbox comes (held here by
+    an open fd, as a mount namespace that has not died yet would) is mounted again: a second
+    device would put two superblocks on one image."""
+    server = claims.server
+    status, first = create(server, pvc("held"))
+    assert status == 202, first
+    server.run(first["id"], "echo one > /mnt/data/f")
+    devices = list(loop_devices(str(claims.image("held"))))
+    assert len(devices) == 1, devices
+    holder = os.open(devices[0], os.O_RDONLY)
+    try:
+        delete(server, first["id"])
+        status, later = create(server, pvc("held"))
+        assert status == 202, later
+        assert server.run(later["id"], "cat /mnt/data/f").stdout.strip() == "one"
+        assert list(loop_devices(str(claims.image("held")))) == devices
+        delete(server, later["id"])
+    finally:
+        os.close(holder)
 
 
 def test_a_planted_symlink_never_leads_out_of_the_claim(claims: Claims) -> None:
