@@ -90,10 +90,18 @@ def test_install_least_privilege_and_uninstall(cluster: Cluster) -> None:
         answer = kubectl(cluster, *asked, check=False)
         assert answer.stdout.strip() == ("yes" if allowed else "no"), (who, verb, resource, namespace, answer)
 
+    bound = "--for=jsonpath={.status.phase}=Bound"
+    kubectl(cluster, "wait", bound, "pvc/sandgate-state", "-n", "sandgate-system", "--timeout=120s")
+    state_dirs = kubectl(cluster, "get", "pv", "-o", "jsonpath={.items[*].spec.hostPath.path}").stdout.split()
+    assert state_dirs and all(Path(path).is_dir() for path in state_dirs)  # the server's state, on the node
     kubectl(cluster, "delete", "-k", str(DEPLOY), "--wait=true", "--timeout=120s")
+    # the namespaces' contents go first, and the state volume after its claim (reclaim Delete)
     deadline = time.monotonic() + GONE_TIMEOUT
-    while (left := installed(cluster)) and time.monotonic() < deadline:
+    while (left := installed(cluster) | volumes(cluster)) and time.monotonic() < deadline:
         time.sleep(1)
     assert not left
-    volumes = kubectl(cluster, "get", "pv", "-o", "name").stdout.split()
-    assert not volumes  # the state volume went with its claim (reclaim policy Delete)
+    assert not any(Path(path).exists() for path in state_dirs)
+
+
+def volumes(cluster: Cluster) -> set[str]:
+    return set(kubectl(cluster, "get", "pv", "-o", "name").stdout.split())
