@@ -44,8 +44,9 @@ from typing import Any
 from fastapi import Depends, FastAPI, Header, HTTPException, Response
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from sandgate.lifecycle.network import ProxyPorts
+from sandgate.lifecycle.confinement import ProxyPorts
 from sandgate.lifecycle.proxy_supervisor import Listeners, ProxySupervisor
+from sandgate.policy import DEFAULT_MAX_RULES
 from sandgate.proxy import (
     ProxyConfig,
     ProxyControl,
@@ -232,6 +233,7 @@ class NodeAgentConfig:
     ports: ProxyPorts = field(default_factory=ProxyPorts)
     upstream_dns: tuple[str, ...] = ()
     upstream_ca: Path | None = None
+    audit_max_bytes: int = 100 * 1024 * 1024
     audit_backups: int = 10
     table: str = NODE_TABLE
 
@@ -245,6 +247,7 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._entries: dict[str, NodeEntry] = {}
         self._fed: set[str] = set()  # names whose values the proxy's memory vault holds
+        self.boot = os.urandom(8).hex()  # a new one each start: the server re-pushes when it changes
         self.supervisor = ProxySupervisor(
             self._write_proxy_config(),
             is_healthy=self._proxy_answers,
@@ -327,7 +330,10 @@ class NodeAgent:
             workers=1,  # a memory vault is fed to one process (proxy/workers.py refuses it)
             upstream_dns=list(config.upstream_dns),
             upstream_ca=config.upstream_ca,
+            audit_max_bytes=config.audit_max_bytes,
             audit_backups=config.audit_backups,
+            audit_fsync=True,  # the node's file is the only copy of a record until it is shipped
+            max_rules=DEFAULT_MAX_RULES,
             vault=StoreSettings(backend="memory", state_dir=config.state_dir),
         )
         config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -384,7 +390,8 @@ def node_app(agent: NodeAgent, token: str) -> FastAPI:
 
     @app.get(f"{API_PREFIX}/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "proxy_pid": agent.supervisor.pid, "sandboxes": len(agent.sandboxes())}
+        sandboxes = len(agent.sandboxes())
+        return {"status": "ok", "boot": agent.boot, "proxy_pid": agent.supervisor.pid, "sandboxes": sandboxes}
 
     return app
 

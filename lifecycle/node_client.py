@@ -5,14 +5,24 @@ Rules:
    API server's watch) and one port for the whole cluster (`NodeAgents.port`); TLS verified
    against one CA file, and one bearer token read from a file. The platform team provides the
    three (docs/kubernetes.md, "The node proxy").
-2. A sandbox is admitted on its node (`admit`) only once the agent answered that its proxy holds
-   the entry: until then the node denies the Pod everything (it has no entry), so "ready" never
-   runs ahead of the policy.
+2. A sandbox is admitted on its node (`NodeProxies.put_sandbox`) only once the agent answered
+   that its proxy holds the entry: until then the node denies the Pod everything (it has no
+   entry), so "ready" never runs ahead of the policy. The service admits right after the
+   runtime's create returned the Pod IP, before it waits for execd (confinement rule 2).
 3. Audit: each node's records are pulled from a cursor (file inode, byte offset) kept in the
    server's state dir, appended to the server's one audit log, and only then is the cursor moved
    on (`AuditShipper.ship`). A crash between the two ships a line twice; readers keep the last
    line of an id, so a repeat changes nothing. A killed agent loses nothing: its proxy wrote every
    record ahead into the node's file, which the next pull reads from the cursor.
+4. `NodeProxies` is the Kubernetes confinement's proxy client (`ProxyControlClient` of
+   sandgate.lifecycle.confinement): `put_sandbox(entry)` finds the node that runs the Pod whose IP
+   is `entry.address` (`locate`, from the API server), reads from the server's vault the values
+   of the entries the policy's bindings name, pushes both, and returns once that node's proxy
+   holds them. Every policy patch or binding change is a `put_sandbox` again, so the node's values
+   are read anew each time; a drop removes the node's values no other sandbox there names.
+5. Converge: an agent that restarted holds nothing (its `boot` id changed). The shipper of its
+   node sees the new id at its next poll and calls `on_restart` (the server's `repush` of every
+   live sandbox); until then the node denies the restarted agent's Pods everything.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import logging
 import os
 import ssl
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +40,9 @@ from typing import Any
 import httpx
 
 from sandgate.lifecycle.node import API_PREFIX, AuditChunk, NodeEntry, read_token
+from sandgate.policy import policy_from_dict
 from sandgate.proxy import AuditRecord, SandboxEntry, append_records
+from sandgate.vault import SecretNotFound, SecretStore
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +129,20 @@ class PodPlacement:
     node_ip: str
 
 
+def pod_locator(client: Any, namespace: str) -> Locate:
+    """`Locate` from the API server (a lightkube Client): the hostIP of the Pod with that podIP."""
+    from lightkube.resources.core_v1 import Pod
+
+    def locate(address: str) -> str | None:
+        for pod in client.list(Pod, namespace=namespace, fields={"status.podIP": address}):
+            found = placement(pod)
+            if found is not None and found.pod_ip == address:
+                return found.node_ip
+        return None
+
+    return locate
+
+
 def placement(pod: Any) -> PodPlacement | None:
     """From a Pod as the API server reports it (lightkube's model); None until it has both IPs."""
     status = getattr(pod, "status", None)
@@ -124,19 +151,123 @@ def placement(pod: Any) -> PodPlacement | None:
     return PodPlacement(pod_ip=status.podIP, node_ip=status.hostIP)
 
 
-def admit(agents: NodeAgents, where: PodPlacement, entry: SandboxEntry, secrets: dict[str, str]) -> None:
-    """Push the sandbox's entry (its address set to the Pod IP) to its node (rule 2)."""
-    client = agents.client(where.node_ip)
-    try:
-        client.put(entry.model_copy(update={"address": where.pod_ip}), secrets)
-    finally:
-        client.close()
+def vault_names(entry: SandboxEntry) -> set[str]:
+    """The vault entries the entry's bindings (and its upstream proxies) read."""
+    policy = policy_from_dict(entry.policy)
+    names = {
+        entry.credentials.get(credential, credential)
+        for binding in policy.bindings
+        for credential in binding.credential_names()
+    }
+    return names | {proxy.credential for proxy in entry.upstream_proxies or () if proxy.credential}
+
+
+Locate = Callable[[str], str | None]  # a Pod IP -> its node's InternalIP (None: no such Pod)
+
+
+class NodeProxies:
+    """Each sandbox's entry to the node agent of its Pod's node (rule 4); ships every node's audit."""
+
+    def __init__(
+        self,
+        agents: NodeAgents,
+        locate: Locate,
+        vault: SecretStore | None,
+        audit_log: Path,
+        cursor_dir: Path,
+        on_restart: Callable[[], object] = lambda: None,
+    ) -> None:
+        self.on_restart = on_restart
+        self.agents = agents
+        self.locate = locate
+        self.vault = vault
+        self.audit_log = audit_log
+        self.cursor_dir = cursor_dir
+        self._lock = threading.Lock()
+        self._placed: dict[str, str] = {}  # Pod IP -> node IP, as pushed
+        self._shippers: dict[str, AuditShipper] = {}
+
+    def put_sandbox(self, entry: SandboxEntry) -> object:
+        node_ip = self.locate(entry.address)
+        if node_ip is None:
+            raise NodeAgentError(f"no Pod has the address {entry.address}: its node is unknown")
+        client = self.agents.client(node_ip)
+        try:
+            answer = client.put(entry, self._values(entry))
+        finally:
+            client.close()
+        with self._lock:
+            self._placed[entry.address] = node_ip
+        self._ship_from(node_ip)
+        return answer
+
+    def drop_sandbox(self, address: str) -> bool:
+        with self._lock:
+            node_ip = self._placed.pop(address, None)
+        node_ip = node_ip or self.locate(address)
+        if node_ip is None:
+            return False
+        client = self.agents.client(node_ip)
+        try:
+            return client.drop(address)
+        finally:
+            client.close()
+
+    def metrics(self) -> str:
+        return ""  # each node's proxy has its own /metrics (docs/kubernetes.md)
+
+    def approvals(self) -> list[dict[str, Any]]:
+        return []  # requests held for a reviewer on a node are not surfaced yet (docs/kubernetes.md)
+
+    def answer_approval(self, approval_id: str, allow: bool, by: str) -> bool:
+        return False
+
+    def close(self) -> None:
+        with self._lock:
+            shippers, self._shippers = list(self._shippers.values()), {}
+        for shipper in shippers:
+            shipper.stop()
+            shipper.client.close()
+
+    def _values(self, entry: SandboxEntry) -> dict[str, str]:
+        if self.vault is None:
+            return {}
+        values = {}
+        for name in sorted(vault_names(entry)):
+            try:
+                values[name] = self.vault.reveal(name)
+            except SecretNotFound:  # not stored (yet): injection on the node says so
+                continue
+        return values
+
+    def _ship_from(self, node_ip: str) -> None:
+        """Start shipping the node's audit (once per node; its cursor survives restarts)."""
+        with self._lock:
+            if node_ip in self._shippers:
+                return
+            self.cursor_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            cursor = self.cursor_dir / f"{node_ip}.json"
+            # the callback read at each restart: wiring sets it after construction
+            shipper = AuditShipper(
+                self.agents.client(node_ip), self.audit_log, cursor, lambda: self.on_restart()
+            )
+            self._shippers[node_ip] = shipper
+        shipper.start()
 
 
 class AuditShipper:
     """Pulls one node's audit records into the server's audit log from a kept cursor (rule 3)."""
 
-    def __init__(self, client: NodeClient, audit_log: Path, cursor_file: Path, interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        client: NodeClient,
+        audit_log: Path,
+        cursor_file: Path,
+        on_restart: Callable[[], object] = lambda: None,
+        interval: float = 1.0,
+    ) -> None:
+        self.on_restart = on_restart
+        self._boot: str | None = None
         self.client = client
         self.audit_log = audit_log
         self.cursor_file = cursor_file
@@ -157,7 +288,9 @@ class AuditShipper:
         while True:
             file, offset = self.cursor()
             chunk = self.client.audit(file, offset)
-            records = [(record, None) for line in chunk.lines if (record := _record(line)) is not None]
+            records: list[tuple[AuditRecord, Callable[[str], str] | None]] = [
+                (record, None) for line in chunk.lines if (record := _record(line)) is not None
+            ]
             append_records(self.audit_log, records)
             self._save(chunk.file, chunk.offset)
             shipped += len(records)
@@ -176,10 +309,20 @@ class AuditShipper:
     def _run(self) -> None:
         while not self._stopping.is_set():
             try:
+                self._notice_restart()
                 self.ship()
             except (NodeAgentError, OSError) as exc:  # the agent down: the cursor waits for it
                 log.warning("shipping audit from %s: %s", self.client.base_url, exc)
+            except Exception:  # never let one failure end the node's shipping
+                log.exception("shipping audit from %s failed", self.client.base_url)
             self._stopping.wait(self.interval)
+
+    def _notice_restart(self) -> None:
+        boot = str(self.client.health()["boot"])
+        if self._boot is not None and boot != self._boot:
+            log.warning("node agent %s restarted: pushing its sandboxes again", self.client.base_url)
+            self.on_restart()
+        self._boot = boot
 
     def _save(self, file: int, offset: int) -> None:
         temporary = self.cursor_file.with_name(self.cursor_file.name + ".tmp")

@@ -107,6 +107,26 @@ class KubernetesSettings(BaseModel):
         description="StorageClass of the PersistentVolumeClaims `pvc` volumes make when a create "
         "names none (unset: the cluster's default class)",
     )
+    node_agent_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="port of every node's agent (`sandgate node-proxy`) at the node's InternalIP; "
+        "unset: no node agents, and sandbox Pods have no egress at all (docs/kubernetes.md)",
+    )
+    node_agent_ca: Path | None = Field(None, description="PEM CA file the node agents' certificates chain to")
+    node_agent_token_file: Path | None = Field(
+        None, description="file holding the bearer token every node agent accepts (mode 0600)"
+    )
+
+    @model_validator(mode="after")
+    def _node_agents_whole(self) -> KubernetesSettings:
+        given = [self.node_agent_ca is not None, self.node_agent_token_file is not None]
+        if self.node_agent_port is not None and not all(given):
+            raise ValueError("node_agent_port needs node_agent_ca and node_agent_token_file")
+        if self.node_agent_port is None and any(given):
+            raise ValueError("node_agent_ca and node_agent_token_file need node_agent_port")
+        return self
 
 
 class Settings(BaseSettings):

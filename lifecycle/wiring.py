@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.confinement import Confinement, SandboxNetworks
     from sandgate.lifecycle.gvisor_events import GvisorEvents
     from sandgate.lifecycle.images import ImageStore
+    from sandgate.lifecycle.node_client import NodeProxies
     from sandgate.lifecycle.process_events import ProcessWatcher
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
     from sandgate.lifecycle.registry import Credentials, RegistryConfig
@@ -217,15 +218,36 @@ def make_networks(settings: Settings, instance: str) -> SandboxNetworks:
     )
 
 
-def make_confinement(settings: Settings, instance: str, proxy: ProxyControl) -> Confinement:
-    """Where sandboxes are confined: on this host (local, Docker), or by the Pod network."""
+def make_confinement(
+    settings: Settings, instance: str, proxy: ProxyControl, nodes: NodeProxies | None = None
+) -> Confinement:
+    """Where sandboxes are confined: on this host (local, Docker), or by the Pod network and
+    each node's proxy (`nodes`; without node agents the server's own proxy, which no Pod reaches)."""
     from sandgate.lifecycle.confinement import HostConfinement, PodConfinement
 
     if settings.runtime == "kubernetes":
-        return PodConfinement(proxy)
+        return PodConfinement(nodes or proxy)
     networks = make_networks(settings, instance)
     networks.ensure_table()
     return HostConfinement(networks, proxy)
+
+
+def node_proxies(
+    settings: Settings, runtime: LocalRuntime | DockerRuntime | KubernetesRuntime, vault: SecretStore
+) -> NodeProxies | None:
+    """The node agents' client (lifecycle/node_client.py) when `[kubernetes]` names them."""
+    from sandgate.lifecycle.node_client import NodeAgents, NodeProxies, pod_locator
+
+    options = settings.kubernetes
+    if (
+        options.node_agent_port is None
+        or options.node_agent_ca is None
+        or options.node_agent_token_file is None
+    ):
+        return None
+    agents = NodeAgents(options.node_agent_port, options.node_agent_ca, options.node_agent_token_file)
+    locate = pod_locator(getattr(runtime, "client"), options.namespace)  # noqa: B009 (the Kubernetes runtime's)
+    return NodeProxies(agents, locate, vault, settings.audit_log, settings.state_dir / "node-audit")
 
 
 def make_runtime(
@@ -407,9 +429,10 @@ def build_components(settings: Settings, api_key: str) -> Components:
     ca = ensure_ca(settings.state_dir)
     control = ProxyControl(control_socket(settings.state_dir))
     instance = instance_tag(settings.state_dir)
-    confinement = make_confinement(settings, instance, control)
     vault = open_vault(settings)
     runtime = make_runtime(settings, instance, registry_login(settings, vault))
+    nodes = node_proxies(settings, runtime, vault) if runtime.name == "kubernetes" else None
+    confinement = make_confinement(settings, instance, control, nodes)
     if settings.isolation not in runtime.isolations:  # every create would be refused
         raise ValueError(
             f"setting `isolation` (SANDGATE_ISOLATION) is {settings.isolation!r}, which this host's "
@@ -455,6 +478,8 @@ def build_components(settings: Settings, api_key: str) -> Components:
     )
     from sandgate.lifecycle.trail_secrets import Secrets
 
+    if nodes is not None:
+        nodes.on_restart = egress.repush  # rule 5 of node_client.py
     watchers = process_watchers(settings, instance, store, Secrets(egress.vault_values, api_key))
     audit, routers = audit_and_console(service, settings, api_key)
     audit.start()
@@ -463,7 +488,14 @@ def build_components(settings: Settings, api_key: str) -> Components:
         supervisor,
         routers,
         open_prefixes=["/console"],
-        closers=[store.close, supervisor.stop, audit.stop, service.stop, *(w.stop for w in watchers)],
+        closers=[
+            store.close,
+            supervisor.stop,
+            audit.stop,
+            service.stop,
+            *(w.stop for w in watchers),
+            *([nodes.close] if nodes is not None else []),
+        ],
     )
 
 

@@ -1,9 +1,9 @@
-"""The one-node test cluster as tests use it (scripts/cluster/): started once per module by the
-`cluster` fixture (tests/kubernetes/conftest.py), torn down after it, also when a test failed.
+"""The one-node cluster of scripts/cluster for tests: started per module in the test's network
+namespace with a state directory of its own, torn down (down.sh) also when a test fails.
 
 The cluster builds once per version (scripts/cluster/build.sh; a cold build takes long, see
-docs/kubernetes.md): a module calls `skip_unless_built()` first, so it runs when the build is
-cached or SANDGATE_TEST_KUBERNETES=1 asks for the build.
+docs/kubernetes.md): a module that uses it calls `skip_unless_built()` at import, so it runs when
+the build is cached or SANDGATE_TEST_KUBERNETES=1 asks for the build.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from lightkube import Client, KubeConfig
+from lightkube import Client
 from lightkube.resources.core_v1 import Pod
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "cluster"
-BUSYBOX_IMAGE = "sandgate.example.test/busybox:1"
+BUSYBOX_IMAGE = "sandgate.example.test/busybox:1"  # imported by up.sh; Pods say imagePullPolicy Never
 KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops")
 # A cold build of every program runs for a long time on two cores (docs/kubernetes.md); the
 # module's first test sets the cluster up, so each test may take that long.
@@ -37,12 +37,24 @@ def cached_build() -> bool:
 
 
 def skip_unless_built() -> None:
-    """Skip the calling module unless the cluster's programs are built or may be built now."""
     if not (os.environ.get("SANDGATE_TEST_KUBERNETES") == "1" or cached_build()):
         pytest.skip(
             "the cluster's programs are not built: `make cluster-build`, or SANDGATE_TEST_KUBERNETES=1",
             allow_module_level=True,
         )
+
+
+def sysctls() -> dict[str, str]:
+    return {key: Path(f"/proc/sys/{key}").read_text().strip() for key in KUBELET_SYSCTLS}
+
+
+def run_script(
+    name: str, state_dir: Path, timeout: float, **env_overrides: str
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SANDGATE_CLUSTER_DIR": str(state_dir), **env_overrides}
+    return subprocess.run(
+        ["bash", str(SCRIPTS / name)], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @dataclass
@@ -69,23 +81,9 @@ class Cluster:
         return run_script("down.sh", self.state_dir, timeout=300)
 
 
-def run_script(
-    name: str, state_dir: Path, timeout: float, **env_overrides: str
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SANDGATE_CLUSTER_DIR": str(state_dir), **env_overrides}
-    return subprocess.run(
-        ["bash", str(SCRIPTS / name)], env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def sysctls() -> dict[str, str]:
-    return {key: Path(f"/proc/sys/{key}").read_text().strip() for key in KUBELET_SYSCTLS}
-
-
 @contextlib.contextmanager
 def running_cluster(state_dir: Path, **env: str) -> Iterator[Cluster]:
-    """up.sh with `env` (e.g. SANDGATE_CLUSTER_MIRROR, SANDGATE_CLUSTER_NODES); down.sh
-    afterwards, whatever happened."""
+    """up.sh with `env` (e.g. SANDGATE_CLUSTER_MIRROR); down.sh afterwards, whatever happened."""
     sysctls_before = sysctls()
     started = run_script("up.sh", state_dir, timeout=BUILD_TIMEOUT + START_TIMEOUT, **env)
     assert started.returncode == 0, f"up.sh failed:\n{started.stderr[-6000:]}"
@@ -96,21 +94,6 @@ def running_cluster(state_dir: Path, **env: str) -> Iterator[Cluster]:
     finally:
         if not handle.removed:
             handle.down()
-
-
-@pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The module's cluster, of `CLUSTER_NODES` nodes when the module sets it (default 1)."""
-    nodes = str(getattr(request.module, "CLUSTER_NODES", 1))
-    with running_cluster(
-        tmp_path_factory.mktemp("cluster") / "state", SANDGATE_CLUSTER_NODES=nodes
-    ) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def client(cluster: Cluster) -> Client:
-    return Client(config=KubeConfig.from_file(cluster.kubeconfig))
 
 
 def wait_for_pod(client: Client, name: str, phases: tuple[str, ...], timeout: float) -> Pod:

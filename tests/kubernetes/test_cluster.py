@@ -7,8 +7,9 @@ container could compute (the SHA-256 of a nonce the test made up, its own addres
 teardown is checked against what the cluster was seen to hold while it ran (its processes, mounts,
 network namespace, veth, nft table, cgroups), so each check had something to find.
 
-The cluster (tests/kubernetes/cluster.py) runs when its build is cached or
-SANDGATE_TEST_KUBERNETES=1 asks for the build.
+The cluster builds once per version (scripts/cluster/build.sh; a cold build takes long, see
+docs/kubernetes.md): the module runs when the build is cached or SANDGATE_TEST_KUBERNETES=1 asks
+for the build.
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import re
 import secrets
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lightkube import Client
+from lightkube import Client, KubeConfig
 from lightkube.models.core_v1 import Container, EnvVar, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
@@ -34,6 +37,7 @@ from tests.kubernetes.cluster import (
     START_TIMEOUT,
     Cluster,
     run_script,
+    running_cluster,
     skip_unless_built,
     sysctls,
     up_to_a_build,
@@ -41,12 +45,12 @@ from tests.kubernetes.cluster import (
 )
 
 pytestmark = pytest.mark.root
-skip_unless_built()
 
 NODE_NAME = "sandgate-node"
 POD_CIDR = ipaddress.ip_network("10.232.0.0/24")
 CNI_RESULTS = Path("/var/lib/cni/results")  # libcni's cache: containerd cannot move it
 HOST_LINK_IP = "10.231.0.1"  # the host's end of the node's veth (scripts/cluster/common.sh)
+skip_unless_built()
 
 
 def cgroup_hierarchies() -> list[Path]:
@@ -95,22 +99,34 @@ def node_nft_tables(netns: str) -> set[str]:
     return set(out.stdout.splitlines())
 
 
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with running_cluster(tmp_path_factory.mktemp("cluster") / "state") as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Cluster) -> Client:
+    return Client(config=KubeConfig.from_file(cluster.kubeconfig))
+
+
 @up_to_a_build
 def test_a_start_that_fails_leaves_nothing(tmp_path: Path) -> None:
     """up.sh fails after the network, cgroups and certificates exist (its image writer fails) and
     must take them down again itself."""
     state_dir = tmp_path / "state"
+    veths_before = links("veth")  # this test's namespace: no other cluster's
     failed = run_script("up.sh", state_dir, timeout=BUILD_TIMEOUT + START_TIMEOUT, PYTHON="false")
     assert failed.returncode != 0
     assert "cluster: start failed" in failed.stderr, failed.stderr
-    assert "cluster: removed sgk8s-" in failed.stderr, failed.stderr  # down.sh ran, and succeeded
-    cluster_id = failed.stderr.split("cluster: removed sgk8s-")[1].split()[0]
+    removed = re.search(r"cluster: removed sgk8s-([0-9a-f]+)", failed.stderr)  # down.sh ran, and succeeded
+    assert removed, failed.stderr
     assert not state_dir.exists()
-    # by this start's id: other trees' clusters may come and go meanwhile
-    assert not Path(f"/run/netns/sgk8s-{cluster_id}").exists()
-    assert f"sgk8s-{cluster_id}" not in links("veth")
+    # its own names only: netns and cgroups are the machine's, where other clusters may run
+    assert not Path(f"/run/netns/sgk8s-{removed[1]}").exists()
+    assert links("veth") == veths_before
     assert not [
-        path for hierarchy in cgroup_hierarchies() for path in hierarchy.glob(f"sandgate-k8s-{cluster_id}")
+        hierarchy for hierarchy in cgroup_hierarchies() if (hierarchy / f"sandgate-k8s-{removed[1]}").exists()
     ]
 
 

@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,25 +36,35 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from lightkube import Client
+from lightkube import Client, KubeConfig
 from lightkube.models.core_v1 import Container, PodDNSConfig, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Pod, Secret
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret
 
 from sandgate.lifecycle.node import COUNTERS, NODE_TABLE
 from sandgate.lifecycle.node_client import (
-    AuditShipper,
     NodeAgents,
     NodeClient,
+    NodeProxies,
     PodPlacement,
-    admit,
     placement,
+    pod_locator,
 )
 from sandgate.proxy import SandboxEntry, audit_path, verify_chain
 from sandgate.proxy.contract.ca import new_ca
-from tests.kubernetes.cluster import BUSYBOX_IMAGE, Cluster, skip_unless_built, up_to_a_build, wait_for_pod
+from sandgate.vault import open_store
+from tests.kubernetes.cluster import (
+    BUSYBOX_IMAGE,
+    Cluster,
+    run_script,
+    running_cluster,
+    skip_unless_built,
+    up_to_a_build,
+    wait_for_pod,
+)
 from tests.support.internet import DNS_ADDR, HOST_V4, ORIGIN_V4, Internet, start_internet
 from tests.support.netns import ip
+from tests.support.server import SANDGATE, SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
 skip_unless_built()
@@ -131,6 +141,8 @@ class Agent:
         for path in (self.state_dir / "audit.jsonl", self.state_dir / "proxy.log", self.log):
             text = path.read_text(errors="replace") if path.exists() else "(none)"
             tails.append(f"--- {path.name}\n{text[-3000:]}")
+        with contextlib.suppress(Exception), self.client() as node:
+            tails.append(f"--- agent: {node.health()}, holds {node.sandboxes()}")
         return "\n".join(tails)
 
     def proxy_pid(self) -> int:
@@ -180,6 +192,17 @@ def write_agent_tls(directory: Path) -> Path:
     (directory / "agent.key").write_bytes(key_pem)
     os.chmod(directory / "agent.key", 0o600)
     return directory / "ca.crt"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with running_cluster(tmp_path_factory.mktemp("cluster") / "state") as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Cluster) -> Client:
+    return Client(config=KubeConfig.from_file(cluster.kubeconfig))
 
 
 @pytest.fixture(scope="module")
@@ -319,11 +342,45 @@ def test_a_pod_without_an_entry_gets_nothing(
     assert origin_requests_from(internet, mark) == []
 
 
+@dataclass
+class Server:
+    """The server's side as `sandgate serve --runtime kubernetes` wires it: its vault, its audit
+    log, and the Kubernetes confinement's proxy client (`NodeProxies`)."""
+
+    state_dir: Path
+    nodes: NodeProxies
+
+    @property
+    def audit_log(self) -> Path:
+        return audit_path(self.state_dir)
+
+    def shipped(self) -> list[dict[str, object]]:
+        if not self.audit_log.exists():
+            return []
+        return [json.loads(line) for line in self.audit_log.read_text().splitlines()]
+
+
 @pytest.fixture(scope="module")
-def sandbox_pod(client: Client, agent: Agent) -> PodPlacement:
-    """A Pod that the server admitted on its node: its entry and its secret pushed to the agent."""
+def server(client: Client, agent: Agent, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    state_dir = tmp_path_factory.mktemp("server")
+    vault = open_store("local", state_dir)
+    vault.put("node-api-token", SECRET)
+    locate = pod_locator(client, "default")
+    nodes = NodeProxies(agent.agents, locate, vault, audit_path(state_dir), state_dir / "node-audit")
+    try:
+        yield Server(state_dir, nodes)
+    finally:
+        nodes.close()
+
+
+@pytest.fixture(scope="module")
+def sandbox_pod(client: Client, server: Server) -> PodPlacement:
+    """A Pod the server admitted: NodeProxies found its node from its IP (the API server), read
+    the bound value from the server's vault and pushed both to that node's agent."""
     pod = start_shell_pod(client, f"sandbox-{secrets.token_hex(3)}")
-    admit(agent.agents, pod, entry_for("sbx-node-1", "0.0.0.0"), {"node-api-token": SECRET})
+    entry = entry_for("sbx-node-1", pod.pod_ip)
+    server.nodes.put_sandbox(entry)
+    server.nodes.on_restart = lambda: server.nodes.put_sandbox(entry)  # the server's repush
     return pod
 
 
@@ -390,56 +447,59 @@ def test_the_node_the_cluster_and_other_pods_are_out_of_reach(
     assert "status=0" in pod_sh(other.pod_ip, "true")
 
 
+def wait_until(
+    what: str, check: Callable[[], bool], timeout: float, evidence: Callable[[], str] = str
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g}s\n{evidence()}"
+        time.sleep(0.5)
+
+
 @up_to_a_build
 def test_agent_killed_means_no_egress_and_its_records_are_shipped(
-    cluster: Cluster, agent: Agent, internet: Internet, sandbox_pod: PodPlacement, tmp_path: Path
+    cluster: Cluster, agent: Agent, internet: Internet, server: Server, sandbox_pod: PodPlacement
 ) -> None:
-    server_state = tmp_path / "server"
-    server_state.mkdir()
-    server_log = audit_path(server_state)
-    with agent.client() as node:
-        shipper = AuditShipper(node, server_log, server_state / "node-cursor.json")
-        shipped_before = shipper.ship()
-    assert shipped_before > 0
-
     marker = f"/echo/before-kill-{secrets.token_hex(4)}"
     assert OK in pod_sh(sandbox_pod.pod_ip, http_get("api.example.com", marker))
     proxy_pid = agent.proxy_pid()
     agent.kill()
-    deadline = time.monotonic() + 30
-    while Path(f"/proc/{proxy_pid}").exists():  # the proxy dies with the agent (PR_SET_PDEATHSIG)
-        assert time.monotonic() < deadline, "the proxy outlived its agent"
-        time.sleep(0.1)
+    # the proxy dies with the agent (PR_SET_PDEATHSIG)
+    wait_until("the proxy ends with its agent", lambda: not Path(f"/proc/{proxy_pid}").exists(), 30)
     mark = len(internet.origin_requests())
     cut = pod_sh(sandbox_pod.pod_ip, http_get("api.example.com", "/echo/while-down"))
     assert OK not in cut and "status=" in cut, cut
     assert origin_requests_from(internet, mark) == []
     assert counters(cluster.netns)  # the table stays while the agent is down (fail closed)
 
-    agent.start(internet.ca_cert)  # the DaemonSet restarts it; the server pushes its sandboxes again
-    admit(agent.agents, sandbox_pod, entry_for("sbx-node-1", "0.0.0.0"), {"node-api-token": SECRET})
-    assert OK in pod_sh(sandbox_pod.pod_ip, http_get("api.example.com", "/echo/after-restart"))
+    # the DaemonSet restarts it; the server sees a new boot id and pushes its sandboxes again
+    agent.start(internet.ca_cert)
+    after = "/echo/after-restart"
+    wait_until(
+        "egress back after the re-push",
+        lambda: OK in pod_sh(sandbox_pod.pod_ip, http_get("api.example.com", after)),
+        timeout=90,
+        evidence=agent.evidence,
+    )
 
-    with agent.client() as node:
-        shipper = AuditShipper(node, server_log, server_state / "node-cursor.json")
-        shipper.ship()
-    shipped = [json.loads(line) for line in server_log.read_text().splitlines()]
-    paths = {record.get("path") for record in shipped if record["kind"] == "request"}
-    assert {marker, "/echo/after-restart"} <= paths, paths  # the record written before the kill too
+    def shipped_paths() -> set[object]:
+        return {record.get("path") for record in server.shipped() if record["kind"] == "request"}
+
+    wait_until("records shipped", lambda: {marker, after} <= shipped_paths(), timeout=60)
     node_ids = {
         json.loads(line)["id"]
         for path in sorted(agent.state_dir.glob("audit.jsonl*"))
         for line in path.read_text().splitlines()
         if line.strip()
     }
-    assert node_ids <= {record["id"] for record in shipped}  # nothing lost
-    verdict = verify_chain(server_log)
-    assert not verdict.problems and verdict.chained == verdict.lines == len(shipped), verdict
+    wait_until("every node record shipped", lambda: node_ids <= {r["id"] for r in server.shipped()}, 60)
+    verdict = verify_chain(server.audit_log)
+    assert not verdict.problems and verdict.chained == verdict.lines, verdict
 
 
 @up_to_a_build
 def test_no_secret_in_the_cluster_or_on_the_nodes_disk(
-    client: Client, agent: Agent, sandbox_pod: PodPlacement
+    client: Client, agent: Agent, server: Server, sandbox_pod: PodPlacement
 ) -> None:
     """The secret reached the origin (test above) but lives nowhere the cluster or the node keeps."""
     objects = [
@@ -454,3 +514,97 @@ def test_no_secret_in_the_cluster_or_on_the_nodes_disk(
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path
     assert SECRET.encode() not in agent.log.read_bytes()
+    assert server.shipped() and SECRET not in server.audit_log.read_text()
+
+
+# -- through the runtime's server: `sandgate serve --runtime kubernetes` with the node agents -------
+
+SANDBOX_NAMESPACE = "sandgate"
+E2E_PATH = "/echo/through-the-server"
+
+
+@pytest.fixture(scope="module")
+def runtime_server(
+    cluster: Cluster, client: Client, agent: Agent, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SandgateServer]:
+    """A real server whose sandboxes are Pods, confined by the node agents (`[kubernetes]`
+    node_agent_*), with the bound value in its vault (`sandgate vault put`)."""
+    imported = run_script("execd-image.sh", cluster.state_dir, timeout=600, PYTHON=sys.executable)
+    assert imported.returncode == 0, imported.stderr
+    client.create(Namespace(metadata=ObjectMeta(name=SANDBOX_NAMESPACE)))
+    settings = {
+        "kubeconfig": str(cluster.kubeconfig),
+        "namespace": SANDBOX_NAMESPACE,
+        "node_agent_port": AGENT_PORT,
+        "node_agent_ca": str(agent.agents.ca_file),
+        "node_agent_token_file": str(agent.agents.token_file),
+    }
+    env = {
+        "SANDGATE_RUNTIME": "kubernetes",
+        "SANDGATE_KUBERNETES": json.dumps(settings),
+        "SANDGATE_IMAGE_PULL_POLICY": "never",
+    }
+    with sandgate_server(tmp_path_factory.mktemp("k8s-server"), env) as server:
+        put = subprocess.run(
+            [*SANDGATE, "vault", "put", "node-api-token"], input=SECRET, capture_output=True, text=True,
+            env=server.server_env(), timeout=60,
+        )  # fmt: skip
+        assert put.returncode == 0, put.stderr
+        yield server
+
+
+@up_to_a_build
+def test_a_sandbox_of_the_runtime_gets_out_only_through_its_nodes_proxy(
+    runtime_server: SandgateServer, client: Client, internet: Internet, agent: Agent
+) -> None:
+    """Created through the API (a Pod of the busybox image whose entrypoint asks the origin every
+    few seconds): nothing arrives under the default policy; after the sandgate policy with its
+    binding is set through the API, the requests arrive with the injected credential; after the
+    delete the node holds no entry and no value for it."""
+    request = f"GET {E2E_PATH} HTTP/1.1\\r\\nHost: api.example.com\\r\\nConnection: close\\r\\n\\r\\n"
+    loop = (
+        f"while true; do {{ busybox printf '{request}'; busybox sleep 2; }} "
+        f"| busybox nc -w 5 {ORIGIN_V4} 80; busybox sleep 1; done"
+    )
+    body = {
+        "image": {"uri": BUSYBOX_IMAGE},
+        "entrypoint": ["/bin/busybox", "sh", "-c", loop],
+        "resourceLimits": {},
+    }
+    with runtime_server.client(timeout=300) as api:
+        created = api.post("/v1/sandboxes", json=body)
+        assert created.status_code == 202, created.text
+        sandbox_id = created.json()["id"]
+        try:
+            pods = list(
+                client.list(Pod, namespace=SANDBOX_NAMESPACE, labels={"sandgate/sandbox": sandbox_id})
+            )
+            assert len(pods) == 1
+            pod_ip = pods[0].status.podIP if pods[0].status else None
+            with agent.client() as node:  # ready only once its node holds it
+                assert {"sandbox_id": sandbox_id, "address": pod_ip} in node.sandboxes()
+            mark = len(internet.origin_requests())
+            wait_until(
+                "the entrypoint's requests were judged (node audit)",
+                lambda: f'"client":"{pod_ip}:' in (agent.state_dir / "audit.jsonl").read_text(),
+                timeout=60,
+            )
+            assert [r for r in origin_requests_from(internet, mark) if r.get("path") == E2E_PATH] == []
+
+            answer = api.put(f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy", json={"policy": POLICY})
+            assert answer.status_code == 200, answer.text
+
+            def arrived() -> list[dict[str, object]]:
+                return [r for r in origin_requests_from(internet, mark) if r.get("path") == E2E_PATH]
+
+            wait_until("the sandbox's request at the origin", lambda: bool(arrived()), timeout=60)
+            headers = arrived()[0]["headers"]
+            assert isinstance(headers, dict) and headers["authorization"] == f"Bearer {SECRET}"
+            assert str(arrived()[0]["client"]).startswith(f"{NODE_IP}:")
+        finally:
+            deleted = api.delete(f"/v1/sandboxes/{sandbox_id}")
+            assert deleted.status_code in (200, 204), deleted.text
+    with agent.client() as node:
+        assert sandbox_id not in {entry["sandbox_id"] for entry in node.sandboxes()}
+    for item in client.list(Pod, namespace="*"):
+        assert SECRET not in json.dumps(item.to_dict())

@@ -13,10 +13,11 @@ from __future__ import annotations
 import ipaddress
 import secrets
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lightkube import Client
+from lightkube import Client, KubeConfig
 from lightkube.models.core_v1 import Container, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
@@ -25,6 +26,7 @@ from tests.kubernetes.cluster import (
     BUSYBOX_IMAGE,
     SCRIPTS,
     Cluster,
+    running_cluster,
     skip_unless_built,
     up_to_a_build,
     wait_for_pod,
@@ -43,13 +45,23 @@ from tests.kubernetes.test_cluster import (
 pytestmark = pytest.mark.root
 skip_unless_built()
 
-CLUSTER_NODES = 2  # read by the `cluster` fixture (tests/kubernetes/cluster.py)
 # scripts/cluster/common.sh: node 1 and node 2, their addresses and Pod ranges
 NODES = {
     "sandgate-node": ("10.231.0.2", ipaddress.ip_network("10.232.0.0/24")),
     "sandgate-node-2": ("10.231.0.6", ipaddress.ip_network("10.232.1.0/24")),
 }
 HOST_LINK_IP = "10.231.0.1"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with running_cluster(tmp_path_factory.mktemp("cluster") / "state", SANDGATE_CLUSTER_NODES="2") as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Cluster) -> Client:
+    return Client(config=KubeConfig.from_file(cluster.kubeconfig))
 
 
 def node_netns(cluster: Cluster, node: str) -> str:

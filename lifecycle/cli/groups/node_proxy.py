@@ -44,10 +44,12 @@ def command(
     upstream_dns: tuple[str, ...],
     upstream_ca: Path | None,
 ) -> None:
-    """Make the egress proxy every Pod's only way out on this node, and serve the server.
+    """Run a Kubernetes node's egress proxy agent (as root).
 
-    Run as root in the node's network namespace (a DaemonSet with hostNetwork). The nft table
-    stays when the agent stops: Pods then have no egress until it is back.
+    Makes the egress proxy every Pod's only way out on this node and serves the sandgate server
+    (TLS, bearer token): sandbox entries and their secrets in, audit records out. Run as root in
+    the node's network namespace (a DaemonSet with hostNetwork). The nft table stays when the
+    agent stops: Pods then have no egress until it is back (docs/kubernetes.md).
     """
     from sandgate.lifecycle.node import NodeAgentConfig, NodeError, PodNetwork, run_agent
 
