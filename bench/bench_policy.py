@@ -117,8 +117,8 @@ def _compile_table() -> dict[int, tuple[CompiledPolicy, CompiledPolicy]]:
     for size in SIZES:
         document = _document(size)
         policy, validate_s, validate_cpu = _timed(partial(policy_from_dict, document))
-        uncached, compile_s, compile_cpu = _timed(partial(compile_policy, policy, size, cache_size=0))
-        compiled[size] = (uncached, compile_policy(policy, size))
+        uncached, compile_s, compile_cpu = _timed(partial(compile_policy, policy, cache_size=0))
+        compiled[size] = (uncached, compile_policy(policy))
         print(_row(str(size), [validate_s, compile_s, validate_s + compile_s, validate_cpu + compile_cpu], 9))
     return compiled
 

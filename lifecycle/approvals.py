@@ -21,6 +21,7 @@ from sandgate.lifecycle.audit import Change
 from sandgate.lifecycle.egress_control import EgressControl
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.opensandbox_shapes import NetworkRule
+from sandgate.policy import Policy
 
 Verdict = Literal["allow-once", "allow-sandbox", "deny"]
 
@@ -58,8 +59,11 @@ class ApprovalDesk:
         held = [PendingApproval.model_validate(item) for item in self.egress.proxy.approvals()]
         return sorted(held, key=lambda approval: approval.requested_at)
 
-    def answer(self, approval_id: str, decision: Verdict, actor: str) -> ApprovalResult:
-        """Carry out a reviewer's answer (rules 1-3)."""
+    def answer(
+        self, approval_id: str, decision: Verdict, actor: str, ceiling: Policy | None = None
+    ) -> ApprovalResult:
+        """Carry out a reviewer's answer (rules 1-3); an allow-sandbox answer the ceilings refuse
+        (`ceiling`: the sandbox's tenant's) is `forbidden` and leaves the request held."""
         held = next((item for item in self.pending() if item.id == approval_id), None)
         if held is None:
             raise LifecycleError(
@@ -69,13 +73,13 @@ class ApprovalDesk:
             )
         revision = None
         if decision == "allow-sandbox":
-            revision = self._allow_host(held, actor)
+            revision = self._allow_host(held, actor, ceiling)
         answered = self.egress.proxy.answer_approval(approval_id, decision != "deny", actor)
         if not answered and revision is None:
             raise LifecycleError("not_found", f"approval {approval_id} ended before the answer reached it")
         return ApprovalResult(id=approval_id, decision=decision, answered=answered, policy_revision=revision)
 
-    def _allow_host(self, held: PendingApproval, actor: str) -> int:
+    def _allow_host(self, held: PendingApproval, actor: str, ceiling: Policy | None) -> int:
         rule = NetworkRule(action="allow", target=held.host)
         policies = self.egress.policies
         changed = self.egress.change_policy(
@@ -83,5 +87,6 @@ class ApprovalDesk:
             lambda current: policies.patch_rules(current, [rule]),
             actor,
             Change.APPROVAL_ALLOW_SANDBOX,
+            ceiling=ceiling,
         )
         return changed.revision

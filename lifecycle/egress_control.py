@@ -11,6 +11,7 @@ Rules:
    deletes the old ones afterwards.
 3. The proxy holds a sandbox's effective policy: its policy plus its vault's bindings, validated
    together (a binding's host must be allowed by the rules), with credential -> vault entry names.
+   It travels as the typed `Policy` in the proxy's `SandboxEntry` (written once as JSON there).
 4. One lock per sandbox (`locks`), shared with the lifecycle actions: an egress change and a
    delete of the same sandbox never interleave.
 5. No HTTP here: failures are `LifecycleError(kind, message)`.
@@ -142,7 +143,7 @@ class EgressControl:
         entry = SandboxEntry(
             sandbox_id=record.id,
             address=record.address or "",
-            policy=to_document(policy),
+            policy=policy,
             **self._process_lookup(record),
         )
         try:
@@ -165,7 +166,7 @@ class EgressControl:
         entry = SandboxEntry(
             sandbox_id=record.id,
             address=record.address or "",
-            policy=to_document(self.effective(base, vault)),
+            policy=self.effective(base, vault),
             credentials=vault.entries(),
             **self._process_lookup(record),
         )
@@ -231,8 +232,11 @@ class EgressControl:
         actor: str,
         what: Change,
         expected_revision: int | None = None,
+        *,
+        ceiling: Policy | None = None,
     ) -> EgressState:
-        """Apply `edit` to the current document; validate, push, persist, audit (rule 1)."""
+        """Apply `edit` to the current document; validate, check against the ceilings (a tenant's
+        `ceiling` and the deployment's), push, persist, audit (rule 1)."""
         with self.locks(sandbox_id):
             record = existing(self.store, sandbox_id)
             current = self.policy(sandbox_id)
@@ -244,11 +248,18 @@ class EgressControl:
                 new = edit(current.document)
             except ValueError as exc:  # PolicyError: the change itself is invalid
                 raise LifecycleError("invalid", f"policy change rejected: {exc}") from exc
+            self.check_ceilings(new, ceiling)
             with self._restoring(record):
                 self.push(record, new)
                 revision = self.store.put_policy(sandbox_id, new, current.revision)
             self.audit_change(sandbox_id, actor, current.revision, revision, current.document, new, what)
             return EgressState(revision, new)
+
+    def check_ceilings(self, policy: Policy, ceiling: Policy | None = None) -> None:
+        """`forbidden`, naming the ceiling rule, unless every ceiling allows `policy`."""
+        decision = self.policies.within_ceilings(policy, ceiling)
+        if not decision.allowed:
+            raise LifecycleError("forbidden", f"policy refused, nothing changed: {decision.reason}")
 
     def parse_policy(self, document: PolicyJSON) -> Policy:
         """A whole sandgate policy document from a client; a bad one is `invalid`."""

@@ -16,7 +16,9 @@ from typing import Literal
 
 log = logging.getLogger(__name__)
 
-ErrorKind = Literal["not_found", "invalid", "conflict", "unsupported", "unavailable", "precondition"]
+ErrorKind = Literal[
+    "not_found", "invalid", "forbidden", "conflict", "unsupported", "unavailable", "precondition"
+]
 
 
 class LifecycleError(Exception):

@@ -133,11 +133,15 @@ class Service:
 
     # --- lifecycle -------------------------------------------------------------------------------
 
-    def create(self, request: CreateRequest, actor: str = "api") -> SandboxRecord:
+    def create(
+        self, request: CreateRequest, actor: str = "api", ceiling: Policy | None = None
+    ) -> SandboxRecord:
+        """`ceiling`: the caller's tenant's, checked with the deployment's (policy_book.py rule 4)."""
         try:
             document = self.egress.policies.from_opensandbox(request.network_policy)
         except ValueError as exc:  # PolicyError
             raise LifecycleError("invalid", f"policy rejected: {exc}") from exc
+        self.egress.check_ceilings(document, ceiling)
         try:
             self.check_image(request)  # pulls the image when the store lacks it (pull policy)
         except PullError as exc:

@@ -321,6 +321,11 @@ class Settings(BaseSettings):
         None,
         description="policy file a sandbox created without a networkPolicy gets (unset: deny everything)",
     )
+    policy_ceiling: Path | None = Field(
+        None,
+        description="policy file every sandbox policy must stay within, at create and on every change "
+        "(docs/policy.md, Ceilings; unset: no ceiling)",
+    )
     audit_max_bytes: int = Field(
         100 * 1024 * 1024, ge=1024, description="rotate the audit log past this size"
     )
@@ -357,10 +362,11 @@ class Settings(BaseSettings):
             self.kubernetes = self.kubernetes.model_copy(update={"gvisor_runtime_class": runtime_class})
         return self
 
-    @field_validator("default_policy")
+    @field_validator("default_policy", "policy_ceiling")
     @classmethod
-    def _default_policy_loads(cls, path: Path | None, info: ValidationInfo) -> Path | None:
-        """A default policy that would refuse every create is refused at start, with file:line."""
+    def _policy_file_loads(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        """A default policy or ceiling that would refuse every create is refused at start, with
+        file:line."""
         if path is not None:
             presets = Presets(tuple(info.data.get("preset_dirs") or ()))
             default_policy(path, info.data.get("policy_max_rules", DEFAULT_MAX_RULES), presets)
@@ -375,6 +381,12 @@ class Settings(BaseSettings):
         if self.default_policy is None:
             return None
         return default_policy(self.default_policy, self.policy_max_rules, self.presets)
+
+    def load_policy_ceiling(self) -> Policy | None:
+        """The deployment's ceiling (policy_book.py rule 4); None when unset."""
+        if self.policy_ceiling is None:
+            return None
+        return default_policy(self.policy_ceiling, self.policy_max_rules, self.presets)
 
     @classmethod
     def settings_customise_sources(
@@ -414,10 +426,7 @@ def config_file() -> Path | None:
 def default_policy(path: Path, max_rules: int, presets: Presets) -> Policy:
     """The policy file at `path`; ValueError (PolicyError: file:line) if unreadable or invalid, or
     if it has more than `max_rules` rules."""
-    policy = load_policy(path, presets)
-    if len(policy.egress) > max_rules:
-        raise ValueError(f"{path} has {len(policy.egress)} rules, over policy_max_rules ({max_rules})")
-    return policy
+    return load_policy(path, presets, max_rules)
 
 
 def load_settings(config: Path | None = None, **flags: Any) -> Settings:

@@ -116,7 +116,6 @@ def write_proxy_config(settings: Settings) -> Path:
         audit_max_bytes=settings.audit_max_bytes,
         audit_backups=settings.audit_backups,
         audit_fsync=settings.audit_fsync,
-        max_rules=settings.policy_max_rules,
         vault=vault_settings(settings),
         upstream_proxies=settings.upstream_proxies,
     )
@@ -445,7 +444,10 @@ def build_components(settings: Settings, api_key: str) -> Components:
         proxy=confinement.proxy,
         vault=vault,
         policies=SandgatePolicies(
-            settings.policy_max_rules, settings.load_default_policy(), settings.presets
+            settings.policy_max_rules,
+            settings.load_default_policy(),
+            settings.presets,
+            settings.load_policy_ceiling(),
         ),
         audit=policy_change_writer(settings.audit_log),
         process_lists=getattr(runtime, "process_lists", None),  # local: its cgroup; Docker: a netns scan

@@ -13,6 +13,7 @@ from sandgate.policy.addresses import (
     embedded_ipv4,
 )
 from sandgate.policy.canonical import AmbiguousTarget, RequestIdentity, request_identity
+from sandgate.policy.ceiling import WITHIN, CeilingDecision, within_ceiling
 from sandgate.policy.compiled import (
     ALWAYS_ENFORCED,
     DEFAULT_CACHE_SIZE,
@@ -50,6 +51,7 @@ from sandgate.policy.presets import Preset, Presets
 from sandgate.policy.reasons import Reason
 from sandgate.policy.suggest import Suggestion, suggest_policy
 from sandgate.policy.updates import (
+    add_bindings,
     delete_targets,
     patch_rules,
     replace_policy,
@@ -67,6 +69,7 @@ __all__ = [
     "EMBEDDING_PREFIXES",
     "OUTCOMES",
     "RESERVED_HEADERS",
+    "WITHIN",
     "AmbiguousTarget",
     "ApiKeyAuth",
     "Auth",
@@ -76,6 +79,7 @@ __all__ = [
     "Binding",
     "BindingMatch",
     "Budget",
+    "CeilingDecision",
     "CompiledPolicy",
     "CustomHeadersAuth",
     "Decision",
@@ -95,6 +99,7 @@ __all__ = [
     "RequestIdentity",
     "Substitution",
     "Suggestion",
+    "add_bindings",
     "compile_policy",
     "delete_targets",
     "denied_range",
@@ -111,4 +116,5 @@ __all__ = [
     "to_document",
     "to_opensandbox",
     "to_source_document",
+    "within_ceiling",
 ]

@@ -47,7 +47,6 @@ from sandgate.policy.canonical import (
     canonical_pattern,
     request_identity,
 )
-from sandgate.policy.errors import PolicyError, PolicyIssue
 from sandgate.policy.models import Binding, EgressRule, Policy
 from sandgate.policy.names import IPAddress, path_matches, request_host
 from sandgate.policy.reasons import Reason
@@ -579,28 +578,8 @@ def _compile_binding(binding: Binding) -> _Binding:
     return _Binding(binding.name, _conditions(match.ports, match.schemes, match.methods, match.paths))
 
 
-def compile_policy(
-    policy: Policy, max_rules: int = DEFAULT_MAX_RULES, cache_size: int = DEFAULT_CACHE_SIZE
-) -> CompiledPolicy:
-    """Build the indexes for `policy`; raises PolicyError if it has more than `max_rules` rules.
-
-    `cache_size` bounds each decision cache (connections, addresses); 0 turns caching off.
-    """
-    check_rule_limit(len(policy.egress), max_rules)
+def compile_policy(policy: Policy, *, cache_size: int = DEFAULT_CACHE_SIZE) -> CompiledPolicy:
+    """Build the indexes for `policy`, a validated document (its limits were checked where it
+    entered, loader.py rule 5). `cache_size` bounds each decision cache (connections,
+    addresses); 0 turns caching off."""
     return CompiledPolicy(policy, cache_size)
-
-
-def check_rule_limit(count: int, max_rules: int) -> None:
-    if count > max_rules:
-        raise PolicyError(
-            [
-                PolicyIssue(
-                    "<policy>",
-                    0,
-                    0,
-                    f"policy has {count} egress rules; the limit is {max_rules}",
-                    "merge rules with wildcards or CIDRs, or raise the limit (settings / max_rules)",
-                    "egress",
-                )
-            ]
-        )

@@ -50,3 +50,21 @@ class HintedValueError(ValueError):
         super().__init__(message)
         self.message = message
         self.hint = hint
+
+
+def check_rule_limit(count: int, max_rules: int) -> None:
+    """The rule limit (the setting policy_max_rules), checked by the one validation every policy
+    goes through (loader.build_policy)."""
+    if count > max_rules:
+        raise PolicyError(
+            [
+                PolicyIssue(
+                    "<policy>",
+                    0,
+                    0,
+                    f"policy has {count} egress rules; the limit is {max_rules}",
+                    "merge rules with wildcards or CIDRs, or raise the limit (the setting policy_max_rules)",
+                    "egress",
+                )
+            ]
+        )

@@ -7,6 +7,10 @@ Rules of this module:
    gets an id "file:line" that decisions and audit records cite.
 3. All problems of a document are reported together; a document with any problem yields no Policy.
 4. Empty text, `null` and `{}` mean deny-all, as in OpenSandbox.
+5. `build_policy` is the one validation every policy goes through wherever it enters (file,
+   API body, patch, preset include, approval): every limit is checked there, the rule limit
+   (`max_rules`, presets expanded) included. A document that was validated where it entered
+   (the stored form, the proxy's entry) is loaded by the same function without a limit.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sandgate.policy.errors import HintedValueError, PolicyError, PolicyIssue
+from sandgate.policy.errors import HintedValueError, PolicyError, PolicyIssue, check_rule_limit
 from sandgate.policy.models import (
     AwsSigV4Auth,
     Binding,
@@ -37,9 +41,9 @@ DocPath = tuple[str | int, ...]
 Locator = Callable[[DocPath], tuple[int, int]]
 
 
-def load_policy(path: str | Path, presets: Presets = NO_PRESETS) -> Policy:
+def load_policy(path: str | Path, presets: Presets = NO_PRESETS, max_rules: int | None = None) -> Policy:
     """Read and validate a policy file (YAML or JSON); raises PolicyError with file:line errors."""
-    return parse_policy(_read(Path(path)), str(path), presets)
+    return parse_policy(_read(Path(path)), str(path), presets, max_rules)
 
 
 def _read(path: Path) -> str:
@@ -50,16 +54,19 @@ def _read(path: Path) -> str:
 
 
 def parse_policy(
-    text: str | dict[str, Any] | None, source: str = "<string>", presets: Presets = NO_PRESETS
+    text: str | dict[str, Any] | None,
+    source: str = "<string>",
+    presets: Presets = NO_PRESETS,
+    max_rules: int | None = None,
 ) -> Policy:
     """Validate policy text (YAML or JSON, the same model); raises PolicyError.
 
     An already parsed document (a dict, or None) is accepted too and handled by `policy_from_dict`.
     """
     if not isinstance(text, str):
-        return policy_from_dict(text, "<api>" if source == "<string>" else source, presets)
+        return policy_from_dict(text, "<api>" if source == "<string>" else source, presets, max_rules)
     data, locate = _located(text, source)
-    return build_policy(data, source, locate, presets)
+    return build_policy(data, source, locate, presets, max_rules)
 
 
 def _located(text: str, source: str) -> tuple[Any, Locator]:
@@ -74,13 +81,22 @@ def _located(text: str, source: str) -> tuple[Any, Locator]:
     return data, locate
 
 
-def policy_from_dict(data: Any, source: str = "<api>", presets: Presets = NO_PRESETS) -> Policy:
+def policy_from_dict(
+    data: Any, source: str = "<api>", presets: Presets = NO_PRESETS, max_rules: int | None = None
+) -> Policy:
     """Validate a parsed document (e.g. an OpenSandbox `networkPolicy` API body); raises PolicyError."""
-    return build_policy(data, source, None, presets)
+    return build_policy(data, source, None, presets, max_rules)
 
 
-def build_policy(data: Any, source: str, locate: Locator | None, presets: Presets = NO_PRESETS) -> Policy:
-    """Validate `data` into a Policy and give each rule and binding its id; raises PolicyError.
+def build_policy(
+    data: Any,
+    source: str,
+    locate: Locator | None,
+    presets: Presets = NO_PRESETS,
+    max_rules: int | None = None,
+) -> Policy:
+    """Validate `data` into a Policy and give each rule and binding its id; raises PolicyError
+    (rule 5: `max_rules` given, a policy with more egress rules, presets expanded, is refused).
 
     Rules and bindings that already have an id (e.g. kept from their file by a patch) keep it.
     A document's `include` brings in its presets' rules after its own (policy/presets.py).
@@ -94,6 +110,8 @@ def build_policy(data: Any, source: str, locate: Locator | None, presets: Preset
     included = _included(data.get("include"), source, locate, presets)
     if included:
         data = {**data, "egress": [*(data.get("egress") or []), *included]}
+    if max_rules is not None and isinstance(data.get("egress"), list):
+        check_rule_limit(len(data["egress"]), max_rules)
     try:
         policy = Policy.model_validate(data)
     except ValidationError as exc:

@@ -8,6 +8,9 @@ Rules of this module:
    patch names are dropped; other existing rules keep their order after them.
 3. `delete_targets` is OpenSandbox's DELETE /policy: targets not present are ignored.
 4. Targets are compared in canonical form (case, trailing dot, IDNA, CIDR spelling).
+5. Every result goes through the loader's one validation (`build_policy`) with the caller's rule
+   limit; rules and bindings already validated are kept as they are (pydantic does not validate
+   a model instance again), the whole-document checks run on the result.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sandgate.policy.compiled import DEFAULT_MAX_RULES, check_rule_limit
+from sandgate.policy.compiled import DEFAULT_MAX_RULES
 from sandgate.policy.errors import HintedValueError, PolicyError
 from sandgate.policy.loader import build_policy, issues_from_validation
-from sandgate.policy.models import EgressRule, Policy
+from sandgate.policy.models import Binding, EgressRule, Policy
 from sandgate.policy.names import parse_target
 
 
@@ -40,9 +43,7 @@ def replace_policy(
         body = dict(new or {})
     body.setdefault("defaultAction", "deny")
     body.setdefault("egress", [])
-    merged = {**_fields(current), **body}
-    check_rule_limit(len(merged["egress"]), max_rules)
-    return build_policy(merged, source, None)
+    return build_policy({**_fields(current), **body}, source, None, max_rules=max_rules)
 
 
 def patch_rules(
@@ -57,15 +58,27 @@ def patch_rules(
     for rule in incoming:
         first_by_target.setdefault(rule.target, rule)
     kept = [rule for rule in policy.egress if rule.target not in first_by_target]
-    egress = [*first_by_target.values(), *kept]
-    check_rule_limit(len(egress), max_rules)
-    return _rebuild(policy, egress, source)
+    return _rebuild(policy, {"egress": [*first_by_target.values(), *kept]}, source, max_rules)
 
 
-def delete_targets(policy: Policy, targets: list[str], source: str = "<api>") -> Policy:
+def delete_targets(
+    policy: Policy, targets: list[str], source: str = "<api>", max_rules: int = DEFAULT_MAX_RULES
+) -> Policy:
     """OpenSandbox's DELETE /policy: drop every rule with one of these targets (idempotent)."""
     doomed = {_canonical_target(target) for target in targets}
-    return _rebuild(policy, [rule for rule in policy.egress if rule.target not in doomed], source)
+    kept = [rule for rule in policy.egress if rule.target not in doomed]
+    return _rebuild(policy, {"egress": kept}, source, max_rules)
+
+
+def add_bindings(
+    policy: Policy,
+    bindings: list[Binding] | list[dict[str, Any]],
+    source: str = "<api>",
+    max_rules: int = DEFAULT_MAX_RULES,
+) -> Policy:
+    """`policy` with more bindings (a sandbox's credential vault), validated with it: each
+    binding's hosts must be allowed by an explicit rule."""
+    return _rebuild(policy, {"bindings": [*policy.bindings, *bindings]}, source, max_rules)
 
 
 def to_opensandbox(policy: Policy) -> dict[str, Any]:
@@ -114,11 +127,13 @@ def _document(policy: Policy, rules: list[EgressRule]) -> dict[str, Any]:
         document["bindings"] = [
             binding.model_dump(mode="json", by_alias=True, exclude_none=True) for binding in policy.bindings
         ]
+    if policy.budgets is not None:
+        document["budgets"] = policy.budgets.model_dump(mode="json", by_alias=True, exclude_none=True)
     return document
 
 
 def _rule_document(rule: EgressRule) -> dict[str, Any]:
-    data = rule.model_dump(mode="json", exclude_none=True)
+    data = rule.model_dump(mode="json", by_alias=True, exclude_none=True)
     if data.get("inspect") == "auto":
         del data["inspect"]
     return data
@@ -144,9 +159,10 @@ def _validated_rules(rules: list[EgressRule] | list[dict[str, Any]], source: str
     return validated
 
 
-def _rebuild(policy: Policy, egress: list[EgressRule], source: str) -> Policy:
-    """A validated copy of `policy` with new rules; rules without an id get `<source>:egress[i]`."""
-    return build_policy({**_fields(policy), "egress": egress}, source, None)
+def _rebuild(policy: Policy, changed: dict[str, Any], source: str, max_rules: int) -> Policy:
+    """A validated copy of `policy` with `changed` fields; rules without an id get
+    `<source>:egress[i]`."""
+    return build_policy({**_fields(policy), **changed}, source, None, max_rules=max_rules)
 
 
 def _canonical_target(target: str) -> str:

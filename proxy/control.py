@@ -1,8 +1,9 @@
 """The control API on a Unix socket (mode 0600), served inside the proxy's loop.
 
 Rules: the routes are the contract's `ROUTES` (proxy/contract/control.py, where the client
-lifecycle uses lives too). `PUT /sandboxes/{address}` compiles the entry's policy before it swaps
-it in, so a bad policy is answered 422 with the issues and the old entry stays in force. A PUT or
+lifecycle uses lives too). `PUT /sandboxes/{address}` loads the entry's policy with sandgate.policy's
+validation before anything changes, so a bad policy is answered 422 with the issues and the old
+entry stays in force. A PUT or
 DELETE is answered once the open connections the change no longer allows are closed
 (proxy/revocation.py). Entries live in memory only: lifecycle re-pushes every entry after it
 (re)starts the proxy. A worker of the pool (proxy/workers.py) serves `WORKER_ROUTES` too: `POST
@@ -23,9 +24,8 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, HTTPException, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 
-from sandgate.policy import PolicyError
 from sandgate.proxy.contract.config import SandboxEntry
 from sandgate.proxy.contract.control import (
     ROUTES,
@@ -60,16 +60,7 @@ def control_app(state: ProxyState, serve: Callable[[], Awaitable[None]] | None =
         if entry.address != address:
             raise HTTPException(422, f"path address {address} differs from body address {entry.address}")
         previous = state.table.get(address)
-        try:
-            sandbox = state.table.put(entry)
-        except PolicyError as exc:
-            return JSONResponse(
-                status_code=422,
-                content={
-                    "detail": f"policy of sandbox {entry.sandbox_id} rejected; old entry kept",
-                    "issues": [str(issue) for issue in exc.issues],
-                },
-            )
+        sandbox = state.table.put(entry)
         if previous is not None and previous.id != sandbox.id:  # the address was reused
             state.names.forget(address)
         return {"sandbox_id": sandbox.id, "address": sandbox.address, "rules": sandbox.policy.rule_count}

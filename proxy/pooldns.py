@@ -28,7 +28,6 @@ from mitmproxy.master import Master
 from mitmproxy.proxy import server as mitmproxy_server
 from mitmproxy.proxy.mode_specs import ProxyMode
 
-from sandgate.policy import PolicyError
 from sandgate.proxy.audit import AuditFile, AuditLog
 from sandgate.proxy.contract.config import ProxyConfig, SandboxEntry
 from sandgate.proxy.dnsguard import DnsAddon
@@ -63,7 +62,7 @@ class PoolDns:
 
     def __init__(self, config: ProxyConfig, audit: AuditFile) -> None:
         self.config = config
-        table = SandboxTable(proxy_store(config), config.max_rules)
+        table = SandboxTable(proxy_store(config))
         self.state = ProxyState(
             table=table,
             resolver=Resolver(config.upstream_dns),
@@ -101,11 +100,7 @@ class PoolDns:
     async def put(self, entry: SandboxEntry) -> None:
         """The entry every worker took; its vault values are read off the loop."""
         previous = self.state.table.get(entry.address)
-        try:
-            sandbox = await asyncio.to_thread(self.state.table.put, entry)
-        except PolicyError as exc:  # the workers refuse it too (the same compiler): the old entry stays
-            log.info("the pool's DNS table refused sandbox %s: %s", entry.sandbox_id, exc)
-            return
+        sandbox = await asyncio.to_thread(self.state.table.put, entry)
         if previous is not None and previous.id != sandbox.id:  # the address was reused
             self.state.names.forget(entry.address)
 

@@ -68,7 +68,7 @@ def _raise_file_limit() -> None:
 def build_state(config: ProxyConfig, slot: WorkerSlot | None = None) -> ProxyState:
     """A worker starts empty (the pool replays every entry before it serves), writes its audit
     lines to the pool, and asks the pool, which serves DNS, for the names sandboxes resolved."""
-    table = SandboxTable(proxy_store(config), config.max_rules)
+    table = SandboxTable(proxy_store(config))
     for entry in config.sandboxes if slot is None else ():
         table.put(entry)
     resolver = Resolver(config.upstream_dns)

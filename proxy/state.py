@@ -18,7 +18,6 @@ from types import MappingProxyType
 from typing import Any
 
 from sandgate.policy import (
-    DEFAULT_MAX_RULES,
     AwsSigV4Auth,
     Binding,
     Budget,
@@ -26,7 +25,6 @@ from sandgate.policy import (
     PassthroughAuth,
     RequestIdentity,
     compile_policy,
-    parse_policy,
 )
 from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.audit import AuditLog
@@ -59,12 +57,9 @@ class Sandbox:
     rule_budgets: dict[str, Budget]  # rule id (a Decision's `rule`) -> its per-host budget
 
     @classmethod
-    def compile(
-        cls, entry: SandboxEntry, values: SecretValues, max_rules: int = DEFAULT_MAX_RULES
-    ) -> Sandbox:
-        """Parse and compile the entry's policy; raises PolicyError with file:line issues (one
-        with more than `max_rules` egress rules included)."""
-        policy = compile_policy(parse_policy(entry.policy, f"<sandbox {entry.sandbox_id}>"), max_rules)
+    def compile(cls, entry: SandboxEntry, values: SecretValues) -> Sandbox:
+        """Compile the entry's policy (validated when the entry was loaded)."""
+        policy = compile_policy(entry.policy)
         bindings = {binding.name: binding for binding in policy.policy.bindings}
         placeholders = {
             substitution.placeholder: binding.name
@@ -127,9 +122,8 @@ class SandboxTable:
     reads the entry's credential values from the vault (blocking: the control API calls it from
     a handler thread), so they are scrubbed from the moment the entry is in force."""
 
-    def __init__(self, store: Any = None, max_rules: int = DEFAULT_MAX_RULES) -> None:
+    def __init__(self, store: Any = None) -> None:
         self.values = SecretValues(store)
-        self.max_rules = max_rules
         self._by_address: MappingProxyType[str, Sandbox] = MappingProxyType({})
         self.on_change: list[Callable[[str], None]] = []  # called with the address after each swap
 
@@ -137,7 +131,7 @@ class SandboxTable:
         return self._by_address.get(address)
 
     def put(self, entry: SandboxEntry) -> Sandbox:
-        sandbox = Sandbox.compile(entry, self.values, self.max_rules)
+        sandbox = Sandbox.compile(entry, self.values)
         self.values.load(sandbox.credentials.vault_names)
         own_proxies = entry.upstream_proxies or ()
         self.values.load(sorted({proxy.credential for proxy in own_proxies if proxy.credential}))

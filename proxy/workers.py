@@ -69,6 +69,7 @@ from sandgate.proxy.resolver import NameMemory
 from sandgate.proxy.template import Template, TemplateGone, WorkerProcess, WorkerSlot
 
 log = logging.getLogger(__name__)
+Change = SandboxEntry | VaultChange  # a change the pool fans out (None: a drop)
 
 START_TIMEOUT = 30.0  # a worker must answer on its control socket within this
 CHANGE_TIMEOUT = 4.0  # per worker; below ProxyControl's 5 s, so lifecycle hears why
@@ -314,9 +315,11 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ changes (rule 2)
 
-    async def change(self, route: Route, address: str | None, body: str | None) -> Answer:
-        """Send one change to every serving worker (`address` fills a sandbox route's path)."""
+    async def change(self, route: Route, address: str | None, payload: Change | None) -> Answer:
+        """Send one change to every serving worker (`address` fills a sandbox route's path); the
+        payload is written as JSON once, and the pool's own table and DNS take the object."""
         method, path = route.method, route.at(address=address) if address else route.path
+        body = payload.model_dump_json() if payload is not None else None
         async with self.lock:
             targets = [worker for worker in self.workers if worker.serving]
             if not targets:
@@ -325,11 +328,11 @@ class WorkerPool:
             # policy, so it refuses what they refuse); put back if none of them took it.
             answers, _ = await asyncio.gather(
                 asyncio.gather(*(self._call(worker, method, path, body) for worker in targets)),
-                self._follow(route, address, body),
+                self._follow(route, address, payload),
             )
             took = [_took(method, answer) for answer in answers]
             if any(took):
-                self._apply(route, address, body)
+                self._apply(address, payload)
             elif address is not None:
                 await self._restore_dns(address)
             missing = [
@@ -349,21 +352,21 @@ class WorkerPool:
             detail = f"{method} {path} was not taken by every proxy worker ({said}); those are restarted"
             return Answer(502, {"detail": detail})
 
-    def _apply(self, route: Route, address: str | None, body: str | None) -> None:
+    def _apply(self, address: str | None, payload: Change | None) -> None:
         """The pool's table follows what the workers took."""
-        if route == ROUTES.put_sandbox and address and body is not None:
-            self.entries[address] = SandboxEntry.model_validate_json(body)
-        elif route == ROUTES.drop_sandbox and address:
+        if isinstance(payload, SandboxEntry):
+            self.entries[payload.address] = payload
+        elif payload is None and address:
             self.entries.pop(address, None)
 
-    async def _follow(self, route: Route, address: str | None, body: str | None) -> None:
+    async def _follow(self, route: Route, address: str | None, payload: Change | None) -> None:
         """The pool's DNS server takes the change (rule 7)."""
-        if route == ROUTES.put_sandbox and address and body is not None:
-            await self.dns.put(SandboxEntry.model_validate_json(body))
+        if isinstance(payload, SandboxEntry):
+            await self.dns.put(payload)
+        elif isinstance(payload, VaultChange):
+            await self.dns.vault_changed(payload.names)
         elif route == ROUTES.drop_sandbox and address:
             self.dns.drop(address)
-        elif route == ROUTES.vault_changed and body is not None:
-            await self.dns.vault_changed(VaultChange.model_validate_json(body).names)
 
     async def _restore_dns(self, address: str) -> None:
         """The DNS table back to the pool's entry for `address` (a change no worker took)."""
@@ -465,7 +468,7 @@ def pool_app(pool: WorkerPool) -> FastAPI:
     async def put_sandbox(address: str, entry: SandboxEntry) -> Response:
         if entry.address != address:
             raise HTTPException(422, f"path address {address} differs from body address {entry.address}")
-        return reply(await pool.change(ROUTES.put_sandbox, address, entry.model_dump_json()))
+        return reply(await pool.change(ROUTES.put_sandbox, address, entry))
 
     @on(app, ROUTES.drop_sandbox)
     async def drop_sandbox(address: str) -> Response:
@@ -481,7 +484,7 @@ def pool_app(pool: WorkerPool) -> FastAPI:
 
     @on(app, ROUTES.vault_changed)
     async def vault_changed(change: VaultChange) -> Response:
-        return reply(await pool.change(ROUTES.vault_changed, None, change.model_dump_json()))
+        return reply(await pool.change(ROUTES.vault_changed, None, change))
 
     @on(app, ROUTES.put_values)
     def put_values() -> Response:

@@ -21,10 +21,10 @@ from sandgate.lifecycle.service import Service
 
 # The error answers the lifecycle routes document in the OpenAPI schema.
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 422, 500, 503)
+    code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 422, 500, 503)
 }
-KIND_STATUS: dict[ErrorKind, int] = {"not_found": 404, "invalid": 400, "conflict": 409, "unsupported": 400,
-                                     "unavailable": 503, "precondition": 412}  # fmt: skip
+KIND_STATUS: dict[ErrorKind, int] = {"not_found": 404, "invalid": 400, "forbidden": 403, "conflict": 409,
+                                     "unsupported": 400, "unavailable": 503, "precondition": 412}  # fmt: skip
 
 
 def service_of(request: Request) -> Service:

@@ -48,8 +48,9 @@ from sandgate.lifecycle.opensandbox_shapes import NetworkPolicy, NetworkRule
 from sandgate.lifecycle.policy_book import PolicyJSON
 from sandgate.policy import to_document
 
+TEXT_ERROR_CODES = (400, 401, 403, 404, 409, 412)
 TEXT_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"content": {"text/plain": {"schema": {"type": "string"}}}} for code in (400, 401, 404, 409, 412)
+    code: {"content": {"text/plain": {"schema": {"type": "string"}}}} for code in TEXT_ERROR_CODES
 }
 
 

@@ -3,7 +3,9 @@ proxy's contract: mitmproxy-free).
 
 Rules: these are the proxy's boundary models. The proxy never reads sandgate settings itself;
 lifecycle builds a `ProxyConfig`, writes it as JSON, and starts `python -m sandgate.proxy
---config FILE`. Sandbox entries arrive over the control socket as `SandboxEntry` JSON.
+--config FILE`. Sandbox entries arrive over the control socket as `SandboxEntry` JSON. An entry's
+policy is the typed `sandgate.policy.Policy` lifecycle validated where the policy entered (with
+its limits): written once as its document (`to_document`), loaded by the same validation.
 The file holds no secret: `vault` says which store and where, and the secrets that open it
 (`vault_secrets`, never serialised) reach the process through a pipe (`--secrets-fd`), so they
 exist only in the memory of the control plane and the proxy.
@@ -18,9 +20,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
-from sandgate.policy import DEFAULT_MAX_RULES
+from sandgate.policy import Policy, policy_from_dict, to_document
 from sandgate.proxy.contract.names import audit_path, control_socket
 from sandgate.vault import StoreSecrets, StoreSettings
 
@@ -178,7 +188,7 @@ class SandboxEntry(BaseModel):
 
     sandbox_id: str = Field(min_length=1)
     address: str = Field(description="the sandbox end of its veth (IPv4); its identity at the proxy")
-    policy: dict[str, Any] = Field(description="the sandbox's sandgate policy document, bindings included")
+    policy: Policy = Field(description="the sandbox's sandgate policy document, bindings included")
     credentials: dict[str, str] = Field(
         default_factory=dict,
         description="binding credential name -> vault entry name; names missing here are used as-is",
@@ -201,6 +211,20 @@ class SandboxEntry(BaseModel):
         description="this sandbox's upstream proxies, first match wins (default: "
         "ProxyConfig.upstream_proxies); the seam for a tenant's own proxy (issue 38)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _load_policy(cls, data: Any) -> Any:
+        """The document's JSON is loaded by sandgate.policy's one validation (no limit: it was
+        checked where the policy entered), its rules named after the sandbox."""
+        if isinstance(data, dict) and not isinstance(data.get("policy"), Policy):
+            source = f"<sandbox {data.get('sandbox_id')}>"
+            data = {**data, "policy": policy_from_dict(data.get("policy"), source)}
+        return data
+
+    @field_serializer("policy")
+    def _policy_document(self, policy: Policy) -> dict[str, Any]:
+        return to_document(policy)
 
     @field_validator("address")
     @classmethod
@@ -268,9 +292,6 @@ class ProxyConfig(BaseModel):
         False,
         description="fsync the audit log after each write (batch): a record then survives a power "
         "loss, not only the death of any process",
-    )
-    max_rules: int = Field(
-        DEFAULT_MAX_RULES, ge=1, description="egress rules one sandbox policy may have (policy_max_rules)"
     )
     vault: StoreSettings | None = Field(None, description="which secret store and where; None = no vault")
     vault_secrets: StoreSecrets = Field(

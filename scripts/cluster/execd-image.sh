@@ -16,6 +16,10 @@ EXECD_PYTHON=${SANDGATE_EXECD_PYTHON:-$HERE/../../.venv/bin/python}
 	echo "execd-image: no running cluster in $CLUSTER_DIR (make cluster)" >&2
 	exit 1
 }
+[[ -x $EXECD_PYTHON ]] || {
+	echo "execd-image: no Python with sandgate at $EXECD_PYTHON (make bootstrap, or set SANDGATE_EXECD_PYTHON)" >&2
+	exit 1
+}
 BIN=$(bash "$HERE/build.sh" --cached)
 images="$CLUSTER_DIR/images"
 mkdir -p "$images"

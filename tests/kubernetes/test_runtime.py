@@ -27,6 +27,7 @@ from lightkube.resources.core_v1 import Namespace, Pod, Secret
 from opensandbox import SandboxSync
 from opensandbox.config.connection_sync import ConnectionConfigSync
 
+from tests.conformance.test_osb_mcp import osb, osb_json
 from tests.kubernetes.cluster import Cluster, run_script, running_cluster, skip_unless_built, up_to_a_build
 from tests.support.registry import Registry
 from tests.support.server import SANDGATE, SandgateServer, free_port, sandgate_server
@@ -243,6 +244,27 @@ def test_pause_is_refused_and_a_bad_image_reference_is_a_clear_error(
     finally:
         sandbox.kill()
         sandbox.close()
+
+
+@up_to_a_build
+def test_the_osb_session_of_the_guide(server: SandgateServer, admin: Client) -> None:
+    """`osb` 1.1.1, unchanged: create from the test registry's image, command, file, egress, kill."""
+    created = osb_json(
+        server, "sandbox", "create", "-i", IMAGE, "--entrypoint", "sleep", "--entrypoint", "infinity",
+        "-m", "via=osb",
+    )  # fmt: skip
+    assert isinstance(created, dict)
+    sandbox_id = created["id"]
+    try:
+        assert pod_of(admin, sandbox_id) is not None
+        assert "from-osb" in osb(server, "command", "run", sandbox_id, "--", "echo", "from-osb").stdout
+        osb(server, "file", "write", sandbox_id, "/tmp/osb.txt", "-c", "osb wrote this")
+        assert osb(server, "file", "cat", sandbox_id, "/tmp/osb.txt").stdout.strip() == "osb wrote this"
+        osb(server, "egress", "patch", sandbox_id, "--rule", "allow=pypi.example.com")
+        assert "pypi.example.com" in json.dumps(osb_json(server, "egress", "get", sandbox_id))
+    finally:
+        osb(server, "sandbox", "kill", sandbox_id)
+    wait_gone(admin, sandbox_id)
 
 
 @up_to_a_build

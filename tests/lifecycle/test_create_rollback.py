@@ -33,7 +33,7 @@ from sandgate.lifecycle.policy_book import SandgatePolicies
 from sandgate.lifecycle.runtime.base import EXECD_PORT, SandboxSpec, ping_execd
 from sandgate.lifecycle.sandbox_store import SandboxStore
 from sandgate.lifecycle.service import CreateRequest, Service
-from sandgate.policy import Policy, to_document
+from sandgate.policy import Policy
 from sandgate.proxy import SandboxEntry
 
 ALLOW_ONE = NetworkPolicy.model_validate(
@@ -262,7 +262,7 @@ def test_create_runs_a_real_execd_and_delete_removes_every_part(rig: Rig) -> Non
     assert record.state == "Running"
     assert ping_execd(record.address or "")
     assert rig.store.get_sandbox(record.id).state == "Running"
-    assert rig.proxy.entries[record.address or ""].policy["egress"][0]["target"] == "api.example.test"
+    assert rig.proxy.entries[record.address or ""].policy.egress[0].target == "api.example.test"
     assert rig.audit == [(record.id, "create")]
 
     rig.service.delete(record.id)
@@ -328,7 +328,7 @@ def test_a_policy_change_the_proxy_refuses_leaves_the_old_policy(rig: Rig) -> No
         rig.egress.change_policy(record.id, deny_all, actor="test", what="egress replace")
     after = rig.egress.policy(record.id)
     assert (after.revision, after.document) == (before.revision, before.document)
-    assert rig.proxy.entries[record.address or ""].policy == to_document(before.document)
+    assert rig.proxy.entries[record.address or ""].policy == before.document
 
 
 def test_a_policy_change_the_store_refuses_is_pushed_back(rig: Rig) -> None:
@@ -339,7 +339,7 @@ def test_a_policy_change_the_store_refuses_is_pushed_back(rig: Rig) -> None:
     with pytest.raises(sqlite3.IntegrityError, match="injected"):
         rig.egress.change_policy(record.id, deny_all, actor="test", what="replace")
     assert rig.egress.policy(record.id) == before
-    assert rig.proxy.entries[record.address or ""].policy == to_document(before.document)
+    assert rig.proxy.entries[record.address or ""].policy == before.document
     assert rig.audit == [(record.id, "create")]
 
 
@@ -372,7 +372,7 @@ def test_a_repush_never_puts_back_the_policy_a_change_replaced(rig: Rig) -> None
         thread.join(30)
     stored = rig.egress.policy(record.id)
     assert stored.revision == 2
-    assert rig.proxy.entries[record.address or ""].policy == to_document(stored.document)
+    assert rig.proxy.entries[record.address or ""].policy == stored.document
 
 
 def one_credential(sandbox_id: str) -> VaultBuild:

@@ -103,7 +103,7 @@ def test_a_lost_control_socket_restarts_the_proxy_and_policy_changes_work_again(
         with ProxyControl(sock) as control:
             (entry,) = control.list()
         assert entry.sandbox_id == sandbox_id  # re-pushed to the new proxy with its latest policy
-        assert [rule["target"] for rule in entry.policy["egress"]][:2] == ["b.example.com", "a.example.com"]
+        assert [rule.target for rule in entry.policy.egress][:2] == ["b.example.com", "a.example.com"]
         assert third != second and "control socket" in server.log()
 
 

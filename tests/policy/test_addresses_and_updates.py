@@ -8,6 +8,7 @@ import pytest
 
 from sandgate.policy import (
     ALWAYS_DENIED,
+    Policy,
     PolicyError,
     Request,
     compile_policy,
@@ -148,9 +149,16 @@ def test_patch_is_rejected_whole() -> None:
 
 def test_rule_limit_is_enforced_with_a_clear_error() -> None:
     with pytest.raises(PolicyError, match="4 egress rules; the limit is 3"):
-        compile_policy(policy_from_dict(BASE), max_rules=3)
+        policy_from_dict(BASE, max_rules=3)
     with pytest.raises(PolicyError, match="the limit is 4"):
         patch_rules(policy_from_dict(BASE), [{"action": "allow", "target": "n.example.com"}], max_rules=4)
+    with pytest.raises(PolicyError, match="the limit is 4"):
+        replace_policy(
+            policy_from_dict(BASE),
+            {"egress": [*BASE["egress"], {"action": "deny", "target": "x.test"}]},
+            max_rules=4,
+        )
+    assert len(policy_from_dict(BASE, max_rules=4).egress) == 4  # at the limit
 
 
 def test_delete_is_idempotent_and_normalises_targets() -> None:
@@ -177,3 +185,37 @@ def test_documents_round_trip() -> None:
     policy = policy_from_dict(BASE)
     assert policy_from_dict(to_document(policy)) == policy
     assert to_opensandbox(policy_from_dict(None)) == {"defaultAction": "deny", "egress": []}
+
+
+def test_the_document_keeps_every_field() -> None:
+    """What the proxy compiles is `to_document`'s output: a field it leaves out is silently off
+    (the sandbox's own budgets once were). Every field here differs from its default."""
+    policy = policy_from_dict(
+        {
+            "version": 1,
+            "defaultAction": "ask",
+            "mode": "report",
+            "askTimeout": 7,
+            "budgets": {"requestsPerSecond": 5, "burst": 3, "totalBytes": {"in": "1M", "out": 100}},
+            "egress": [
+                {"action": "allow", "target": "a.example.com", "budgets": {"bytesPerSecond": {"in": 9}}}
+            ],
+            "bindings": [
+                {
+                    "name": "gh",
+                    "match": {"hosts": ["a.example.com"]},
+                    "auth": {"type": "bearer", "credential": "t"},
+                }
+            ],
+        }
+    )
+    left_default = [
+        name
+        for name, spec in Policy.model_fields.items()
+        if getattr(policy, name) == spec.get_default(call_default_factory=True)
+    ]
+    # version has one value so far; presets are expanded into `egress` in the document
+    assert left_default == ["version", "include"]
+    document = to_document(policy)
+    assert policy_from_dict(document) == policy
+    assert document["budgets"]["totalBytes"] == {"in": 1_000_000, "out": 100}

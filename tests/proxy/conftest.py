@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from sandgate.lifecycle.proxy_supervisor import secrets_pipe
@@ -46,6 +47,14 @@ class RunningProxy:
         """Every line of the live file as written, write-ahead lines included."""
         path = self.config.audit_path
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def put_raw(self, sandbox_id: str, address: str, policy: Any, socket: Path | None = None) -> int:
+        """PUT an entry whose policy is any JSON (a typed `SandboxEntry` cannot hold a bad one)
+        on the control socket (`socket`: a worker's); the status it answers."""
+        body = {"sandbox_id": sandbox_id, "address": address, "policy": policy}
+        transport = httpx.HTTPTransport(uds=str(socket or self.config.socket_path))
+        with httpx.Client(transport=transport, base_url="http://proxy") as client:
+            return client.put(f"/sandboxes/{address}", json=body).status_code
 
     def wait_audit(self, count: int, timeout: float = 5.0, **match: Any) -> list[dict[str, Any]]:
         """Records matching `match`, once there are at least `count` (records are written at request end)."""

@@ -67,8 +67,7 @@ def load_reporting(
 ) -> Policy | None:
     """The file's policy, or None after printing every problem as file:line:column."""
     try:
-        policy = load_policy(path, presets)
-        compile_policy(policy, max_rules)
+        policy = load_policy(path, presets, max_rules)
     except PolicyError as exc:
         for issue in exc.issues:
             click.echo(str(issue) if issue.file == str(path) else f"{path}: {issue}")
@@ -139,7 +138,7 @@ def explain(
     preset brought in is named by its file:line in the preset."""
     policy = _load_or_exit(file, preset_dirs)
     request = _request_from_url(url, None if connection else method)
-    decision = compile_policy(policy, max(len(policy.egress), DEFAULT_MAX_RULES)).decide(request)
+    decision = compile_policy(policy).decide(request)
     if output == "json":
         click.echo(json.dumps(decision.to_dict()))
     else:
