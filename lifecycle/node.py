@@ -46,7 +46,6 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from sandgate.lifecycle.confinement import ProxyPorts
 from sandgate.lifecycle.proxy_supervisor import Listeners, ProxySupervisor
-from sandgate.policy import DEFAULT_MAX_RULES
 from sandgate.proxy import (
     ProxyConfig,
     ProxyControl,
@@ -333,7 +332,6 @@ class NodeAgent:
             audit_max_bytes=config.audit_max_bytes,
             audit_backups=config.audit_backups,
             audit_fsync=True,  # the node's file is the only copy of a record until it is shipped
-            max_rules=DEFAULT_MAX_RULES,
             vault=StoreSettings(backend="memory", state_dir=config.state_dir),
         )
         config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
