@@ -40,7 +40,6 @@ from typing import Any
 import httpx
 
 from sandgate.lifecycle.node import API_PREFIX, AuditChunk, NodeEntry, read_token
-from sandgate.policy import policy_from_dict
 from sandgate.proxy import AuditRecord, SandboxEntry, append_records
 from sandgate.vault import SecretNotFound, SecretStore
 
@@ -153,7 +152,7 @@ def placement(pod: Any) -> PodPlacement | None:
 
 def vault_names(entry: SandboxEntry) -> set[str]:
     """The vault entries the entry's bindings (and its upstream proxies) read."""
-    policy = policy_from_dict(entry.policy)
+    policy = entry.policy  # typed since main's one policy document
     names = {
         entry.credentials.get(credential, credential)
         for binding in policy.bindings
