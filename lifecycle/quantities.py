@@ -12,8 +12,8 @@ from sandgate.lifecycle.cgroups import Limits
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.runtime.sandbox_disk import MIN_DISK_BYTES
 
-UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "K": 1e3, "M": 1e6,
-         "G": 1e9, "T": 1e12, "m": 1e-3}  # fmt: skip
+UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+         "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "m": 1e-3}  # fmt: skip
 
 
 def parse_quantity(value: str, what: str) -> float:

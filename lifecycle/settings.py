@@ -102,6 +102,11 @@ class KubernetesSettings(BaseModel):
     start_timeout: float = Field(
         180.0, gt=0, description="seconds a Pod may take to run (its image pulled) before a create fails"
     )
+    storage_class: str | None = Field(
+        None,
+        description="StorageClass of the PersistentVolumeClaims `pvc` volumes make when a create "
+        "names none (unset: the cluster's default class)",
+    )
     node_agent_port: int | None = Field(
         None,
         ge=1,
@@ -168,7 +173,12 @@ class Settings(BaseSettings):
     pvc_volumes: bool = Field(
         False,
         description="serve a create's `volumes[].pvc` (named volumes that outlive sandboxes); off by "
-        "default because a claim has no size cap yet and lives beside the state dir",
+        "default because claims live beside the state dir, outside its disk admission",
+    )
+    volume_default_size: ByteQuantity = Field(
+        "1Gi",
+        description="a `pvc` claim's size cap when its create names no `pvc.storage` (local and "
+        "docker: an ext4 image per claim); '0' makes new claims uncapped directories",
     )
     execd_endpoint: Literal["host", "direct"] = Field(
         "host",

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from sandgate.lifecycle.proxy_supervisor import ProxySupervisor
     from sandgate.lifecycle.registry import Credentials, RegistryConfig
     from sandgate.lifecycle.runtime.base import BindMount
+    from sandgate.lifecycle.runtime.claim_disks import ClaimDisks
     from sandgate.lifecycle.runtime.docker import DockerRuntime
     from sandgate.lifecycle.runtime.kubernetes import KubernetesRuntime
     from sandgate.lifecycle.runtime.local import LocalRuntime
@@ -311,6 +312,7 @@ def make_runtime(
             binds=binds,
             default_pids_max=settings.pids_max,
             disks=make_disks(settings, instance),
+            claim_disks=make_claim_disks(settings),
             registry=registry_config(settings),
             pull_policy=settings.image_pull_policy,
             gvisor_runtime=settings.docker_gvisor_runtime,
@@ -325,6 +327,7 @@ def make_runtime(
         instance=instance,
         binds=binds,
         disks=make_disks(settings, instance),
+        claim_disks=make_claim_disks(settings),
         default_pids_max=settings.pids_max,
         runsc=settings.runsc,
         gvisor_platform=settings.gvisor_platform,
@@ -336,6 +339,7 @@ def kubernetes_runtime(
     settings: Settings, instance: str, login: Callable[[str], Credentials | None]
 ) -> KubernetesRuntime:
     from sandgate.lifecycle.errors import RuntimeError_
+    from sandgate.lifecycle.quantities import parse_quantity
     from sandgate.lifecycle.runtime.kubernetes import KubernetesRuntime, connect
 
     options = settings.kubernetes
@@ -352,6 +356,8 @@ def kubernetes_runtime(
         gvisor_runtime_class=options.gvisor_runtime_class,
         start_timeout=options.start_timeout,
         login=login,
+        claim_bytes=int(parse_quantity(settings.volume_default_size, "volume_default_size")) or 1 << 30,
+        storage_class=options.storage_class,
     )
 
 
@@ -367,6 +373,15 @@ def make_disks(settings: Settings, instance: str) -> SandboxDisks | None:
     return SandboxDisks(
         settings.disk_dir, instance, settings.state_dir, default_bytes=size, reserve_bytes=reserve
     )
+
+
+def make_claim_disks(settings: Settings) -> ClaimDisks | None:
+    """The `pvc` claims' size caps (runtime/claim_disks.py); None with volume_default_size '0'."""
+    from sandgate.lifecycle.quantities import parse_quantity
+    from sandgate.lifecycle.runtime.claim_disks import ClaimDisks
+
+    size = int(parse_quantity(settings.volume_default_size, "volume_default_size"))
+    return ClaimDisks(settings.state_dir / "volume-disks", size) if size else None
 
 
 def image_store(settings: Settings) -> ImageStore:

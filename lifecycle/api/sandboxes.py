@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -40,13 +41,17 @@ from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.execd_client import execd_headers
 from sandgate.lifecycle.images import snapshot_image
 from sandgate.lifecycle.principals import acting, caller_sees, caller_tenant
+from sandgate.lifecycle.quantities import parse_quantity
 from sandgate.lifecycle.registry import Credentials
 from sandgate.lifecycle.runtime.base import EXECD_PORT, BindMount, ClaimMount, UnsafeBind, check_target
-from sandgate.lifecycle.runtime.claims import check_claim
+from sandgate.lifecycle.runtime.claims import CLAIM_NAME, check_claim
+from sandgate.lifecycle.runtime.sandbox_disk import MIN_DISK_BYTES
 from sandgate.lifecycle.sandbox_store import SandboxRecord
 from sandgate.lifecycle.service import CreateRequest
 
 DEFAULT_ENTRYPOINT = ["tail", "-f", "/dev/null"]
+ACCESS_MODES = frozenset({"ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"})
+STORAGE = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|Ei)?$")  # the spec's pattern for pvc.storage
 router = APIRouter(tags=["Sandboxes"], responses=ERRORS)
 
 
@@ -139,7 +144,40 @@ def claim_mount(where: str, volume: dict[str, Any]) -> ClaimMount:
         sub_path=volume.get("subPath") or "",
         create=pvc.get("createIfNotExists", True) is not False,
         delete_on_end=bool(pvc.get("deleteOnSandboxTermination")),
+        size_bytes=claim_size(where, pvc.get("storage")),
+        storage_class=claim_storage_class(where, pvc.get("storageClass")),
+        access_modes=claim_access_modes(where, pvc.get("accessModes")),
     )
+
+
+def claim_storage_class(where: str, name: object) -> str | None:
+    if name is not None and not (isinstance(name, str) and CLAIM_NAME.match(name)):
+        raise ApiError(
+            400, "INVALID_REQUEST", f"{where}.pvc.storageClass must be a StorageClass name, got {name!r}"
+        )
+    return name
+
+
+def claim_access_modes(where: str, modes: object) -> tuple[str, ...]:
+    if modes is None:
+        return ()
+    if not (isinstance(modes, list) and modes and set(modes) <= ACCESS_MODES):
+        raise ApiError(400, "INVALID_REQUEST", f"{where}.pvc.accessModes must be a list of "
+                       f"{', '.join(sorted(ACCESS_MODES))}, got {modes!r}")  # fmt: skip
+    return tuple(modes)
+
+
+def claim_size(where: str, storage: object) -> int | None:
+    """`pvc.storage` in bytes (the spec's pattern: '512Mi', '10Gi'); None when absent."""
+    if storage is None:
+        return None
+    if not (isinstance(storage, str) and STORAGE.match(storage)):
+        raise ApiError(400, "INVALID_REQUEST", f"{where}.pvc.storage must be a size such as '512Mi' "
+                       f"or '10Gi', got {storage!r}")  # fmt: skip
+    size = int(parse_quantity(storage, "storage"))
+    if size < MIN_DISK_BYTES:
+        raise ApiError(400, "INVALID_REQUEST", f"{where}.pvc.storage={storage!r} is below 16Mi")
+    return size
 
 
 def to_create_request(body: CreateSandboxRequest, host_volumes: HostVolumes) -> CreateRequest:

@@ -109,6 +109,9 @@ class ClaimMount:
     sub_path: str = ""
     create: bool = True  # createIfNotExists
     delete_on_end: bool = False  # deleteOnSandboxTermination
+    size_bytes: int | None = None  # pvc.storage: the claim's size cap when this create makes it
+    storage_class: str | None = None  # pvc.storageClass (kubernetes)
+    access_modes: tuple[str, ...] = ()  # pvc.accessModes (kubernetes)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ Rules:
 5. The local runtime keeps a claim as `<state_dir>/volumes/<name>` and its bookkeeping (who made
    it for whom, who uses it) in `<state_dir>/volume-claims/<name>.json`. The Kubernetes runtime
    will map the same `ClaimMount` onto a PersistentVolumeClaim.
+6. With `ClaimDisks` (runtime/claim_disks.py) a claim's directory is an ext4 filesystem of the
+   claim's size, mounted while a sandbox uses it. Local and Docker claims are directories on this
+   host, so any number of sandboxes may use one read-write at once (no access mode refuses it).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path, PurePosixPath
 
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.runtime.base import BindMount, ClaimMount
+from sandgate.lifecycle.runtime.claim_disks import ClaimDisks
 
 CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -95,9 +99,10 @@ def close_held(binds: list[BindMount]) -> None:
 class DirectoryClaims:
     """Claims as directories under `<state_dir>/volumes` (the local runtime's `pvc` backend)."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, disks: ClaimDisks | None = None) -> None:
         self.root = state_dir / "volumes"
         self.books = state_dir / "volume-claims"
+        self.disks = disks  # the claims' size caps (rule 6); None: uncapped directories
         self._lock = threading.Lock()
 
     def attach(self, sandbox_id: str, claims: tuple[ClaimMount, ...]) -> list[BindMount]:
@@ -124,10 +129,20 @@ class DirectoryClaims:
     def _attach_one(self, sandbox_id: str, claim: ClaimMount) -> BindMount:
         """One claim's bind, holding the directory open (bwrap binds the fd, rule 3)."""
         book = self._book(claim.name)
-        if not (self.root / claim.name).is_dir():
-            (self.root / claim.name).mkdir(mode=0o777)
-            (self.root / claim.name).chmod(0o777)  # any user inside the sandbox may write
+        where = self.root / claim.name
+        if not where.is_dir():
+            where.mkdir(mode=0o777)
+            where.chmod(0o777)  # any user inside the sandbox may write
             book = {"delete_with": sandbox_id if claim.delete_on_end else None, "users": []}
+            if self.disks is not None:
+                try:
+                    self.disks.make(claim.name, claim.size_bytes, where)
+                except BaseException:
+                    self.disks.remove(claim.name, where)
+                    where.rmdir()
+                    raise
+        elif self.disks is not None:
+            self.disks.mount(claim.name, where)
         book["users"] = sorted({*book["users"], sandbox_id})
         self._write(claim.name, book)
         fd = open_subdir(self.root / claim.name, claim.sub_path)
@@ -144,7 +159,11 @@ class DirectoryClaims:
                 if users != book["users"]:
                     self._write(name, {**book, "users": users})
                 owner = book["delete_with"]
+                if not users and self.disks is not None:
+                    self.disks.unmount(name, self.root / name)
                 if owner is not None and owner not in live and not users:
+                    if self.disks is not None:
+                        self.disks.remove(name, self.root / name)
                     shutil.rmtree(self.root / name, ignore_errors=True)
                     path.unlink()
                     removed.append(name)

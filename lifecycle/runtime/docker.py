@@ -55,6 +55,7 @@ from sandgate.lifecycle.runtime.base import (
     placed,
     wait_for_execd,
 )
+from sandgate.lifecycle.runtime.claim_disks import ClaimDisks
 from sandgate.lifecycle.runtime.docker_claims import DockerClaims
 from sandgate.lifecycle.runtime.docker_images import DockerImages
 from sandgate.lifecycle.runtime.runsc_wrapper import NETNS_VAR
@@ -90,6 +91,7 @@ class DockerRuntime:
         tmpfs_size: str = "256m",
         binds: Sequence[BindMount] = (),
         disks: SandboxDisks | None = None,
+        claim_disks: ClaimDisks | None = None,
         registry: RegistryConfig | None = None,
         pull_policy: str = "if-not-present",
         gvisor_runtime: str | None = None,
@@ -101,7 +103,7 @@ class DockerRuntime:
         self.images = DockerImages(self.client, aliases, registry=registry, pull_policy=pull_policy)
         self.oci_runtime = oci_runtime
         self.instance = instance
-        self.claims = DockerClaims(self.client, instance, (LABEL_INSTANCE, LABEL_SANDBOX))
+        self.claims = DockerClaims(self.client, instance, (LABEL_INSTANCE, LABEL_SANDBOX), claim_disks)
         self.read_only = read_only
         self.cap_add = list(cap_add)
         self.default_pids_max = default_pids_max

@@ -26,6 +26,8 @@ Rules:
 6. `gvisor` isolation is the cluster's RuntimeClass `gvisor_runtime_class`, offered only when
    the cluster has it. Pause and resume are refused: the API cannot freeze a Pod.
 7. Every operation is idempotent; a delete waits until the API server no longer has the Pod.
+8. `pvc` volumes are PersistentVolumeClaims in the namespace (runtime/kubernetes_claims.py),
+   made before the Pod, mounted by it; a delete removes the claims made to die with it.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from sandgate.lifecycle.confinement import SandboxNet
 from sandgate.lifecycle.errors import LifecycleError, quietly
 from sandgate.lifecycle.registry import Credentials, Platform, Reference
 from sandgate.lifecycle.runtime.base import EXECD_PORT, RuntimeError_, SandboxSpec
+from sandgate.lifecycle.runtime.kubernetes_claims import KubernetesClaims
 from sandgate.lifecycle.runtime.kubernetes_execd import (
     CA_DIR,
     EXECD_MOUNT,
@@ -140,9 +143,12 @@ class KubernetesRuntime:
         gvisor_runtime_class: str = "gvisor",
         start_timeout: float = 180.0,
         login: Callable[[str], Credentials | None] = lambda registry: None,
+        claim_bytes: int = 1 << 30,
+        storage_class: str | None = None,
     ) -> None:
         """`login`: the vault's login for a registry (setting registry_credentials), used when a
-        create brings none in `ImageSpec.auth`."""
+        create brings none in `ImageSpec.auth`; `claim_bytes` and `storage_class`: what a `pvc`
+        volume's PersistentVolumeClaim asks for when the create names nothing (rule 8)."""
         self.client = client
         self.namespace = namespace
         self.instance = instance
@@ -151,6 +157,14 @@ class KubernetesRuntime:
         self.start_timeout = start_timeout
         self.login = login
         self.gvisor_runtime_class = gvisor_runtime_class
+        self.claims = KubernetesClaims(
+            client,
+            namespace,
+            {LABEL_INSTANCE: instance},
+            LABEL_SANDBOX,
+            default_bytes=claim_bytes,
+            storage_class=storage_class,
+        )
         self.runtime_class = gvisor_runtime_class if self._has_runtime_class(gvisor_runtime_class) else None
         self.isolations: tuple[str, ...] = ("standard", "gvisor") if self.runtime_class else ("standard",)
 
@@ -174,9 +188,10 @@ class KubernetesRuntime:
             return _pod_ip(pod)
         self.delete(spec.sandbox_id)
         reference = self.images.ensure(spec.image)
+        claim_volumes = self.claims.volumes(spec.sandbox_id, spec.claims)
         secret = self._pull_secret(spec, reference)
         try:
-            self.client.create(self._pod_manifest(spec, reference, secret))
+            self.client.create(self._pod_manifest(spec, reference, secret, claim_volumes))
             address = self._wait_started(spec.sandbox_id, reference)
             quietly(lambda: self._delete_secret(secret))  # pulled: the login leaves the cluster now
             ca = spec.ca_cert.read_text() if spec.ca_cert else ""
@@ -203,6 +218,7 @@ class KubernetesRuntime:
                     f"Pod {name} was still in the API server {DELETE_TIMEOUT:.0f} s after its delete"
                 )
             time.sleep(POLL_S * 4)
+        self.claims.release()
 
     def pause(self, sandbox_id: str) -> None:
         raise LifecycleError(
@@ -300,7 +316,13 @@ class KubernetesRuntime:
             if exc.status.code != 404:
                 raise
 
-    def _pod_manifest(self, spec: SandboxSpec, reference: str, pull_secret: str | None) -> Pod:
+    def _pod_manifest(
+        self,
+        spec: SandboxSpec,
+        reference: str,
+        pull_secret: str | None,
+        claims: tuple[list[Volume], list[VolumeMount]] = ([], []),
+    ) -> Pod:
         hardened = SecurityContext(allowPrivilegeEscalation=False, capabilities=Capabilities(drop=["ALL"]))
         execd_volume = VolumeMount(name="execd", mountPath=EXECD_MOUNT)
         env = {**spec.env, "SANDGATE_SANDBOX_ID": spec.sandbox_id, "SANDGATE_EXECD_PORT": str(EXECD_PORT)}
@@ -316,6 +338,7 @@ class KubernetesRuntime:
                 VolumeMount(name="execd", mountPath=EXECD_MOUNT, readOnly=True),
                 VolumeMount(name="run", mountPath=CA_DIR),
                 VolumeMount(name="workspace", mountPath="/workspace"),
+                *claims[1],
             ],
         )
         copier = Container(
@@ -349,6 +372,7 @@ class KubernetesRuntime:
                     Volume(name="execd", emptyDir=EmptyDirVolumeSource()),
                     Volume(name="run", emptyDir=EmptyDirVolumeSource(medium="Memory", sizeLimit="1Mi")),
                     Volume(name="workspace", emptyDir=EmptyDirVolumeSource(sizeLimit=disk)),
+                    *claims[0],
                 ],
             ),
         )

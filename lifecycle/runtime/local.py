@@ -43,6 +43,7 @@ from sandgate.lifecycle.confinement import SandboxNet
 from sandgate.lifecycle.images import HOST_IMAGE, HostRoot, Image, ImageStore
 from sandgate.lifecycle.kernel import instance_tag, mount, umount
 from sandgate.lifecycle.runtime.base import BindMount, RuntimeError_, SandboxSpec, placed, wait_for_execd
+from sandgate.lifecycle.runtime.claim_disks import ClaimDisks
 from sandgate.lifecycle.runtime.claims import DirectoryClaims, close_held
 from sandgate.lifecycle.runtime.gvisor import Gvisor, Platform, find_runsc, require
 from sandgate.lifecycle.runtime.java_trust import JavaTrust
@@ -89,6 +90,7 @@ class LocalRuntime:
         seccomp_bpf: Path | None = None,
         binds: Sequence[BindMount] = (),
         disks: SandboxDisks | None = None,
+        claim_disks: ClaimDisks | None = None,
         default_pids_max: int = DEFAULT_PIDS_MAX,
         runsc: str = "runsc",
         gvisor_platform: Platform = "systrap",
@@ -103,7 +105,7 @@ class LocalRuntime:
         self.instance = instance or instance_tag(self.state_dir)
         self.seccomp_bpf = seccomp_bpf
         self.binds = list(binds)
-        self.claims = DirectoryClaims(self.state_dir)
+        self.claims = DirectoryClaims(self.state_dir, claim_disks)
         self._kernel_log_filter = deny_syscalls(DENY_KERNEL_LOG)
         self.execd_paths = python_paths(execd_python)
         self.execd_in_image = self.execd_paths.in_image(execd_python)

@@ -102,30 +102,16 @@ class SandboxDisks:
             self._admit(size_bytes)
             with open(image, "wb") as handle:
                 handle.truncate(size_bytes)
-        done = subprocess.run([*MKFS, str(image)], capture_output=True, text=True, timeout=60)
-        if done.returncode != 0:
-            raise RuntimeError_(f"mkfs.ext4 {image} failed: {done.stderr.strip()} (is e2fsprogs installed?)")
-        loop_fd, device = _attach(image)
-        try:
-            mount(device, mount_point, "ext4", MS_NOSUID | MS_NODEV, MOUNT_OPTIONS)
-        finally:
-            os.close(loop_fd)  # the mount holds the device now; without it, autoclear detaches it
+        make_filesystem(image)
+        mount_image(image, mount_point)
 
     def remove(self, sandbox_id: str, mount_point: Path, timeout: float = 5.0) -> None:
         """Unmount, detach the loop device, delete the image. A killed sandbox's mount namespace
         dies a moment after its last process and holds the filesystem (through the overlay)
         until then: wait for it, bounded, then unmount lazily (autoclear detaches the device
         when the last user goes) and say so."""
-        deadline = time.monotonic() + timeout
-        _umount_when_free(mount_point, deadline)
         image = self.image(sandbox_id)
-        while devices := loop_devices(str(image)):
-            for device in devices:
-                _detach(device)
-            if time.monotonic() > deadline:
-                log.warning("loop device(s) %s of %s still busy; detached when released", devices, image)
-                break
-            time.sleep(0.005)
+        unmount_image(image, mount_point, timeout)
         image.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # absent, or still busy (then lazily unmounted, not empty)
             mount_point.rmdir()
@@ -162,6 +148,42 @@ class SandboxDisks:
 def image_prefix(instance: str) -> str:
     """How the image files of one server instance begin (rule 1)."""
     return f"sandgate-{instance}-"
+
+
+def make_filesystem(image: Path) -> None:
+    """An empty ext4 filesystem in `image` (a sparse file of the quota's size)."""
+    done = subprocess.run([*MKFS, str(image)], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError_(f"mkfs.ext4 {image} failed: {done.stderr.strip()} (is e2fsprogs installed?)")
+
+
+def mount_image(image: Path, mount_point: Path) -> None:
+    """Attach `image` to a loop device with autoclear and mount its ext4 at `mount_point`. A
+    device that still backs the image (its filesystem still held elsewhere, e.g. by a mount
+    namespace that has not died yet) is mounted again instead: a second device would mount the
+    same filesystem twice, with two superblocks writing to one image."""
+    held = [device for device, backing in loop_devices(str(image)).items() if backing == str(image)]
+    if held:
+        mount(held[0], mount_point, "ext4", MS_NOSUID | MS_NODEV, MOUNT_OPTIONS)
+        return
+    loop_fd, device = _attach(image)
+    try:
+        mount(device, mount_point, "ext4", MS_NOSUID | MS_NODEV, MOUNT_OPTIONS)
+    finally:
+        os.close(loop_fd)  # the mount holds the device now; without it, autoclear detaches it
+
+
+def unmount_image(image: Path, mount_point: Path, timeout: float = 5.0) -> None:
+    """Undo `mount_image`: unmount (lazily once `timeout` has passed busy) and detach."""
+    deadline = time.monotonic() + timeout
+    _umount_when_free(mount_point, deadline)
+    while devices := loop_devices(str(image)):
+        for device in devices:
+            _detach(device)
+        if time.monotonic() > deadline:
+            log.warning("loop device(s) %s of %s still busy; detached when released", devices, image)
+            break
+        time.sleep(0.005)
 
 
 def loop_devices(backing_prefix: str) -> dict[str, str]:

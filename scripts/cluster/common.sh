@@ -31,3 +31,17 @@ cgroup_name() { echo "sandgate-k8s-$1"; }
 cgroup_hierarchies() {
 	awk '$3 == "cgroup" || $3 == "cgroup2" { print $2 }' /proc/self/mounts
 }
+
+# More nodes (SANDGATE_CLUSTER_NODES=N, up.sh): node n = 2..N is a network namespace of its own
+# with its own containerd and kubelet, joined to the API server of node 1 ("the node" above).
+# Its link hangs off node 1 (node 1 routes between the host and it: no host sysctl changes), and
+# its Pods get a /24 of their own. down.sh finds the nodes by their state dirs (nodes/<n>).
+NODE_COUNT=${SANDGATE_CLUSTER_NODES:-1}
+node_dir() { echo "$CLUSTER_DIR/nodes/$1"; }
+node_name() { echo "$NODE_NAME-$1"; }
+node_netns() { echo "sgk8s-$1-n$2"; }       # cluster id, node number
+node_veth() { echo "sgk8s-n$1"; }           # node 1's end of node n's link (in node 1's netns)
+link_ip() { echo "10.231.0.$((4 * ($1 - 1) + $2))"; } # node n's /30: .1 node 1's end, .2 node n's
+node_pod_cidr() { echo "10.232.$(($1 - 1)).0/24"; }
+node_pod_gateway() { echo "10.232.$(($1 - 1)).1"; }
+extra_nodes() { ls "$CLUSTER_DIR/nodes" 2>/dev/null | sort -n; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Remove the cluster of up.sh (`make cluster-down`), all of it, also after a start that failed
-# half way: its processes, mounts, network namespace (with the veths, bridge and nft table in it),
+# half way, every node of it (nodes 2..N: their kubelets first, their containerds with node 1's):
+# its processes, mounts, network namespace (with the veths, bridge and nft table in it),
 # cgroups, the host sysctls kubelet changed, what containerd keeps at fixed paths (shim sockets,
 # CNI result cache), and the state directory.
 #
@@ -53,14 +54,14 @@ stop_daemon() {
 	fi
 }
 
-# Through containerd's own API: remove every Pod sandbox (its controller stops the sandbox and
-# shuts its shim down; a Pod's shim outlives its tasks until then), then kill and delete every
-# task and container left.
+# delete_tasks DAEMON SOCKET: through containerd's own API, remove every Pod sandbox (its
+# controller stops the sandbox and shuts its shim down; a Pod's shim outlives its tasks until
+# then), then kill and delete every task and container left.
 delete_tasks() {
-	daemon_pid containerd >/dev/null || return 0
+	daemon_pid "$1" >/dev/null || return 0
 	local bin ctr id
-	bin=$(dirname "$(readlink "/proc/$(daemon_pid containerd)/exe")")
-	ctr=("$bin/ctr" --address "$SOCKET" --namespace k8s.io --timeout 20s)
+	bin=$(dirname "$(readlink "/proc/$(daemon_pid "$1")/exe")")
+	ctr=("$bin/ctr" --address "$2" --namespace k8s.io --timeout 20s)
 	for id in $("${ctr[@]}" sandboxes list 2>/dev/null | awk 'NR > 1 { print $1 }'); do
 		"${ctr[@]}" sandboxes remove --force "$id" >/dev/null 2>&1 || true
 	done
@@ -69,6 +70,19 @@ delete_tasks() {
 		"${ctr[@]}" tasks delete --force "$id" >/dev/null 2>&1 || true
 		"${ctr[@]}" containers delete "$id" >/dev/null 2>&1 || true
 	done
+}
+
+# The hostPath provisioner's directories of the cluster's PersistentVolumes (up.sh
+# make_storage_class), outside the state directory; only while the API server answers.
+remove_provisioned_volumes() {
+	daemon_pid kube-apiserver >/dev/null && [[ -f $CLUSTER_DIR/admin.kubeconfig ]] || return 0
+	local kubectl path
+	kubectl="$(dirname "$(readlink "/proc/$(daemon_pid kube-apiserver)/exe")")/kubectl"
+	for path in $("$kubectl" --kubeconfig "$CLUSTER_DIR/admin.kubeconfig" --request-timeout 20s get pv \
+		-o jsonpath='{range .items[*]}{.spec.hostPath.path}{"\n"}{end}'); do
+		if [[ $path == /tmp/hostpath_pv/* ]]; then rm -rf "$path"; fi
+	done
+	rmdir /tmp/hostpath_pv 2>/dev/null || true # the provisioner's parent, unless another cluster uses it
 }
 
 cgroup_pids() {
@@ -93,13 +107,16 @@ stop_leftovers() {
 	wait_gone 20 "${pids[@]}" || echo "cluster: some of ${pids[*]} did not exit" >&2
 }
 
-# The ids of the containers and Pod sandboxes containerd knows, read before anything stops.
+# "<socket> <id>" for the containers and Pod sandboxes each node's containerd knows, read
+# before anything stops.
 container_ids() {
-	local root="$CLUSTER_DIR/containerd" dir
-	for dir in "$root/state/io.containerd.runtime.v2.task/k8s.io" "$root/root/io.containerd.grpc.v1.cri/sandboxes" \
-		"$root/root/io.containerd.grpc.v1.cri/containers"; do
-		[[ -d $dir ]] && ls "$dir"
-	done | sort -u
+	local root dir
+	for root in "$CLUSTER_DIR/containerd" $(for n in $(extra_nodes); do echo "$(node_dir "$n")/containerd"; done); do
+		for dir in "$root/state/io.containerd.runtime.v2.task/k8s.io" "$root/root/io.containerd.grpc.v1.cri/sandboxes" \
+			"$root/root/io.containerd.grpc.v1.cri/containers"; do
+			[[ -d $dir ]] && ls "$dir"
+		done | sort -u | sed "s|^|$root/containerd.sock |"
+	done
 }
 
 # What containerd keeps outside the state directory, at fixed paths, per container or sandbox:
@@ -107,9 +124,10 @@ container_ids() {
 # shim leaves it), and libcni's cached result per sandbox and interface, /var/lib/cni/results/
 # <network>-<id>-<ifname> (a sandbox that was never stopped through the CRI leaves them).
 remove_outside_state() {
-	local id digest
-	for id in "$@"; do
-		digest=$(printf '%s' "$SOCKET/k8s.io/$id" | sha256sum | cut -d' ' -f1)
+	local entry socket id digest
+	for entry in "$@"; do
+		read -r socket id <<<"$entry"
+		digest=$(printf '%s' "$socket/k8s.io/$id" | sha256sum | cut -d' ' -f1)
 		rm -f "/run/containerd/s/$digest" /var/lib/cni/results/*-"$id"-*
 	done
 }
@@ -134,8 +152,15 @@ remove_cgroups() {
 	return "$status"
 }
 
-# The veth first (both ends go at once): a namespace's own devices go some time after it.
+# The veth first (both ends go at once): a namespace's own devices go some time after it. Nodes
+# 2..N first (their links end in node 1; the host's routes to them go with node 1's veth).
 remove_network() {
+	local n netns
+	for n in $(extra_nodes); do
+		netns=$(node_netns "$ID" "$n")
+		if [[ -e /run/netns/$NETNS ]]; then ip -n "$NETNS" link del "$(node_veth "$n")" 2>/dev/null || true; fi
+		if [[ -e /run/netns/$netns ]]; then ip netns del "$netns"; fi
+	done
 	if ip link show "$(host_veth "$ID")" >/dev/null 2>&1; then ip link del "$(host_veth "$ID")"; fi
 	if [[ -e /run/netns/$NETNS ]]; then ip netns del "$NETNS"; fi
 }
@@ -159,8 +184,15 @@ step() {
 }
 
 mapfile -t ids < <(container_ids)
+mapfile -t nodes < <(extra_nodes)
+for node in "${nodes[@]}"; do step stop_daemon "kubelet-$node"; done
 for daemon in kubelet kube-scheduler kube-controller-manager; do step stop_daemon "$daemon"; done
-step delete_tasks
+for node in "${nodes[@]}"; do
+	step delete_tasks "containerd-$node" "$(node_dir "$node")/containerd/containerd.sock"
+	step stop_daemon "containerd-$node"
+done
+step delete_tasks containerd "$SOCKET"
+step remove_provisioned_volumes
 for daemon in containerd kube-apiserver etcd; do step stop_daemon "$daemon"; done
 step stop_leftovers
 step remove_outside_state "${ids[@]}"

@@ -26,7 +26,9 @@ mkdir -p "$images"
 "$EXECD_PYTHON" -m sandgate.lifecycle.runtime.kubernetes_execd --strip-into "$images/execd-stripped" \
 	>"$images/execd.json"
 "${PYTHON:-python3}" "$HERE/oci_image.py" "$IMAGE" "$images/execd.tar" --files-from "$images/execd.json"
-"$BIN/ctr" --address "$CLUSTER_DIR/containerd/containerd.sock" --namespace k8s.io images import \
-	"$images/execd.tar" >>"$CLUSTER_DIR/logs/ctr.log" 2>&1
+for socket in "$CLUSTER_DIR/containerd/containerd.sock" "$CLUSTER_DIR"/nodes/*/containerd/containerd.sock; do
+	[[ -S $socket ]] || continue # every node's containerd (SANDGATE_CLUSTER_NODES)
+	"$BIN/ctr" --address "$socket" --namespace k8s.io images import "$images/execd.tar" >>"$CLUSTER_DIR/logs/ctr.log" 2>&1
+done
 rm -r "$images/execd.tar" "$images/execd-stripped"
 echo "execd-image: imported $IMAGE" >&2

@@ -14,9 +14,13 @@
 # - A start that fails shows the logs' tails and tears everything down again (down.sh), unless
 #   SANDGATE_CLUSTER_KEEP_ON_FAILURE=1.
 #
+# - SANDGATE_CLUSTER_NODES=N adds nodes 2..N (add_node): each its own network namespace,
+#   containerd and kubelet, linked to node 1, which runs the control plane.
+#
 # Env: SANDGATE_CLUSTER_DIR (state; default /var/lib/sandgate/cluster), SANDGATE_K8S_CACHE (build.sh),
-#      PYTHON (for oci_image.py; default python3), SANDGATE_CLUSTER_MIRROR (http(s)://host:port: the
-#      node pulls docker.io images from this mirror only; more in containerd/certs.d, see below).
+#      SANDGATE_CLUSTER_NODES (default 1), PYTHON (for oci_image.py; default python3),
+#      SANDGATE_CLUSTER_MIRROR (http(s)://host:port: the node pulls docker.io images from this
+#      mirror only; more in containerd/certs.d, see below).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=common.sh
@@ -57,7 +61,7 @@ on_failure() {
 	local status=$? daemon
 	((status != 0)) || return 0
 	echo "cluster: start failed; the last lines of each log:" >&2
-	for daemon in "${DAEMONS[@]}"; do
+	for daemon in "${DAEMONS[@]}" containerd-{2..9} kubelet-{2..9}; do
 		[[ -f $CLUSTER_DIR/logs/$daemon.log ]] || continue
 		echo "--- $daemon" >&2
 		tail -n 15 "$CLUSTER_DIR/logs/$daemon.log" >&2
@@ -100,20 +104,28 @@ make_network() {
 	in_node ip link set eth0 up
 	# The host reaches Pods (the runtime's server talks to execd in them); nothing else is routed.
 	ip route add "$POD_CIDR" via "$NODE_IP" dev "$veth"
-	in_node nft -f - <<-EOF
+	wall_pods "$NETNS" "$POD_CIDR"
+}
+
+# wall_pods NETNS POD_CIDR: the node forwards no new connection from its Pods out of its link.
+wall_pods() {
+	nsenter --net="/run/netns/$1" nft -f - <<-EOF
 		table inet sandgate_cluster {
 			chain forward {
 				type filter hook forward priority filter; policy accept;
-				ip saddr $POD_CIDR oifname "eth0" ct state new counter drop
+				ip saddr $2 oifname "eth0" ct state new counter drop
 			}
 		}
 	EOF
 }
 
+# make_cgroups [SUBDIR...]: the cluster's cgroup and its system/ (or the SUBDIRs of it given).
 make_cgroups() {
-	local hierarchy dir
+	local hierarchy dir sub subs=("$@")
+	((${#subs[@]})) || subs=("" system)
 	for hierarchy in $(cgroup_hierarchies); do
-		for dir in "$hierarchy/$CGROUP" "$hierarchy/$CGROUP/system"; do
+		for sub in "${subs[@]}"; do
+			dir="$hierarchy/$CGROUP${sub:+/$sub}"
 			mkdir -p "$dir"
 			# a v1 cpuset cgroup starts with no CPU and no memory node: inherit the parent's
 			if [[ -f $dir/cpuset.cpus ]]; then
@@ -287,7 +299,7 @@ make_images() {
 	local images="$CLUSTER_DIR/images" python=${PYTHON:-python3}
 	"$python" "$HERE/oci_image.py" "$PAUSE_IMAGE" "$images/pause.tar" --file "/pause=$BIN/pause" --entrypoint /pause
 	"$python" "$HERE/oci_image.py" "$BUSYBOX_IMAGE" "$images/busybox.tar" --file "/bin/busybox=$BUSYBOX" \
-		--entrypoint /bin/busybox
+		--file "/bin/sh=$BUSYBOX" --entrypoint /bin/busybox
 }
 
 # start NAME PROGRAM ARGS...: in the node's namespace and the cluster's cgroup, PID in pids/NAME.
@@ -297,7 +309,7 @@ start() {
 	# The subshell moves itself into the cgroup, then execs: the PID it had is the daemon's.
 	(
 		for hierarchy in $(cgroup_hierarchies); do echo "$BASHPID" >"$hierarchy/$CGROUP/system/cgroup.procs"; done
-		PATH="$BIN:$PATH" exec nsenter --net="/run/netns/$NETNS" "$@"
+		PATH="$BIN:$PATH" exec nsenter --net="/run/netns/${START_NETNS:-$NETNS}" "$@"
 	) </dev/null >"$CLUSTER_DIR/logs/$name.log" 2>&1 &
 	echo $! >"$CLUSTER_DIR/pids/$name"
 }
@@ -340,6 +352,7 @@ start_daemons() {
 		--kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" --bind-address 127.0.0.1 \
 		--leader-elect=false --use-service-account-credentials \
 		--service-account-private-key-file "$pki/service-account.key" --root-ca-file "$pki/ca.crt" \
+		--enable-hostpath-provisioner \
 		--authentication-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
 		--authorization-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig"
 	start kube-scheduler "$BIN/kube-scheduler" --kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
@@ -352,6 +365,69 @@ start_daemons() {
 	wait_for "node $NODE_NAME" 180 kubectl wait --for=condition=Ready "node/$NODE_NAME" --timeout=5s
 	# a Pod is admitted only once its namespace's service account exists (controller-manager)
 	wait_for "service account default" 60 kubectl get serviceaccount default
+	make_storage_class
+}
+
+# The cluster's default StorageClass, for PersistentVolumeClaims (sandgate's `pvc` volumes):
+# kube-controller-manager's own hostPath provisioner (a directory /tmp/hostpath_pv/<uuid> per
+# claim, removed with the claim; no size cap). Only for a cluster on one machine, whose nodes
+# share the filesystem: down.sh removes what is left of them.
+make_storage_class() {
+	kubectl apply -f - >/dev/null <<-EOF
+		apiVersion: storage.k8s.io/v1
+		kind: StorageClass
+		metadata:
+		  name: sandgate-local
+		  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+		provisioner: kubernetes.io/host-path
+		reclaimPolicy: Delete
+		volumeBindingMode: Immediate
+	EOF
+}
+
+# Node n (2..NODE_COUNT): a network namespace linked to node 1 (which routes between it and the
+# host), its own containerd, CNI range and kubelet (cgroupRoot under the cluster's cgroup), the
+# same images and walls; node 1's files with this node's paths and addresses.
+add_node() {
+	local n=$1 dir netns veth peer ip cidr name
+	dir=$(node_dir "$n") netns=$(node_netns "$ID" "$n") veth=$(node_veth "$n") name=$(node_name "$n")
+	peer=$(link_ip "$n" 1) ip=$(link_ip "$n" 2) cidr=$(node_pod_cidr "$n")
+	mkdir -p "$dir"/{kubelet,cni/net.d,containerd,runc}
+	ip netns add "$netns"
+	in_node ip link add "$veth" type veth peer name eth0 netns "$netns"
+	in_node ip addr add "$peer/$LINK_PREFIX" dev "$veth"
+	in_node ip link set "$veth" up
+	in_node sysctl -qw net.ipv4.ip_forward=1
+	in_node ip route add "$cidr" via "$ip" dev "$veth"
+	nsenter --net="/run/netns/$netns" ip link set lo up
+	nsenter --net="/run/netns/$netns" ip addr add "$ip/$LINK_PREFIX" dev eth0
+	nsenter --net="/run/netns/$netns" ip link set eth0 up
+	nsenter --net="/run/netns/$netns" ip route add "$(link_ip 1 0)/$LINK_PREFIX" via "$peer"
+	ip route add "$(link_ip "$n" 0)/$LINK_PREFIX" via "$NODE_IP"
+	ip route add "$cidr" via "$NODE_IP"
+	wall_pods "$netns" "$cidr"
+	make_cgroups "node-$n"
+	sign "kubelet-$n" "/O=system:nodes/CN=system:node:$name"
+	kubeconfig "kubelet-$n" "https://$NODE_IP:6443"
+	sed -e "s|$CLUSTER_DIR/cni/ipam|$dir/cni/ipam|" -e "s|\"$POD_CIDR\"|\"$cidr\"|" \
+		-e "s|\"$POD_GATEWAY\"|\"$(node_pod_gateway "$n")\"|" "$CLUSTER_DIR/cni/net.d/10-sandgate.conflist" \
+		>"$dir/cni/net.d/10-sandgate.conflist"
+	sed -e "s|$CLUSTER_DIR/containerd|$dir/containerd|g" -e "s|$CLUSTER_DIR/cni|$dir/cni|g" \
+		-e "s|$CLUSTER_DIR/runc|$dir/runc|g" "$CLUSTER_DIR/containerd/config.toml" >"$dir/containerd/config.toml"
+	cp -r "$CLUSTER_DIR/containerd/certs.d" "$dir/containerd/" # the same registries (write_registry_hosts)
+	sed -e "s|^address: .*|address: $ip|" -e "s|$CLUSTER_DIR/containerd|$dir/containerd|" \
+		-e "s|^cgroupRoot: .*|cgroupRoot: /$CGROUP/node-$n|" "$CLUSTER_DIR/kubelet/config.yaml" >"$dir/kubelet/config.yaml"
+	local node_ctr=("$BIN/ctr" --address "$dir/containerd/containerd.sock" --namespace k8s.io)
+	START_NETNS=$netns start "containerd-$n" "$BIN/containerd" --config "$dir/containerd/config.toml"
+	wait_for "containerd of node $n" 60 "${node_ctr[@]}" version
+	local image
+	for image in pause busybox; do
+		"${node_ctr[@]}" images import "$CLUSTER_DIR/images/$image.tar" >>"$CLUSTER_DIR/logs/ctr.log" 2>&1
+	done
+	START_NETNS=$netns start "kubelet-$n" "$BIN/kubelet" --config "$dir/kubelet/config.yaml" \
+		--kubeconfig "$CLUSTER_DIR/kubelet-$n.kubeconfig" --root-dir "$dir/kubelet" \
+		--cert-dir "$dir/kubelet/pki" --hostname-override "$name" --node-ip "$ip"
+	wait_for "node $name" 180 kubectl wait --for=condition=Ready "node/$name" --timeout=5s
 }
 
 save_sysctls
@@ -362,4 +438,5 @@ write_configs
 write_registry_hosts
 make_images
 start_daemons
+for ((node = 2; node <= NODE_COUNT; node++)); do add_node "$node"; done
 echo "$KUBECONFIG_PATH"

@@ -1,10 +1,14 @@
 """`pvc` volumes on the local and the Docker runtime, through a real `sandgate serve` and real
 sandboxes: a file written by one sandbox is read by a later one, readOnly is enforced inside, a
 claim made with deleteOnSandboxTermination is gone (from the state dir; from the engine's volume
-list) once its last user ends, and bad input is a 400 or 404 with nothing created."""
+list) once its last user ends, two sandboxes share a claim read-write, a write past a claim's size
+fails inside the sandbox (its image seen on the host), and bad input is a 400 or 404 with nothing
+created."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -15,6 +19,8 @@ import pytest
 from opensandbox import SandboxSync
 from opensandbox.models.sandboxes import PVC, Volume
 
+from sandgate.lifecycle.kernel import mount_points
+from sandgate.lifecycle.runtime.sandbox_disk import loop_devices
 from tests.conformance.test_sdk import connection
 from tests.support.server import SandgateServer, sandgate_server
 
@@ -35,6 +41,24 @@ class Claims:
         found = [v for v in self.engine.volumes.list() if v.name.endswith(f"-{name}")]
         return Path(found[0].attrs["Mountpoint"]) if found else None
 
+    def image(self, name: str) -> Path:
+        """The claim's size-capped filesystem image (runtime/claim_disks.py), on both runtimes."""
+        return self.server.state_dir / "volume-disks" / f"{name}.img"
+
+    def mounted(self, name: str) -> bool:
+        """Whether the claim's filesystem is mounted or its loop device still attached."""
+        where = self.dir(name)
+        return bool(loop_devices(str(self.image(name)))) or str(where) in mount_points()
+
+    def read(self, name: str, path: str) -> str | None:
+        """A file of the claim, from the host: through its directory while its filesystem is
+        mounted (or it has none), else from its image with debugfs, without mounting it."""
+        where, image = self.dir(name), self.image(name)
+        if where is not None and (self.mounted(name) or not image.exists()):
+            return (where / path).read_text() if (where / path).exists() else None
+        done = subprocess.run(["debugfs", "-R", f"cat /{path}", str(image)], capture_output=True, text=True)
+        return None if "not found" in done.stderr else done.stdout
+
     def names(self) -> list[str]:
         if self.engine is None:
             return sorted(p.name for p in (self.server.state_dir / "volumes").glob("*"))
@@ -43,7 +67,7 @@ class Claims:
 
 @pytest.fixture(scope="module", params=["local", "docker"])
 def claims(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Claims]:
-    env, engine = {"SANDGATE_PVC_VOLUMES": "true"}, None
+    env, engine = {"SANDGATE_PVC_VOLUMES": "true", "SANDGATE_VOLUME_DEFAULT_SIZE": "48Mi"}, None
     if request.param == "docker":
         request.getfixturevalue("sandbox_images")
         dockerd = request.getfixturevalue("dockerd")
@@ -67,7 +91,9 @@ def delete(server: SandgateServer, sandbox_id: str) -> None:
 
 def pvc(claim: str, mount: str = "/mnt/data", **fields: Any) -> dict[str, Any]:
     pvc_fields = {
-        k: fields.pop(k) for k in ("createIfNotExists", "deleteOnSandboxTermination") if k in fields
+        key: fields.pop(key)
+        for key in ("createIfNotExists", "deleteOnSandboxTermination", "storage")
+        if key in fields
     }
     return {"name": "data", "pvc": {"claimName": claim, **pvc_fields}, "mountPath": mount, **fields}
 
@@ -79,16 +105,13 @@ def test_a_file_written_by_one_sandbox_is_read_by_a_later_one(claims: Claims) ->
     wrote = server.run(first["id"], "echo kept > /mnt/data/note && echo ok")
     assert wrote.stdout.strip() == "ok", wrote
     delete(server, first["id"])
-    claim = claims.dir("work")
-    assert (
-        claim is not None and (claim / "agent" / "a" / "note").read_text() == "kept\n"
-    )  # outlives its sandbox
+    assert claims.read("work", "agent/a/note") == "kept\n"  # outlives its sandbox
     status, later = create(server, pvc("work", createIfNotExists=False), pvc("work", "/ro", readOnly=True))
     assert status == 202, later
     read = server.run(later["id"], "cat /mnt/data/agent/a/note; touch /ro/x 2>&1; ls /ro/agent/a")
     lines = read.stdout.splitlines()
     assert lines[0] == "kept" and "Read-only file system" in lines[1] and lines[2] == "note", read
-    assert not (claim / "x").exists()
+    assert claims.read("work", "x") is None
     delete(server, later["id"])
 
 
@@ -100,11 +123,56 @@ def test_delete_on_termination_removes_the_claim_after_its_last_user(claims: Cla
     assert status == 202, sharer
     server.run(maker["id"], "echo shared > /mnt/data/f")
     assert server.run(sharer["id"], "cat /mnt/data/f").stdout.strip() == "shared"
+    server.run(sharer["id"], "echo back > /mnt/data/g")  # both read-write at once: the backends share
+    assert server.run(maker["id"], "cat /mnt/data/g").stdout.strip() == "back"
     claim = claims.dir("scratch")
     delete(server, maker["id"])
     assert claim is not None and (claim / "f").exists()  # the second sandbox still uses it
     delete(server, sharer["id"])
     assert claims.dir("scratch") is None and not claim.exists()
+
+
+def test_a_write_past_the_claims_size_fails_inside_and_the_size_stays(claims: Claims) -> None:
+    """pvc.storage caps the claim (the setting, 48Mi here, when a create names none); the cap
+    holds for a later sandbox too, whose `storage` does not resize the claim."""
+    server = claims.server
+    status, first = create(server, pvc("capped", storage="32Mi"), pvc("plain", "/mnt/plain"))
+    assert status == 202, first
+    assert claims.image("capped").stat().st_size == 32 << 20
+    assert claims.image("plain").stat().st_size == 48 << 20
+    assert claims.mounted("capped")
+    wrote = server.run(first["id"], "dd if=/dev/zero of=/mnt/data/big bs=1M count=40 2>&1; echo rc=$?")
+    assert "No space left on device" in wrote.stdout and "rc=1" in wrote.stdout, wrote
+    delete(server, first["id"])
+    assert not claims.mounted("capped")  # no sandbox uses it: its filesystem is put away
+    status, later = create(server, pvc("capped", storage="1Gi"))
+    assert status == 202, later
+    read = server.run(later["id"], "rm /mnt/data/big; dd if=/dev/zero of=/mnt/data/b bs=1M count=40 2>&1")
+    assert "No space left on device" in read.stdout, read
+    assert claims.image("capped").stat().st_size == 32 << 20
+    delete(server, later["id"])
+
+
+def test_a_claim_still_held_elsewhere_is_mounted_again_not_twice(claims: Claims) -> None:
+    """A loop device that still backs a claim's image when the next sandbox comes (held here by
+    an open fd, as a mount namespace that has not died yet would) is mounted again: a second
+    device would put two superblocks on one image."""
+    server = claims.server
+    status, first = create(server, pvc("held"))
+    assert status == 202, first
+    server.run(first["id"], "echo one > /mnt/data/f")
+    devices = list(loop_devices(str(claims.image("held"))))
+    assert len(devices) == 1, devices
+    holder = os.open(devices[0], os.O_RDONLY)
+    try:
+        delete(server, first["id"])
+        status, later = create(server, pvc("held"))
+        assert status == 202, later
+        assert server.run(later["id"], "cat /mnt/data/f").stdout.strip() == "one"
+        assert list(loop_devices(str(claims.image("held")))) == devices
+        delete(server, later["id"])
+    finally:
+        os.close(holder)
 
 
 def test_a_planted_symlink_never_leads_out_of_the_claim(claims: Claims) -> None:
@@ -125,6 +193,8 @@ def test_a_planted_symlink_never_leads_out_of_the_claim(claims: Claims) -> None:
         (pvc("ok", subPath="../../etc"), 400, "without '..'"),
         (pvc("ok", subPath="/etc"), 400, "without '..'"),
         (pvc("never-made", createIfNotExists=False), 404, "do not exist"),
+        (pvc("ok", storage="lots"), 400, "must be a size"),
+        (pvc("ok", storage="8Mi"), 400, "below 16Mi"),
         (pvc("ok", "/usr/lib/x"), 400, "the target may not be /"),
         (pvc("ok", "/"), 400, "the target may not be /"),
     ],
