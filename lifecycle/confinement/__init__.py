@@ -23,7 +23,7 @@ The contract (`Confinement`):
 
 Implementations: `HostConfinement` (local and Docker: a netns per sandbox built by network.py,
 and the server's own proxy) and `PodConfinement` (Kubernetes: the Pod network places the
-sandbox; the node proxy will confine it, see pods.py).
+sandbox; the node agent's proxy on the Pod's node confines it, see pods.py).
 """
 
 from sandgate.lifecycle.confinement.contract import Confinement, ProxyControlClient, SandboxNet

@@ -1,10 +1,11 @@
 """Confinement of Kubernetes Pods: the cluster's network places each Pod (its CNI gives it an
 address), and the proxy that confines it runs on the Pod's node.
 
-Stage 1 (this file): nothing is built on this host and `proxy` is the server's own proxy, which
-no Pod can reach: a sandbox Pod has no egress at all (the node drops Pod traffic leaving it:
-fail closed). The node agent (issue 36, node proxy) replaces `proxy` with a client that pushes
-each entry to the node that runs the sandbox and returns once that node holds it.
+`proxy` is `NodeProxies` (lifecycle/node_client.py) when the `[kubernetes]` node-agent
+settings are given: it finds the Pod's node through the API server, pushes the entry and its
+vault values to that node's agent and returns once the node's proxy holds them. Without them it
+is the server's own proxy, which no Pod can reach: a sandbox Pod then has no egress at all (the
+node drops Pod traffic leaving it: fail closed).
 """
 
 from __future__ import annotations
