@@ -23,7 +23,7 @@ archive=${SANDGATE_IMAGE_OUT:-$images/sandgate.tar}
 mkdir -p "$images"
 "$IMAGE_PYTHON" "$HERE/sandgate_image.py" >"$images/sandgate.json"
 "${PYTHON:-python3}" "$HERE/oci_image.py" "$IMAGE" "$archive" --files-from "$images/sandgate.json" \
-	--entrypoint /usr/local/bin/python3 --entrypoint -m --entrypoint sandgate.lifecycle.cli
+	--entrypoint=/usr/local/bin/python3 --entrypoint=-m --entrypoint=sandgate.lifecycle.cli
 for socket in "$CLUSTER_DIR/containerd/containerd.sock" "$CLUSTER_DIR"/nodes/*/containerd/containerd.sock; do
 	[[ -S $socket ]] || continue # every node's containerd (SANDGATE_CLUSTER_NODES)
 	"$BIN/ctr" --address "$socket" --namespace k8s.io images import "$archive" >>"$CLUSTER_DIR/logs/ctr.log" 2>&1

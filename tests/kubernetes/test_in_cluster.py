@@ -5,7 +5,8 @@ the OpenSandbox Python SDK from the host; `kubectl delete -k` then leaves none o
 
 What the test cluster needs beyond the base (the overlay below; docs/kubernetes.md): it has no
 kube-proxy, so the server runs with hostNetwork on node 1 and is told the API server's address
-(a real cluster routes the `kubernetes` Service); both nodes share this machine's disk, so each
+(a real cluster routes the `kubernetes` Service) and a resolver (the node's resolv.conf is empty,
+and the server starts its own proxy, which needs one); both nodes share this machine's disk, so each
 agent's state is a subdirectory per node of a test directory; the node agents get the test
 internet's resolver and CA.
 
@@ -65,6 +66,8 @@ def overlay(directory: Path, node_state: Path, upstream_ca: Path) -> Path:
             "containers": [{"name": "server", "env": [
                 {"name": "KUBERNETES_SERVICE_HOST", "value": "10.231.0.2"},
                 {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"},
+                # the server's own proxy needs a resolver; the test node's resolv.conf has none
+                {"name": "SANDGATE_UPSTREAM_DNS", "value": json.dumps([DNS_ADDR])},
             ]}],
         }}},
     }  # fmt: skip
