@@ -32,6 +32,7 @@ PREFIX = "/usr/local"
 LIBRARIES = "/lib/x86_64-linux-gnu"
 SKIPPED_STDLIB = ("test", "idlelib", "tkinter", "turtledemo", "ensurepip", "site-packages", "config-")
 ROOT = Path(__file__).resolve().parents[2]
+EDITABLE_METADATA = ("RECORD", "direct_url.json")  # they name the checkout an editable install points at
 COMPONENTS = ("policy", "vault", "proxy", "lifecycle", "execd")  # pyproject.toml package-dir
 
 
@@ -67,7 +68,7 @@ def requirement_closure(root: str) -> list[Distribution]:
             requirement = Requirement(line)
             if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
                 pending.append(requirement.name)
-    return [found for key, found in seen.items() if key != "sandgate"]
+    return [found for key, found in seen.items() if key != "sandgate"]  # sandgate: package_files
 
 
 def package_files(site: str) -> dict[str, str]:
@@ -81,6 +82,11 @@ def package_files(site: str) -> dict[str, str]:
             path = Path(str(found.locate_file(record))).resolve()
             if wanted(path) and ".." not in record.parts:
                 files[f"{site}/{record}"] = str(path)
+    own = distribution("sandgate")  # its metadata (the version the CLI reports), not the editable hook
+    for record in own.files or []:
+        path = Path(str(own.locate_file(record))).resolve()
+        if ".dist-info" in record.parts[0] and record.name not in EDITABLE_METADATA and wanted(path):
+            files[f"{site}/{record}"] = str(path)
     return files
 
 

@@ -6,7 +6,8 @@ the OpenSandbox Python SDK from the host; `kubectl delete -k` then leaves none o
 What the test cluster needs beyond the base (the overlay below; docs/kubernetes.md): it has no
 kube-proxy, so the server runs with hostNetwork on node 1 and is told the API server's address
 (a real cluster routes the `kubernetes` Service) and a resolver (the node's resolv.conf is empty,
-and the server starts its own proxy, which needs one); both nodes share this machine's disk, so each
+and the server starts its own proxy, which needs one, on ports apart from the node agent's proxy
+beside it); both nodes share this machine's disk, so each
 agent's state is a subdirectory per node of a test directory; the node agents get the test
 internet's resolver and CA.
 
@@ -68,6 +69,10 @@ def overlay(directory: Path, node_state: Path, upstream_ca: Path) -> Path:
                 {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"},
                 # the server's own proxy needs a resolver; the test node's resolv.conf has none
                 {"name": "SANDGATE_UPSTREAM_DNS", "value": json.dumps([DNS_ADDR])},
+                # on node 1's network beside the node agent's proxy, which holds 15001/15002/15053
+                {"name": "SANDGATE_PROXY_TRANSPARENT_PORT", "value": "16001"},
+                {"name": "SANDGATE_PROXY_EXPLICIT_PORT", "value": "16002"},
+                {"name": "SANDGATE_PROXY_DNS_PORT", "value": "16053"},
             ]}],
         }}},
     }  # fmt: skip
