@@ -22,7 +22,10 @@ Rules:
    are read anew each time; a drop removes the node's values no other sandbox there names.
 5. Converge: an agent that restarted holds nothing (its `boot` id changed). The shipper of its
    node sees the new id at its next poll and calls `on_restart` (the server's `repush` of every
-   live sandbox); until then the node denies the restarted agent's Pods everything.
+   live sandbox); until then the node denies the restarted agent's Pods everything. The other
+   way round, an entry whose Pod is gone from that node (evicted by a drain, deleted behind the
+   server's back) is dropped at the shipper's next prune (`NodeProxies.prune`, every
+   `PRUNE_EVERY` polls): a later Pod given the same IP never inherits its policy or its values.
 """
 
 from __future__ import annotations
@@ -160,6 +163,7 @@ def vault_names(entry: SandboxEntry) -> set[str]:
     return names | {proxy.credential for proxy in entry.upstream_proxies or () if proxy.credential}
 
 
+PRUNE_EVERY = 5  # shipper polls between prunes: each asks the API server once per entry held
 Locate = Callable[[str], str | None]  # a Pod IP -> its node's InternalIP (None: no such Pod)
 
 
@@ -211,6 +215,17 @@ class NodeProxies:
         finally:
             client.close()
 
+    def prune(self, node_ip: str, client: NodeClient) -> list[str]:
+        """Drop the node's entries whose Pod no longer runs on that node (rule 5); their addresses."""
+        gone = [held["address"] for held in client.sandboxes() if self.locate(held["address"]) != node_ip]
+        for address in gone:
+            log.warning("node %s held %s, whose Pod is gone: dropping it", node_ip, address)
+            client.drop(address)
+            with self._lock:
+                if self._placed.get(address) == node_ip:
+                    del self._placed[address]
+        return gone
+
     def metrics(self) -> str:
         return ""  # each node's proxy has its own /metrics (docs/kubernetes.md)
 
@@ -246,8 +261,9 @@ class NodeProxies:
             self.cursor_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             cursor = self.cursor_dir / f"{node_ip}.json"
             # the callback read at each restart: wiring sets it after construction
+            client = self.agents.client(node_ip)
             shipper = AuditShipper(
-                self.agents.client(node_ip), self.audit_log, cursor, lambda: self.on_restart()
+                client, self.audit_log, cursor, lambda: self.on_restart(), lambda: self.prune(node_ip, client)
             )
             self._shippers[node_ip] = shipper
         shipper.start()
@@ -262,9 +278,11 @@ class AuditShipper:
         audit_log: Path,
         cursor_file: Path,
         on_restart: Callable[[], object] = lambda: None,
+        prune: Callable[[], object] = lambda: None,
         interval: float = 1.0,
     ) -> None:
         self.on_restart = on_restart
+        self.prune = prune
         self._boot: str | None = None
         self.client = client
         self.audit_log = audit_log
@@ -305,10 +323,14 @@ class AuditShipper:
             self._thread.join(10)
 
     def _run(self) -> None:
+        polls = 0
         while not self._stopping.is_set():
             try:
                 self._notice_restart()
                 self.ship()
+                if polls % PRUNE_EVERY == 0:
+                    self.prune()
+                polls += 1
             except (NodeAgentError, OSError) as exc:  # the agent down: the cursor waits for it
                 log.warning("shipping audit from %s: %s", self.client.base_url, exc)
             except Exception:  # never let one failure end the node's shipping

@@ -2,8 +2,8 @@
 object, the API server's own authorizer holds the server and the node proxy to least privilege,
 and `kubectl delete -k` leaves nothing of them.
 
-What is not proven here: the server and node-proxy Pods running (their image,
-sandgate.example.test/sandgate:1, is not built yet: docs/kubernetes.md "Install on a cluster").
+The server and node-proxy Pods running from the sandgate image, and the quickstart through them:
+tests/kubernetes/test_in_cluster.py.
 """
 
 from __future__ import annotations

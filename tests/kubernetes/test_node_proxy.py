@@ -101,11 +101,14 @@ class Agent:
     agents: NodeAgents
     log: Path
     process: subprocess.Popen[bytes] | None = None
+    node_ip: str = NODE_IP
+    pod_cidr: str = "10.232.0.0/24"
 
     def start(self, upstream_ca: Path) -> None:
         argv = [
             sys.executable, "-m", "sandgate.lifecycle.cli", "node-proxy",
-            "--state-dir", str(self.state_dir), "--listen", f"{NODE_IP}:{AGENT_PORT}",
+            "--state-dir", str(self.state_dir), "--listen", f"{self.node_ip}:{AGENT_PORT}",
+            "--pod-cidr", self.pod_cidr,
             "--tls-cert", str(self.state_dir.parent / "agent.crt"),
             "--tls-key", str(self.state_dir.parent / "agent.key"),
             "--token-file", str(self.agents.token_file),
@@ -129,7 +132,7 @@ class Agent:
 
     @contextlib.contextmanager
     def client(self) -> Iterator[NodeClient]:
-        node = self.agents.client(NODE_IP)
+        node = self.agents.client(self.node_ip)
         try:
             yield node
         finally:
@@ -165,8 +168,8 @@ class Agent:
                 self.process.wait(10)
 
 
-def write_agent_tls(directory: Path) -> Path:
-    """A CA and the agent's certificate for the node's address (the platform's part); the CA file."""
+def write_agent_tls(directory: Path, addresses: tuple[str, ...] = (NODE_IP,)) -> Path:
+    """A CA and the agents' certificate for the nodes' addresses (the platform's part); the CA file."""
     ca_key, ca = new_ca("sandgate node agents test CA", validity=datetime.timedelta(days=2))
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
@@ -178,7 +181,9 @@ def write_agent_tls(directory: Path) -> Path:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(hours=1))
         .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(NODE_IP))]), False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]), False
+        )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False)
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), False)
@@ -523,9 +528,9 @@ SANDBOX_NAMESPACE = "sandgate"
 E2E_PATH = "/echo/through-the-server"
 
 
-@pytest.fixture(scope="module")
-def runtime_server(
-    cluster: Cluster, client: Client, agent: Agent, tmp_path_factory: pytest.TempPathFactory
+@contextlib.contextmanager
+def kubernetes_server(
+    cluster: Cluster, client: Client, agents: NodeAgents, workdir: Path
 ) -> Iterator[SandgateServer]:
     """A real server whose sandboxes are Pods, confined by the node agents (`[kubernetes]`
     node_agent_*), with the bound value in its vault (`sandgate vault put`)."""
@@ -535,21 +540,29 @@ def runtime_server(
     settings = {
         "kubeconfig": str(cluster.kubeconfig),
         "namespace": SANDBOX_NAMESPACE,
-        "node_agent_port": AGENT_PORT,
-        "node_agent_ca": str(agent.agents.ca_file),
-        "node_agent_token_file": str(agent.agents.token_file),
+        "node_agent_port": agents.port,
+        "node_agent_ca": str(agents.ca_file),
+        "node_agent_token_file": str(agents.token_file),
     }
     env = {
         "SANDGATE_RUNTIME": "kubernetes",
         "SANDGATE_KUBERNETES": json.dumps(settings),
         "SANDGATE_IMAGE_PULL_POLICY": "never",
     }
-    with sandgate_server(tmp_path_factory.mktemp("k8s-server"), env) as server:
+    with sandgate_server(workdir, env) as server:
         put = subprocess.run(
             [*SANDGATE, "vault", "put", "node-api-token"], input=SECRET, capture_output=True, text=True,
             env=server.server_env(), timeout=60,
         )  # fmt: skip
         assert put.returncode == 0, put.stderr
+        yield server
+
+
+@pytest.fixture(scope="module")
+def runtime_server(
+    cluster: Cluster, client: Client, agent: Agent, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SandgateServer]:
+    with kubernetes_server(cluster, client, agent.agents, tmp_path_factory.mktemp("k8s-server")) as server:
         yield server
 
 

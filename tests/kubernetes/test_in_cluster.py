@@ -1,0 +1,248 @@
+"""sandgate installed from deploy/ onto the two-node test cluster: the server Deployment and the
+node-proxy DaemonSet run from the sandgate image built from local files
+(scripts/cluster/sandgate-image.sh), and the quickstart goes through the in-cluster server with
+the OpenSandbox Python SDK from the host; `kubectl delete -k` then leaves none of its objects.
+
+What the test cluster needs beyond the base (the overlay below; docs/kubernetes.md): it has no
+kube-proxy, so the server runs with hostNetwork on node 1 and is told the API server's address
+(a real cluster routes the `kubernetes` Service) and a resolver (the node's resolv.conf is empty,
+and the server starts its own proxy, which needs one, on ports apart from the node agent's proxy
+beside it); both nodes share this machine's disk, so each
+agent's state is a subdirectory per node of a test directory; the node agents get the test
+internet's resolver and CA.
+
+Evidence from the other side: the Pods' phase and node from the API server, the origin's log
+(the sandbox's request arrives from its node's address with the credential), the nodes' own
+containerd (the image is there, imported, never pulled).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from lightkube import Client
+from lightkube.resources.core_v1 import Pod
+from opensandbox import SandboxSync
+from opensandbox.config.connection_sync import ConnectionConfigSync
+
+from tests.kubernetes import test_two_node_proxies as two_nodes
+from tests.kubernetes.cluster import SCRIPTS, Cluster, run_script, skip_unless_built, up_to_a_build
+from tests.kubernetes.test_manifests import installed, kubectl
+from tests.kubernetes.test_node_proxy import POLICY, SECRET, wait_until, write_agent_tls
+from tests.kubernetes.test_two_node_proxies import NODES, has_arrived
+from tests.support.internet import DNS_ADDR, ORIGIN_V4, Internet
+
+pytestmark = pytest.mark.root
+skip_unless_built()
+
+# the two-node cluster and the test internet routed to both nodes, as in test_two_node_proxies
+cluster, client, internet = two_nodes.cluster, two_nodes.client, two_nodes.internet
+
+DEPLOY = SCRIPTS.parents[1] / "deploy"
+IMAGE = "sandgate.example.test/sandgate:1"
+SERVER_URL = "10.231.0.2:8080"  # node 1's address: the server's hostNetwork Pod (the overlay)
+API_KEY = secrets.token_urlsafe(24)
+RUN_TIMEOUT = 300
+
+
+def overlay(directory: Path, node_state: Path, upstream_ca: Path) -> Path:
+    """The test cluster's overlay of deploy/ (see the module's docstring)."""
+    base = os.path.relpath(DEPLOY, directory)
+    server = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "sandgate-server", "namespace": "sandgate-system"},
+        "spec": {"template": {"spec": {
+            "hostNetwork": True,
+            "nodeSelector": {"kubernetes.io/hostname": "sandgate-node"},
+            "containers": [{"name": "server", "env": [
+                {"name": "KUBERNETES_SERVICE_HOST", "value": "10.231.0.2"},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"},
+                # the server's own proxy needs a resolver; the test node's resolv.conf has none
+                {"name": "SANDGATE_UPSTREAM_DNS", "value": json.dumps([DNS_ADDR])},
+                # on node 1's network beside the node agent's proxy, which holds 15001/15002/15053
+                {"name": "SANDGATE_PROXY_TRANSPARENT_PORT", "value": "16001"},
+                {"name": "SANDGATE_PROXY_EXPLICIT_PORT", "value": "16002"},
+                {"name": "SANDGATE_PROXY_DNS_PORT", "value": "16053"},
+            ]}],
+        }}},
+    }  # fmt: skip
+    agents = {
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "sandgate-node-proxy", "namespace": "sandgate-system"},
+        "spec": {"template": {"spec": {
+            "containers": [{
+                "name": "node-proxy",
+                "args": [
+                    "node-proxy", "--listen=$(NODE_IP):9443", "--tls-cert=/etc/sandgate-node/tls.crt",
+                    "--tls-key=/etc/sandgate-node/tls.key", "--token-file=/etc/sandgate-node/token",
+                    "--pod-cidr=10.232.0.0/16", f"--upstream-dns={DNS_ADDR}",
+                    "--upstream-ca=/etc/sandgate-upstream/ca.crt",
+                ],
+                "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                "volumeMounts": [
+                    {"name": "state", "mountPath": "/var/lib/sandgate-node", "subPathExpr": "$(NODE_NAME)"},
+                    {"name": "upstream", "mountPath": "/etc/sandgate-upstream", "readOnly": True},
+                ],
+            }],
+            "volumes": [
+                {"name": "state", "hostPath": {"path": str(node_state), "type": "DirectoryOrCreate"}},
+                {"name": "upstream", "hostPath": {"path": str(upstream_ca.parent), "type": "Directory"}},
+            ],
+        }}},
+    }  # fmt: skip
+    (directory / "server.json").write_text(json.dumps(server))
+    (directory / "agents.json").write_text(json.dumps(agents))
+    kustomization = {"resources": [base], "patches": [{"path": "server.json"}, {"path": "agents.json"}]}
+    (directory / "kustomization.yaml").write_text(json.dumps(kustomization))
+    return directory
+
+
+def cluster_bin() -> Path:
+    built = subprocess.run(["bash", str(SCRIPTS / "build.sh"), "--cached"], capture_output=True, text=True)
+    return Path(built.stdout.strip())
+
+
+def kubectl_command(cluster: Cluster) -> list[str]:
+    return [str(cluster_bin() / "kubectl"), "--kubeconfig", str(cluster.kubeconfig)]
+
+
+def node_image_listing(node_root: Path) -> str:
+    ctr = [str(cluster_bin() / "ctr"), "--address", str(node_root / "containerd" / "containerd.sock")]
+    return subprocess.run(
+        [*ctr, "-n", "k8s.io", "images", "list", "-q"], capture_output=True, text=True
+    ).stdout
+
+
+@pytest.fixture(scope="module")
+def install(cluster: Cluster, internet: Internet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The images imported, the Secrets made, the overlay applied; uninstalled afterwards."""
+    for script in ("sandgate-image.sh", "execd-image.sh"):
+        imported = run_script(script, cluster.state_dir, timeout=1200, PYTHON=sys.executable)
+        assert imported.returncode == 0, imported.stderr
+    for node_root in (cluster.state_dir, cluster.state_dir / "nodes" / "2"):
+        assert IMAGE in node_image_listing(node_root)
+    workdir = tmp_path_factory.mktemp("install")
+    write_agent_tls(workdir, tuple(address for address, _, _ in NODES.values()))
+    (workdir / "token").write_text(secrets.token_urlsafe(32))
+    upstream = workdir / "upstream"
+    upstream.mkdir()
+    (upstream / "ca.crt").write_bytes(internet.ca_cert.read_bytes())
+    (workdir / "overlay").mkdir()
+    applied = overlay(workdir / "overlay", workdir / "node-state", upstream / "ca.crt")
+    kubectl(cluster, "create", "namespace", "sandgate-system")
+    kubectl(cluster, "-n", "sandgate-system", "create", "secret", "generic", "sandgate-node-proxy",
+            f"--from-file=tls.crt={workdir / 'agent.crt'}", f"--from-file=tls.key={workdir / 'agent.key'}",
+            f"--from-file=ca.crt={workdir / 'ca.crt'}", f"--from-file=token={workdir / 'token'}")  # fmt: skip
+    kubectl(cluster, "-n", "sandgate-system", "create", "secret", "generic", "sandgate-api-key",
+            f"--from-literal=api-key={API_KEY}")  # fmt: skip
+    kubectl(cluster, "apply", "-k", str(applied))
+    try:
+        yield applied
+    finally:
+        kubectl(cluster, "delete", "-k", str(applied), "--wait=true", "--timeout=180s", check=False)
+
+
+def rollout(cluster: Cluster, what: str) -> None:
+    done = kubectl(cluster, "-n", "sandgate-system", "rollout", "status", what, "--timeout=240s", check=False)
+    if done.returncode != 0:
+        pods = kubectl(cluster, "-n", "sandgate-system", "get", "pods", "-o", "wide", check=False).stdout
+        logs = kubectl(cluster, "-n", "sandgate-system", "logs", "--all-containers", "--tail=40",
+                       "-l", "app.kubernetes.io/part-of=sandgate", "--prefix", check=False)  # fmt: skip
+        pytest.fail(f"{what} did not roll out: {done.stderr}\n{pods}\n{logs.stdout}{logs.stderr}")
+
+
+@up_to_a_build
+@pytest.mark.timeout(1800)
+def test_the_server_and_the_node_agents_run_from_the_manifests(
+    cluster: Cluster, client: Client, install: Path
+) -> None:
+    rollout(cluster, "daemonset/sandgate-node-proxy")
+    rollout(cluster, "deployment/sandgate-server")
+    agents = [
+        pod
+        for pod in client.list(Pod, namespace="sandgate-system")
+        if pod.metadata and "node-proxy" in str(pod.metadata.name)
+    ]
+    assert sorted(str(pod.spec.nodeName) for pod in agents if pod.spec) == sorted(NODES)
+    assert all(pod.status and pod.status.phase == "Running" for pod in agents)
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while True:  # the server answers from the host
+        try:
+            if httpx.get(f"http://{SERVER_URL}/health", timeout=5).status_code < 500:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the in-cluster server does not answer"
+        time.sleep(1)
+
+
+@up_to_a_build
+@pytest.mark.timeout(900)
+def test_the_quickstart_through_the_in_cluster_server(
+    cluster: Cluster, internet: Internet, install: Path
+) -> None:
+    """The SDK creates a sandbox, runs a command, writes and reads a file; the policy set through
+    the API lets its request reach the origin from its node with the credential; it is deleted.
+    The credential goes in with `sandgate vault put` in the server's container (its config is
+    the mounted /etc/sandgate/config.toml)."""
+    connection = ConnectionConfigSync(
+        domain=SERVER_URL,
+        api_key=API_KEY,
+        protocol="http",
+        request_timeout=timedelta(seconds=240),
+        disable_metrics=True,
+    )
+    headers = {"OPEN-SANDBOX-API-KEY": API_KEY}
+    put = subprocess.run(
+        [*kubectl_command(cluster), "-n", "sandgate-system", "exec", "-i", "deploy/sandgate-server", "--",
+         "/usr/local/bin/python3", "-m", "sandgate.lifecycle.cli", "vault", "put", "node-api-token"],
+        input=SECRET, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert put.returncode == 0, put.stderr
+    sandbox = SandboxSync.create(
+        "sandgate.example.test/busybox:1",
+        entrypoint=["/bin/busybox", "sleep", "3600"],
+        connection_config=connection,
+        ready_timeout=timedelta(seconds=240),
+    )
+    try:
+        said = sandbox.commands.run("echo hello-from-$((40+2))")
+        assert said.exit_code == 0
+        assert "".join(m.text for m in said.logs.stdout).strip() == "hello-from-42"
+        sandbox.files.write_file("/workspace/notes.txt", "written through the SDK")
+        assert sandbox.files.read_file("/workspace/notes.txt") == "written through the SDK"
+        with httpx.Client(base_url=f"http://{SERVER_URL}", headers=headers, timeout=60) as api:
+            answer = api.put(f"/v1/sandboxes/{sandbox.id}/egress/sandgate-policy", json={"policy": POLICY})
+            assert answer.status_code == 200, answer.text
+        path = f"/echo/in-cluster-{secrets.token_hex(4)}"
+        request = f"GET {path} HTTP/1.1\\r\\nHost: api.example.com\\r\\nConnection: close\\r\\n\\r\\n"
+        sandbox.commands.run(
+            f"{{ busybox printf '{request}'; busybox sleep 3; }} | busybox nc -w 5 {ORIGIN_V4} 80"
+        )
+        wait_until("the sandbox's request at the origin", lambda: has_arrived(internet, path), timeout=60)
+        (seen,) = [r for r in internet.origin_requests() if r.get("path") == path]
+        headers_seen = seen["headers"]
+        assert isinstance(headers_seen, dict) and headers_seen["authorization"] == f"Bearer {SECRET}"
+        assert str(seen["client"]).split(":")[0] in {address for address, _, _ in NODES.values()}
+    finally:
+        sandbox.kill()
+        sandbox.close()
+
+
+@up_to_a_build
+def test_uninstall_leaves_none_of_its_objects(cluster: Cluster, install: Path) -> None:
+    kubectl(cluster, "delete", "-k", str(install), "--wait=true", "--timeout=180s")
+    deadline = time.monotonic() + 120
+    while (left := installed(cluster)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left
