@@ -12,8 +12,10 @@ who did it."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import secrets
 import subprocess
 import threading
 import time
@@ -499,3 +501,40 @@ def test_snapshots_and_held_requests_stay_in_their_tenant(tenants: Tenants, inte
     ]
     by_whom = {(r["principal"]["id"], r["status"]) for r in answers}
     assert {(rev_b.id, 404), (tenants.op_a.id, 403), (tenants.rev_a.id, 200)} <= by_whom
+
+
+def jwt_shaped(subject: str) -> str:
+    """A token as an OIDC issuer writes one (header, claims, signature; base64url)."""
+    part = lambda data: base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")  # noqa: E731
+    return f"{part({'alg': 'RS256', 'kid': 'k1'})}.{part({'sub': subject})}.{secrets.token_urlsafe(64)}"
+
+
+def test_keys_and_tokens_a_client_writes_never_reach_the_trail(tenants: Tenants) -> None:
+    """A command line and a file path holding managed keys (the caller's and another's), a
+    key-bound endpoint token and an OIDC-shaped token; a command through the server proxy with
+    the base64 of the caller's own key. The audit file holds none of them, in any record."""
+    server, op, a = tenants.server, tenants.op_a, tenants.a
+    token = jwt_shaped("someone@example.com")
+    with client(server, op) as http:
+        bound_token = http.get(f"/v1/sandboxes/{a.id}/endpoints/44772").json()["headers"]
+        bound_token = next(iter(bound_token.values()))
+        assert bound_token.startswith("sgx_")
+        own_b64 = base64.b64encode(op.key.encode()).decode()
+        proxied = http.post(
+            f"/v1/sandboxes/{a.id}/proxy/44772/command", json={"command": f"echo {own_b64} | base64 -d"}
+        )
+        assert proxied.status_code == 200 and op.key in proxied.text, proxied.text  # it ran
+    written = [op.key, tenants.op_b.key, bound_token, token]
+    ran = a.commands.run("echo " + " ".join(written))
+    assert "".join(m.text for m in ran.logs.stdout).split() == written  # the command ran as written
+    a.files.write_file(f"/workspace/{tenants.op_b.key}.txt", token)
+
+    def redacted() -> list[dict[str, Any]]:
+        trail = audit_records(server.state_dir, a.id)
+        return [r for r in trail if r["kind"] in ("command", "file") and "[REDACTED]" in r["detail"]]
+
+    # the proxied command, the SDK's command, the file write (its path is known once it ended)
+    wait_for(lambda: len(redacted()) >= 3, "three redacted exec records")
+    text = "".join(path.read_text() for path in server.state_dir.glob("audit.jsonl*"))
+    for secret in (*written, own_b64, op.key[4:]):
+        assert secret not in text
