@@ -14,10 +14,13 @@ Rules:
 3. `X-Request-ID` is echoed when the client sent one, generated otherwise.
 4. Who a key is (`Gate`): the bootstrap key is the admin `BOOTSTRAP`; a managed key is its row's
    principal (lifecycle/keys.py), refused once revoked or expired. What it may call is
-   api/access.py's table. The execd and egress endpoints a managed key is handed carry a token
-   bound to that key and sandbox (`sgx_...`, an HMAC under the server's key) instead of the
-   sandbox's own: a call with it is that key's call (its role, tenant and audit principal), and
-   stops working when the key does, open streams included (`Streams`).
+   api/access.py's table. The execd and egress endpoints a key is handed carry a token bound to
+   that key and sandbox (`sgx_...`, an HMAC under the server's key) instead of the sandbox's
+   own: a call with it is that key's call (its role, tenant and audit principal), and stops
+   working when the key does, open streams included (`Streams`): a managed key's when it is
+   revoked or expires, an OIDC token's at its `exp`, the bootstrap key's when it is replaced
+   (the MAC is made under it). Only `execd_endpoint = "direct"` hands out the sandbox's own
+   execd token (execd in the sandbox checks that token alone, api/sandboxes.py).
 """
 
 from __future__ import annotations
@@ -130,9 +133,9 @@ class Gate:
     def endpoint_token(
         self, principal: Principal, expires_at: datetime | None, kind: str, sandbox_id: str
     ) -> str:
-        """The token an endpoint hands a managed key's or an OIDC token's holder for a sandbox's
-        execd or egress API (rule 4): `sgx_<principal>.<mac>`, bound to that principal and
-        sandbox, so the key's revocation (or the token's expiry) ends it too."""
+        """The token an endpoint hands a key's or an OIDC token's holder for a sandbox's execd
+        or egress API (rule 4): `sgx_<principal>.<mac>`, bound to that principal and sandbox, so
+        the key's revocation (or the token's expiry, or a new bootstrap key) ends it too."""
         facts = {**principal.model_dump(), "exp": expires_at.timestamp() if expires_at else None}
         payload = base64.urlsafe_b64encode(json.dumps(facts, sort_keys=True).encode()).decode().rstrip("=")
         return f"{BOUND_PREFIX}{payload}.{self._mac(payload, kind, sandbox_id)}"
@@ -148,6 +151,8 @@ class Gate:
         facts = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
         expires = datetime.fromtimestamp(facts.pop("exp"), UTC) if facts.get("exp") else None
         principal = Principal(**facts)
+        if principal.via == "bootstrap":  # the MAC checked is under the bootstrap key itself
+            return BOOTSTRAP, None
         if principal.via == "key":
             return (principal, expires) if self._key_usable(principal.id) else (None, None)
         return (principal, expires) if expires is None or now() < expires else (None, None)
