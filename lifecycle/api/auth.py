@@ -21,6 +21,10 @@ Rules:
    revoked or expires, an OIDC token's at its `exp`, the bootstrap key's when it is replaced
    (the MAC is made under it). Only `execd_endpoint = "direct"` hands out the sandbox's own
    execd token (execd in the sandbox checks that token alone, api/sandboxes.py).
+5. A refused credential (an unknown, wrong, revoked or expired key or token) is an `api` record,
+   but a flood of them must not flood the log: per source address and refusal code the first is
+   recorded at once and opens a window of `REFUSAL_WINDOW` seconds; the refusals inside it are
+   counted and written as one record (`detail.refused_more`) when it closes.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ from sandgate.lifecycle.keys import KeyBook, now
 from sandgate.lifecycle.oidc import OidcVerifier
 from sandgate.lifecycle.principals import BOOTSTRAP, DEFAULT_TENANT, Principal, acting, may_see
 from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
-from sandgate.proxy import AuditRecord
+from sandgate.proxy import REFUSAL_WINDOW, AuditRecord, RefusalWindows
 
 API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
 EGRESS_AUTH_HEADER = "OPENSANDBOX-EGRESS-AUTH"  # a sandbox's own egress-API token (rule 1)
@@ -66,6 +70,7 @@ CONSOLE_COOKIE = "sandgate_console"
 CONTROL_PLANE_CLIENT = "control-plane"
 REVOKED_CLOSE = 4401  # a WebSocket's close code when its key was revoked or expired
 BOUND_PREFIX = "sgx_"  # an endpoint token bound to a managed key (rule 4)
+BAD_CREDENTIAL = frozenset({"INVALID_API_KEY", "INVALID_TOKEN"})  # refusals recorded per window (rule 5)
 log = logging.getLogger(__name__)
 
 
@@ -250,6 +255,7 @@ class AuthMiddleware:
         self.gate = gate
         self.open_paths = open_paths
         self.open_prefixes = open_prefixes
+        self.refusals = RefusalWindows()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -266,7 +272,7 @@ class AuthMiddleware:
             if outcome.get("recorded") or (method in ("GET", "HEAD", "WS") and 0 < status < 400):
                 return
             outcome["recorded"] = True
-            if not outcome.get("quiet"):
+            if not outcome.get("quiet") and self._first_in_window(scope, outcome.get("code"), found):
                 self._record(scope, found, principal, status)
 
         async def send_with_id(message: Message) -> None:
@@ -291,6 +297,7 @@ class AuthMiddleware:
             refusal = self._refusal(principal, *found)
         if refusal is not None:
             outcome["quiet"] = refusal[1] == "MISSING_API_KEY"  # no credential at all: no record
+            outcome["code"] = refusal[1]
             answered(refusal[0])
             await self._refuse(scope, receive, send_with_id, refusal)
             return
@@ -405,6 +412,34 @@ class AuthMiddleware:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception:  # the client left meanwhile, or the answer had ended
             log.warning("could not end a call of a revoked key", exc_info=True)
+
+    def _first_in_window(
+        self, scope: Scope, code: str | None, found: tuple[access.Rule, dict[str, str]] | None
+    ) -> bool:
+        """Whether a refusal gets its own record (rule 5): any call but a bad credential does."""
+        if code not in BAD_CREDENTIAL:
+            return True
+        window = (scope["client"][0] if scope.get("client") else "unknown", str(code))
+        if not self.refusals.refused(window):
+            return False
+        scope["state"]["audit_detail"] = {"code": code, "source": window[0]}
+        summary = {**scope, "state": {}}  # the window's summary names the first call's route
+        asyncio.get_running_loop().call_later(REFUSAL_WINDOW, self._close_window, window, summary, found)
+        return True
+
+    def _close_window(
+        self, window: tuple[str, str], scope: Scope, found: tuple[access.Rule, dict[str, str]] | None
+    ) -> None:
+        more = self.refusals.close(window)
+        if more:
+            source, code = window
+            scope["state"]["audit_detail"] = {
+                "refused_more": more,
+                "window_s": REFUSAL_WINDOW,
+                "code": code,
+                "source": source,
+            }
+            self._record(scope, found, None, 401)
 
     def _record(
         self,

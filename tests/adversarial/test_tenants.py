@@ -538,3 +538,34 @@ def test_keys_and_tokens_a_client_writes_never_reach_the_trail(tenants: Tenants)
     text = "".join(path.read_text() for path in server.state_dir.glob("audit.jsonl*"))
     for secret in (*written, own_b64, op.key[4:]):
         assert secret not in text
+
+
+FLOOD_SOURCE = "127.0.0.7"  # a loopback address of this test's own: no other test's window
+FLOOD = 40
+
+
+def test_a_bad_key_flood_costs_a_record_and_a_count(tenants: Tenants) -> None:
+    """40 wrong keys and one forged endpoint token from one address: the audit file holds the
+    first of each kind at once, then one record counting the other 39 when the window closes."""
+    server = tenants.server
+    transport = httpx.HTTPTransport(local_address=FLOOD_SOURCE)
+    with httpx.Client(base_url=server.base_url, transport=transport, timeout=30, trust_env=False) as http:
+        for _ in range(FLOOD):
+            wrong = f"sgk_{secrets.token_hex(6)}_{secrets.token_urlsafe(32)}"
+            assert http.get("/v1/sandboxes", headers={"OPEN-SANDBOX-API-KEY": wrong}).status_code == 401
+        forged = {"X-EXECD-ACCESS-TOKEN": "sgx_e30.0" + "0" * 63}
+        execd = f"/v1/sandboxes/{tenants.a.id}/proxy/44772/command"
+        assert http.post(execd, headers=forged).status_code == 401
+
+    def flood_records() -> list[dict[str, Any]]:
+        found = [r for r in audit_records(server.state_dir) if r["kind"] == "api"]
+        return [r for r in found if json.loads(r["detail"] or "{}").get("source") == FLOOD_SOURCE]
+
+    wait_for(lambda: any("refused_more" in r["detail"] for r in flood_records()), "the window's count", 40)
+    details = [json.loads(r["detail"]) for r in flood_records()]
+    assert all(r["decision"] == "deny" and r["status"] == 401 for r in flood_records())
+    firsts = sorted(d["code"] for d in details if "refused_more" not in d)
+    assert firsts == ["INVALID_API_KEY", "INVALID_TOKEN"]
+    assert [(d["code"], d["refused_more"]) for d in details if "refused_more" in d] == [
+        ("INVALID_API_KEY", FLOOD - 1)
+    ]
