@@ -34,6 +34,8 @@ from websockets.sync.client import connect as ws_connect
 
 from sandgate.lifecycle.api.access import ACCESS
 from tests.adversarial.conftest import DENIED_HOST, OPEN_HOST, SANDBOX_LIFETIME
+from tests.conformance.test_osb_scenarios import OsbClient
+from tests.conformance.test_sdk_scenarios import PythonSdkClient
 from tests.execd.test_pty import next_json
 from tests.support.audit import audit_records
 from tests.support.internet import Internet
@@ -569,3 +571,57 @@ def test_a_bad_key_flood_costs_a_record_and_a_count(tenants: Tenants) -> None:
     assert [(d["code"], d["refused_more"]) for d in details if "refused_more" in d] == [
         ("INVALID_API_KEY", FLOOD - 1)
     ]
+
+
+CLIENT_STEPS = ("create", "command_stream", "files_write_read", "egress", "kill")
+
+
+class ManagedKeySdk(PythonSdkClient):
+    """The conformance scenarios' Python SDK client with a managed key instead of the server's."""
+
+    def __init__(self, server: SandgateServer, mode: str, key: Key) -> None:
+        super().__init__(server, mode)
+        self.key = key
+
+    def _connection(self) -> Any:
+        return super()._connection().model_copy(update={"api_key": self.key.key})
+
+
+def run_client(server: SandgateServer, name: str, mode: str, key: Key, workdir: Any) -> str:
+    """The steps of the shared scenarios, through `name` with `key`; the sandbox's id."""
+    if name == "python":
+        sdk_client = ManagedKeySdk(server, mode, key)
+        try:
+            for step in CLIENT_STEPS:
+                getattr(sdk_client, step)()
+        finally:
+            sdk_client._close()
+        assert sdk_client.sandbox is not None
+        return str(sdk_client.sandbox.id)
+    osb = OsbClient(server, mode, workdir)
+    osb.env["OPEN_SANDBOX_API_KEY"] = key.key
+    try:
+        for step in CLIENT_STEPS:
+            getattr(osb, step)()
+    finally:
+        osb._close()
+    return osb.id
+
+
+@pytest.mark.parametrize("mode", ["direct", "server_proxy"])
+@pytest.mark.parametrize("name", ["python", "osb"])
+def test_the_opensandbox_clients_work_with_a_managed_operator_key(
+    tenants: Tenants, name: str, mode: str, tmp_path: Any
+) -> None:
+    """Create, exec, files, egress and delete through the unchanged Python SDK and osb (both of
+    their modes) with an operator's managed key: every record of the sandbox names that key."""
+    server, op = tenants.server, tenants.op_a
+    sandbox_id = run_client(server, name, mode, op, tmp_path)
+    records = audit_records(server.state_dir, sandbox_id)
+    kinds = {r["kind"] for r in records if r.get("principal") == op.principal}
+    assert {"command", "file", "policy_change", "api"} <= kinds, kinds
+    actions = ("command", "file", "policy_change", "api")
+    named = [r for r in records if r.get("principal") and r["kind"] in actions]
+    assert {r["principal"]["id"] for r in named} == {op.id}  # never the bootstrap admin's
+    deleted = [r for r in records if r["kind"] == "api" and r["reason"] == "sandbox.delete"]
+    assert [(r["principal"]["id"], r["status"]) for r in deleted] == [(op.id, 204)]
