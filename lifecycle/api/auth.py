@@ -119,7 +119,7 @@ class Gate:
     api_key: str
     keys: KeyBook | None = None
     owner_of: Callable[[str, str], str | None] = lambda parameter, value: DEFAULT_TENANT
-    session_principal: Callable[[str | None], Principal | None] = lambda cookie: None
+    session_principal: Callable[[str | None], tuple[Principal, datetime | None] | None] = lambda cookie: None
     streams: Streams = field(default_factory=lambda: Streams())
     audit: Callable[[AuditRecord], None] | None = None
     console_prefix: str = "/console"
@@ -174,15 +174,17 @@ class Gate:
         except LifecycleError:
             return False
 
-    def console_principal(self, key: str) -> Principal | None:
-        """Who a console login's key is: the bootstrap or a managed key (`still_valid`)."""
-        principal, _ = self.principal(key)
-        return principal if principal is not None and self.still_valid(principal) else None
+    def console_principal(self, key: str) -> tuple[Principal, datetime | None] | None:
+        """Who a console login's key (or OIDC token) is and when it expires (`still_valid`)."""
+        principal, expires_at = self.principal(key)
+        return (principal, expires_at) if principal is not None and self.still_valid(principal) else None
 
     def still_valid(self, principal: Principal) -> bool:
         """A console session's principal, checked at each page: its key not revoked or expired
-        (an OIDC token opens no console session: its expiry would not end it)."""
-        return principal.via == "bootstrap" or (principal.via == "key" and self._key_usable(principal.id))
+        (an OIDC token's session ends at its `exp`: console/session.py)."""
+        if principal.via == "key":
+            return self._key_usable(principal.id)
+        return principal.via in ("bootstrap", "oidc")
 
 
 class Streams:
@@ -337,8 +339,8 @@ class AuthMiddleware:
             return principal, expires_at, None
         if path.startswith(self.gate.console_prefix):
             session = self.gate.session_principal(Cookies(scope).get(CONSOLE_COOKIE))
-            if session is not None and self.gate.still_valid(session):
-                return session, None, None
+            if session is not None and self.gate.still_valid(session[0]):
+                return session[0], session[1], None  # an OIDC session's feeds end at its token's exp
             return None, None, None  # the console's own login check answers (a redirect)
         bound = self._bound_token(path, headers)
         if bound is not None:

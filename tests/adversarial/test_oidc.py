@@ -181,3 +181,24 @@ def test_an_issuer_over_tls_is_checked_with_oidc_ca(tmp_path: Path) -> None:
         assert tls_issuer.served[:2] == ["/.well-known/openid-configuration", "/jwks"]
         denied = [r for r in audit_records(untrusting.state_dir) if r["kind"] == "api" and r["status"] == 401]
         assert denied  # the refusal is recorded
+
+
+def test_a_token_logs_into_the_console_until_its_expiry(server: SandgateServer, issuer: Issuer) -> None:
+    """A reviewer's token at the console's login opens a session of that principal; its live
+    feed and the session itself end at the token's `exp`; an expired token is refused there."""
+    token = issuer.token(sub="console-reviewer", tenant="gamma", role="reviewer", lifetime=5)
+    console = httpx.Client(base_url=server.base_url, timeout=30, trust_env=False, follow_redirects=False)
+    with console:
+        assert console.post("/console/login", data={"key": token, "next": "/console"}).status_code == 303
+        assert console.get("/console").status_code == 200
+        lines: list[str] = []
+        with console.stream("GET", "/console/feed/stream", timeout=httpx.Timeout(30, read=None)) as feed:
+            assert feed.status_code == 200
+            reader = threading.Thread(target=lambda: lines.extend(feed.iter_lines()), daemon=True)
+            reader.start()
+            reader.join(30)
+            assert not reader.is_alive(), "the console feed outlived its token"
+        after = console.get("/console")
+        assert after.status_code == 303 and "/console/login" in after.headers["location"]
+        expired = issuer.token(sub="console-reviewer", tenant="gamma", role="reviewer", lifetime=-60)
+        assert console.post("/console/login", data={"key": expired, "next": "/console"}).status_code == 401
