@@ -34,6 +34,8 @@ from websockets.sync.client import connect as ws_connect
 
 from sandgate.lifecycle.api.access import ACCESS
 from tests.adversarial.conftest import DENIED_HOST, OPEN_HOST, SANDBOX_LIFETIME
+from tests.conformance.conftest import API_HOST
+from tests.conformance.test_js_sdk import RUN_TIMEOUT_S, node
 from tests.conformance.test_osb_scenarios import OsbClient
 from tests.conformance.test_sdk_scenarios import PythonSdkClient
 from tests.execd.test_pty import next_json
@@ -625,3 +627,23 @@ def test_the_opensandbox_clients_work_with_a_managed_operator_key(
     assert {r["principal"]["id"] for r in named} == {op.id}  # never the bootstrap admin's
     deleted = [r for r in records if r["kind"] == "api" and r["reason"] == "sandbox.delete"]
     assert [(r["principal"]["id"], r["status"]) for r in deleted] == [(op.id, 204)]
+
+
+def test_the_js_sdk_works_with_a_managed_operator_key(tenants: Tenants) -> None:
+    """Every scenario the JS SDK offers (tests/js/scenarios.mjs, direct mode) with an operator's
+    managed key: each passes, and each record of the sandboxes it made names that key."""
+    server, op = tenants.server, tenants.op_a
+
+    def made_by_op() -> set[str]:
+        creates = [r for r in audit_records(server.state_dir) if r.get("reason") == "sandbox.create"]
+        return {r["sandbox"] for r in creates if r["kind"] == "api" and r["principal"] == op.principal}
+
+    before = made_by_op()
+    env = {**server.env(), "OPEN_SANDBOX_API_KEY": op.key, "SANDGATE_TEST_API_HOST": API_HOST}
+    results = [json.loads(line) for line in node("direct", env=env, timeout=RUN_TIMEOUT_S).splitlines()]
+    failed = {r["scenario"]: r.get("error") for r in results if not r["ok"]}
+    assert results and not failed, failed
+    made = made_by_op() - before
+    named = [r for r in audit_records(server.state_dir) if r["sandbox"] in made and r.get("principal")]
+    assert {"command", "file", "policy_change", "api"} <= {r["kind"] for r in named}
+    assert {r["principal"]["id"] for r in named} == {op.id}
