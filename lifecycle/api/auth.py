@@ -345,6 +345,7 @@ class AuthMiddleware:
         bound = self._bound_token(path, headers)
         if bound is not None:
             kind, token, sandbox_id = bound
+            scope["state"]["endpoint_token"] = kind  # the credential shown (the audit's `actor`)
             principal, expires_at = self.gate.endpoint_principal(token, kind, sandbox_id)
             if principal is None:
                 return (

@@ -13,9 +13,10 @@ Rules:
    execd and egress tokens, the API key, the credential the call presented (its key, OIDC token
    or key-bound endpoint token) and any managed key, bound token or JWT written plainly
    (`Secrets`, lifecycle/trail_secrets.py), the proxy's writer's rules for the rest.
-4. Who called: `actor` is `api-key` or `execd-token` (the sandbox's own execd token), `client`
+4. Who called: `actor` is the credential shown, `api-key` (a key or OIDC token) or
+   `execd-token` (the sandbox's own execd token, or the endpoint token bound to a key), `client`
    the caller's address as the server saw it, `principal` the key's id, tenant and role (or the
-   execd token's holder: lifecycle/principals.py).
+   sandbox token's holder: lifecycle/principals.py).
 """
 
 from __future__ import annotations
@@ -78,10 +79,17 @@ class ExecTrail:
             op,
             facts,
             presented(request),
-            actor="api-key" if request.scope["state"].get("principal") else "execd-token",
+            actor="execd-token" if shown_token(request) else "api-key",
             client=f"{peer.host}:{peer.port}" if peer else "unknown",
             route=f"{request.method} {path.partition('?')[0]}",
         )
+
+
+def shown_token(request: Request) -> bool:
+    """Whether the caller showed an execd token (the sandbox's own, or one bound to a key)
+    rather than a key."""
+    state = request.scope["state"]
+    return state.get("principal") is None or state.get("endpoint_token") is not None
 
 
 def presented(request: Request) -> frozenset[str]:

@@ -373,7 +373,8 @@ def audit_tail(path: Path, sandbox_id: str, policy_changes: bool, limit: int = 2
         handle.seek(0, 2)
         size = handle.tell()
         handle.seek(max(0, size - 4 * 1024 * 1024))
-        lines = handle.read().decode(errors="replace").splitlines()
+        # lines end at "\n" only: a record may hold U+0085 or U+2028, where str.splitlines() cuts
+        lines = [line.decode(errors="replace") for line in handle.read().split(b"\n")]
     found: deque[str] = deque(maxlen=limit)
     total = 0
     for line in lines:
