@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS api_keys (
     revoked_at TEXT
 );
 """
-KEY_FORMAT = re.compile(r"^sgk_(?P<id>[0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
+KEY_TEXT = r"sgk_(?P<id>[0-9a-f]{12})_[A-Za-z0-9_-]{43}"  # a key, wherever it is written
+KEY_FORMAT = re.compile(f"^{KEY_TEXT}$")
 TENANT_FORMAT = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 

@@ -206,7 +206,7 @@ def audit_and_console(service: Service, settings: Settings, gate: Gate) -> tuple
         ]
 
     sessions = Sessions(still_valid=gate.still_valid)
-    gate.session_principal = sessions.principal
+    gate.session_principal = sessions.login
     desk = TenantDesk(ApprovalDesk(service.egress), service.store.tenant_of)
     routers = [
         audit_router(audit, auth=lambda: None),

@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from sandgate.policy import Reason
 from sandgate.proxy.contract.config import ConnectionLimits
 
-REFUSAL_WINDOW = 10.0  # seconds
-
 
 @dataclass
 class _Source:
@@ -75,22 +73,3 @@ class Admission:
         refilled = state.tokens + elapsed * limits.accept_rate / self.share
         state.tokens = min(float(self._burst(limits)), refilled)
         state.stamp = now
-
-
-class RefusalWindows:
-    """Which refusals get an audit record of their own (see rule 3)."""
-
-    def __init__(self) -> None:
-        self._suppressed: dict[tuple[str, str], int] = {}
-
-    def refused(self, key: tuple[str, str]) -> bool:
-        """True: record this refusal now (and close the window later with `close`)."""
-        if key in self._suppressed:
-            self._suppressed[key] += 1
-            return False
-        self._suppressed[key] = 0
-        return True
-
-    def close(self, key: tuple[str, str]) -> int:
-        """End the window; returns how many refusals it counted without recording them."""
-        return self._suppressed.pop(key, 0)

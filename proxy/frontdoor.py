@@ -49,9 +49,10 @@ from mitmproxy.tls import ClientHello
 
 from sandgate.policy import Reason
 from sandgate.proxy.auditing import closed, security_event
+from sandgate.proxy.contract.audit import REFUSAL_WINDOW, RefusalWindows
 from sandgate.proxy.contract.config import ConnectionLimits, ProxyConfig, UpstreamProxy
 from sandgate.proxy.enforcement import EnforcementAddon
-from sandgate.proxy.fairness import REFUSAL_WINDOW, Admission, RefusalWindows
+from sandgate.proxy.fairness import Admission
 from sandgate.proxy.resolver import normalise_ip
 from sandgate.proxy.revocation import revoke_if_stale
 from sandgate.proxy.splice import RESET_ON_CLOSE, Splice, Throttle

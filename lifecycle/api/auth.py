@@ -14,10 +14,17 @@ Rules:
 3. `X-Request-ID` is echoed when the client sent one, generated otherwise.
 4. Who a key is (`Gate`): the bootstrap key is the admin `BOOTSTRAP`; a managed key is its row's
    principal (lifecycle/keys.py), refused once revoked or expired. What it may call is
-   api/access.py's table. The execd and egress endpoints a managed key is handed carry a token
-   bound to that key and sandbox (`sgx_...`, an HMAC under the server's key) instead of the
-   sandbox's own: a call with it is that key's call (its role, tenant and audit principal), and
-   stops working when the key does, open streams included (`Streams`).
+   api/access.py's table. The execd and egress endpoints a key is handed carry a token bound to
+   that key and sandbox (`sgx_...`, an HMAC under the server's key) instead of the sandbox's
+   own: a call with it is that key's call (its role, tenant and audit principal), and stops
+   working when the key does, open streams included (`Streams`): a managed key's when it is
+   revoked or expires, an OIDC token's at its `exp`, the bootstrap key's when it is replaced
+   (the MAC is made under it). Only `execd_endpoint = "direct"` hands out the sandbox's own
+   execd token (execd in the sandbox checks that token alone, api/sandboxes.py).
+5. A refused credential (an unknown, wrong, revoked or expired key or token) is an `api` record,
+   but a flood of them must not flood the log: per source address and refusal code the first is
+   recorded at once and opens a window of `REFUSAL_WINDOW` seconds; the refusals inside it are
+   counted and written as one record (`detail.refused_more`) when it closes.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ from sandgate.lifecycle.keys import KeyBook, now
 from sandgate.lifecycle.oidc import OidcVerifier
 from sandgate.lifecycle.principals import BOOTSTRAP, DEFAULT_TENANT, Principal, acting, may_see
 from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
-from sandgate.proxy import AuditRecord
+from sandgate.proxy import REFUSAL_WINDOW, AuditRecord, RefusalWindows
 
 API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
 EGRESS_AUTH_HEADER = "OPENSANDBOX-EGRESS-AUTH"  # a sandbox's own egress-API token (rule 1)
@@ -63,6 +70,7 @@ CONSOLE_COOKIE = "sandgate_console"
 CONTROL_PLANE_CLIENT = "control-plane"
 REVOKED_CLOSE = 4401  # a WebSocket's close code when its key was revoked or expired
 BOUND_PREFIX = "sgx_"  # an endpoint token bound to a managed key (rule 4)
+BAD_CREDENTIAL = frozenset({"INVALID_API_KEY", "INVALID_TOKEN"})  # refusals recorded per window (rule 5)
 log = logging.getLogger(__name__)
 
 
@@ -111,7 +119,7 @@ class Gate:
     api_key: str
     keys: KeyBook | None = None
     owner_of: Callable[[str, str], str | None] = lambda parameter, value: DEFAULT_TENANT
-    session_principal: Callable[[str | None], Principal | None] = lambda cookie: None
+    session_principal: Callable[[str | None], tuple[Principal, datetime | None] | None] = lambda cookie: None
     streams: Streams = field(default_factory=lambda: Streams())
     audit: Callable[[AuditRecord], None] | None = None
     console_prefix: str = "/console"
@@ -130,9 +138,9 @@ class Gate:
     def endpoint_token(
         self, principal: Principal, expires_at: datetime | None, kind: str, sandbox_id: str
     ) -> str:
-        """The token an endpoint hands a managed key's or an OIDC token's holder for a sandbox's
-        execd or egress API (rule 4): `sgx_<principal>.<mac>`, bound to that principal and
-        sandbox, so the key's revocation (or the token's expiry) ends it too."""
+        """The token an endpoint hands a key's or an OIDC token's holder for a sandbox's execd
+        or egress API (rule 4): `sgx_<principal>.<mac>`, bound to that principal and sandbox, so
+        the key's revocation (or the token's expiry, or a new bootstrap key) ends it too."""
         facts = {**principal.model_dump(), "exp": expires_at.timestamp() if expires_at else None}
         payload = base64.urlsafe_b64encode(json.dumps(facts, sort_keys=True).encode()).decode().rstrip("=")
         return f"{BOUND_PREFIX}{payload}.{self._mac(payload, kind, sandbox_id)}"
@@ -148,6 +156,8 @@ class Gate:
         facts = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
         expires = datetime.fromtimestamp(facts.pop("exp"), UTC) if facts.get("exp") else None
         principal = Principal(**facts)
+        if principal.via == "bootstrap":  # the MAC checked is under the bootstrap key itself
+            return BOOTSTRAP, None
         if principal.via == "key":
             return (principal, expires) if self._key_usable(principal.id) else (None, None)
         return (principal, expires) if expires is None or now() < expires else (None, None)
@@ -164,15 +174,17 @@ class Gate:
         except LifecycleError:
             return False
 
-    def console_principal(self, key: str) -> Principal | None:
-        """Who a console login's key is: the bootstrap or a managed key (`still_valid`)."""
-        principal, _ = self.principal(key)
-        return principal if principal is not None and self.still_valid(principal) else None
+    def console_principal(self, key: str) -> tuple[Principal, datetime | None] | None:
+        """Who a console login's key (or OIDC token) is and when it expires (`still_valid`)."""
+        principal, expires_at = self.principal(key)
+        return (principal, expires_at) if principal is not None and self.still_valid(principal) else None
 
     def still_valid(self, principal: Principal) -> bool:
         """A console session's principal, checked at each page: its key not revoked or expired
-        (an OIDC token opens no console session: its expiry would not end it)."""
-        return principal.via == "bootstrap" or (principal.via == "key" and self._key_usable(principal.id))
+        (an OIDC token's session ends at its `exp`: console/session.py)."""
+        if principal.via == "key":
+            return self._key_usable(principal.id)
+        return principal.via in ("bootstrap", "oidc")
 
 
 class Streams:
@@ -245,6 +257,7 @@ class AuthMiddleware:
         self.gate = gate
         self.open_paths = open_paths
         self.open_prefixes = open_prefixes
+        self.refusals = RefusalWindows()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -261,7 +274,7 @@ class AuthMiddleware:
             if outcome.get("recorded") or (method in ("GET", "HEAD", "WS") and 0 < status < 400):
                 return
             outcome["recorded"] = True
-            if not outcome.get("quiet"):
+            if not outcome.get("quiet") and self._first_in_window(scope, outcome.get("code"), found):
                 self._record(scope, found, principal, status)
 
         async def send_with_id(message: Message) -> None:
@@ -286,6 +299,7 @@ class AuthMiddleware:
             refusal = self._refusal(principal, *found)
         if refusal is not None:
             outcome["quiet"] = refusal[1] == "MISSING_API_KEY"  # no credential at all: no record
+            outcome["code"] = refusal[1]
             answered(refusal[0])
             await self._refuse(scope, receive, send_with_id, refusal)
             return
@@ -325,12 +339,13 @@ class AuthMiddleware:
             return principal, expires_at, None
         if path.startswith(self.gate.console_prefix):
             session = self.gate.session_principal(Cookies(scope).get(CONSOLE_COOKIE))
-            if session is not None and self.gate.still_valid(session):
-                return session, None, None
+            if session is not None and self.gate.still_valid(session[0]):
+                return session[0], session[1], None  # an OIDC session's feeds end at its token's exp
             return None, None, None  # the console's own login check answers (a redirect)
         bound = self._bound_token(path, headers)
         if bound is not None:
             kind, token, sandbox_id = bound
+            scope["state"]["endpoint_token"] = kind  # the credential shown (the audit's `actor`)
             principal, expires_at = self.gate.endpoint_principal(token, kind, sandbox_id)
             if principal is None:
                 return (
@@ -400,6 +415,34 @@ class AuthMiddleware:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception:  # the client left meanwhile, or the answer had ended
             log.warning("could not end a call of a revoked key", exc_info=True)
+
+    def _first_in_window(
+        self, scope: Scope, code: str | None, found: tuple[access.Rule, dict[str, str]] | None
+    ) -> bool:
+        """Whether a refusal gets its own record (rule 5): any call but a bad credential does."""
+        if code not in BAD_CREDENTIAL:
+            return True
+        window = (scope["client"][0] if scope.get("client") else "unknown", str(code))
+        if not self.refusals.refused(window):
+            return False
+        scope["state"]["audit_detail"] = {"code": code, "source": window[0]}
+        summary = {**scope, "state": {}}  # the window's summary names the first call's route
+        asyncio.get_running_loop().call_later(REFUSAL_WINDOW, self._close_window, window, summary, found)
+        return True
+
+    def _close_window(
+        self, window: tuple[str, str], scope: Scope, found: tuple[access.Rule, dict[str, str]] | None
+    ) -> None:
+        more = self.refusals.close(window)
+        if more:
+            source, code = window
+            scope["state"]["audit_detail"] = {
+                "refused_more": more,
+                "window_s": REFUSAL_WINDOW,
+                "code": code,
+                "source": source,
+            }
+            self._record(scope, found, None, 401)
 
     def _record(
         self,

@@ -72,9 +72,10 @@ def caller(
 ) -> str:
     """Who is calling (for the audit record): a principal the auth middleware let through (its
     key checked, its role and tenant against api/access.py), or the sandbox's egress token."""
-    if request.scope["state"].get("principal") is not None:
+    state = request.scope["state"]
+    if state.get("principal") is not None:
         run(service_of(request).get, sandbox_id)
-        return "api-key"
+        return "egress-token" if state.get("endpoint_token") else "api-key"  # bound to a key (auth.py)
     try:
         egress_of(request).check_egress_token(sandbox_id, egress_auth)
     except LifecycleError as exc:

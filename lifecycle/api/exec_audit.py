@@ -10,10 +10,13 @@ Rules:
    body is read whole before it is forwarded (up to `JSON_BODY_MAX`), an upload's files are
    hashed as they stream through, the answer's event frames are read for the outcome.
 3. Redacted at write time with every value the sandbox's credential vault has held here, its
-   execd and egress tokens and the API key (`Secrets`), the proxy's writer's rules for the rest.
-4. Who called: `actor` is `api-key` or `execd-token` (the sandbox's own execd token), `client`
+   execd and egress tokens, the API key, the credential the call presented (its key, OIDC token
+   or key-bound endpoint token) and any managed key, bound token or JWT written plainly
+   (`Secrets`, lifecycle/trail_secrets.py), the proxy's writer's rules for the rest.
+4. Who called: `actor` is the credential shown, `api-key` (a key or OIDC token) or
+   `execd-token` (the sandbox's own execd token, or the endpoint token bound to a key), `client`
    the caller's address as the server saw it, `principal` the key's id, tenant and role (or the
-   execd token's holder: lifecycle/principals.py).
+   sandbox token's holder: lifecycle/principals.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from sandgate.lifecycle.api.auth import API_KEY_HEADER, bearer
 from sandgate.lifecycle.api.errors import ApiError
 from sandgate.lifecycle.exec_trail import (
     JSON_BODY_MAX,
@@ -41,7 +45,7 @@ from sandgate.lifecycle.exec_trail import (
     summary,
 )
 from sandgate.lifecycle.principals import acting, token_holder
-from sandgate.lifecycle.runtime.base import EXECD_PORT
+from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
 from sandgate.lifecycle.sandbox_store import SandboxRecord
 from sandgate.lifecycle.trail_secrets import Secrets
 from sandgate.proxy import INCOMPLETE, AuditRecord, append_record
@@ -74,18 +78,37 @@ class ExecTrail:
             record,
             op,
             facts,
-            actor="api-key" if request.scope["state"].get("principal") else "execd-token",
+            presented(request),
+            actor="execd-token" if shown_token(request) else "api-key",
             client=f"{peer.host}:{peer.port}" if peer else "unknown",
             route=f"{request.method} {path.partition('?')[0]}",
         )
 
 
+def shown_token(request: Request) -> bool:
+    """Whether the caller showed an execd token (the sandbox's own, or one bound to a key)
+    rather than a key."""
+    state = request.scope["state"]
+    return state.get("principal") is None or state.get("endpoint_token") is not None
+
+
+def presented(request: Request) -> frozenset[str]:
+    """The credentials the caller sent: its key or bearer token, its endpoint token."""
+    headers = request.headers
+    sent = (headers.get(API_KEY_HEADER), bearer(headers), headers.get(EXECD_TOKEN_HEADER))
+    return frozenset(value for value in sent if value)
+
+
 class Call:
     """One recorded execd call, from its write-ahead line to its outcome."""
 
-    def __init__(self, trail: ExecTrail, record: SandboxRecord, op: Operation, facts: Facts, **who: str):
+    def __init__(
+        self, trail: ExecTrail, record: SandboxRecord, op: Operation, facts: Facts, presented: frozenset[str],
+        **who: str,
+    ):  # fmt: skip
         self.trail = trail
         self.sandbox = record
+        self.presented = presented
         self.op = op
         self.facts: Facts = {"op": op.name, "actor": who["actor"], "route": who["route"], **facts}
         self.principal = acting.get() or token_holder("execd", record.tenant)
@@ -136,7 +159,7 @@ class Call:
         record = self._record(event=INCOMPLETE)
         self.id = record.id
         try:
-            append_record(self.trail.audit_path, record, self.trail.secrets.redact(self.sandbox))
+            self._append(record)
         except OSError as exc:
             log.error("exec audit record for sandbox %s not written: %s", self.sandbox.id, exc)
             raise ApiError(
@@ -170,9 +193,12 @@ class Call:
             **({"id": self.id} if self.id else {}),
         )
         try:
-            append_record(self.trail.audit_path, record, self.trail.secrets.redact(self.sandbox))
+            self._append(record)
         except OSError as exc:
             log.error("exec audit record %s (its outcome) not written: %s", self.id, exc)
+
+    def _append(self, record: AuditRecord) -> None:
+        append_record(self.trail.audit_path, record, self.trail.secrets.redact(self.sandbox, self.presented))
 
     def _record(self, **fields: Any) -> AuditRecord:
         """An exec record is no decision: it says what was done (`reason` one line of it, `detail`

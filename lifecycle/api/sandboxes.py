@@ -326,8 +326,9 @@ def get_endpoint(
     """44772 (execd) is served here by default: the reverse proxy, with the sandbox's execd token
     as the header (the SDK sends an endpoint's headers on every request to it), so no
     control-plane header a client adds ever reaches the sandbox (api/sandbox_proxy.py strips them).
-    A managed key is handed tokens bound to it (api/auth.py rule 4), valid while the key is.
-    With `execd_endpoint = "direct"` it is the sandbox's own address, for trusted clients.
+    Every key is handed tokens bound to it (api/auth.py rule 4), valid while the key is.
+    With `execd_endpoint = "direct"` it is the sandbox's own address and token, for trusted
+    clients (execd in the sandbox checks only that token: it cannot learn of a revocation).
     18080 (egress API) is served here, with the sandbox's token: at `.../egress`, or with
     `use_server_proxy` at `.../proxy/18080` as OpenSandbox answers (the same API is served
     there, api/sandbox_proxy.py). `use_server_proxy` routes through this server with the API
@@ -355,10 +356,10 @@ def get_endpoint(
 
 
 def bound(request: Request, kind: str, sandbox_id: str, token: str) -> str:
-    """The endpoint token for the caller: bound to its managed key or OIDC token (api/auth.py
-    rule 4), or the sandbox's own for the bootstrap key and in direct mode."""
+    """The endpoint token for the caller: bound to its principal (a managed key, an OIDC token,
+    the bootstrap key: api/auth.py rule 4); the sandbox's own only for a caller with no key."""
     principal = acting.get()
-    if principal is None or principal.via not in ("key", "oidc"):
+    if principal is None or principal.via not in ("key", "oidc", "bootstrap"):
         return token
     expires = request.scope["state"].get("principal_expires")
     return str(request.app.state.gate.endpoint_token(principal, expires, kind, sandbox_id))
@@ -372,7 +373,8 @@ def audit_tail(path: Path, sandbox_id: str, policy_changes: bool, limit: int = 2
         handle.seek(0, 2)
         size = handle.tell()
         handle.seek(max(0, size - 4 * 1024 * 1024))
-        lines = handle.read().decode(errors="replace").splitlines()
+        # lines end at "\n" only: a record may hold U+0085 or U+2028, where str.splitlines() cuts
+        lines = [line.decode(errors="replace") for line in handle.read().split(b"\n")]
     found: deque[str] = deque(maxlen=limit)
     total = 0
     for line in lines:

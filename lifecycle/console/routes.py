@@ -19,13 +19,12 @@ from sandgate.lifecycle.console.approvals import Desk, add_approval_pages
 from sandgate.lifecycle.console.feed import add_change_pages, add_feed_pages
 from sandgate.lifecycle.console.pages import Console, SandboxLister, add_static_routes
 from sandgate.lifecycle.console.sandboxes import add_sandbox_pages
-from sandgate.lifecycle.console.session import Sessions, add_login_routes, require_session
-from sandgate.lifecycle.principals import Principal
+from sandgate.lifecycle.console.session import Login, Sessions, add_login_routes, require_session
 
 
 def console_router(
     store: AuditStore,
-    verify_key: Callable[[str], Principal | None],
+    verify_key: Callable[[str], Login | None],
     sandboxes: SandboxLister,
     desk: Desk | None = None,
     *,
@@ -34,8 +33,9 @@ def console_router(
     secure_cookie: bool = False,
 ) -> APIRouter:
     """The console pages. `sandboxes()` returns the live sandboxes the caller may see (dicts or
-    objects with id, status, address, policy); `verify_key(key)` names the principal of a key of
-    this server (None: not one); `sessions` are shared with the auth middleware."""
+    objects with id, status, address, policy); `verify_key(key)` names the principal of a key (or
+    OIDC token) of this server and its expiry (None: not one); `sessions` are shared with the
+    auth middleware."""
     router = APIRouter(prefix=prefix, include_in_schema=False)
     console = Console(store, sandboxes, prefix, secure_cookie)
     sessions = sessions or Sessions()

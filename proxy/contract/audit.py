@@ -180,3 +180,27 @@ def append_records(path: Path, records: list[tuple[AuditRecord, Redact | None]])
     """Add several lines with one locked write (each record with its own redactor)."""
     if records:
         append_line(path, "".join(to_line(written(record, redact)) for record, redact in records).encode())
+
+
+REFUSAL_WINDOW = 10.0  # seconds: a refusal flood's records, at most two per kind per window
+
+
+class RefusalWindows:
+    """Which refusals get an audit record of their own (proxy/fairness.py rule 3, the API's bad
+    credentials: lifecycle/api/auth.py rule 5): the first of a kind is recorded at once and opens
+    a window; those inside it are only counted."""
+
+    def __init__(self) -> None:
+        self._suppressed: dict[tuple[str, str], int] = {}
+
+    def refused(self, key: tuple[str, str]) -> bool:
+        """True: record this refusal now (and close the window later with `close`)."""
+        if key in self._suppressed:
+            self._suppressed[key] += 1
+            return False
+        self._suppressed[key] = 0
+        return True
+
+    def close(self, key: tuple[str, str]) -> int:
+        """End the window; returns how many refusals it counted without recording them."""
+        return self._suppressed.pop(key, 0)

@@ -152,3 +152,53 @@ def test_an_expiring_token_ends_its_stream(server: SandgateServer, issuer: Issue
     assert lines and time.monotonic() - started < 40
     with http(server, token) as client:
         assert client.get("/v1/sandboxes").status_code == 401
+
+
+def test_an_issuer_over_tls_is_checked_with_oidc_ca(tmp_path: Path) -> None:
+    """An HTTPS issuer whose certificate chains to a test CA: a server given that CA as
+    `oidc_ca` fetches its key set and takes its tokens; one without it (certifi) never gets the
+    key set (the TLS handshake fails: the issuer serves nothing) and refuses them."""
+    with oidc_issuer(tls=tmp_path) as tls_issuer:
+        assert tls_issuer.url.startswith("https://") and tls_issuer.ca is not None
+        token = tls_issuer.token(sub="tls-ci", tenant="delta", role="operator")
+        env = {"SANDGATE_OIDC_ISSUER": tls_issuer.url, "SANDGATE_OIDC_AUDIENCE": AUDIENCE}
+        for name in ("untrusting", "trusting"):
+            (tmp_path / name).mkdir()
+        with sandgate_server(tmp_path / "untrusting", env) as untrusting, http(untrusting, token) as client:
+            assert client.get("/v1/sandboxes").status_code == 401
+        assert tls_issuer.served == []
+        with (
+            sandgate_server(
+                tmp_path / "trusting", {**env, "SANDGATE_OIDC_CA": str(tls_issuer.ca)}
+            ) as trusted,
+            http(trusted, token, bearer=True) as client,
+        ):
+            listed = client.get("/v1/sandboxes")
+            assert listed.status_code == 200, listed.text
+            foreign = tls_issuer.token(sub="tls-ci", tenant="delta", role="operator", aud="another-service")
+            refused = client.get("/v1/sandboxes", headers={"Authorization": f"Bearer {foreign}"})
+            assert refused.status_code == 401
+        assert tls_issuer.served[:2] == ["/.well-known/openid-configuration", "/jwks"]
+        denied = [r for r in audit_records(untrusting.state_dir) if r["kind"] == "api" and r["status"] == 401]
+        assert denied  # the refusal is recorded
+
+
+def test_a_token_logs_into_the_console_until_its_expiry(server: SandgateServer, issuer: Issuer) -> None:
+    """A reviewer's token at the console's login opens a session of that principal; its live
+    feed and the session itself end at the token's `exp`; an expired token is refused there."""
+    token = issuer.token(sub="console-reviewer", tenant="gamma", role="reviewer", lifetime=5)
+    console = httpx.Client(base_url=server.base_url, timeout=30, trust_env=False, follow_redirects=False)
+    with console:
+        assert console.post("/console/login", data={"key": token, "next": "/console"}).status_code == 303
+        assert console.get("/console").status_code == 200
+        lines: list[str] = []
+        with console.stream("GET", "/console/feed/stream", timeout=httpx.Timeout(30, read=None)) as feed:
+            assert feed.status_code == 200
+            reader = threading.Thread(target=lambda: lines.extend(feed.iter_lines()), daemon=True)
+            reader.start()
+            reader.join(30)
+            assert not reader.is_alive(), "the console feed outlived its token"
+        after = console.get("/console")
+        assert after.status_code == 303 and "/console/login" in after.headers["location"]
+        expired = issuer.token(sub="console-reviewer", tenant="gamma", role="reviewer", lifetime=-60)
+        assert console.post("/console/login", data={"key": expired, "next": "/console"}).status_code == 401

@@ -12,8 +12,11 @@ who did it."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import copy
 import json
+import secrets
 import subprocess
 import threading
 import time
@@ -32,6 +35,11 @@ from websockets.sync.client import connect as ws_connect
 
 from sandgate.lifecycle.api.access import ACCESS
 from tests.adversarial.conftest import DENIED_HOST, OPEN_HOST, SANDBOX_LIFETIME
+from tests.conformance.conftest import API_HOST
+from tests.conformance.test_js_sdk import RUN_TIMEOUT_S, node
+from tests.conformance.test_mcp_scenarios import run_mcp
+from tests.conformance.test_osb_scenarios import OsbClient
+from tests.conformance.test_sdk_scenarios import PythonSdkClient
 from tests.execd.test_pty import next_json
 from tests.support.audit import audit_records
 from tests.support.internet import Internet
@@ -499,3 +507,156 @@ def test_snapshots_and_held_requests_stay_in_their_tenant(tenants: Tenants, inte
     ]
     by_whom = {(r["principal"]["id"], r["status"]) for r in answers}
     assert {(rev_b.id, 404), (tenants.op_a.id, 403), (tenants.rev_a.id, 200)} <= by_whom
+
+
+def jwt_shaped(subject: str) -> str:
+    """A token as an OIDC issuer writes one (header, claims, signature; base64url)."""
+    part = lambda data: base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")  # noqa: E731
+    return f"{part({'alg': 'RS256', 'kid': 'k1'})}.{part({'sub': subject})}.{secrets.token_urlsafe(64)}"
+
+
+def test_keys_and_tokens_a_client_writes_never_reach_the_trail(tenants: Tenants) -> None:
+    """A command line and a file path holding managed keys (the caller's and another's), a
+    key-bound endpoint token and an OIDC-shaped token; a command through the server proxy with
+    the base64 of the caller's own key. The audit file holds none of them, in any record."""
+    server, op, a = tenants.server, tenants.op_a, tenants.a
+    token = jwt_shaped("someone@example.com")
+    with client(server, op) as http:
+        bound_token = http.get(f"/v1/sandboxes/{a.id}/endpoints/44772").json()["headers"]
+        bound_token = next(iter(bound_token.values()))
+        assert bound_token.startswith("sgx_")
+        own_b64 = base64.b64encode(op.key.encode()).decode()
+        proxied = http.post(
+            f"/v1/sandboxes/{a.id}/proxy/44772/command", json={"command": f"echo {own_b64} | base64 -d"}
+        )
+        assert proxied.status_code == 200 and op.key in proxied.text, proxied.text  # it ran
+    written = [op.key, tenants.op_b.key, bound_token, token]
+    ran = a.commands.run("echo " + " ".join(written))
+    assert "".join(m.text for m in ran.logs.stdout).split() == written  # the command ran as written
+    a.files.write_file(f"/workspace/{tenants.op_b.key}.txt", token)
+
+    def redacted() -> list[dict[str, Any]]:
+        trail = audit_records(server.state_dir, a.id)
+        return [r for r in trail if r["kind"] in ("command", "file") and "[REDACTED]" in r["detail"]]
+
+    # the proxied command, the SDK's command, the file write (its path is known once it ended)
+    wait_for(lambda: len(redacted()) >= 3, "three redacted exec records")
+    text = "".join(path.read_text() for path in server.state_dir.glob("audit.jsonl*"))
+    for secret in (*written, own_b64, op.key[4:]):
+        assert secret not in text
+
+
+FLOOD_SOURCE = "127.0.0.7"  # a loopback address of this test's own: no other test's window
+FLOOD = 40
+
+
+def test_a_bad_key_flood_costs_a_record_and_a_count(tenants: Tenants) -> None:
+    """40 wrong keys and one forged endpoint token from one address: the audit file holds the
+    first of each kind at once, then one record counting the other 39 when the window closes."""
+    server = tenants.server
+    transport = httpx.HTTPTransport(local_address=FLOOD_SOURCE)
+    with httpx.Client(base_url=server.base_url, transport=transport, timeout=30, trust_env=False) as http:
+        for _ in range(FLOOD):
+            wrong = f"sgk_{secrets.token_hex(6)}_{secrets.token_urlsafe(32)}"
+            assert http.get("/v1/sandboxes", headers={"OPEN-SANDBOX-API-KEY": wrong}).status_code == 401
+        forged = {"X-EXECD-ACCESS-TOKEN": "sgx_e30.0" + "0" * 63}
+        execd = f"/v1/sandboxes/{tenants.a.id}/proxy/44772/command"
+        assert http.post(execd, headers=forged).status_code == 401
+
+    def flood_records() -> list[dict[str, Any]]:
+        found = [r for r in audit_records(server.state_dir) if r["kind"] == "api"]
+        return [r for r in found if json.loads(r["detail"] or "{}").get("source") == FLOOD_SOURCE]
+
+    wait_for(lambda: any("refused_more" in r["detail"] for r in flood_records()), "the window's count", 40)
+    details = [json.loads(r["detail"]) for r in flood_records()]
+    assert all(r["decision"] == "deny" and r["status"] == 401 for r in flood_records())
+    firsts = sorted(d["code"] for d in details if "refused_more" not in d)
+    assert firsts == ["INVALID_API_KEY", "INVALID_TOKEN"]
+    assert [(d["code"], d["refused_more"]) for d in details if "refused_more" in d] == [
+        ("INVALID_API_KEY", FLOOD - 1)
+    ]
+
+
+CLIENT_STEPS = ("create", "command_stream", "files_write_read", "egress", "kill")
+
+
+class ManagedKeySdk(PythonSdkClient):
+    """The conformance scenarios' Python SDK client with a managed key instead of the server's."""
+
+    def __init__(self, server: SandgateServer, mode: str, key: Key) -> None:
+        super().__init__(server, mode)
+        self.key = key
+
+    def _connection(self) -> Any:
+        return super()._connection().model_copy(update={"api_key": self.key.key})
+
+
+def run_client(server: SandgateServer, name: str, mode: str, key: Key, workdir: Any) -> str:
+    """The steps of the shared scenarios, through `name` with `key`; the sandbox's id."""
+    if name == "python":
+        sdk_client = ManagedKeySdk(server, mode, key)
+        try:
+            for step in CLIENT_STEPS:
+                getattr(sdk_client, step)()
+        finally:
+            sdk_client._close()
+        assert sdk_client.sandbox is not None
+        return str(sdk_client.sandbox.id)
+    osb = OsbClient(server, mode, workdir)
+    osb.env["OPEN_SANDBOX_API_KEY"] = key.key
+    try:
+        for step in CLIENT_STEPS:
+            getattr(osb, step)()
+    finally:
+        osb._close()
+    return osb.id
+
+
+@pytest.mark.parametrize("mode", ["direct", "server_proxy"])
+@pytest.mark.parametrize("name", ["python", "osb"])
+def test_the_opensandbox_clients_work_with_a_managed_operator_key(
+    tenants: Tenants, name: str, mode: str, tmp_path: Any
+) -> None:
+    """Create, exec, files, egress and delete through the unchanged Python SDK and osb (both of
+    their modes) with an operator's managed key: every record of the sandbox names that key."""
+    server, op = tenants.server, tenants.op_a
+    sandbox_id = run_client(server, name, mode, op, tmp_path)
+    records = audit_records(server.state_dir, sandbox_id)
+    kinds = {r["kind"] for r in records if r.get("principal") == op.principal}
+    assert {"command", "file", "policy_change", "api"} <= kinds, kinds
+    actions = ("command", "file", "policy_change", "api")
+    named = [r for r in records if r.get("principal") and r["kind"] in actions]
+    assert {r["principal"]["id"] for r in named} == {op.id}  # never the bootstrap admin's
+    deleted = [r for r in records if r["kind"] == "api" and r["reason"] == "sandbox.delete"]
+    assert [(r["principal"]["id"], r["status"]) for r in deleted] == [(op.id, 204)]
+
+
+def whole_scenario_list(server: SandgateServer, name: str, key: Key) -> dict[str, Any]:
+    """Every scenario `name` offers (direct mode) with `key`; each one's result."""
+    if name == "js":
+        env = {**server.env(), "OPEN_SANDBOX_API_KEY": key.key, "SANDGATE_TEST_API_HOST": API_HOST}
+        lines = node("direct", env=env, timeout=RUN_TIMEOUT_S).splitlines()
+        return {item["scenario"]: item for item in map(json.loads, lines)}
+    keyed = copy.copy(server)  # the same server, as the MCP server's launcher reads it, another key
+    keyed.api_key = key.key
+    return dict(run_mcp(keyed, "direct"))
+
+
+@pytest.mark.parametrize("name", ["js", "mcp"])
+def test_the_js_sdk_and_mcp_work_with_a_managed_operator_key(tenants: Tenants, name: str) -> None:
+    """Every scenario the JS SDK (tests/js/scenarios.mjs) or the MCP server offers, with an
+    operator's managed key: each passes, and each record of the sandboxes made names that key."""
+    server, op = tenants.server, tenants.op_a
+
+    def made_by_op() -> set[str]:
+        creates = [r for r in audit_records(server.state_dir) if r.get("reason") == "sandbox.create"]
+        return {r["sandbox"] for r in creates if r["kind"] == "api" and r["principal"] == op.principal}
+
+    before = made_by_op()
+    results = whole_scenario_list(server, name, op)
+    failed = {scenario: r.get("error") for scenario, r in results.items() if not r["ok"]}
+    assert results and not failed, failed
+    made = made_by_op() - before
+    named = [r for r in audit_records(server.state_dir) if r["sandbox"] in made and r.get("principal")]
+    assert {"command", "file", "api"} <= {r["kind"] for r in named}
+    assert {r["principal"]["id"] for r in named} == {op.id}

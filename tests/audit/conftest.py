@@ -75,7 +75,8 @@ def serve(state_dir: Path, sandboxes: list[dict[str, Any]] | None = None) -> Ite
     store = AuditStore(state_dir, poll_interval=0.1)
     app = FastAPI()
     app.include_router(audit_router(store, require_key))
-    app.include_router(console_router(store, lambda key: BOOTSTRAP if key == API_KEY else None, lambda: live))
+    login = lambda key: (BOOTSTRAP, None) if key == API_KEY else None  # noqa: E731
+    app.include_router(console_router(store, login, lambda: live))
     port = _free_port()
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2

@@ -231,7 +231,9 @@ def test_secrets_are_redacted_and_the_token_caller_is_named(server: SandgateServ
     record = next(
         r for r in exec_records(server, sandbox, "command") if "[REDACTED]" in r["facts"].get("command", "")
     )
-    assert record["facts"]["actor"] == "execd-token" and record["facts"]["env_names"] == ["SECRET_NAME"]
+    # the endpoint's token is bound to the bootstrap key that asked for it: its call is that key's
+    assert record["facts"]["actor"] == "execd-token" and record["principal"]["via"] == "bootstrap"
+    assert record["facts"]["env_names"] == ["SECRET_NAME"]
     assert record["facts"]["command"].count("[REDACTED]") == 3
 
 

@@ -17,7 +17,7 @@ def audit_records(state_dir: Path, sandbox: str | None = None) -> list[dict[str,
     """Every record of the live file and its backups, one per id, oldest first."""
     records: dict[str, dict[str, Any]] = {}
     for path in sorted(state_dir.glob("audit.jsonl*"), reverse=True):
-        for line in path.read_text().splitlines():
+        for line in path.read_text().split("\n"):  # not splitlines(): a record may hold U+0085
             if line:
                 record = json.loads(line)
                 records.pop(record["id"], None)

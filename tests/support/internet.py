@@ -135,8 +135,11 @@ class Internet:
         return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
-def make_test_ca(workdir: Path) -> tuple[Path, Path, Path, Path]:
-    """A CA and a leaf for TLS_NAMES + origin addresses; returns (ca_cert, ca_key, leaf_cert, leaf_key)."""
+def make_test_ca(
+    workdir: Path, addresses: tuple[str, ...] = (ORIGIN_V4, ORIGIN_V4_ALT, ORIGIN_V6)
+) -> tuple[Path, Path, Path, Path]:
+    """A CA and a leaf for TLS_NAMES + `addresses` (the origins'); returns (ca_cert, ca_key,
+    leaf_cert, leaf_key)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -154,7 +157,7 @@ def make_test_ca(workdir: Path) -> tuple[Path, Path, Path, Path]:
     ca_name = ca.subject
     leaf_key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in TLS_NAMES]
-    sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in (ORIGIN_V4, ORIGIN_V4_ALT, ORIGIN_V6)]
+    sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]
     leaf = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "origin.example.com")]))

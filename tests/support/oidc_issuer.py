@@ -6,29 +6,35 @@ joserfc (Authlib's JOSE library), its keys rotatable.
         issuer.rotate()                       # a new signing key (new kid); the old stays listed
 
 Every request it serves is appended to `issuer.served` (the path), so a test sees when the
-server under test fetched the key set.
+server under test fetched the key set. `oidc_issuer(tls=workdir)` serves HTTPS instead, with a
+certificate for 127.0.0.1 of a test CA made there (`issuer.ca`, tests/support/internet.py's).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import ssl
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from joserfc import jwt
 from joserfc.jwk import RSAKey
 
+from tests.support.internet import make_test_ca
+
 AUDIENCE = "sandgate"
 
 
 class Issuer:
-    def __init__(self, server: ThreadingHTTPServer) -> None:
+    def __init__(self, server: ThreadingHTTPServer, ca: Path | None = None) -> None:
         self.server = server
-        self.url = f"http://127.0.0.1:{server.server_address[1]}"
+        self.ca = ca
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{server.server_address[1]}"
         self.keys: list[RSAKey] = []
         self.served: list[str] = []
         self.rotate()
@@ -51,7 +57,7 @@ class Issuer:
 
 
 @contextlib.contextmanager
-def oidc_issuer() -> Iterator[Issuer]:
+def oidc_issuer(tls: Path | None = None) -> Iterator[Issuer]:
     issuer: Issuer | None = None
 
     class Handler(BaseHTTPRequestHandler):
@@ -80,7 +86,13 @@ def oidc_issuer() -> Iterator[Issuer]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    issuer = Issuer(server)
+    ca = None
+    if tls is not None:
+        ca, _ca_key, leaf, leaf_key = make_test_ca(tls, addresses=("127.0.0.1",))
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(leaf, leaf_key)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    issuer = Issuer(server, ca)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
