@@ -38,6 +38,7 @@ from opensandbox.config.connection_sync import ConnectionConfigSync
 
 from sandgate.proxy.contract.ca import CA_KEY_AND_CERT
 from sandgate.vault.store import LOCAL_KEY_FILE
+from tests.adversarial.conftest import SANDBOX_IMAGE
 from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
@@ -229,7 +230,7 @@ def drive_with_python(server: SandgateServer, prefix: str) -> SandboxSync:
         )
         if not sandboxes:
             sandbox = SandboxSync.create(
-                "sandgate/host", entrypoint=["sleep", "infinity"], connection_config=config,
+                SANDBOX_IMAGE, entrypoint=["sleep", "infinity"], connection_config=config,
                 ready_timeout=timedelta(seconds=60),
             )  # fmt: skip
         else:

@@ -25,7 +25,7 @@ from sandgate.lifecycle.cgroups import SandboxCgroup
 from sandgate.lifecycle.kernel import mount, mount_points, umount
 from sandgate.lifecycle.runtime.gvisor import processes as gvisor_processes
 from sandgate.lifecycle.runtime.sandbox_disk import loop_devices
-from tests.adversarial.conftest import SANDBOX_PYTHON, TEST_RUNTIME
+from tests.adversarial.conftest import SANDBOX_IMAGE, SANDBOX_PYTHON, TEST_RUNTIME
 from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = [
@@ -183,7 +183,7 @@ def test_delete_and_a_failed_create_leave_no_loop_device_mount_image_or_cgroup(
         failed = client.post(
             "/v1/sandboxes",
             json={
-                "image": {"uri": "sandgate/host"},
+                "image": {"uri": SANDBOX_IMAGE},
                 "entrypoint": ["/no/such/entrypoint"],
                 "resourceLimits": {},
             },

@@ -21,6 +21,7 @@ from tests.adversarial.conftest import (
     BOUND_HOST,
     IN_SANDBOX_TEST_CA,
     OPEN_HOST,
+    SANDBOX_IMAGE,
     SANDBOX_LIFETIME,
     SANDBOX_PYTHON,
     TEST_RUNTIME,
@@ -57,7 +58,7 @@ WAIT = 30.0
 def holder(server: SandgateServer, internet: Internet, proxy_ports: ProxyPorts) -> Iterator[Attacker]:
     """A sandbox of its own (the attacker's policy stays untouched), with the hold script."""
     sandbox = SandboxSync.create(
-        "sandgate/host",
+        SANDBOX_IMAGE,
         entrypoint=["sleep", "infinity"],
         network_policy=NetworkPolicy(
             defaultAction="deny",

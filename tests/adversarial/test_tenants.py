@@ -31,7 +31,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from sandgate.lifecycle.api.access import ACCESS
-from tests.adversarial.conftest import DENIED_HOST, OPEN_HOST, SANDBOX_LIFETIME
+from tests.adversarial.conftest import DENIED_HOST, OPEN_HOST, SANDBOX_IMAGE, SANDBOX_LIFETIME
 from tests.execd.test_pty import next_json
 from tests.support.audit import audit_records
 from tests.support.internet import Internet
@@ -89,7 +89,7 @@ def sdk(server: SandgateServer, key: Key) -> ConnectionConfigSync:
 
 def create(server: SandgateServer, key: Key) -> SandboxSync:
     return SandboxSync.create(
-        "sandgate/host",
+        SANDBOX_IMAGE,
         entrypoint=["sleep", "infinity"],
         network_policy=NetworkPolicy(defaultAction="deny"),
         connection_config=sdk(server, key),
@@ -403,7 +403,7 @@ def test_no_sandbox_policy_exceeds_its_tenants_ceiling(
             assert http.get(f"/v1/sandboxes/{b.id}/egress/credential-vault").status_code == 404  # none made
         with pytest.raises(Exception, match=r"403|ceiling"):
             SandboxSync.create(
-                "sandgate/host",
+                SANDBOX_IMAGE,
                 entrypoint=["sleep", "infinity"],
                 network_policy=NetworkPolicy(defaultAction="allow"),
                 connection_config=sdk(server, tenants.op_b),
