@@ -39,10 +39,12 @@ HOLD = Path(__file__).parents[1] / "support" / "hold_connections.py"
 IN_SANDBOX_HOLD = "/workspace/hold_connections.py"
 GO, OUT = "/workspace/go", "/workspace/hold.out"
 # Where a sandbox finds the deployment CA: a file of its own on the local runtime, in the image's
-# bundle on Docker.
-PROXY_CA = {"local": "/etc/ssl/certs/sandgate-proxy.crt", "docker": "/etc/ssl/certs/ca-certificates.crt"}[
-    TEST_RUNTIME
-]
+# bundle on Docker, the file execd's launcher writes into the Pod on Kubernetes.
+PROXY_CA = {
+    "local": "/etc/ssl/certs/sandgate-proxy.crt",
+    "docker": "/etc/ssl/certs/ca-certificates.crt",
+    "kubernetes": "/run/sandgate/proxy-ca.crt",
+}[TEST_RUNTIME]
 HELD = {
     "defaultAction": "deny",
     "egress": [
