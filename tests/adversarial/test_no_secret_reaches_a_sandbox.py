@@ -38,7 +38,6 @@ from opensandbox.config.connection_sync import ConnectionConfigSync
 
 from sandgate.proxy.contract.ca import CA_KEY_AND_CERT
 from sandgate.vault.store import LOCAL_KEY_FILE
-from tests.adversarial.conftest import SANDBOX_IMAGE
 from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
@@ -230,7 +229,7 @@ def drive_with_python(server: SandgateServer, prefix: str) -> SandboxSync:
         )
         if not sandboxes:
             sandbox = SandboxSync.create(
-                SANDBOX_IMAGE, entrypoint=["sleep", "infinity"], connection_config=config,
+                "sandgate/host", entrypoint=["sleep", "infinity"], connection_config=config,
                 ready_timeout=timedelta(seconds=60),
             )  # fmt: skip
         else:
