@@ -36,7 +36,8 @@ test-fast: bootstrap
 	  --ignore=tests/bench -n $(FAST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # The whole adversarial suite (root) on one runtime and isolation: `make test-adversarial
-# ISOLATION=gvisor`, `RUNTIME=docker` for the private dockerd (docs/runtime.md). `make test`
+# ISOLATION=gvisor`, `RUNTIME=docker` for the private dockerd (docs/runtime.md), `RUNTIME=kubernetes`
+# for the test cluster with the node agent (docs/kubernetes.md; the cluster's build cached). `make test`
 # runs it on local/standard, and tests/gvisor/adversarial's subset on gvisor.
 ISOLATION ?= standard
 RUNTIME ?= local

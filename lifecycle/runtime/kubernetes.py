@@ -49,6 +49,7 @@ from lightkube.models.core_v1 import (
     EmptyDirVolumeSource,
     EnvVar,
     LocalObjectReference,
+    PodDNSConfig,
     PodSecurityContext,
     PodSpec,
     ResourceRequirements,
@@ -88,6 +89,11 @@ REQUEST_MEMORY = 32 << 20
 API_TIMEOUT = 10.0
 DELETE_TIMEOUT = 60.0
 POLL_S = 0.05
+# The one nameserver of a sandbox's resolv.conf, with no search domains (as on the other runtimes:
+# the proxy's resolver answers). The node agent redirects port 53 to any address to its proxy, so
+# the address only has to route out of the Pod: a documentation address (RFC 5737) that is no
+# host, never the cluster's DNS (whose search path would send every name out suffixed).
+POD_NAMESERVER = "192.0.2.53"
 
 
 def connect(kubeconfig: Path | None, namespace: str) -> Client:
@@ -362,6 +368,8 @@ class KubernetesRuntime:
                 restartPolicy="Never",
                 automountServiceAccountToken=False,
                 enableServiceLinks=False,
+                dnsPolicy="None",
+                dnsConfig=PodDNSConfig(nameservers=[POD_NAMESERVER], searches=[]),
                 terminationGracePeriodSeconds=1,
                 runtimeClassName=self.runtime_class if spec.isolation == "gvisor" else None,
                 imagePullSecrets=[LocalObjectReference(name=pull_secret)] if pull_secret else None,

@@ -253,6 +253,8 @@ write_configs() {
 		      SystemdCgroup = false
 	EOF
 	: >"$CLUSTER_DIR/resolv.conf" # Pods get no resolver: the node has none to give them
+	# Containers' logs in the state dir, not the machine-wide /var/log/pods: another cluster's
+	# kubelet there would remove this one's Pod log directories as orphans of its own.
 	cat >"$CLUSTER_DIR/kubelet/config.yaml" <<-EOF
 		apiVersion: kubelet.config.k8s.io/v1beta1
 		kind: KubeletConfiguration
@@ -270,6 +272,7 @@ write_configs() {
 		failCgroupV1: false
 		failSwapOn: false
 		resolvConf: $CLUSTER_DIR/resolv.conf
+		podLogsDir: $CLUSTER_DIR/pod-logs
 		imageGCHighThresholdPercent: 100
 		imageGCLowThresholdPercent: 99
 		evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%}
@@ -416,7 +419,8 @@ add_node() {
 		-e "s|$CLUSTER_DIR/runc|$dir/runc|g" "$CLUSTER_DIR/containerd/config.toml" >"$dir/containerd/config.toml"
 	cp -r "$CLUSTER_DIR/containerd/certs.d" "$dir/containerd/" # the same registries (write_registry_hosts)
 	sed -e "s|^address: .*|address: $ip|" -e "s|$CLUSTER_DIR/containerd|$dir/containerd|" \
-		-e "s|^cgroupRoot: .*|cgroupRoot: /$CGROUP/node-$n|" "$CLUSTER_DIR/kubelet/config.yaml" >"$dir/kubelet/config.yaml"
+		-e "s|^cgroupRoot: .*|cgroupRoot: /$CGROUP/node-$n|" -e "s|^podLogsDir: .*|podLogsDir: $dir/pod-logs|" \
+		"$CLUSTER_DIR/kubelet/config.yaml" >"$dir/kubelet/config.yaml"
 	local node_ctr=("$BIN/ctr" --address "$dir/containerd/containerd.sock" --namespace k8s.io)
 	START_NETNS=$netns start "containerd-$n" "$BIN/containerd" --config "$dir/containerd/config.toml"
 	wait_for "containerd of node $n" 60 "${node_ctr[@]}" version

@@ -43,6 +43,7 @@ from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, N
 from tests.support.audit import audit_records
 from tests.support.internet import DNS_ADDR, ORIGIN_V4, ORIGIN_V6, Internet, start_internet
 from tests.support.netns import Netns, ip, unique
+from tests.support.registry import Registry
 from tests.support.server import SANDGATE, SandgateServer, free_port, sandgate_server
 
 SECRET = f"sk-adv-{secrets.token_hex(12)}"
@@ -216,24 +217,33 @@ def canaries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Canaries]:
 
 
 # The runtime and isolation the suite's sandboxes run on (docs/runtime.md has the commands):
-# SANDGATE_TEST_RUNTIME `local` (default) or `docker` (the session's private dockerd),
+# SANDGATE_TEST_RUNTIME `local` (default), `docker` (the session's private dockerd) or
+# `kubernetes` (the test cluster with the node agent, tests/kubernetes/serving.py),
 # SANDGATE_TEST_ISOLATION `standard` (default) or `gvisor`.
 TEST_RUNTIME = os.environ.get("SANDGATE_TEST_RUNTIME", "local")
 TEST_ISOLATION = os.environ.get("SANDGATE_TEST_ISOLATION", "standard")
 # The Python that runs the suite's scripts inside a sandbox: on the local runtime the host's own
 # (`sandgate/host` shows the host's root, read-only), on Docker the image's (sandgate/base, the
 # same Python as the test venv's), with the venv's libraries (boto3 for test_aws_sigv4) bound
-# read-only at TEST_SITE by the servers' `binds`.
+# read-only at TEST_SITE by the servers' `binds`; on Kubernetes the image's (a Pod has no binds).
 TEST_SITE = "/opt/sandgate-test-site"
-SANDBOX_PYTHON = sys.executable if TEST_RUNTIME == "local" else f"PYTHONPATH={TEST_SITE} python3"
+SANDBOX_PYTHON = {"local": sys.executable, "kubernetes": "python3"}.get(
+    TEST_RUNTIME, f"PYTHONPATH={TEST_SITE} python3"
+)
+# What the suite's sandboxes are made from: a Pod's image is pulled by the node (python:3.12 from
+# the session's test registry: Python, curl and a shell, as the attacks need).
+SANDBOX_IMAGE = "python:3.12" if TEST_RUNTIME == "kubernetes" else "sandgate/host"
+RUNTIMES = ("local", "docker", "kubernetes")
 
 
 def runtime_settings(request: pytest.FixtureRequest) -> dict[str, str]:
     """The server settings for TEST_RUNTIME and TEST_ISOLATION; on Docker, the session's private
-    dockerd with the sandbox images built into it."""
-    if TEST_RUNTIME not in ("local", "docker"):
-        raise ValueError(f"SANDGATE_TEST_RUNTIME={TEST_RUNTIME!r}: use `local` or `docker`")
+    dockerd with the sandbox images built into it; on Kubernetes, the test cluster's."""
+    if TEST_RUNTIME not in RUNTIMES:
+        raise ValueError(f"SANDGATE_TEST_RUNTIME={TEST_RUNTIME!r}: use one of {', '.join(RUNTIMES)}")
     settings = {"SANDGATE_ISOLATION": TEST_ISOLATION}
+    if TEST_RUNTIME == "kubernetes":
+        settings |= request.getfixturevalue("kubernetes_node")
     if TEST_RUNTIME == "docker":
         request.getfixturevalue("sandbox_images")
         settings |= {
@@ -249,6 +259,32 @@ def internet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
     with start_internet(tmp_path_factory.mktemp("internet")) as net:
         net.set_names(ZONE)
         yield net
+
+
+@pytest.fixture(scope="package")
+def kubernetes_node(
+    tmp_path_factory: pytest.TempPathFactory, internet: Internet, canaries: Canaries, registry: Registry
+) -> Iterator[dict[str, str]]:
+    """The test cluster (its node pulls docker.io names from the session's test registry), the
+    test internet and the canaries routed to the node, the node agent on it; the settings of a
+    server whose sandboxes are its Pods. Imported here so other runtimes need no cluster build."""
+    from lightkube import Client, KubeConfig
+
+    from tests.kubernetes.cluster import running_cluster, skip_unless_built
+    from tests.kubernetes.serving import HOST_LINK_IP, kubernetes_settings, node_agent, route_internet
+
+    skip_unless_built()
+    state_dir = tmp_path_factory.mktemp("cluster") / "state"
+    with (
+        running_cluster(state_dir, SANDGATE_CLUSTER_MIRROR=registry.mirror) as cluster,
+        registry.reachable_from(cluster.pid("containerd")),
+    ):
+        route_internet(cluster, internet)
+        for address in (METADATA_ADDR, PRIVATE_ADDR):  # a failed defence lands on a canary
+            ip("route", "add", f"{address}/32", "via", HOST_LINK_IP, netns=cluster.netns)
+        admin = Client(config=KubeConfig.from_file(cluster.kubeconfig))
+        with node_agent(cluster, internet, tmp_path_factory.mktemp("node-agent")) as agent:
+            yield kubernetes_settings(cluster, admin, agent.agents)
 
 
 ZONE = {
@@ -272,6 +308,11 @@ class ProxyPorts:
 
 @pytest.fixture(scope="package")
 def proxy_ports() -> ProxyPorts:
+    if TEST_RUNTIME == "kubernetes":  # the node agent's proxy listens on the defaults
+        from sandgate.lifecycle.confinement import ProxyPorts as NodePorts
+
+        node = NodePorts()
+        return ProxyPorts(node.transparent, node.explicit, node.dns)
     ports = set()
     while len(ports) < 3:
         ports.add(free_port())
@@ -407,7 +448,7 @@ def sandbox_with_policy(
     """A sandbox under a sandgate policy file's JSON (bindings of any kind, which the
     OpenSandbox credential-vault API cannot carry), killed on exit."""
     sandbox = SandboxSync.create(
-        "sandgate/host",
+        SANDBOX_IMAGE,
         entrypoint=["sleep", "infinity"],
         env=env or {},
         network_policy=NetworkPolicy(defaultAction="deny"),
@@ -443,7 +484,12 @@ def sandbox_netns(sandbox_id: str) -> str:
 
 
 def sandbox_net(server: SandgateServer, sandbox_id: str) -> tuple[str, str]:
-    """(sandbox address, gateway) from the host side: the veth of that sandbox's netns."""
+    """(sandbox address, gateway) from the host side: the veth of that sandbox's netns; on
+    Kubernetes its Pod's IP as the API server has it, and the node's Pod gateway."""
+    if TEST_RUNTIME == "kubernetes":
+        from tests.kubernetes.serving import pod_net
+
+        return pod_net(server, sandbox_id)
     out = subprocess.run(
         ["ip", "-n", sandbox_netns(sandbox_id), "-4", "-o", "addr", "show", "dev", "eth0"],
         capture_output=True,
@@ -458,7 +504,7 @@ def sandbox_net(server: SandgateServer, sandbox_id: str) -> tuple[str, str]:
 
 def create_attacker(server: SandgateServer, internet: Internet, ports: ProxyPorts) -> Attacker:
     sandbox = SandboxSync.create(
-        "sandgate/host",
+        SANDBOX_IMAGE,
         entrypoint=["sleep", "infinity"],
         network_policy=NETWORK_POLICY,
         credential_proxy=CredentialProxyConfig(enabled=True),

@@ -27,6 +27,7 @@ from tests.adversarial.conftest import (
     BOUND_HOST,
     EXFIL_ZONE,
     OPEN_HOST,
+    SANDBOX_IMAGE,
     SANDBOX_LIFETIME,
     ZONE,
     Attacker,
@@ -99,7 +100,7 @@ def run(sandbox: SandboxSync, command: str) -> str:
 def allowing(server: SandgateServer, host: str) -> SandboxSync:
     """A new sandbox whose policy allows `host` only (credential vault on)."""
     return SandboxSync.create(
-        "sandgate/host",
+        SANDBOX_IMAGE,
         entrypoint=["sleep", "infinity"],
         network_policy=NetworkPolicy(defaultAction="deny", egress=[NetworkRule(action="allow", target=host)]),
         credential_proxy=CredentialProxyConfig(enabled=True),

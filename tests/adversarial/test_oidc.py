@@ -21,7 +21,7 @@ from opensandbox import SandboxSync
 from opensandbox.config.connection_sync import ConnectionConfigSync
 from opensandbox.models.sandboxes import NetworkPolicy
 
-from tests.adversarial.conftest import SANDBOX_LIFETIME
+from tests.adversarial.conftest import SANDBOX_IMAGE, SANDBOX_LIFETIME
 from tests.support.audit import audit_records
 from tests.support.oidc_issuer import AUDIENCE, Issuer, oidc_issuer
 from tests.support.server import SandgateServer, sandgate_server
@@ -50,7 +50,7 @@ def http(server: SandgateServer, token: str, bearer: bool = False) -> httpx.Clie
 def test_a_tokens_claims_are_its_tenant_and_role(server: SandgateServer, issuer: Issuer) -> None:
     operator = issuer.token(sub="ci-pipeline", tenant="gamma", role="operator")
     sandbox = SandboxSync.create(
-        "sandgate/host", entrypoint=["sleep", "infinity"], network_policy=NetworkPolicy(defaultAction="deny"),
+        SANDBOX_IMAGE, entrypoint=["sleep", "infinity"], network_policy=NetworkPolicy(defaultAction="deny"),
         connection_config=ConnectionConfigSync(domain=server.domain, api_key=operator, protocol="http",
                                                request_timeout=timedelta(seconds=90), disable_metrics=True),
         timeout=SANDBOX_LIFETIME, ready_timeout=timedelta(seconds=30),

@@ -31,9 +31,10 @@ from tests.support.server import SandgateServer, sandgate_server
 pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(
-        TEST_RUNTIME == "docker",
+        TEST_RUNTIME in ("docker", "kubernetes"),
         reason="the local runtime's cgroup, loop-device quota and state dir; Docker's pids and disk "
-        "caps are tests/docker/test_runtime.py's",
+        "caps are tests/docker/test_runtime.py's, a Pod's are the node's podPidsLimit and its "
+        "ephemeral-storage limit (docs/kubernetes.md)",
     ),
 ]
 

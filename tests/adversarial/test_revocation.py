@@ -21,6 +21,7 @@ from tests.adversarial.conftest import (
     BOUND_HOST,
     IN_SANDBOX_TEST_CA,
     OPEN_HOST,
+    SANDBOX_IMAGE,
     SANDBOX_LIFETIME,
     SANDBOX_PYTHON,
     TEST_RUNTIME,
@@ -38,10 +39,12 @@ HOLD = Path(__file__).parents[1] / "support" / "hold_connections.py"
 IN_SANDBOX_HOLD = "/workspace/hold_connections.py"
 GO, OUT = "/workspace/go", "/workspace/hold.out"
 # Where a sandbox finds the deployment CA: a file of its own on the local runtime, in the image's
-# bundle on Docker.
-PROXY_CA = {"local": "/etc/ssl/certs/sandgate-proxy.crt", "docker": "/etc/ssl/certs/ca-certificates.crt"}[
-    TEST_RUNTIME
-]
+# bundle on Docker, the file execd's launcher writes into the Pod on Kubernetes.
+PROXY_CA = {
+    "local": "/etc/ssl/certs/sandgate-proxy.crt",
+    "docker": "/etc/ssl/certs/ca-certificates.crt",
+    "kubernetes": "/run/sandgate/proxy-ca.crt",
+}[TEST_RUNTIME]
 HELD = {
     "defaultAction": "deny",
     "egress": [
@@ -57,7 +60,7 @@ WAIT = 30.0
 def holder(server: SandgateServer, internet: Internet, proxy_ports: ProxyPorts) -> Iterator[Attacker]:
     """A sandbox of its own (the attacker's policy stays untouched), with the hold script."""
     sandbox = SandboxSync.create(
-        "sandgate/host",
+        SANDBOX_IMAGE,
         entrypoint=["sleep", "infinity"],
         network_policy=NetworkPolicy(
             defaultAction="deny",

@@ -37,7 +37,7 @@ from opensandbox import SandboxSync
 from opensandbox.models.execd import RunCommandOpts
 from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
 
-from tests.adversarial.conftest import SANDBOX_LIFETIME, SANDBOX_PYTHON, ZONE, connection
+from tests.adversarial.conftest import SANDBOX_IMAGE, SANDBOX_LIFETIME, SANDBOX_PYTHON, ZONE, connection
 from tests.adversarial.reflector import CHARSETS, FORMS
 from tests.support.internet import Internet
 from tests.support.netns import Netns, ip, unique
@@ -181,7 +181,7 @@ class Victim:
 @pytest.fixture(scope="module")
 def victim(server: SandgateServer, reflector: Reflector) -> Iterator[Victim]:
     sandbox = SandboxSync.create(
-        "sandgate/host",
+        SANDBOX_IMAGE,
         entrypoint=["sleep", "infinity"],
         network_policy=NetworkPolicy(
             defaultAction="deny",

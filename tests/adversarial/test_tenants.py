@@ -34,7 +34,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from sandgate.lifecycle.api.access import ACCESS
-from tests.adversarial.conftest import DENIED_HOST, OPEN_HOST, SANDBOX_LIFETIME
+from tests.adversarial.conftest import DENIED_HOST, OPEN_HOST, SANDBOX_IMAGE, SANDBOX_LIFETIME
 from tests.conformance.conftest import API_HOST
 from tests.conformance.test_js_sdk import RUN_TIMEOUT_S, node
 from tests.conformance.test_mcp_scenarios import run_mcp
@@ -97,7 +97,7 @@ def sdk(server: SandgateServer, key: Key) -> ConnectionConfigSync:
 
 def create(server: SandgateServer, key: Key) -> SandboxSync:
     return SandboxSync.create(
-        "sandgate/host",
+        SANDBOX_IMAGE,
         entrypoint=["sleep", "infinity"],
         network_policy=NetworkPolicy(defaultAction="deny"),
         connection_config=sdk(server, key),
@@ -411,7 +411,7 @@ def test_no_sandbox_policy_exceeds_its_tenants_ceiling(
             assert http.get(f"/v1/sandboxes/{b.id}/egress/credential-vault").status_code == 404  # none made
         with pytest.raises(Exception, match=r"403|ceiling"):
             SandboxSync.create(
-                "sandgate/host",
+                SANDBOX_IMAGE,
                 entrypoint=["sleep", "infinity"],
                 network_policy=NetworkPolicy(defaultAction="allow"),
                 connection_config=sdk(server, tenants.op_b),

@@ -129,6 +129,10 @@ PROMISES: dict[str, list[str]] = {
         r"^kubernetes runtime \(sandgate.example.test/busybox:1\), \d+ sandboxes",
         timing("create-to-ready"),
         timing("teardown"),
+        r"^one node with its agent held \d+ sandboxes \(sandgate.example.test/busybox:1\), stopped by ",
+        timing("create-to-ready (agent)"),
+        rf"^  node agent RSS {N} MiB at 0, {N} MiB at \d+: {N} MiB per sandbox$",
+        rf"^  Pods' memory {N} MiB per sandbox \(cgroup usage\)$",
     ],
     "execd": [
         rf"^start-up to first /ping 200 .*: wall p50 {N} ms, max {N} ms; CPU used p50 {N} ms$",

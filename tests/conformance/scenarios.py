@@ -57,6 +57,14 @@ NOT_OFFERED: dict[str, dict[str, str]] = {
     },
 }
 
+# runtime -> {scenario: why the runtime cannot offer it}: skipped for every client on it, with the
+# reason (the client still runs the step; its outcome is not a result of the client).
+NOT_ON_RUNTIME: dict[str, dict[str, str]] = {
+    "kubernetes": {
+        "pause_resume": "the kubernetes runtime refuses pause and resume: the API cannot freeze a Pod",
+    },
+}
+
 Result = dict[str, Any]  # {"scenario": name, "ok": bool, "error": text when not ok}
 
 
@@ -121,9 +129,13 @@ def by_mode(
     return results
 
 
-def check(client: str, results: Callable[[], Mapping[str, Result]], scenario: str) -> None:
-    """One scenario's outcome as a test: skipped where the client does not offer it."""
+def check(
+    client: str, results: Callable[[], Mapping[str, Result]], scenario: str, runtime: str = "local"
+) -> None:
+    """One scenario's outcome as a test: skipped where the client or the runtime does not offer it."""
     if scenario in NOT_OFFERED.get(client, {}):
         pytest.skip(f"{client}: {NOT_OFFERED[client][scenario]}")
+    if scenario in NOT_ON_RUNTIME.get(runtime, {}):
+        pytest.skip(f"{runtime}: {NOT_ON_RUNTIME[runtime][scenario]}")
     result = results()[scenario]
     assert result["ok"], f"{client}: {scenario}: {SCENARIOS[scenario]}\n{result['error']}"

@@ -43,7 +43,7 @@ def node(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> 
 
 def run_js(server: SandgateServer, mode: str) -> Results:
     """Every scenario in one node process; each one's result."""
-    env = {**server.env(), "SANDGATE_TEST_API_HOST": API_HOST}
+    env = {**server.env(), "SANDGATE_TEST_API_HOST": API_HOST, "SANDGATE_TEST_IMAGE": server.sandbox_image}
     lines = node(mode, env=env, timeout=RUN_TIMEOUT_S).splitlines()
     return {item["scenario"]: item for item in map(json.loads, lines)}
 

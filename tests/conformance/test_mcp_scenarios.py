@@ -101,7 +101,7 @@ class McpClient:
     def create(self) -> None:
         created = self._tool(
             "sandbox_create",
-            image="sandgate/host",
+            image=self.server.sandbox_image,
             entrypoint=["sleep", "infinity"],
             resource={"cpu": "1", "memory": "512Mi"},
             env={"GREETING": "hello from create"},

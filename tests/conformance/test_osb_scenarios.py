@@ -86,7 +86,8 @@ class OsbClient:
             json.dumps({"defaultAction": "deny", "egress": [{"action": "allow", "target": API_HOST}]})
         )
         created = self._json(
-            "sandbox", "create", "-i", "sandgate/host", "--entrypoint", "sleep", "--entrypoint", "infinity",
+            "sandbox", "create", "-i", self.server.sandbox_image,
+            "--entrypoint", "sleep", "--entrypoint", "infinity",
             "--resource", "cpu=1", "-e", "GREETING=hello from create", "-m", "suite=osb",
             "--network-policy-file", str(policy), "--credential-proxy",
         )  # fmt: skip

@@ -86,7 +86,7 @@ class PythonSdkClient:
 
     def create(self) -> None:
         self.sandbox = SandboxSync.create(
-            "sandgate/host",
+            self.server.sandbox_image,
             entrypoint=["sleep", "infinity"],
             resource={"cpu": "1", "memory": "512Mi"},
             env={"GREETING": "hello from create"},

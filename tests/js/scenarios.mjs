@@ -56,7 +56,7 @@ const scenarios = {
   async create(s) {
     s.sandbox = await Sandbox.create({
       connectionConfig: connection(),
-      image: "sandgate/host",
+      image: process.env.SANDGATE_TEST_IMAGE ?? "sandgate/host",
       entrypoint: ["sleep", "infinity"],
       resource: { cpu: "1", memory: "512Mi" },
       env: { GREETING: "hello from create" },

@@ -164,10 +164,15 @@ def test_pod_runs_a_local_image(cluster: Cluster, client: Client) -> None:
     assert ended.status is not None
     assert ended.status.phase == "Succeeded", ended.status
     output = "\n".join(client.log(name, namespace="default"))
-    assert f"digest={hashlib.sha256(nonce.encode()).hexdigest()}" in output, output
+    digest = f"digest={hashlib.sha256(nonce.encode()).hexdigest()}"
+    assert digest in output, output
     pod_ip = ended.status.podIP
     assert pod_ip is not None and ipaddress.ip_address(pod_ip) in POD_CIDR
     assert f"inet {pod_ip}/" in output, output
+    # kubelet wrote the log under the cluster's own state dir, where no other cluster looks
+    assert ended.metadata is not None and ended.metadata.uid is not None
+    logs = list((cluster.state_dir / "pod-logs").glob(f"default_{name}_{ended.metadata.uid}/*/*.log"))
+    assert logs and any(digest in log.read_text() for log in logs), logs
 
 
 def connect_with_retry(address: tuple[str, int], timeout: float) -> bytes:

@@ -37,8 +37,9 @@ from opensandbox.config.connection_sync import ConnectionConfigSync
 
 from tests.kubernetes import test_two_node_proxies as two_nodes
 from tests.kubernetes.cluster import SCRIPTS, Cluster, run_script, skip_unless_built, up_to_a_build
+from tests.kubernetes.serving import write_agent_tls
 from tests.kubernetes.test_manifests import installed, kubectl
-from tests.kubernetes.test_node_proxy import POLICY, SECRET, wait_until, write_agent_tls
+from tests.kubernetes.test_node_proxy import POLICY, SECRET, wait_until
 from tests.kubernetes.test_two_node_proxies import NODES, has_arrived
 from tests.support.internet import DNS_ADDR, ORIGIN_V4, Internet
 

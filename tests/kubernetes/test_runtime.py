@@ -125,6 +125,9 @@ def test_a_sandbox_is_a_pod_that_runs_commands_and_files(server: SandgateServer,
         assert pod.spec is not None
         (container,) = pod.spec.containers
         assert container.image == "docker.io/library/python:3.12"
+        # the sandbox's resolver: one address the node agent redirects, no cluster DNS or search path
+        assert pod.spec.dnsPolicy == "None" and pod.spec.dnsConfig is not None
+        assert pod.spec.dnsConfig.nameservers == ["192.0.2.53"] and not pod.spec.dnsConfig.searches
         assert container.resources is not None and container.resources.limits == {
             "cpu": "500m",
             "memory": str(256 << 20),

@@ -29,18 +29,8 @@ from lightkube.resources.core_v1 import Pod
 
 from sandgate.lifecycle.node_client import NodeAgents
 from tests.kubernetes.cluster import SCRIPTS, Cluster, running_cluster, skip_unless_built, up_to_a_build
-from tests.kubernetes.test_node_proxy import (
-    AGENT_PORT,
-    HOST_LINK_IP,
-    POLICY,
-    SANDBOX_NAMESPACE,
-    SECRET,
-    ZONE,
-    Agent,
-    kubernetes_server,
-    wait_until,
-    write_agent_tls,
-)
+from tests.kubernetes.serving import AGENT_PORT, HOST_LINK_IP, SANDBOX_NAMESPACE, Agent, write_agent_tls
+from tests.kubernetes.test_node_proxy import POLICY, SECRET, ZONE, server_with_the_secret, wait_until
 from tests.support.internet import HOST_V4, ORIGIN_V4, Internet, start_internet
 from tests.support.netns import ip
 from tests.support.server import SANDGATE, SandgateServer
@@ -132,7 +122,7 @@ def server(
     cluster: Cluster, client: Client, agents: dict[str, Agent], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SandgateServer]:
     shared = next(iter(agents.values())).agents
-    with kubernetes_server(cluster, client, shared, tmp_path_factory.mktemp("k8s-server")) as handle:
+    with server_with_the_secret(cluster, client, shared, tmp_path_factory.mktemp("k8s-server")) as handle:
         yield handle
 
 

@@ -130,6 +130,8 @@ class SandgateServer:
         self.log_path = state_dir.parent / f"serve-{self.port}.log"
         self.extra_env = extra_env or {}
         self.process: subprocess.Popen[bytes] | None = None
+        # what the client scenarios create from: the runtime's base image (a Pod needs a pullable one)
+        self.sandbox_image = "sandgate/host"
 
     @property
     def domain(self) -> str:

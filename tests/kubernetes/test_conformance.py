@@ -1,0 +1,109 @@
+"""The client scenarios (tests/conformance/scenarios.py) of the Python SDK, the JS SDK, `osb` and
+the MCP server, unchanged, in direct and server-proxy mode, against `sandgate serve --runtime
+kubernetes` with the node agent on the node (serving.py): the same drivers as on the local and
+Docker runtimes, so every runtime passes the same scenarios. What the runtime cannot offer
+(pause and resume) is skipped with the reason scenarios.py gives.
+
+The sandboxes are Pods of `python:3.12`, which the node pulls from the session's test registry
+only (a mirror for docker.io, as in test_runtime.py); one sandbox made first pulls it, so the
+scenarios' creates meet a warm node within the clients' own timeouts.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+
+import pytest
+from lightkube import Client, KubeConfig
+from lightkube.resources.core_v1 import Pod
+
+from tests.conformance.conftest import API_HOST
+from tests.conformance.scenarios import MODES, SCENARIOS, Result, check
+from tests.conformance.test_js_sdk import run_js
+from tests.conformance.test_mcp_scenarios import run_mcp
+from tests.conformance.test_osb_scenarios import run_osb
+from tests.conformance.test_sdk_scenarios import run_python
+from tests.kubernetes.cluster import Cluster, running_cluster, skip_unless_built, up_to_a_build
+from tests.kubernetes.serving import SANDBOX_NAMESPACE, Agent, internet_for, kubernetes_server, node_agent
+from tests.support.internet import ORIGIN_V4, Internet
+from tests.support.registry import Registry
+from tests.support.server import SandgateServer
+
+pytestmark = pytest.mark.root
+skip_unless_built()
+
+IMAGE = "python:3.12"  # docker.io/library/python:3.12, from the test registry
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[Cluster]:
+    state_dir = tmp_path_factory.mktemp("cluster") / "state"
+    with (
+        running_cluster(state_dir, SANDGATE_CLUSTER_MIRROR=registry.mirror) as handle,
+        registry.reachable_from(handle.pid("containerd")),
+    ):
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def admin(cluster: Cluster) -> Client:
+    return Client(config=KubeConfig.from_file(cluster.kubeconfig))
+
+
+@pytest.fixture(scope="module")
+def internet(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
+    with internet_for(cluster, tmp_path_factory.mktemp("internet"), {API_HOST: [ORIGIN_V4]}) as net:
+        yield net
+
+
+@pytest.fixture(scope="module")
+def agent(cluster: Cluster, internet: Internet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    with node_agent(cluster, internet, tmp_path_factory.mktemp("node-agent")) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def server(
+    cluster: Cluster, admin: Client, agent: Agent, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SandgateServer]:
+    with kubernetes_server(cluster, admin, agent.agents, tmp_path_factory.mktemp("k8s-server")) as running:
+        running.sandbox_image = IMAGE
+        with running.client(timeout=300) as api:  # the node's first pull of the image
+            created = api.post("/v1/sandboxes", json={"image": {"uri": IMAGE}, "entrypoint": ["sleep", "60"]})
+            assert created.status_code == 202, created.text
+            assert api.delete(f"/v1/sandboxes/{created.json()['id']}").status_code == 204
+        yield running
+
+
+CLIENTS: dict[str, Callable[[SandgateServer, str], dict[str, Result]]] = {
+    "python": run_python,
+    "js": run_js,
+    "osb": run_osb,
+    "mcp": run_mcp,
+}
+
+
+@pytest.fixture(scope="module")
+def results(server: SandgateServer) -> Callable[[str, str], dict[str, Result]]:
+    """One client's results in one mode, run once on first use."""
+    return functools.cache(lambda client, mode: CLIENTS[client](server, mode))
+
+
+CASES = [(client, mode, scenario) for client in CLIENTS for mode in MODES for scenario in SCENARIOS]
+
+
+@up_to_a_build
+@pytest.mark.parametrize(("client", "mode", "scenario"), CASES)
+def test_client_scenarios_on_kubernetes(
+    results: Callable[[str, str], dict[str, Result]], client: str, mode: str, scenario: str
+) -> None:
+    check(client, lambda: results(client, mode), scenario, runtime="kubernetes")
+
+
+def test_every_scenario_pod_is_gone(admin: Client, results: Callable[[str, str], dict[str, Result]]) -> None:
+    """After every client's `kill`, the API server holds no Pod of theirs (the warm-up's included)."""
+    for client in CLIENTS:
+        for mode in MODES:
+            results(client, mode)
+    assert [pod.metadata.name for pod in admin.list(Pod, namespace=SANDBOX_NAMESPACE) if pod.metadata] == []
