@@ -325,7 +325,7 @@ class AuthMiddleware:
         """Who calls: (principal, when it expires, None), or a refusal (status, code, message).
         No principal and no refusal: an open route, or a sandbox's own token, which its route
         checks (rule 1)."""
-        path, given = scope["path"], headers.get(API_KEY_HEADER) or bearer(headers)
+        path, given = scope["path"], headers.get(API_KEY_HEADER) or self._oidc_bearer(headers)
         if path in self.open_paths or (found is not None and found[0].is_open):
             return None, None, None
         if given:
@@ -359,6 +359,14 @@ class AuthMiddleware:
         if path.startswith(self.open_prefixes):
             return None, None, None
         return None, None, (401, "MISSING_API_KEY", f"send the API key in the {API_KEY_HEADER} header")
+
+    def _oidc_bearer(self, headers: Headers) -> str | None:
+        """`Authorization: Bearer` is a credential only with an OIDC issuer set and no endpoint
+        token beside it; otherwise it is the client's own header (an SDK may send one with every
+        call), which the reverse proxy keeps from the sandbox."""
+        if self.gate.oidc is None or EXECD_TOKEN_HEADER in headers or EGRESS_AUTH_HEADER in headers:
+            return None
+        return bearer(headers)
 
     @staticmethod
     def _bound_token(path: str, headers: Headers) -> tuple[str, str, str] | None:
