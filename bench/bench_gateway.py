@@ -117,18 +117,21 @@ def _child() -> None:
 
     with (
         tempfile.TemporaryDirectory(prefix="sandgate-bench-gateway-") as temp,
-        sandgate_server(Path(temp)) as server,
+        # direct: the endpoint is the sandbox's own address and execd token (a key's endpoint
+        # token is bound to the key, which only the host's reverse proxy checks), and the reverse
+        # proxy takes that same token, so both paths carry the same header
+        sandgate_server(Path(temp), {"SANDGATE_EXECD_ENDPOINT": "direct"}) as server,
     ):
         sandbox_id = server.create_sandbox()["id"]
         with server.client() as api:
             found = api.get(f"/v1/sandboxes/{sandbox_id}/endpoints/44772").json()
         headers = found["headers"]
-        assert "/proxy/44772" in found["endpoint"], found
+        assert found["endpoint"] == f"{server.sandbox_address(sandbox_id)}:44772", found
         server.run(sandbox_id, f"head -c {DOWNLOAD_MIB}M /dev/urandom > /tmp/bench-download.bin")
-        direct = f"{server.sandbox_address(sandbox_id)}:44772"
+        host = f"{server.domain}/v1/sandboxes/{sandbox_id}/proxy/44772"
         clients = {
             name: httpx.Client(base_url=f"http://{address}", headers=headers, timeout=60, trust_env=False)
-            for name, address in (("host", found["endpoint"]), ("direct", direct))
+            for name, address in (("host", host), ("direct", found["endpoint"]))
         }
         assert server.process is not None
         serve_pid = server.process.pid
