@@ -21,6 +21,7 @@ import pytest
 
 from tests.audit.browser import chromium, log_in, needs_chromium, new_page
 from tests.conformance.conftest import API_HOST, PATCHED_HOST
+from tests.support.audit import audit_records as every_record
 from tests.support.cli import sandgate
 from tests.support.internet import ORIGIN_V4, Internet
 from tests.support.server import SandgateServer
@@ -95,8 +96,7 @@ def origin_saw(internet: Internet, path: str) -> bool:
 
 def request_record(server: SandgateServer, sandbox_id: str, path: str) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
-        for line in (server.state_dir / "audit.jsonl").read_text().splitlines():
-            record = json.loads(line)
+        for record in every_record(server.state_dir):
             if record["sandbox"] == sandbox_id and record["kind"] == "request" and record["path"] == path:
                 return dict(record)
         return None
@@ -199,4 +199,4 @@ def test_the_console_refuses_an_answer_without_the_sessions_csrf_token(
 
 
 def audit_records(server: SandgateServer) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (server.state_dir / "audit.jsonl").read_text().splitlines()]
+    return every_record(server.state_dir)

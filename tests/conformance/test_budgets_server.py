@@ -5,12 +5,12 @@ and the audit file, not from the server's answer."""
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 import time
 
 from tests.conformance.conftest import API_HOST, set_policy
+from tests.support.audit import audit_records
 from tests.support.internet import Internet
 from tests.support.server import SandgateServer
 
@@ -38,7 +38,7 @@ def test_a_sandbox_budget_put_through_the_api_holds_at_the_proxy(
         assert len(statuses) == TRIES and "000" not in statuses, statuses
         assert len(answered) == len(reached)  # every answer not a 429 came from the origin
         assert BURST <= len(reached) <= BURST + math.ceil(RATE * elapsed), (statuses, elapsed)
-        records = [json.loads(line) for line in (server.state_dir / "audit.jsonl").read_text().splitlines()]
+        records = audit_records(server.state_dir, sandbox_id)
         refused = [
             r
             for r in records
