@@ -6,8 +6,8 @@ Proven on the real one-node cluster through `sandgate serve --runtime kubernetes
 agent (serving.py), in a Pod of `python:3.12` from the session's test registry, with the Pod's
 own curl and the trust store the hand-over made: an intercepted HTTPS request verifies and
 arrives at the origin with the injected credential (the origin's log), the same request checked
-against the image's bundle alone fails verification (the trust is the node's CA, not a bypass),
-and a denied HTTPS host is refused by the policy (never at the origin).
+against the server's own proxy CA (what a Pod was handed before) fails verification and never
+arrives, and a denied HTTPS host is refused by the policy (never at the origin).
 """
 
 from __future__ import annotations
@@ -96,11 +96,6 @@ def test_an_intercepted_https_request_verifies_against_the_nodes_ca(
             answer = api.put(f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy", json={"policy": POLICY})
             assert answer.status_code == 200, answer.text
 
-            handed = server.run(sandbox_id, "cat /run/sandgate/proxy-ca.crt")
-            node_ca = (agent.state_dir / CA_CERT).read_text()
-            assert handed.exit_code == 0 and handed.stdout.strip() == node_ca.strip(), handed
-            assert node_ca != (server.state_dir / CA_CERT).read_text()  # not the server's own proxy CA
-
             allowed = server.run(sandbox_id, "curl -fsS https://api.example.com/echo/node-tls")
             assert allowed.exit_code == 0, f"{allowed}\n{agent.evidence()}"
             (request,) = arrived(internet, "/echo/node-tls")
@@ -109,11 +104,17 @@ def test_an_intercepted_https_request_verifies_against_the_nodes_ca(
             assert str(request["client"]).startswith(f"{NODE_IP}:")
             assert SECRET not in allowed.stdout  # the echoed credential came back scrubbed
 
-            image_bundle_only = server.run(
+            handed = server.run(sandbox_id, "cat /run/sandgate/proxy-ca.crt")
+            node_ca = (agent.state_dir / CA_CERT).read_text()
+            assert handed.exit_code == 0 and handed.stdout.strip() == node_ca.strip(), handed
+
+            server_ca = (server.state_dir / CA_CERT).read_text()
+            against_the_servers_ca = server.run(  # what the Pod was handed before: it fails
                 sandbox_id,
-                "curl -fsS --cacert /etc/ssl/certs/ca-certificates.crt https://api.example.com/echo/unverified",
+                f"cat > /tmp/server-ca.pem <<'PEM'\n{server_ca}PEM\n"
+                "curl -fsS --cacert /tmp/server-ca.pem https://api.example.com/echo/unverified",
             )
-            assert image_bundle_only.exit_code == CURL_SSL_CACERT, image_bundle_only
+            assert against_the_servers_ca.exit_code == CURL_SSL_CACERT, against_the_servers_ca
             assert arrived(internet, "/echo/unverified") == []
 
             denied = server.run(sandbox_id, "curl -fsS https://denied.example.com/echo/denied")
