@@ -22,7 +22,9 @@ Rules:
    its own memory to feed a restarted proxy, drops them with the last entry that named them, and
    never writes them anywhere.
 5. The server talks to the agent over TLS (the platform's certificate) with a bearer token
-   (`NodeControl`): push and drop entries, read the node's audit file from a cursor (`read_audit`).
+   (`NodeControl`): push and drop entries, read the node's audit file from a cursor (`read_audit`),
+   and read the certificate of the node's own CA (`GET /v1/ca`), which the server hands each Pod
+   on this node to trust: the CA's key is made on the node and never leaves it.
    The proxy writes every record ahead into the node's own audit file; the server ships them into
    its one audit log and keeps the cursor, so a killed agent loses nothing (lifecycle/node_client.py).
 """
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Response
+from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from sandgate.lifecycle.confinement import ProxyPorts
@@ -56,6 +59,7 @@ from sandgate.proxy import (
     audit_path,
     config_path,
     control_socket,
+    ensure_ca,
     log_path,
 )
 from sandgate.vault import StoreSettings
@@ -266,6 +270,11 @@ class NodeAgent:
         install_table(self.config.table, self.config.pods, self.config.ports)
         self.supervisor.start()
 
+    def ca_cert(self) -> str:
+        """The certificate (PEM) of the CA the node's proxy signs with (rule 5); made on first use,
+        kept in the state dir like the proxy's own, so the proxy and this answer are the same CA."""
+        return ensure_ca(self.config.state_dir).cert.read_text()
+
     def stop(self) -> None:
         """Stops the proxy; the table stays (fail closed, rule 2)."""
         self.supervisor.stop()
@@ -385,6 +394,10 @@ def node_app(agent: NodeAgent, token: str) -> FastAPI:
     @app.get(f"{API_PREFIX}/audit")
     def audit(file: int = 0, offset: int = 0, max_bytes: int = 1 << 20) -> AuditChunk:
         return read_audit(agent.config.state_dir, file, offset, min(max_bytes, 8 << 20))
+
+    @app.get(f"{API_PREFIX}/ca", response_class=PlainTextResponse)
+    def ca_cert() -> str:
+        return agent.ca_cert()
 
     @app.get(f"{API_PREFIX}/health")
     def health() -> dict[str, Any]:

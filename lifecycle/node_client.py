@@ -26,6 +26,9 @@ Rules:
    way round, an entry whose Pod is gone from that node (evicted by a drain, deleted behind the
    server's back) is dropped at the shipper's next prune (`NodeProxies.prune`, every
    `PRUNE_EVERY` polls): a later Pod given the same IP never inherits its policy or its values.
+6. Trust: each node's proxy signs intercepted connections with a CA made on that node (its key
+   never leaves it). The runtime hands a Pod the certificate of its own node's CA
+   (`NodeProxies.ca_cert`, wired as the Kubernetes runtime's `node_ca`), not the server's.
 """
 
 from __future__ import annotations
@@ -90,6 +93,10 @@ class NodeClient:
 
     def health(self) -> dict[str, Any]:
         return dict(self._call("GET", f"{API_PREFIX}/health").json())
+
+    def ca_cert(self) -> str:
+        """The certificate (PEM) of the CA the node's proxy signs intercepted connections with."""
+        return self._call("GET", f"{API_PREFIX}/ca").text
 
     def close(self) -> None:
         self._client.close()
@@ -202,6 +209,14 @@ class NodeProxies:
             self._placed[entry.address] = node_ip
         self._ship_from(node_ip)
         return answer
+
+    def ca_cert(self, node_ip: str) -> str:
+        """The CA a Pod on that node must trust (rule 6): its node proxy's own, read over TLS."""
+        client = self.agents.client(node_ip)
+        try:
+            return client.ca_cert()
+        finally:
+            client.close()
 
     def drop_sandbox(self, address: str) -> bool:
         with self._lock:

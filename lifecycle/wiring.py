@@ -279,7 +279,8 @@ def make_confinement(
 def node_proxies(
     settings: Settings, runtime: LocalRuntime | DockerRuntime | KubernetesRuntime, vault: SecretStore
 ) -> NodeProxies | None:
-    """The node agents' client (lifecycle/node_client.py) when `[kubernetes]` names them."""
+    """The node agents' client (lifecycle/node_client.py) when `[kubernetes]` names them; the
+    runtime then hands each Pod its own node proxy's CA (rule 6 of node_client.py)."""
     from sandgate.lifecycle.node_client import NodeAgents, NodeProxies, pod_locator
 
     options = settings.kubernetes
@@ -291,7 +292,9 @@ def node_proxies(
         return None
     agents = NodeAgents(options.node_agent_port, options.node_agent_ca, options.node_agent_token_file)
     locate = pod_locator(getattr(runtime, "client"), options.namespace)  # noqa: B009 (the Kubernetes runtime's)
-    return NodeProxies(agents, locate, vault, settings.audit_log, settings.state_dir / "node-audit")
+    nodes = NodeProxies(agents, locate, vault, settings.audit_log, settings.state_dir / "node-audit")
+    runtime.node_ca = nodes.ca_cert  # type: ignore[union-attr]  # only called with the Kubernetes runtime
+    return nodes
 
 
 def make_runtime(

@@ -21,6 +21,9 @@ Rules:
    (`REQUEST_MILLICPU`, `REQUEST_MEMORY`, or the limit when lower), so a node holds as many
    sandboxes as their real use allows. The pids limit is the node's (kubelet's `podPidsLimit`):
    a Pod spec has no field for one.
+   The CA a Pod trusts is its node's: each node's proxy signs with a CA of its own, whose
+   certificate `node_ca` reads by the node's InternalIP (the node agents' client, set by the
+   wiring); without node agents it is the spec's `ca_cert` (the server's proxy, no Pod's egress).
 5. A create fails fast, with the node's own words, when the image cannot be pulled or the Pod
    ends; `start_timeout` bounds the rest (scheduling, pull). Whatever it made is deleted then.
 6. `gvisor` isolation is the cluster's RuntimeClass `gvisor_runtime_class`, offered only when
@@ -172,6 +175,7 @@ class KubernetesRuntime:
             storage_class=storage_class,
         )
         self.runtime_class = gvisor_runtime_class if self._has_runtime_class(gvisor_runtime_class) else None
+        self.node_ca: Callable[[str], str] | None = None  # node InternalIP -> its proxy's CA (PEM)
         self.isolations: tuple[str, ...] = ("standard", "gvisor") if self.runtime_class else ("standard",)
 
     # -- the Runtime protocol ---------------------------------------------------------------
@@ -198,10 +202,10 @@ class KubernetesRuntime:
         secret = self._pull_secret(spec, reference)
         try:
             self.client.create(self._pod_manifest(spec, reference, secret, claim_volumes))
-            address = self._wait_started(spec.sandbox_id, reference)
+            started = self._wait_started(spec.sandbox_id, reference)
+            address = _pod_ip(started)
             quietly(lambda: self._delete_secret(secret))  # pulled: the login leaves the cluster now
-            ca = spec.ca_cert.read_text() if spec.ca_cert else ""
-            hand_over(address, spec.execd_token, ca)
+            hand_over(address, spec.execd_token, self._trusted_ca(started, spec))
         except BaseException:
             quietly(lambda: self.delete(spec.sandbox_id))
             raise
@@ -385,8 +389,18 @@ class KubernetesRuntime:
             ),
         )
 
-    def _wait_started(self, sandbox_id: str, reference: str) -> str:
-        """The Pod's IP once its sandbox container runs; the node's reason when it cannot (rule 5)."""
+    def _trusted_ca(self, pod: Pod, spec: SandboxSpec) -> str:
+        """The CA certificate the Pod is to trust: its node proxy's (rule 4)."""
+        if self.node_ca is None:
+            return spec.ca_cert.read_text() if spec.ca_cert else ""
+        node_ip = pod.status.hostIP if pod.status else None
+        if not node_ip:
+            raise RuntimeError_(f"the Pod of sandbox {spec.sandbox_id} runs but has no node address")
+        return self.node_ca(node_ip)
+
+    def _wait_started(self, sandbox_id: str, reference: str) -> Pod:
+        """The Pod once its sandbox container runs and has its IP; the node's reason when it
+        cannot (rule 5)."""
         deadline = time.monotonic() + self.start_timeout
         while True:
             pod = self._pod(sandbox_id)
@@ -395,7 +409,7 @@ class KubernetesRuntime:
             self._check_failed(pod, reference)
             status = _container_status(pod)
             if status and status.state and status.state.running and _pod_ip(pod):
-                return _pod_ip(pod)
+                return pod
             if time.monotonic() > deadline:
                 raise RuntimeError_(
                     f"the Pod of sandbox {sandbox_id} did not start within {self.start_timeout:.0f} s "

@@ -14,10 +14,11 @@ Rules:
    mounts read-only at /.sandgate (`EXECD_MOUNT`): the user's image is never changed, and the
    sandbox's programs cannot change the execd that serves them.
 3. The sandbox container runs `LAUNCHER` with that Python: it listens on execd's port and takes
-   exactly one connection, the hand-over: one JSON line with execd's token and the proxy's CA
-   certificate, answered `ok`. Then it stops listening, trusts the CA in the image's bundle,
-   starts the entrypoint and becomes execd with the token in its memory only. The token is
-   therefore never in the Pod spec, an env var or any object the API server stores.
+   exactly one connection, the hand-over: one JSON line with execd's token and the CA certificate
+   of the proxy that confines the Pod (its node's), answered `ok`. Then it stops listening,
+   trusts the CA in the image's bundle, starts the entrypoint and becomes execd with the token in
+   its memory only. The token is therefore never in the Pod spec, an env var or any object the
+   API server stores.
 4. The server hands over right after the Pod runs (`hand_over`); the first connection wins, so
    a create whose hand-over is not answered `ok` (someone else's came first) fails and the Pod
    is deleted: execd then never serves anybody but the server that created it.

@@ -414,8 +414,11 @@ def server_with_the_secret(
 
 @pytest.fixture(scope="module")
 def runtime_server(
-    cluster: Cluster, client: Client, agent: Agent, tmp_path_factory: pytest.TempPathFactory
+    cluster: Cluster, client: Client, agent: Agent, server: Server, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SandgateServer]:
+    # One server per node agents: the test's own NodeProxies above (Pods of "default") would prune
+    # the entries of this server's Pods (in SANDBOX_NAMESPACE, which it cannot see) from the node.
+    server.nodes.close()
     with server_with_the_secret(
         cluster, client, agent.agents, tmp_path_factory.mktemp("k8s-server")
     ) as server:

@@ -8,12 +8,14 @@ import os
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from sandgate.lifecycle.node import NodeEntry, read_audit
+from sandgate.lifecycle.node import NodeAgent, NodeAgentConfig, NodeEntry, node_app, read_audit
 from sandgate.lifecycle.node_client import vault_names
 from sandgate.lifecycle.settings import KubernetesSettings
-from sandgate.proxy import SandboxEntry, VaultValues
+from sandgate.proxy import SandboxEntry, VaultValues, ensure_ca
 from sandgate.vault import MemoryStore, SecretNotFound
 
 SECRET = "sk-unit-0123456789abcdef"
@@ -105,3 +107,20 @@ def test_node_agent_settings_come_whole() -> None:
         KubernetesSettings.model_validate({"node_agent_ca": "/etc/ca.pem"})
     whole = {"node_agent_port": 15443, "node_agent_ca": "/ca.pem", "node_agent_token_file": "/token"}
     assert KubernetesSettings.model_validate(whole).node_agent_port == 15443
+
+
+def test_the_agent_serves_the_certificate_of_the_ca_its_proxy_signs_with(tmp_path: Path) -> None:
+    """The CA the server hands a Pod (GET /v1/ca) is the one in the state dir the node's proxy
+    reads (its mitmproxy confdir), made on the node: the answer carries no key."""
+    state_dir = tmp_path / "state"
+    config = NodeAgentConfig(state_dir, ("127.0.0.1", 0), tmp_path / "c", tmp_path / "k", tmp_path / "t")
+    token = "t" * 32
+    api = TestClient(node_app(NodeAgent(config), token))
+    assert api.get("/v1/ca").status_code == 401
+    served = api.get("/v1/ca", headers={"authorization": f"Bearer {token}"})
+    assert served.status_code == 200, served.text
+    proxy_ca = ensure_ca(state_dir)  # what the proxy finds at its start: the same files
+    assert served.text == proxy_ca.cert.read_text()
+    assert "PRIVATE KEY" not in served.text and "PRIVATE KEY" in proxy_ca.key_and_cert.read_text()
+    certificate = x509.load_pem_x509_certificate(served.content)
+    assert certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
