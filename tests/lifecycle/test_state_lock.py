@@ -31,7 +31,9 @@ def nft_table(name: str) -> str:
 def footprint(server: SandgateServer) -> dict[str, object]:
     """What a second start must not change: the socket file, the nft table, the database files."""
     sock = (server.state_dir / "proxy.sock").stat()
-    files = [*sorted(server.state_dir.glob("sandgate.db*")), server.state_dir / "proxy.json"]
+    # Not sandgate.db-shm: the WAL index every reader maps and marks, so the running server's
+    # own reads (its reaper, its key checks) move its mtime; a writer would change the others.
+    files = [server.state_dir / name for name in ("sandgate.db", "sandgate.db-wal", "proxy.json")]
     return {
         "proxy.sock": (sock.st_ino, sock.st_mtime_ns),
         "nft": nft_table(server.nft_table),
