@@ -97,7 +97,7 @@ def run_paths(lines: list[str], run: str) -> Counter[str]:
 def audit_lines(state_dir: Path) -> list[str]:
     lines: list[str] = []
     for path in sorted(state_dir.glob("audit.jsonl*")):
-        lines += path.read_text().splitlines()
+        lines += path.read_text().split("\n")  # not splitlines(): a record may hold U+0085
     return lines
 
 
