@@ -5,14 +5,18 @@ which records it (api/exec_audit.py) with what this module reads from it.
 
 Rules:
 1. One table (`OPERATIONS`) says which execd routes are recorded, as which kind (`command` or
-   `file`, rows of lifecycle/audit/kinds.py) and operation, with the operation's OCSF activity. A
-   route not in it (ping, metrics, status and log polling, listings of contexts) is not an
-   operation on the sandbox and is not recorded. A new route is one row.
-2. What is read comes from the request as the client sent it (before execd sees it) and from the
+   `file`, rows of lifecycle/audit/kinds.py) and operation, with the operation's OCSF activity.
+   The routes that do nothing to the sandbox (ping, metrics, status and log polling, listings of
+   contexts, a PTY's status) are listed in `NOT_OPERATIONS` and not recorded; any other call,
+   one execd may not even serve, is recorded as `other`: a route missing from the table is seen,
+   never skipped. A new route is one row.
+2. The path is read as execd reads it (percent-escapes decoded, web.py `Request`), so a route
+   spelt with escapes (`/comman%64`) is the route execd runs.
+3. What is read comes from the request as the client sent it (before execd sees it) and from the
    answer as execd sent it: never from the sandbox's own word about itself beyond its answer.
-3. Bounded: a command line or cell is kept up to `TEXT_MAX` characters, at most `PATHS_MAX`
+4. Bounded: a command line or cell is kept up to `TEXT_MAX` characters, at most `PATHS_MAX`
    paths per call; an environment's values are never kept (only its names).
-4. No I/O: the caller feeds bytes in and takes a `Facts` dict out.
+5. No I/O: the caller feeds bytes in and takes a `Facts` dict out.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 
 TEXT_MAX = 4096  # characters of a command line or code cell kept in a record
 PATHS_MAX = 100  # paths (and file digests) kept per call
-JSON_BODY_MAX = 1024 * 1024  # bytes of a JSON request body read to describe it; larger: not parsed
+# bytes of a JSON request body read to describe it: execd's own limit (execd/requests.py
+# MAX_JSON_BODY), so every body execd would run is read; a larger one execd refuses (413)
+JSON_BODY_MAX = 8 * 1024 * 1024
 FRAME_MAX = 64 * 1024  # bytes of one answer frame looked at for an outcome (init, complete, error)
 IDENTITY = re.compile(r"^/v1/filesystem/(?P<uid>[0-9]+)/(?P<gid>[0-9]+)(?P<rest>/.*)$")
 
@@ -60,6 +66,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("DELETE", "/code"): Operation("command", "interrupt", 2),
     ("POST", "/pty"): Operation("command", "pty_open", 1, "json"),
     ("DELETE", "/pty/*"): Operation("command", "pty_close", 2),
+    ("GET", "/pty/*/ws"): Operation("command", "pty_attach", 1),  # the terminal's WebSocket
     ("POST", "/files/upload"): Operation("file", "write", 1, "upload"),
     ("GET", "/files/download"): Operation("file", "read", 2),
     ("GET", "/files/info"): Operation("file", "stat", 8),
@@ -72,19 +79,38 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("POST", "/directories"): Operation("file", "mkdir", 1, "json"),
     ("DELETE", "/directories"): Operation("file", "rmdir", 4),
 }
+# The routes that do nothing to the sandbox: not recorded (rule 1).
+NOT_OPERATIONS = frozenset({
+    ("GET", "/ping"), ("GET", "/metrics"), ("GET", "/metrics/watch"), ("GET", "/command/status/*"),
+    ("GET", "/command/*/logs"), ("GET", "/code/contexts"), ("GET", "/code/contexts/*"), ("GET", "/pty/*"),
+    ("GET", "/v1/isolated/capabilities"),
+})  # fmt: skip
+# A line typed into a PTY session (api/exec_audit.py `Terminal`), or a signal sent to it.
+PTY_INPUT = Operation("command", "pty_input", 1)
+# Any other call: a route the table does not know, a method execd refuses, a path it has no route
+# for. Recorded, with its route in the record's `detail`.
+OTHER_OPERATION = Operation("command", "other", 99)
 
 
 def operation(method: str, path: str) -> tuple[Operation, str | None] | None:
-    """The recorded operation of a call to execd (and the user of an identity route), or None."""
+    """The recorded operation of a call to execd (and the user of an identity route), or None for
+    a route that does nothing to the sandbox. `path` as the client sent it (rule 2)."""
+    path = execd_path(path)
     user = None
     if found := IDENTITY.match(path):
         user, path = f"{found['uid']}:{found['gid']}", found["rest"]
-    parts = path.rstrip("/").split("/") or ["/"]
-    for pattern_parts in _candidates(parts):
-        op = OPERATIONS.get((method, "/".join(pattern_parts)))
-        if op is not None:
-            return (op, user) if user is None or op.kind == "file" else None
-    return None
+    for pattern in map("/".join, _candidates(path.rstrip("/").split("/"))):
+        op = OPERATIONS.get((method, pattern))
+        if op is not None and (user is None or op.kind == "file"):
+            return op, user
+        if user is None and (method, pattern) in NOT_OPERATIONS:
+            return None
+    return OTHER_OPERATION, user
+
+
+def execd_path(path: str) -> str:
+    """The path execd routes by: percent-escapes decoded, as execd's web.py decodes them."""
+    return unquote(path) if "%" in path else path
 
 
 def _candidates(parts: list[str]) -> list[list[str]]:
@@ -105,6 +131,12 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+# The path segment that names a session, context or PTY (`/session/{id}/run`, `/code/contexts/{id}`).
+SESSION_SEGMENT = {
+    "session_input": 1, "session_close": 1, "context_close": 2, "pty_close": 1, "pty_attach": 1,
+}  # fmt: skip
+
+
 def query_facts(op: Operation, path: str, query: str) -> Facts:
     """What the route's path and query name: session, context or PTY ids, paths, a pattern."""
     params = parse_qs(query, keep_blank_values=True)
@@ -116,11 +148,10 @@ def query_facts(op: Operation, path: str, query: str) -> Facts:
         facts["pattern"] = bounded(pattern[0], 1024)
     if run_id := params.get("id"):
         facts["run_id"] = run_id[0]
-    segments = path.strip("/").split("/")
-    if op.name in ("session_input", "session_close", "context_close", "pty_close") and len(segments) >= 2 + (
-        op.name == "context_close"
-    ):
-        facts["session"] = segments[2] if op.name == "context_close" else segments[1]
+    segments = execd_path(path).strip("/").split("/")
+    at = SESSION_SEGMENT.get(op.name)
+    if at is not None and len(segments) > at:
+        facts["session"] = segments[at]
     return facts
 
 
@@ -357,9 +388,27 @@ class UploadDigests:
         return out
 
 
+def terminal_input(message: bytes | str) -> tuple[bytes, str | None]:
+    """What a client's WebSocket message gives a PTY session (execd/pty_sessions.py rule 2): the
+    bytes it types (binary 0x00 + bytes, or JSON `stdin{data}`) and the signal it sends, if any."""
+    if isinstance(message, bytes):
+        return (message[1:], None) if message[:1] == b"\x00" else (b"", None)
+    try:
+        frame = json.loads(message)
+    except ValueError:
+        return b"", None
+    if not isinstance(frame, dict):
+        return b"", None
+    if frame.get("type") == "stdin" and isinstance(frame.get("data"), str):
+        return frame["data"].encode("utf-8", "surrogatepass"), None
+    if frame.get("type") == "signal":
+        return b"", bounded(str(frame.get("signal")), 64)
+    return b"", None
+
+
 def summary(op: Operation, facts: Facts) -> str:
     """One line for the record's `reason`: the operation and its command, cell or first path."""
-    what = facts.get("command") or facts.get("code") or ""
+    what = facts.get("command") or facts.get("code") or facts.get("input") or facts.get("signal") or ""
     if not what and facts.get("paths"):
         what = " ".join(str(p) for p in facts["paths"][:3])
     text = f"{op.name} {what}".strip()

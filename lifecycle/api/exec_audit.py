@@ -17,6 +17,14 @@ Rules:
    `execd-token` (the sandbox's own execd token, or the endpoint token bound to a key), `client`
    the caller's address as the server saw it, `principal` the key's id, tenant and role (or the
    sandbox token's holder: lifecycle/principals.py).
+5. A PTY session's WebSocket (`GET /pty/{id}/ws`) is a call like any other (`pty_attach`,
+   written ahead, completed when the session's socket closes) and what is typed into it is
+   recorded line by line (`Terminal`): a `pty_input` record holding the typed text up to its line
+   end is in the file before the message carrying that line end reaches execd, so a shell runs
+   no typed line unrecorded; a signal sent to the terminal is one record too. Text that reaches
+   `TEXT_MAX` characters without a line end is recorded then; what is left unterminated when
+   the socket closes is in the `pty_attach` record. A message whose record cannot be written
+   closes the session's socket before it reaches execd.
 """
 
 from __future__ import annotations
@@ -29,20 +37,24 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection
 
 from sandgate.lifecycle.api.auth import API_KEY_HEADER, bearer
 from sandgate.lifecycle.api.errors import ApiError
 from sandgate.lifecycle.exec_trail import (
     JSON_BODY_MAX,
+    PTY_INPUT,
+    TEXT_MAX,
     Facts,
     Operation,
     Outcome,
     UploadDigests,
     body_facts,
+    bounded,
     operation,
     query_facts,
     summary,
+    terminal_input,
 )
 from sandgate.lifecycle.principals import acting, token_holder
 from sandgate.lifecycle.runtime.base import EXECD_PORT, EXECD_TOKEN_HEADER
@@ -60,11 +72,13 @@ class ExecTrail:
         self.audit_path = audit_path
         self.secrets = secrets
 
-    def begin(self, request: Request, record: SandboxRecord, port: int, path: str) -> Call | None:
-        """The call's trail, or None when it is not an operation the table records."""
+    def begin(self, request: HTTPConnection, record: SandboxRecord, port: int, path: str) -> Call | None:
+        """The call's trail (an HTTP request's or a WebSocket's, whose handshake is a GET), or None
+        when it does nothing to the sandbox."""
         if port != EXECD_PORT:
             return None
-        found = operation(request.method, path.partition("?")[0])
+        method = request.scope.get("method", "GET")
+        found = operation(method, path.partition("?")[0])
         if found is None:
             return None
         op, user = found
@@ -81,18 +95,18 @@ class ExecTrail:
             presented(request),
             actor="execd-token" if shown_token(request) else "api-key",
             client=f"{peer.host}:{peer.port}" if peer else "unknown",
-            route=f"{request.method} {path.partition('?')[0]}",
+            route=f"{method} {path.partition('?')[0]}",
         )
 
 
-def shown_token(request: Request) -> bool:
+def shown_token(request: HTTPConnection) -> bool:
     """Whether the caller showed an execd token (the sandbox's own, or one bound to a key)
     rather than a key."""
     state = request.scope["state"]
     return state.get("principal") is None or state.get("endpoint_token") is not None
 
 
-def presented(request: Request) -> frozenset[str]:
+def presented(request: HTTPConnection) -> frozenset[str]:
     """The credentials the caller sent: its key or bearer token, its endpoint token."""
     headers = request.headers
     sent = (headers.get(API_KEY_HEADER), bearer(headers), headers.get(EXECD_TOKEN_HEADER))
@@ -158,6 +172,16 @@ class Call:
         """Rule 1: the line is in the file, or the call is refused (ApiError 503)."""
         record = self._record(event=INCOMPLETE)
         self.id = record.id
+        self._write_or_refuse(record)
+
+    def write_typed(self, facts: Facts) -> None:
+        """Rule 5: one whole `pty_input` record of what was typed on this call's terminal, or
+        ApiError 503 (the message is not forwarded)."""
+        line = {**self.facts, "op": PTY_INPUT.name, **facts}
+        typed = len(facts.get("input", "").encode())
+        self._write_or_refuse(self._record(PTY_INPUT, line, bytes_in=0, bytes_out=typed))
+
+    def _write_or_refuse(self, record: AuditRecord) -> None:
         try:
             self._append(record)
         except OSError as exc:
@@ -200,22 +224,60 @@ class Call:
     def _append(self, record: AuditRecord) -> None:
         append_record(self.trail.audit_path, record, self.trail.secrets.redact(self.sandbox, self.presented))
 
-    def _record(self, **fields: Any) -> AuditRecord:
+    def _record(self, op: Operation | None = None, facts: Facts | None = None, **fields: Any) -> AuditRecord:
         """An exec record is no decision: it says what was done (`reason` one line of it, `detail`
-        the facts as JSON), `method` the operation, `path` its first path."""
-        paths = self.facts.get("paths") or []
+        the facts as JSON), `method` the operation, `path` its first path. This call's own, or
+        (`op`, `facts`) one of what passed on its connection."""
+        op = op or self.op
+        facts = self.facts if facts is None else facts
+        paths = facts.get("paths") or []
         return AuditRecord(
-            kind=self.op.kind,  # type: ignore[arg-type]
+            kind=op.kind,
             sandbox=self.sandbox.id,
             client=self.client,
             decision="allow",
-            reason=summary(self.op, self.facts),
-            detail=json.dumps(self.facts, ensure_ascii=False),
-            method=self.op.name,
+            reason=summary(op, facts),
+            detail=json.dumps(facts, ensure_ascii=False),
+            method=op.name,
             port=EXECD_PORT,
             path=paths[0] if paths and isinstance(paths[0], str) else None,
-            bytes_in=self.bytes_in,
-            bytes_out=self.bytes_out,
             principal=self.principal,
-            **fields,
+            **{"bytes_in": self.bytes_in, "bytes_out": self.bytes_out, **fields},
         )
+
+
+class Terminal:
+    """Rule 5: what a client types into a PTY session, recorded before it reaches execd."""
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.pending = bytearray()  # typed since the last recorded line end
+        self.typed = 0
+
+    def client_message(self, message: bytes | str) -> None:
+        """Called before a client's message goes on to execd; ApiError 503 when its record
+        cannot be written (the message must not go on)."""
+        self.call.bytes_out += len(message)
+        data, signal = terminal_input(message)
+        if signal is not None:
+            self.call.write_typed({"signal": signal})
+        if not data:
+            return
+        self.typed += len(data)
+        self.pending += data
+        end = max(self.pending.rfind(b"\n"), self.pending.rfind(b"\r"))
+        if end >= 0 or len(self.pending) >= TEXT_MAX:
+            cut = end + 1 if end >= 0 else len(self.pending)
+            self.call.write_typed({"input": bounded(self.pending[:cut].decode(errors="replace"))})
+            del self.pending[:cut]
+
+    def sandbox_message(self, message: bytes | str) -> None:
+        self.call.bytes_in += len(message)
+
+    def close(self, status: int | None, problem: str | None = None) -> None:
+        """The `pty_attach` record's whole line: bytes typed, and what was typed after the last
+        line end."""
+        self.call.facts["typed_bytes"] = self.typed
+        if self.pending:
+            self.call.facts["input"] = bounded(self.pending.decode(errors="replace"))
+        self.call.finish(status, problem)

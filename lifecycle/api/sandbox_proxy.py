@@ -22,7 +22,9 @@ Rules:
    cookies) everything end-to-end passes except the API key and egress/execd token fields and
    any field whose value holds the API key or the sandbox's tokens.
 4. WebSocket upgrades are relayed message by message, with the client's fields (the same
-   filter) and the sandbox's close code and reason passed to the client.
+   filter) and the sandbox's close code and reason passed to the client. To execd, the session
+   is recorded like an HTTP call, and a PTY's typed lines each before they pass
+   (api/exec_audit.py rule 5); a session that cannot be recorded is closed (1011).
 5. Traffic that passes renews an opted-in sandbox's expiry, at most once a minute (setting
    renew_on_access_interval), in a worker thread off the request's path
    (lifecycle/renew_on_access.py).
@@ -58,7 +60,7 @@ from sandgate.lifecycle.api.auth import (
 )
 from sandgate.lifecycle.api.calls import call
 from sandgate.lifecycle.api.errors import ApiError
-from sandgate.lifecycle.api.exec_audit import Call
+from sandgate.lifecycle.api.exec_audit import Call, Terminal
 from sandgate.lifecycle.api.upstream import Exchange, UpstreamError
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.execd_client import execd_headers
@@ -303,7 +305,11 @@ async def proxy_websocket(websocket: WebSocket, sandbox_id: str, port: int, path
         for name, value in upstream_headers(websocket.headers.items(), record, port, state.api_key)
         if not name.lower().startswith("sec-websocket-")  # the upstream handshake makes its own
     ]
+    trail = state.exec_trail.begin(websocket, record, port, f"/{path}") if state.exec_trail else None
+    terminal = Terminal(trail) if trail is not None else None
     try:
+        if trail is not None:
+            trail.write_ahead()
         upstream = await websockets.connect(
             f"ws://{record.address}:{port}/{path}{query}",
             subprotocols=websocket.scope.get("subprotocols") or None,
@@ -311,33 +317,55 @@ async def proxy_websocket(websocket: WebSocket, sandbox_id: str, port: int, path
             user_agent_header=None,
             max_size=None,
         )
+    except ApiError as exc:
+        await websocket.close(code=1011, reason=exc.message[:120])
+        return
     except (OSError, websockets.WebSocketException) as exc:
+        if terminal is not None:
+            terminal.close(None, f"execd did not accept: {exc}")
         await websocket.close(code=1011, reason=f"sandbox did not accept: {exc}"[:120])
         return
     await websocket.accept(subprotocol=upstream.subprotocol)
-    async with upstream:
-        await _relay(websocket, upstream)
+    problem = None
+    try:
+        async with upstream:
+            problem = await _relay(websocket, upstream, terminal)
+    finally:
+        if terminal is not None:
+            terminal.close(101, problem)
 
 
 def sendable(code: int) -> int:
     return 1000 if code in UNSENDABLE_CLOSE_CODES else code
 
 
-async def _relay(client: WebSocket, upstream: Any) -> None:
+async def _relay(client: WebSocket, upstream: Any, terminal: Terminal | None) -> str | None:
+    """Relay until either side closes; why the session was cut off when its trail could not be
+    written (rule 4), else None."""
+    refused: list[str] = []
+
     async def inbound() -> None:
         while True:
             message = await client.receive()
             if message["type"] == "websocket.disconnect":
                 await upstream.close(sendable(message.get("code", 1000)), message.get("reason") or "")
                 return
-            if message.get("bytes") is not None:
-                await upstream.send(message["bytes"])
-            else:
-                await upstream.send(message.get("text") or "")
+            data = message["bytes"] if message.get("bytes") is not None else message.get("text") or ""
+            if terminal is not None:
+                try:
+                    terminal.client_message(data)
+                except ApiError as exc:
+                    refused.append(exc.message)
+                    await upstream.close(1011, "audit unwritable")
+                    await client.close(1011, exc.message[:120])
+                    return
+            await upstream.send(data)
 
     async def outbound() -> None:
         with contextlib.suppress(websockets.ConnectionClosed):  # a code other than 1000/1001
             async for message in upstream:
+                if terminal is not None:
+                    terminal.sandbox_message(message)
                 if isinstance(message, bytes):
                     await client.send_bytes(message)
                 else:
@@ -351,3 +379,4 @@ async def _relay(client: WebSocket, upstream: Any) -> None:
         task.cancel()
     with contextlib.suppress(Exception):
         await client.close()
+    return refused[0] if refused else None

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from sandgate.lifecycle.audit.policy_change import Change
 from sandgate.lifecycle.audit.record import RecordJSON
-from sandgate.lifecycle.exec_trail import OPERATIONS
+from sandgate.lifecycle.exec_trail import OPERATIONS, OTHER_OPERATION, PTY_INPUT
 
 OCSF_VERSION = "1.3.0"
 OTHER = 99  # OCSF's "Other" in every enumeration: the name is then the source's own word
@@ -76,7 +76,7 @@ PROCESS_ACTIVITIES = {1: "Launch", 2: "Terminate", 3: "Open", 4: "Inject", 5: "S
 FILE_ACTIVITIES = {1: "Create", 2: "Read", 3: "Update", 4: "Delete", 5: "Rename", 6: "Set Attributes",
                    7: "Set Security", 8: "Get Attributes", 9: "Get Security", 14: "Open"}  # fmt: skip
 # An execd operation's activity (lifecycle/exec_trail.py's table); a process event's.
-EXECD_OPERATIONS = {op.name: op.activity for op in OPERATIONS.values()}
+EXECD_OPERATIONS = {op.name: op.activity for op in (*OPERATIONS.values(), PTY_INPUT, OTHER_OPERATION)}
 PROCESS_EVENTS = {"exec": 1, "ptrace": 3}  # a program launched; a process opened by another (ptrace)
 
 

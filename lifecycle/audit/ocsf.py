@@ -324,7 +324,7 @@ def _process(event: Event, record: RecordJSON, kind: AuditKind) -> None:
         event["actor"] = event.get("actor") or {"app_name": "kernel"}
     else:
         process = {"uid": facts.get("run_id") or record["id"]}
-        if text := facts.get("command") or facts.get("code"):
+        if text := facts.get("command") or facts.get("code") or facts.get("input"):
             process["cmd_line"] = _bounded(text)
         if facts.get("exit_code") is not None:
             event["exit_code"] = facts["exit_code"]

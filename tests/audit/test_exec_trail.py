@@ -10,16 +10,21 @@ import os
 import subprocess
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
 
 from sandgate.proxy import verify_chain
 from tests.support.audit import audit_records
 from tests.support.ocsf import ocsf_errors
 from tests.support.server import SANDGATE, SandgateServer, sandgate_server
+
+from ..execd.test_pty import STDIN, next_json, read_until
 
 pytestmark = pytest.mark.root
 
@@ -166,17 +171,27 @@ def test_commands_and_file_operations_are_in_the_file(server: SandgateServer, sa
     assert last["event"] is None and last["status"] == 200
 
 
-def test_a_call_that_cannot_be_recorded_is_not_forwarded(server: SandgateServer, sandbox: str) -> None:
+@contextmanager
+def audit_unwritable(server: SandgateServer) -> Iterator[None]:
+    """While inside, no line can be appended to the live audit file (a directory in its place)."""
     live = server.state_dir / "audit.jsonl"
     aside = server.state_dir / "audit.aside"
     os.replace(live, aside)
-    live.mkdir()  # no line can be appended to it now
+    live.mkdir()
     try:
-        with server.client() as client:
-            refused = client.post(f"{execd(sandbox)}/command", json={"command": "touch /tmp/was-run"})
+        yield
     finally:
         live.rmdir()
         os.replace(aside, live)
+
+
+def exists_in(server: SandgateServer, sandbox: str, path: str) -> bool:
+    return server.run(sandbox, f"test -e {path}").exit_code == 0
+
+
+def test_a_call_that_cannot_be_recorded_is_not_forwarded(server: SandgateServer, sandbox: str) -> None:
+    with audit_unwritable(server), server.client() as client:
+        refused = client.post(f"{execd(sandbox)}/command", json={"command": "touch /tmp/was-run"})
     assert refused.status_code == 503 and refused.json()["code"] == "AUDIT_UNWRITABLE", refused.text
     with server.client() as client:
         check = client.post(f"{execd(sandbox)}/command", json={"command": "test -e /tmp/was-run; echo $?"})
@@ -317,3 +332,93 @@ def test_ocsf_export_of_commands_and_files_passes_the_schema(server: SandgateSer
     assert failed["status_id"] == 2 and failed["process"]["cmd_line"] == "exit 4"
     assert failed["actor"]["user"]["name"] == "bootstrap" and failed["device"]["uid"] == sandbox
     assert failed["unmapped"]["credential"] == "api-key"
+
+
+def test_a_route_spelt_with_escapes_or_a_padded_body_is_recorded(
+    server: SandgateServer, sandbox: str
+) -> None:
+    """execd decodes percent-escapes before routing and reads JSON bodies up to 8 MiB: a call
+    spelt `/comman%64`, or whose command sits in a body padded to 2 MiB, runs and is recorded with its
+    command line; a route execd does not know is recorded too."""
+    padded_body = b'{"command": "touch /tmp/padded-run"' + b" " * (2 * 1024 * 1024) + b"}"
+    with server.client() as client:
+        escaped = client.post(f"{execd(sandbox)}/comman%64", json={"command": "touch /tmp/escaped-run"})
+        padded = client.post(
+            f"{execd(sandbox)}/command", content=padded_body, headers={"content-type": "application/json"}
+        )
+        unknown = client.post(f"{execd(sandbox)}/no-such-route", json={"command": "true"})
+    assert escaped.status_code == padded.status_code == 200, (escaped.text, padded.text[:300])
+    assert unknown.status_code == 404
+    assert exists_in(server, sandbox, "/tmp/escaped-run") and exists_in(server, sandbox, "/tmp/padded-run")
+    commands = exec_records(server, sandbox, "command")
+    by_command = {r["facts"].get("command"): r for r in commands}
+    assert by_command["touch /tmp/escaped-run"]["facts"]["route"] == "POST /comman%64"
+    assert by_command["touch /tmp/padded-run"]["bytes_out"] == len(padded_body)
+    other = next(r for r in commands if r["facts"]["route"] == "POST /no-such-route")
+    assert other["method"] == "other" and other["status"] == 404
+
+
+def typed(server: SandgateServer, sandbox: str, session: str) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in exec_records(server, sandbox, "command")
+        if r["method"] == "pty_input" and r["facts"]["session"] == session
+    ]
+
+
+@contextmanager
+def attached(server: SandgateServer, sandbox: str) -> Iterator[tuple[str, ClientConnection]]:
+    """A new PTY session of the sandbox and a WebSocket attached to it through the server."""
+    with server.client() as client:
+        created = client.post(f"{execd(sandbox)}/pty", json={"cwd": "/tmp"})
+    assert created.status_code == 201, created.text
+    session = str(created.json()["session_id"])
+    url = f"ws://{server.domain}{execd(sandbox)}/pty/{session}/ws"
+    with connect(url, additional_headers={"OPEN-SANDBOX-API-KEY": server.api_key}) as ws:
+        assert next_json(ws)["type"] == "connected"
+        yield session, ws
+
+
+def test_what_is_typed_into_a_terminal_is_recorded_line_by_line(server: SandgateServer, sandbox: str) -> None:
+    with attached(server, sandbox) as (session, ws):
+        ws.send(STDIN + b"echo pty-")  # a line typed in pieces, its end in a JSON stdin frame
+        ws.send(STDIN + b"marker > /tmp/pty-run.txt")
+        ws.send(json.dumps({"type": "stdin", "data": f"; echo {server.api_key}\r"}))
+        read_until(ws, b"pty-run.txt")
+        ws.send(json.dumps({"type": "signal", "signal": "SIGINT"}))
+        ws.send(STDIN + b"exit 4\n")
+        assert next_json(ws) == {"type": "exit", "exit_code": 4}
+    assert exists_in(server, sandbox, "/tmp/pty-run.txt")
+    lines = typed(server, sandbox, session)
+    assert [r["facts"].get("input") or r["facts"]["signal"] for r in lines] == [
+        "echo pty-marker > /tmp/pty-run.txt; echo [REDACTED]\r",
+        "SIGINT",
+        "exit 4\n",
+    ]
+    assert all(r["event"] is None and r["facts"]["actor"] == "api-key" for r in lines)
+    for _ in range(100):  # the attach record's whole line follows once the proxy saw the close
+        opened = [r for r in exec_records(server, sandbox, "command") if r["method"] == "pty_attach"]
+        if opened and opened[-1]["facts"]["session"] == session and opened[-1]["event"] is None:
+            break
+        threading.Event().wait(0.1)
+    whole = opened[-1]
+    assert whole["facts"]["session"] == session and whole["status"] == 101
+    first = f"echo pty-marker > /tmp/pty-run.txt; echo {server.api_key}\r"
+    assert whole["facts"]["typed_bytes"] == len(first) + len("exit 4\n")
+    assert server.api_key not in (server.state_dir / "audit.jsonl").read_text()
+
+
+def test_a_typed_line_that_cannot_be_recorded_never_reaches_the_shell(
+    server: SandgateServer, sandbox: str
+) -> None:
+    with attached(server, sandbox) as (session, ws):
+        ws.send(STDIN + b"echo ok-$((1+1))\r")  # recorded, then the shell runs it
+        read_until(ws, b"ok-2")
+        with audit_unwritable(server):
+            ws.send(STDIN + b"touch /tmp/pty-unrecorded\r")
+            with pytest.raises(ConnectionClosed) as closed:
+                for _ in range(1000):
+                    ws.recv(timeout=15)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+    assert not exists_in(server, sandbox, "/tmp/pty-unrecorded")
+    assert [r["facts"]["input"] for r in typed(server, sandbox, session)] == ["echo ok-$((1+1))\r"]

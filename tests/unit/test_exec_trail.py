@@ -7,7 +7,17 @@ import hashlib
 import json
 import struct
 
-from sandgate.lifecycle.exec_trail import OPERATIONS, Outcome, UploadDigests, body_facts, operation
+from sandgate.lifecycle.exec_trail import (
+    JSON_BODY_MAX,
+    OPERATIONS,
+    OTHER_OPERATION,
+    Outcome,
+    UploadDigests,
+    body_facts,
+    operation,
+    query_facts,
+    terminal_input,
+)
 from sandgate.lifecycle.process_events import (
     PROC_EVENT_EXEC,
     PROC_EVENT_FORK,
@@ -28,9 +38,31 @@ def test_routes_are_operations_or_not() -> None:
         ("GET", "/command/status/x"),
         ("GET", "/metrics"),
         ("GET", "/code/contexts"),
+        ("GET", "/pty/abc"),
     ):
         assert operation(method, path) is None
-    assert operation("POST", "/v1/filesystem/0/0/command") is None  # identity routes are file routes only
+
+
+def test_a_route_is_read_as_execd_reads_it_and_an_unknown_one_is_recorded() -> None:
+    # execd decodes percent-escapes before routing: /comman%64 runs POST /command
+    assert operation("POST", "/comman%64") == (OPERATIONS[("POST", "/command")], None)
+    assert operation("POST", "/files%2Fupload")[0].name == "write"  # type: ignore[index]
+    assert operation("GET", "/p%69ng") is None
+    # whatever the table does not know is recorded, never skipped
+    for method, path in (("POST", "/new-route"), ("post", "/command"), ("PUT", "/files/upload")):
+        assert operation(method, path) == (OTHER_OPERATION, None)
+    assert operation("POST", "/v1/filesystem/0/0/command") == (OTHER_OPERATION, "0:0")  # file routes only
+    attach = operation("GET", "/pty/s1/ws")
+    assert attach is not None and attach[0].name == "pty_attach"
+    assert query_facts(attach[0], "/pty/s1/ws", "since=0") == {"session": "s1"}
+
+
+def test_a_terminal_message_gives_what_is_typed_and_signals() -> None:
+    assert terminal_input(b"\x00ls -l\r") == (b"ls -l\r", None)
+    assert terminal_input('{"type": "stdin", "data": "id\\n"}') == (b"id\n", None)
+    assert terminal_input('{"type": "signal", "signal": "SIGINT"}') == (b"", "SIGINT")
+    for other in (b"\x01output", '{"type": "resize", "cols": 80, "rows": 24}', "not json", "[1]"):
+        assert terminal_input(other) == (b"", None)
 
 
 def test_a_body_says_what_the_call_does_bounded_and_without_env_values() -> None:
@@ -42,6 +74,8 @@ def test_a_body_says_what_the_call_does_bounded_and_without_env_values() -> None
     long = body_facts(run, json.dumps({"command": "x" * 5000}).encode())["command"]
     assert long.startswith("x" * 4096) and long.endswith("[904 more characters]")
     assert body_facts(run, b"not json") == {"unparsed_body": 8}
+    padded = json.dumps({"command": "id", "envs": {"PAD": "x" * (2 * 1024 * 1024)}}).encode()
+    assert len(padded) <= JSON_BODY_MAX and body_facts(run, padded)["command"] == "id"
     moves = body_facts(OPERATIONS[("POST", "/files/mv")], b'[{"src": "/a", "dest": "/b"}]')
     assert moves == {"moves": [{"src": "/a", "dest": "/b"}], "paths": ["/a"]}
 
