@@ -47,6 +47,20 @@ def sandbox(server: SandgateServer) -> str:
     return str(server.create_sandbox()["id"])
 
 
+@pytest.fixture(scope="module")
+def gvisor_sandbox(server: SandgateServer) -> str:
+    if find_runsc() is None:
+        pytest.skip("runsc is not installed")
+    return str(server.create_sandbox(extensions={"sandgate.isolation": "gvisor"})["id"])
+
+
+@pytest.fixture(params=["standard", "gvisor"])
+def any_sandbox(request: pytest.FixtureRequest, sandbox: str) -> str:
+    """The standard sandbox (the kernel's process connector), then the gVisor one (gVisor's
+    runtime monitoring)."""
+    return sandbox if request.param == "standard" else str(request.getfixturevalue("gvisor_sandbox"))
+
+
 def processes(server: SandgateServer, sandbox: str | None, wanted: int = 0) -> list[dict[str, Any]]:
     """The sandbox's process records (their facts), waiting (bounded) for `wanted` of them."""
     found: list[dict[str, Any]] = []
@@ -70,7 +84,8 @@ def run_script(
     server: SandgateServer, sandbox: str, wanted: int
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run SCRIPT through execd; its process records, and them by command line, once the tree of
-    three generations (TREE) is there with each one's parent."""
+    three generations (TREE) is there with each one's parent (`wanted` records more than before)."""
+    wanted += len(processes(server, sandbox))
     server.run(sandbox, f"printf '%s' {shlex.quote(SCRIPT)} > /tmp/script.sh")  # a builtin: no exec
     server.run(sandbox, "sh /tmp/script.sh")
     seen = processes(server, sandbox, wanted)
@@ -99,41 +114,43 @@ def test_each_program_is_recorded_with_its_parent(server: SandgateServer, sandbo
     assert verify_chain(server.state_dir / "audit.jsonl").problems == []
 
 
-def test_reaching_for_host_processes_fails_and_is_recorded(server: SandgateServer, sandbox: str) -> None:
+def test_reaching_for_host_processes_fails_and_is_recorded(server: SandgateServer, any_sandbox: str) -> None:
     assert server.process is not None
     host_pids = (server.process.pid, server.proxy_pid())
     ptrace = "import ctypes, sys; sys.exit(ctypes.CDLL(None).ptrace(16, int(sys.argv[1]), 0, 0) == -1)"
     attempts = [f"/bin/kill -9 {pid}" for pid in host_pids] + [f"python3 -c '{ptrace}' {host_pids[0]}"]
-    fake = '{"kind":"process","sandbox":"forged"}'
+    fake = f'{{"kind":"process","sandbox":"forged-{any_sandbox}"}}'
     for attempt in attempts:  # each in a shell that lives on a while, so /proc shows its argv
-        assert server.run(sandbox, f'sh -c "{attempt}; s=\\$?; sleep 0.3; exit \\$s"').exit_code != 0
-    write = f"echo '{fake}' | tee /tmp/audit.jsonl /dev/shm/audit.jsonl > /dev/null; sleep 0.3; true"
-    server.run(sandbox, write)  # (a last builtin: bash does not exec sleep in its own place)
+        assert server.run(any_sandbox, f'sh -c "{attempt}; s=\\$?; sleep 0.3; exit \\$s"').exit_code != 0
+    # every place it can write, and the audit file's own path on the host (masked inside)
+    targets = f"/tmp/audit.jsonl /dev/shm/audit.jsonl {server.state_dir}/audit.jsonl"
+    write = f"echo '{fake}' | tee {targets} > /dev/null 2>&1; sleep 0.3; true"
+    server.run(any_sandbox, write)  # (a last builtin: bash does not exec sleep in its own place)
     assert server.process.poll() is None and server.proxy_pid() == host_pids[1]  # both live on
-    argvs = " | ".join(" ".join(p.get("argv", [])) for p in processes(server, sandbox))
+    argvs = " | ".join(" ".join(p.get("argv", [])) for p in processes(server, any_sandbox))
     for attempt in [*attempts, "tee /tmp/audit.jsonl"]:
         assert attempt in argvs, (attempt, argvs)
     # The fake line is data inside records (the command's text), never a record of its own.
-    assert all(r["sandbox"] != "forged" for r in audit_records(server.state_dir))
+    assert all(not r["sandbox"].startswith("forged") for r in audit_records(server.state_dir))
     assert verify_chain(server.state_dir / "audit.jsonl").problems == []
 
 
-def test_a_flood_of_processes_is_recorded_or_its_loss_is(server: SandgateServer, sandbox: str) -> None:
+def test_a_flood_of_processes_is_recorded_or_its_loss_is(server: SandgateServer, any_sandbox: str) -> None:
     count = 1500
     loop = f"i=0; while [ $i -lt {count} ]; do /bin/true; i=$((i+1)); done # flood"
-    server.run(sandbox, loop, timeout=300)
+    server.run(any_sandbox, loop, timeout=300)
     children: list[dict[str, Any]] = []
     lost: list[dict[str, Any]] = []
     for _ in range(300):  # bounded: the watcher may still be writing the flood's records
-        seen = processes(server, None)
+        seen = processes(server, any_sandbox)
         shell = next(p for p in seen if "# flood" in " ".join(p.get("argv", [])))
         children = [p for p in seen if p.get("ppid") == shell["pid"] and p["pid"] != shell["pid"]]
-        lost = [p for p in seen if p["op"] == "events_lost"]
+        lost = [p for p in processes(server, "-") if p["op"] == "events_lost"]
         if len(children) == count or lost:
             break
         threading.Event().wait(0.1)
     # Every exec is there (each with its parent; those gone before /proc was read say so), or
-    # the kernel's overflow is.
+    # the kernel's (gVisor's) overflow is.
     assert len(children) == count or lost, (len(children), lost)
     assert all(p.get("exe", "/usr/bin/true").endswith("true") for p in children)
 
@@ -149,12 +166,12 @@ def test_ocsf_export_of_processes_passes_the_schema(server: SandgateServer, sand
     assert launched["process"]["parent_process"]["pid"] == launched["actor"]["process"]["pid"]
 
 
-@pytest.mark.skipif(find_runsc() is None, reason="runsc is not installed")
-def test_a_gvisor_sandbox_s_programs_come_from_gvisor_s_runtime_monitoring(server: SandgateServer) -> None:
+def test_a_gvisor_sandbox_s_programs_come_from_gvisor_s_runtime_monitoring(
+    server: SandgateServer, gvisor_sandbox: str
+) -> None:
     """On gVisor the host kernel sees only runsc: the records come from the Sentry's execve and
     clone events, sent to the server's sink (lifecycle/gvisor_events.py)."""
-    sandbox = str(server.create_sandbox(extensions={"sandgate.isolation": "gvisor"})["id"])
-    seen, by_argv = run_script(server, sandbox, 4)
+    seen, by_argv = run_script(server, gvisor_sandbox, 4)
     script, _child_shell, sleep = (by_argv[argv] for argv in TREE)
     assert by_argv["cat /etc/hostname"]["ppid"] == script["pid"]
     assert all(p.get("source") == "gvisor" and p["record"]["client"] == "kernel" for p in seen), seen
