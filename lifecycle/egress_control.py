@@ -144,6 +144,7 @@ class EgressControl:
             sandbox_id=record.id,
             address=record.address or "",
             policy=policy,
+            tenant=record.tenant,
             **self._process_lookup(record),
         )
         try:
@@ -168,6 +169,7 @@ class EgressControl:
             address=record.address or "",
             policy=self.effective(base, vault),
             credentials=vault.entries(),
+            tenant=record.tenant,
             **self._process_lookup(record),
         )
         self.proxy.put_sandbox(entry)

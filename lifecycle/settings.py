@@ -234,7 +234,8 @@ class Settings(BaseSettings):
     upstream_proxies: list[UpstreamProxy] = Field(
         default_factory=list,
         description="company proxies allowed traffic leaves through (env: JSON list of {url, hosts, "
-        "credential, identity_header}); first match by host wins; docs/proxy.md",
+        "tenants, credential, identity_header, tenant_header}); first match by host and tenant wins; "
+        "docs/proxy.md",
     )
 
     # sandbox networks

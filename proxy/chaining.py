@@ -23,10 +23,10 @@ class UpstreamProxyAddon:
         _conn, sandbox = self._lookup(flow.client_conn.id)
         if sandbox is None:
             return
-        proxy = self.state.upstream_proxies.choose(sandbox.entry.upstream_proxies, flow.request.host)
+        proxy = self.state.upstream_proxies.choose(sandbox.entry, flow.request.host)
         if proxy is None:
             return
-        for name, value in self.state.upstream_proxies.connect_headers(proxy, sandbox.id):
+        for name, value in self.state.upstream_proxies.connect_headers(proxy, sandbox.entry):
             flow.request.headers[name] = value  # checked when the destination was decided
 
     def next_layer(self, data: layer.NextLayer) -> None:
@@ -42,7 +42,7 @@ class UpstreamProxyAddon:
             or server.address is None
         ):
             return
-        proxy = self.state.upstream_proxies.choose(sandbox.entry.upstream_proxies, conn.connect_host)
+        proxy = self.state.upstream_proxies.choose(sandbox.entry, conn.connect_host)
         if proxy is None:
             return
         conn.tunnelled = True

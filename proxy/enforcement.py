@@ -398,11 +398,11 @@ class EnforcementAddon:
         """The upstream proxy an allowed destination leaves through, or the refusal when that
         upstream cannot be used (its login is not in the vault): never a direct dial instead."""
         proxies = self.state.upstream_proxies
-        via = proxies.choose(sandbox.entry.upstream_proxies, name)
+        via = proxies.choose(sandbox.entry, name)
         if via is None:
             return None, None
         try:
-            proxies.connect_headers(via, sandbox.id)
+            proxies.connect_headers(via, sandbox.entry)
         except UpstreamProxyError as exc:
             return via, Verdict(Decision("deny", Reason.UPSTREAM_ERROR, detail=str(exc)), 502)
         return via, None

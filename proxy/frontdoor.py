@@ -281,7 +281,7 @@ class FrontDoor:
         name, address, port = target
         if via is not None:
             try:
-                headers = self.state.upstream_proxies.connect_headers(via, sandbox.id)
+                headers = self.state.upstream_proxies.connect_headers(via, sandbox.entry)
                 upstream = await open_tunnel(via, headers, name, port)
             except UpstreamProxyError as exc:
                 log.info("pass-through to %s:%s: %s", name, port, exc)

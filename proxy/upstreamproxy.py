@@ -1,9 +1,10 @@
 """Chaining to an upstream proxy: allowed traffic leaves through a company's proxy.
 
 Rules:
-1. Which proxy: the sandbox entry's own `upstream_proxies` (the seam a tenant's proxy comes
-   through, issue 38), else the server's `ProxyConfig.upstream_proxies`; the first whose `hosts`
-   carry the destination name wins. None carries it: the proxy dials the origin itself.
+1. Which proxy: the sandbox entry's own `upstream_proxies`, else the server's
+   `ProxyConfig.upstream_proxies`; the first whose `hosts` carry the destination name and whose
+   `tenants` (if any) hold the entry's tenant wins. None carries it: the proxy dials the origin
+   itself.
 2. Decisions, pinning, injection, scrubbing and audit are unchanged; only the dial differs. Every
    path that dials goes through the upstream with `CONNECT name:port` (the name the decision was
    about, so the upstream resolves and logs it): the front door's spliced pass-through
@@ -16,7 +17,8 @@ Rules:
 3. The login is a vault entry (`credential`, 'username:password'), read off the loop with the
    sandboxes' values (proxy/credentials.py), so it is in the audit writer's redactor and
    refreshed with them. It goes only into the `Proxy-Authorization` of the CONNECT request, with
-   the `identity_header` (the sandbox id) beside it; nothing is added inside the tunnel.
+   the `identity_header` (the sandbox id) and `tenant_header` (its tenant) beside it; nothing is
+   added inside the tunnel.
 4. An upstream that cannot be reached or refuses the CONNECT is never bypassed: the request gets
    a 502 naming the upstream (errorpages.py), a pass-through connection is closed, and both are
    in the audit record (`via` names the upstream, `detail` says what it answered).
@@ -28,7 +30,7 @@ import asyncio
 import base64
 import socket
 
-from sandgate.proxy.contract.config import UpstreamProxy, upstream_proxy_for
+from sandgate.proxy.contract.config import SandboxEntry, UpstreamProxy, upstream_proxy_for
 from sandgate.proxy.credentials import SecretValues
 
 CONNECT_TIMEOUT = 30.0
@@ -53,12 +55,13 @@ class UpstreamProxies:
         """Read the logins from the vault. Blocking: from a thread, never the event loop."""
         self.values.load(self.credential_names(extra))
 
-    def choose(self, own: list[UpstreamProxy] | None, host: str) -> UpstreamProxy | None:
-        """For a sandbox whose entry names `own` proxies (None: the server's), and `host`."""
-        return upstream_proxy_for(self.proxies if own is None else own, host)
+    def choose(self, entry: SandboxEntry, host: str) -> UpstreamProxy | None:
+        """For the sandbox of `entry` (its own proxies, else the server's; its tenant), and `host`."""
+        own = entry.upstream_proxies
+        return upstream_proxy_for(self.proxies if own is None else own, host, entry.tenant)
 
-    def connect_headers(self, proxy: UpstreamProxy, sandbox_id: str) -> list[tuple[str, str]]:
-        """The headers of a CONNECT through `proxy` for `sandbox_id` (rule 3)."""
+    def connect_headers(self, proxy: UpstreamProxy, entry: SandboxEntry) -> list[tuple[str, str]]:
+        """The headers of a CONNECT through `proxy` for the sandbox of `entry` (rule 3)."""
         headers = []
         if proxy.credential:
             login = self.values.current(proxy.credential)
@@ -69,7 +72,9 @@ class UpstreamProxies:
                 )
             headers.append(("Proxy-Authorization", "Basic " + base64.b64encode(login.encode()).decode()))
         if proxy.identity_header:
-            headers.append((proxy.identity_header, sandbox_id))
+            headers.append((proxy.identity_header, entry.sandbox_id))
+        if proxy.tenant_header and entry.tenant:
+            headers.append((proxy.tenant_header, entry.tenant))
         return headers
 
 

@@ -105,8 +105,8 @@ RESERVED_CONNECT_HEADERS = frozenset({"host", "proxy-authorization", "content-le
 class UpstreamProxy(BaseModel):
     """A proxy that allowed traffic leaves through (a company's proxy), instead of dialling the
     origin: CONNECT host:port for everything, TLS or not (proxy/upstreamproxy.py). Its login is a
-    vault entry's name, never the login itself; the sandbox id goes on the CONNECT request only
-    (`identity_header`), never inside the tunnel."""
+    vault entry's name, never the login itself; the sandbox id and its tenant go on the CONNECT
+    request only (`identity_header`, `tenant_header`), never inside the tunnel."""
 
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # the URL may hold a login
 
@@ -122,6 +122,14 @@ class UpstreamProxy(BaseModel):
     identity_header: str | None = Field(
         default=None,
         description="header on each CONNECT carrying the sandbox id (e.g. X-Sandgate-Sandbox)",
+    )
+    tenants: list[str] = Field(
+        default_factory=list,
+        description="tenants whose sandboxes' traffic leaves through it; empty: every tenant's",
+    )
+    tenant_header: str | None = Field(
+        default=None,
+        description="header on each CONNECT carrying the sandbox's tenant (e.g. X-Sandgate-Tenant)",
     )
 
     @field_validator("url")
@@ -153,13 +161,19 @@ class UpstreamProxy(BaseModel):
                 raise ValueError(f"upstream proxy host {pattern!r}: use host.example.com or *.example.com")
         return [pattern.lower().rstrip(".") for pattern in patterns]
 
-    @field_validator("identity_header")
+    @field_validator("identity_header", "tenant_header")
     @classmethod
     def _header(cls, value: str | None) -> str | None:
         reserved = value is not None and value.lower() in RESERVED_CONNECT_HEADERS
         if value is not None and (not HEADER_NAME.fullmatch(value) or reserved):
-            raise ValueError(f"identity_header {value!r} is not a header name sandgate may set")
+            raise ValueError(f"{value!r} is not a header name sandgate may set on a CONNECT")
         return value
+
+    @model_validator(mode="after")
+    def _two_headers(self) -> UpstreamProxy:
+        if self.identity_header and self.identity_header.lower() == (self.tenant_header or "").lower():
+            raise ValueError(f"identity_header and tenant_header are both {self.identity_header!r}")
+        return self
 
     @property
     def address(self) -> tuple[str, int]:
@@ -167,8 +181,11 @@ class UpstreamProxy(BaseModel):
         assert parts.hostname is not None and parts.port is not None
         return parts.hostname, parts.port
 
-    def carries(self, host: str) -> bool:
-        """Whether traffic for `host` leaves through this proxy (`*.x` is subdomains only)."""
+    def carries(self, host: str, tenant: str | None = None) -> bool:
+        """Whether traffic for `host` of a sandbox of `tenant` leaves through this proxy (`*.x` is
+        subdomains only; a proxy for some tenants carries no sandbox without one)."""
+        if self.tenants and tenant not in self.tenants:
+            return False
         host = host.lower().rstrip(".")
         return not self.hosts or any(
             host.endswith(pattern[1:]) if pattern.startswith("*.") else host == pattern
@@ -176,9 +193,12 @@ class UpstreamProxy(BaseModel):
         )
 
 
-def upstream_proxy_for(proxies: list[UpstreamProxy], host: str) -> UpstreamProxy | None:
-    """The first of `proxies` that carries `host`; None: the proxy dials the origin itself."""
-    return next((proxy for proxy in proxies if proxy.carries(host)), None)
+def upstream_proxy_for(
+    proxies: list[UpstreamProxy], host: str, tenant: str | None = None
+) -> UpstreamProxy | None:
+    """The first of `proxies` that carries `host` for `tenant`; None: the proxy dials the origin
+    itself."""
+    return next((proxy for proxy in proxies if proxy.carries(host, tenant)), None)
 
 
 class SandboxEntry(BaseModel):
@@ -209,7 +229,12 @@ class SandboxEntry(BaseModel):
     upstream_proxies: list[UpstreamProxy] | None = Field(
         default=None,
         description="this sandbox's upstream proxies, first match wins (default: "
-        "ProxyConfig.upstream_proxies); the seam for a tenant's own proxy (issue 38)",
+        "ProxyConfig.upstream_proxies)",
+    )
+    tenant: str | None = Field(
+        default=None,
+        description="the sandbox's tenant: which upstream proxies carry it (`UpstreamProxy.tenants`) "
+        "and what their `tenant_header` says",
     )
 
     @model_validator(mode="before")

@@ -19,7 +19,7 @@ import pytest
 from tests.conformance.conftest import set_policy, upstream
 from tests.support.internet import ORIGIN_V4, Internet
 from tests.support.server import SANDGATE, SandgateServer, sandgate_server
-from tests.support.squid import IDENTITY_HEADER, SQUID_V4, Squid, start_squid
+from tests.support.squid import IDENTITY_HEADER, SQUID_V4, TENANT_HEADER, Squid, start_squid
 
 pytestmark = pytest.mark.root
 
@@ -38,7 +38,14 @@ def squid(internet: Internet) -> Iterator[Squid]:
 def chained(
     tmp_path_factory: pytest.TempPathFactory, internet: Internet, squid: Squid
 ) -> Iterator[SandgateServer]:
-    proxies = [{"url": squid.url, "credential": "corp-proxy", "identity_header": IDENTITY_HEADER}]
+    proxies = [
+        {
+            "url": squid.url,
+            "credential": "corp-proxy",
+            "identity_header": IDENTITY_HEADER,
+            "tenant_header": TENANT_HEADER,
+        }
+    ]
     extra = {**upstream(internet), "SANDGATE_UPSTREAM_PROXIES": json.dumps(proxies)}
     with sandgate_server(Path(tmp_path_factory.mktemp("sandgate-chained")), extra) as running:
         env = {**running.env(), "SANDGATE_STATE_DIR": str(running.state_dir)}
@@ -80,7 +87,7 @@ def test_a_sandboxs_traffic_leaves_through_the_company_proxy(
         printed += ran.stdout + ran.stderr
     for target in ("pass.example.com:443", "seen.example.com:443", "plain.example.com:80"):
         [line] = squid_connects(squid, target)[-1:]
-        assert line[2] == "gateway" and line[6] == sandbox_id, line
+        assert line[2] == "gateway" and line[6] == sandbox_id and line[7] == "default", line
     clients = {str(r["client"]).rsplit(":", 1)[0] for r in internet.origin_requests()[mark:]}
     assert clients == {SQUID_V4}
     assert PASSWORD not in printed and PASSWORD not in chained.log()

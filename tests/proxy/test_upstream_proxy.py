@@ -28,7 +28,7 @@ from tests.proxy.conftest import (
     stop_proxy,
 )
 from tests.support.internet import HOST_V4, ORIGIN_V4, Internet
-from tests.support.squid import IDENTITY_HEADER, SQUID_V4, Squid, start_squid
+from tests.support.squid import IDENTITY_HEADER, SQUID_V4, TENANT_HEADER, Squid, start_squid
 
 pytestmark = pytest.mark.root
 
@@ -167,6 +167,67 @@ def test_explicit_connect_passthrough_goes_through_squid_with_our_headers_only(
     assert json.loads(out)["headers"]["authorization"] == "Bearer [REDACTED]"
 
 
+def test_explicit_absolute_form_http_goes_through_squid_with_our_headers_only(
+    proxy: RunningProxy, client: Client, net: Internet, squid: Squid
+) -> None:
+    """`curl -x gateway:15002 http://...`: the request to the explicit listener in absolute form,
+    with a forged identity and login of the sandbox's own, leaves through squid as a CONNECT
+    carrying the real sandbox id and the vault's login."""
+    before = len(squid_lines(squid, "CONNECT", "plain.example.com:80"))
+    mark = len(net.origin_requests())
+    recorded = len(proxy.wait_audit(0, kind="request", host="plain.example.com", status=200))
+    result = client.curl("-x", f"http://{GATEWAY}:{EXPLICIT_PORT}", *FORGED, "http://plain.example.com/echo")
+    assert result.returncode == 0, result.stderr
+    assert origin_clients(net, mark) == [SQUID_V4]
+    lines = squid_lines(squid, "CONNECT", "plain.example.com:80", before + 1)
+    assert len(lines) == before + 1 and lines[-1][2] == "gateway" and lines[-1][6] == SANDBOX
+    [seen] = net.origin_requests()[mark:]
+    assert PASSWORD not in json.dumps(seen) and "sbx-corp" not in json.dumps(seen["headers"])
+    records = proxy.wait_audit(recorded + 1, kind="request", host="plain.example.com", status=200)
+    assert len(records) == recorded + 1 and records[-1]["via"] == squid.url
+
+
+def test_a_tenant_s_proxy_carries_only_its_sandboxes_and_names_the_tenant_on_the_connect(
+    proxy: RunningProxy, client: Client, net: Internet, squid: Squid
+) -> None:
+    """A list whose first proxy is for tenant acme (with the tenant header) and whose second, for
+    everyone else, has a login squid refuses: a sandbox of acme leaves through the first, with
+    its tenant on the CONNECT; the same sandbox as one of globex through the second (407)."""
+    acme = UpstreamProxy(
+        url=squid.url,
+        credential="corp-proxy",
+        identity_header=IDENTITY_HEADER,
+        tenants=["acme"],
+        tenant_header=TENANT_HEADER,
+    )
+    proxies = [acme, corp_proxy(squid, "corp-proxy-wrong")]
+    try:
+        for tenant, status in (("acme", "200"), ("globex", "407")):
+            entry = SandboxEntry(
+                sandbox_id=SANDBOX,
+                address=CLIENT_ADDR,
+                policy=POLICY,
+                upstream_proxies=proxies,
+                tenant=tenant,
+            )
+            proxy.control.put_sandbox(entry)
+            before = len(squid_lines(squid, "CONNECT", "plain.example.com:80"))
+            mark = len(net.origin_requests())
+            answer = client.curl("-i", "http://plain.example.com/echo")
+            assert answer.stdout.startswith("HTTP/1.1 200" if tenant == "acme" else "HTTP/1.1 502"), (
+                answer.stdout
+            )
+            line = squid_lines(squid, "CONNECT", "plain.example.com:80", before + 1)[-1]
+            assert line[5] == status and line[6] == SANDBOX
+            assert line[7] == (tenant if tenant == "acme" else "-")  # the header of acme's proxy only
+            assert origin_clients(net, mark) == ([SQUID_V4] if tenant == "acme" else [])
+            if tenant == "acme":
+                [seen] = net.origin_requests()[mark:]
+                assert TENANT_HEADER.lower() not in seen["headers"]  # never inside the tunnel
+    finally:
+        proxy.control.put_sandbox(SandboxEntry(sandbox_id=SANDBOX, address=CLIENT_ADDR, policy=POLICY))
+
+
 def test_the_upstream_password_is_nowhere_but_the_vault(
     proxy: RunningProxy, client: Client, net: Internet, squid: Squid
 ) -> None:
@@ -223,6 +284,12 @@ def test_a_stopped_upstream_fails_clearly_and_nothing_goes_direct(
     assert f"upstream proxy {squid.url} is unreachable" in intercepted.stdout
     passed = client.curl("--cacert", str(net.ca_cert), "https://pass.example.com/")
     assert passed.returncode != 0
+    # the explicit listener's paths: an absolute-form request, a CONNECT passed through
+    explicit = ("-x", f"http://{GATEWAY}:{EXPLICIT_PORT}")
+    absolute = client.curl("-i", *explicit, "http://plain.example.com/")
+    assert absolute.stdout.startswith("HTTP/1.1 502") and squid.url in absolute.stdout, absolute.stdout
+    tunnelled = client.curl(*explicit, "--cacert", str(net.ca_cert), "https://pass.example.com/")
+    assert tunnelled.returncode != 0 and "hello from origin" not in tunnelled.stdout
     assert net.origin_requests()[mark:] == [], "a request went direct"
     assert HOST_V4 not in origin_clients(net, 0)  # nothing ever came from the gateway itself
     failed = proxy.wait_audit(1, kind="request", host="api.example.com", status=None, event=None)

@@ -31,12 +31,13 @@ from tests.support.netns import ip
 SQUID_V4 = "198.51.100.60"
 SQUID_PORT = 3128
 IDENTITY_HEADER = "X-Sandgate-Sandbox"
+TENANT_HEADER = "X-Sandgate-Tenant"
 READY_TIMEOUT = 30.0
 CONFIG = """
 http_port {address}:{port}
 pid_filename {work}/squid.pid
 cache_log {work}/cache.log
-logformat sandgate %ts.%03tu %>a %un %rm %ru %>Hs %{{{header}}}>h
+logformat sandgate %ts.%03tu %>a %un %rm %ru %>Hs %{{{header}}}>h %{{{tenant}}}>h
 access_log stdio:{work}/access.log sandgate
 cache deny all
 coredump_dir {work}
@@ -70,7 +71,8 @@ class Squid:
         return f"http://{SQUID_V4}:{SQUID_PORT}"
 
     def access_log(self) -> list[list[str]]:
-        """One list of fields per request: time, client, user, method, url, status, identity header."""
+        """One list of fields per request: time, client, user, method, url, status, identity header,
+        tenant header ('-': none)."""
         path = self.work / "access.log"
         return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -99,7 +101,12 @@ def start_squid(internet: Internet, username: str, password: str) -> Iterator[Sq
         ).stdout.strip()
         (work / "htpasswd").write_text(f"{username}:{hashed}\n")
         config = CONFIG.format(
-            address=SQUID_V4, port=SQUID_PORT, work=work, dns=DNS_ADDR, header=IDENTITY_HEADER
+            address=SQUID_V4,
+            port=SQUID_PORT,
+            work=work,
+            dns=DNS_ADDR,
+            header=IDENTITY_HEADER,
+            tenant=TENANT_HEADER,
         )
         (work / "squid.conf").write_text(config)
         for path in (work, work / "htpasswd"):

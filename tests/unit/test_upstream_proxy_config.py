@@ -52,6 +52,8 @@ def test_bad_patterns_and_headers_are_refused() -> None:
     for header in ("Proxy-Authorization", "Host", "Bad Header"):
         with pytest.raises(ValidationError, match="is not a header name sandgate may set"):
             UpstreamProxy(url="http://192.0.2.1:3128", identity_header=header)
+        with pytest.raises(ValidationError, match="is not a header name sandgate may set"):
+            UpstreamProxy(url="http://192.0.2.1:3128", tenant_header=header)
 
 
 def test_the_first_proxy_that_carries_a_host_wins() -> None:
@@ -64,6 +66,25 @@ def test_the_first_proxy_that_carries_a_host_wins() -> None:
     assert upstream_proxy_for([api], "other.example.com") is None  # dialled directly
 
 
+def test_a_proxy_for_some_tenants_carries_only_their_sandboxes_and_names_the_tenant() -> None:
+    acme = UpstreamProxy(
+        url="http://192.0.2.1:3128", tenants=["acme"], identity_header="X-Sandbox", tenant_header="X-Tenant"
+    )
+    rest = UpstreamProxy(url="http://192.0.2.2:3128")
+    assert upstream_proxy_for([acme, rest], "api.example.com", "acme") is acme
+    assert upstream_proxy_for([acme, rest], "api.example.com", "globex") is rest
+    assert upstream_proxy_for([acme, rest], "api.example.com") is rest  # a sandbox of no tenant
+    assert upstream_proxy_for([acme], "api.example.com", "globex") is None  # dialled directly
+    proxies = UpstreamProxies([acme, rest], SandboxTable(None).values)
+    of_acme = SandboxEntry(sandbox_id="sbx-a", address=SANDBOX, policy={}, tenant="acme")
+    assert proxies.choose(of_acme, "api.example.com") is acme
+    assert proxies.connect_headers(acme, of_acme) == [("X-Sandbox", "sbx-a"), ("X-Tenant", "acme")]
+    of_globex = SandboxEntry(sandbox_id="sbx-g", address=SANDBOX, policy={}, tenant="globex")
+    assert proxies.choose(of_globex, "api.example.com") is rest
+    with pytest.raises(ValidationError, match="both 'X-Same'"):
+        UpstreamProxy(url="http://192.0.2.1:3128", identity_header="X-Same", tenant_header="x-same")
+
+
 def test_connect_headers_carry_the_vault_login_and_the_sandbox_id(tmp_path: Path) -> None:
     store = open_store("local", tmp_path, generate_master_key())
     store.put("corp", "gateway:pw-1")
@@ -71,7 +92,8 @@ def test_connect_headers_carry_the_vault_login_and_the_sandbox_id(tmp_path: Path
     proxy = UpstreamProxy(url="http://192.0.2.1:3128", credential="corp", identity_header="X-Sandbox")
     proxies = UpstreamProxies([proxy], table.values)
     proxies.load()
-    headers = proxies.connect_headers(proxy, "sbx-1")
+    entry = SandboxEntry(sandbox_id="sbx-1", address=SANDBOX, policy={}, tenant="acme")
+    headers = proxies.connect_headers(proxy, entry)
     assert headers == [("Proxy-Authorization", "Basic " + base64.b64encode(b"gateway:pw-1").decode()),
                        ("X-Sandbox", "sbx-1")]  # fmt: skip
     assert "pw-1" not in table.values.redact_text("login gateway:pw-1")
