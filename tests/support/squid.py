@@ -57,6 +57,13 @@ http_access deny CONNECT !SSL_ports !Safe_ports
 http_access allow authed
 http_access deny all
 """
+CONFIG_FIELDS = {
+    "address": SQUID_V4,
+    "port": SQUID_PORT,
+    "dns": DNS_ADDR,
+    "header": IDENTITY_HEADER,
+    "tenant": TENANT_HEADER,
+}
 
 
 @dataclass
@@ -100,14 +107,7 @@ def start_squid(internet: Internet, username: str, password: str) -> Iterator[Sq
             check=True,
         ).stdout.strip()
         (work / "htpasswd").write_text(f"{username}:{hashed}\n")
-        config = CONFIG.format(
-            address=SQUID_V4,
-            port=SQUID_PORT,
-            work=work,
-            dns=DNS_ADDR,
-            header=IDENTITY_HEADER,
-            tenant=TENANT_HEADER,
-        )
+        config = CONFIG.format(work=work, **CONFIG_FIELDS)
         (work / "squid.conf").write_text(config)
         for path in (work, work / "htpasswd"):
             os.chown(path, proxy_user.pw_uid, proxy_user.pw_gid)
