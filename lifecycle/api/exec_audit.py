@@ -224,7 +224,9 @@ class Call:
     def _append(self, record: AuditRecord) -> None:
         append_record(self.trail.audit_path, record, self.trail.secrets.redact(self.sandbox, self.presented))
 
-    def _record(self, op: Operation | None = None, facts: Facts | None = None, **fields: Any) -> AuditRecord:
+    def _record(
+        self, op: Operation | None = None, facts: Facts | None = None, /, **fields: Any
+    ) -> AuditRecord:
         """An exec record is no decision: it says what was done (`reason` one line of it, `detail`
         the facts as JSON), `method` the operation, `path` its first path. This call's own, or
         (`op`, `facts`) one of what passed on its connection."""
@@ -232,7 +234,7 @@ class Call:
         facts = self.facts if facts is None else facts
         paths = facts.get("paths") or []
         return AuditRecord(
-            kind=op.kind,
+            kind=op.kind,  # type: ignore[arg-type]
             sandbox=self.sandbox.id,
             client=self.client,
             decision="allow",
