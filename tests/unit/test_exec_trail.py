@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 
+from sandgate.execd.app import ROUTES as EXECD_ROUTES
 from sandgate.lifecycle.exec_trail import (
     JSON_BODY_MAX,
     OPERATIONS,
@@ -55,6 +57,15 @@ def test_a_route_is_read_as_execd_reads_it_and_an_unknown_one_is_recorded() -> N
     attach = operation("GET", "/pty/s1/ws")
     assert attach is not None and attach[0].name == "pty_attach"
     assert query_facts(attach[0], "/pty/s1/ws", "since=0") == {"session": "s1"}
+
+
+def test_every_route_execd_serves_has_a_row() -> None:
+    """Each of execd's routes is an operation of the table or listed as doing nothing; only the
+    isolated-session routes, which execd answers 503, fall to `other`."""
+    for method, path, *targets in EXECD_ROUTES:
+        found = operation(method, re.sub(r"\{\w+\}", "0", path))
+        unsupported = "isolated:unsupported" in targets
+        assert (found is not None and found[0] is OTHER_OPERATION) == unsupported, (method, path, found)
 
 
 def test_a_terminal_message_gives_what_is_typed_and_signals() -> None:
