@@ -19,6 +19,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from sandgate.lifecycle.audit import to_ocsf
 from sandgate.proxy import verify_chain
 from tests.support.audit import audit_records
 from tests.support.ocsf import ocsf_errors
@@ -356,6 +357,12 @@ def test_a_route_spelt_with_escapes_or_a_padded_body_is_recorded(
     assert by_command["touch /tmp/padded-run"]["bytes_out"] == len(padded_body)
     other = next(r for r in commands if r["facts"]["route"] == "POST /no-such-route")
     assert other["method"] == "other" and other["status"] == 404
+    assert ocsf_errors(as_ocsf(other)) == [] and as_ocsf(other)["activity_id"] == 99
+
+
+def as_ocsf(record: dict[str, Any]) -> dict[str, Any]:
+    """The record as the audit API exports it (without the reader's `facts` and the chain's `prev`)."""
+    return to_ocsf({k: v for k, v in record.items() if k not in ("facts", "prev")})
 
 
 def typed(server: SandgateServer, sandbox: str, session: str) -> list[dict[str, Any]]:
@@ -396,6 +403,9 @@ def test_what_is_typed_into_a_terminal_is_recorded_line_by_line(server: Sandgate
         "exit 4\n",
     ]
     assert all(r["event"] is None and r["facts"]["actor"] == "api-key" for r in lines)
+    typed_line = as_ocsf(lines[0])
+    assert ocsf_errors(typed_line) == [] and typed_line["class_uid"] == 1007
+    assert typed_line["process"]["cmd_line"].startswith("echo pty-marker")
     for _ in range(100):  # the attach record's whole line follows once the proxy saw the close
         opened = [r for r in exec_records(server, sandbox, "command") if r["method"] == "pty_attach"]
         if opened and opened[-1]["facts"]["session"] == session and opened[-1]["event"] is None:
