@@ -17,7 +17,10 @@ Rules:
 3. Runs in one context are serial: a second concurrent run gets a 409. An interrupt
    (`DELETE /code?id=`) is a kernel interrupt (SIGINT to its process group, or an
    `interrupt_request` for a kernel whose spec asks for messages); the cell fails and the
-   context keeps its state. A client that goes away interrupts its cell in the same way.
+   context keeps its state. A client that goes away interrupts its cell in the same way. An
+   `interrupt_request` is sent again every `INTERRUPT_REPEAT_S` while the same cell runs: JJava
+   runs a cell snippet by snippet and drops one that comes while it compiles the next (nothing
+   of the cell is running then), so the cell would run on.
 4. A run's optional `timeout` (ms, an execd extension) interrupts the cell. If the cell is still
    running `INTERRUPT_GRACE_S` after that, the kernel is killed. A killed kernel, or one that
    died (checked every `LIVENESS_POLL_S` while a cell waits), has ended its context: the run
@@ -65,6 +68,7 @@ if TYPE_CHECKING:
 
 READY_TIMEOUT_S = 60.0  # a kernel's start on a loaded machine (ipykernel imports IPython)
 INTERRUPT_GRACE_S = 2.0
+INTERRUPT_REPEAT_S = 0.25
 LIVENESS_POLL_S = 0.5
 LATE_OUTPUT_GRACE_S = {"javascript": 0.1, "typescript": 0.1}  # see Context.late_output
 REPLY_WAIT_S = 2.0  # for the execute_reply, which a kernel sends around its idle status
@@ -146,6 +150,7 @@ class Context:
     manager: AsyncKernelManager
     client: AsyncKernelClient
     running: bool = False
+    cells: int = 0  # the cells started: which one an interrupt is for
     ended: str = ""
     # the tasks it started (held here: the event loop keeps only weak references)
     tasks: set[asyncio.Future[Any]] = field(default_factory=set)
@@ -163,7 +168,18 @@ class Context:
         return process.pid if process is not None else 0
 
     async def interrupt(self) -> None:
-        if not self.ended:
+        """Interrupt the running cell; a message is sent again while that cell runs (rule 3)."""
+        if self.ended:
+            return
+        await self.manager.interrupt_kernel()
+        if self.manager.kernel_spec is not None and self.manager.kernel_spec.interrupt_mode == "message":
+            self.keep(asyncio.ensure_future(self._interrupt_again(self.cells)))
+
+    async def _interrupt_again(self, cell: int) -> None:
+        while True:
+            await asyncio.sleep(INTERRUPT_REPEAT_S)
+            if self.ended or not self.running or self.cells != cell:
+                return
             await self.manager.interrupt_kernel()
 
     def end(self, why: str) -> None:
@@ -417,6 +433,7 @@ class CodeContexts:
             yield frame(event("error", error=busy_error(context)))
             return
         context.running = True
+        context.cells += 1
         events = RunEvents(EVENT_QUEUE)
         context.keep(asyncio.ensure_future(self._execute(context, req, events)))
         finished = False

@@ -12,6 +12,8 @@ Rules:
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -114,6 +116,26 @@ class PaginationInfo(WireModel):
     total_items: int = Field(ge=0)
     total_pages: int = Field(ge=0)
     has_next_page: bool
+
+
+def paginate[T](items: Sequence[T], page: int, page_size: int) -> tuple[list[T], PaginationInfo]:
+    """Page `page` (from 1) of `items`, `page_size` a page, and its pagination block."""
+    start = (page - 1) * page_size
+    total_pages = math.ceil(len(items) / page_size)
+    pagination = PaginationInfo(
+        page=page,
+        page_size=page_size,
+        total_items=len(items),
+        total_pages=total_pages,
+        has_next_page=page < total_pages,
+    )
+    return list(items[start : start + page_size]), pagination
+
+
+def in_states(state: str, wanted: list[str] | None) -> bool:
+    """A list's state filter (repeatable, any case): the spec keeps the set of states open, so a
+    state nothing is in (one sandgate never produces) matches nothing; it is no error."""
+    return not wanted or state.lower() in {w.lower() for w in wanted}
 
 
 class ListSandboxesResponse(WireModel):

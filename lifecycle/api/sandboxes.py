@@ -7,7 +7,6 @@ exactly the ones the 1.1.1 clients expect (create 202, delete 204, pause/resume 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from collections import deque
@@ -30,12 +29,13 @@ from sandgate.lifecycle.api.models import (
     ImageSpec,
     ListSandboxesResponse,
     MetricsEvent,
-    PaginationInfo,
     PlatformSpec,
     RenewSandboxExpirationRequest,
     RenewSandboxExpirationResponse,
     Sandbox,
     SandboxStatus,
+    in_states,
+    paginate,
 )
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.execd_client import execd_headers
@@ -249,29 +249,16 @@ def list_sandboxes(
     page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
     page_size: Annotated[int, Query(alias="pageSize", ge=1, le=200)] = 20,
 ) -> ListSandboxesResponse:
-    # a filter is a question: a state sandgate never produces (Allocated, a pool's states, states
-    # a later spec adds) matches nothing, it is no error (the spec keeps the set open)
-    wanted_states = {s.lower() for s in state or []}
     wanted_metadata = parse_metadata_filter(metadata)
     records = [
         r
         for r in service_of(request).list_sandboxes()
         if caller_sees(r.tenant)
-        and (not wanted_states or r.state.lower() in wanted_states)
+        and in_states(r.state, state)
         and all(r.metadata.get(k) == v for k, v in wanted_metadata.items())
     ]
-    start = (page - 1) * page_size
-    total_pages = math.ceil(len(records) / page_size)
-    return ListSandboxesResponse(
-        items=[to_sandbox(r) for r in records[start : start + page_size]],
-        pagination=PaginationInfo(
-            page=page,
-            page_size=page_size,
-            total_items=len(records),
-            total_pages=total_pages,
-            has_next_page=page < total_pages,
-        ),
-    )
+    shown, pagination = paginate(records, page, page_size)
+    return ListSandboxesResponse(items=[to_sandbox(r) for r in shown], pagination=pagination)
 
 
 @router.get("/sandboxes/{sandbox_id}", response_model=Sandbox, response_model_exclude_none=True)

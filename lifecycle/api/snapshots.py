@@ -2,18 +2,22 @@
 does the work; a create with `snapshotId` is in api/sandboxes.py).
 
 Rules: a snapshot answers in the spec's `Snapshot` shape; taking one answers 202 with it already
-`Ready`; a runtime that cannot take snapshots answers 400 `UNSUPPORTED` saying which can.
+`Ready`; a runtime that cannot take snapshots answers 400 `UNSUPPORTED` saying which can. The list
+takes the spec's filters (`sandboxId`, `name`, `state`, all must match) and pages (`page`,
+`pageSize`, newest first); `state` is an open set, as for sandboxes: one no snapshot is in
+(`Creating`, `Failed`, one a later spec adds) matches nothing, never a 400.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Annotated
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import Field
 
 from sandgate.lifecycle.api.calls import ERRORS, call, service_of
-from sandgate.lifecycle.api.models import PaginationInfo, WireModel
+from sandgate.lifecycle.api.models import PaginationInfo, WireModel, in_states, paginate
 from sandgate.lifecycle.images import Image
 from sandgate.lifecycle.principals import caller_sees
 from sandgate.lifecycle.snapshots import Snapshots
@@ -70,23 +74,31 @@ def create_snapshot(request: Request, sandbox_id: str, body: CreateSnapshotReque
 
 
 @router.get("/snapshots", response_model=ListSnapshotsResponse)
-def list_snapshots(request: Request) -> ListSnapshotsResponse:
+def list_snapshots(
+    request: Request,
+    sandbox_id: Annotated[str | None, Query(alias="sandboxId", description="only this sandbox's")] = None,
+    name: Annotated[str | None, Query(description="only snapshots of exactly this name")] = None,
+    state: Annotated[
+        list[str] | None,
+        Query(description="keep only these states (repeatable, any case); one none is in matches none"),
+    ] = None,
+    page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+    page_size: Annotated[int, Query(alias="pageSize", ge=1, le=200)] = 20,
+) -> ListSnapshotsResponse:
     tenant_of = service_of(request).store.tenant_of
-    images = [
-        i
+    snapshots = [
+        to_snapshot(i)
         for i in call(snapshots_of(request).list)
         if i.snapshot and caller_sees(tenant_of(i.snapshot.sandbox_id) or "")
     ]
-    items = [to_snapshot(image) for image in images]
-    items.sort(key=lambda snapshot: snapshot.created_at, reverse=True)
-    pagination = PaginationInfo(
-        page=1,
-        page_size=max(1, len(items)),
-        total_items=len(items),
-        total_pages=1 if items else 0,
-        has_next_page=False,
-    )
-    return ListSnapshotsResponse(items=items, pagination=pagination)
+    kept = [
+        s
+        for s in snapshots
+        if sandbox_id in (None, s.sandbox_id) and name in (None, s.name) and in_states(s.status.state, state)
+    ]
+    kept.sort(key=lambda snapshot: snapshot.created_at, reverse=True)
+    shown, pagination = paginate(kept, page, page_size)
+    return ListSnapshotsResponse(items=shown, pagination=pagination)
 
 
 @router.get("/snapshots/{snapshot_id}", response_model=Snapshot)

@@ -188,6 +188,24 @@ def test_sdk_java_context_on_jjava(codes: CodesAdapterSync) -> None:
     codes.delete_context(context.id)
 
 
+@pytest.mark.skipif(shutil.which("java") is None, reason="no JDK on this host (bootstrap installs one)")
+def test_sdk_java_interrupt_stops_the_cell_between_its_snippets(codes: CodesAdapterSync) -> None:
+    """JJava runs a cell snippet by snippet, compiling each before it runs: an interrupt that
+    comes while it compiles the next one (here a class of many methods, a second or more) finds
+    nothing running and is dropped. The cell's loop after it must still be stopped, and the
+    context goes on with its state."""
+    context = codes.create_context(SupportedLanguageSync.JAVA)
+    assert codes.run("int kept = 41;", context=context).error is None
+    methods = "".join(f"    static int m{i}(int x) {{ return x + {i}; }}\n" for i in range(400))
+    cell = f'System.out.println("spin");\nclass Slow {{\n{methods}}}\nwhile (true) {{ Thread.sleep(1); }}'
+    spun = interrupt_mid_cell(codes, context, cell)
+    assert spun.error is not None and spun.error.name == "EvaluationInterruptedException", spun.error
+    assert "".join(m.text for m in spun.logs.stdout) == "spin\n"
+    again = codes.run("kept + 1", context=context)
+    assert again.error is None and [r.text for r in again.result] == ["42"]
+    codes.delete_context(context.id)
+
+
 @pytest.mark.skipif(
     shutil.which("gonb", path=str(Path(sys.executable).parent)) is None,
     reason="no GoNB next to .venv's Python (bootstrap builds it)",
