@@ -1,7 +1,9 @@
-"""sandgate installed from deploy/ onto the two-node test cluster: the server Deployment and the
-node-proxy DaemonSet run from the sandgate image built from local files
-(scripts/cluster/sandgate-image.sh), and the quickstart goes through the in-cluster server with
-the OpenSandbox Python SDK from the host; `kubectl delete -k` then leaves none of its objects.
+"""sandgate installed from deploy/ onto the two-node test cluster: the server Deployment (as the
+image's non-root user) and the node-proxy DaemonSet run from the sandgate image built from local
+files (scripts/cluster/sandgate-image.sh), the vault on a real OpenBao (components/openbao, its
+token from a Secret), the quickstart and the conformance clients (tests/conformance/scenarios.py:
+the Python SDK, the JS SDK, osb and the MCP server, direct and server-proxy mode) go through the
+in-cluster server from the host; `kubectl delete -k` then leaves none of its objects.
 
 What the test cluster needs beyond the base (the overlay below; docs/kubernetes.md): it has no
 kube-proxy, so the server runs with hostNetwork on node 1 and is told the API server's address
@@ -9,56 +11,101 @@ kube-proxy, so the server runs with hostNetwork on node 1 and is told the API se
 and the server starts its own proxy, which needs one, on ports apart from the node agent's proxy
 beside it); both nodes share this machine's disk, so each
 agent's state is a subdirectory per node of a test directory; the node agents get the test
-internet's resolver and CA.
+internet's resolver and CA; the test cluster's hostPath volumes ignore fsGroup, so the overlay
+takes components/state-owner. OpenBao (`bao server -dev`, the `bao` of the test venv) listens on
+node 1's address in node 1's network namespace, where the hostNetwork server reaches it. The nodes
+pull `python:3.12` (the conformance clients' image) from the session's test registry only.
 
 Evidence from the other side: the Pods' phase and node from the API server, the origin's log
 (the sandbox's request arrives from its node's address with the credential), the nodes' own
-containerd (the image is there, imported, never pulled).
+containerd (the image is there, imported, never pulled), OpenBao's own KV (the credential is
+there, and nowhere in the server's state volume), the server's process as the node sees it (its
+uid).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import httpx
+import hvac
 import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Pod
 from opensandbox import SandboxSync
 from opensandbox.config.connection_sync import ConnectionConfigSync
 
+from tests.conformance.scenarios import MODES, SCENARIOS, Result, check
 from tests.kubernetes import test_two_node_proxies as two_nodes
-from tests.kubernetes.cluster import SCRIPTS, Cluster, run_script, skip_unless_built, up_to_a_build
+from tests.kubernetes.cluster import (
+    SCRIPTS,
+    Cluster,
+    run_script,
+    running_cluster,
+    skip_unless_built,
+    up_to_a_build,
+)
 from tests.kubernetes.serving import write_agent_tls
+from tests.kubernetes.test_conformance import CLIENTS
 from tests.kubernetes.test_manifests import installed, kubectl
 from tests.kubernetes.test_node_proxy import POLICY, SECRET, wait_until
 from tests.kubernetes.test_two_node_proxies import NODES, has_arrived
 from tests.support.internet import DNS_ADDR, ORIGIN_V4, Internet
+from tests.support.openbao import OpenBao, openbao_dev_server
+from tests.support.registry import Registry
+from tests.support.server import SandgateServer
 
 pytestmark = pytest.mark.root
 skip_unless_built()
 
-# the two-node cluster and the test internet routed to both nodes, as in test_two_node_proxies
-cluster, client, internet = two_nodes.cluster, two_nodes.client, two_nodes.internet
+# the client and the test internet routed to both nodes, as in test_two_node_proxies
+client, internet = two_nodes.client, two_nodes.internet
 
 DEPLOY = SCRIPTS.parents[1] / "deploy"
 IMAGE = "sandgate.example.test/sandgate:1"
 SERVER_URL = "10.231.0.2:8080"  # node 1's address: the server's hostNetwork Pod (the overlay)
+OPENBAO_LISTEN = "10.231.0.2:18200"  # in node 1's network namespace, beside the server
+SERVER_UID = 10001  # the image's user (scripts/cluster/sandgate-image.sh)
+SANDBOX_IMAGE = "python:3.12"  # the conformance clients', from the test registry
 API_KEY = secrets.token_urlsafe(24)
 RUN_TIMEOUT = 300
 
 
-def overlay(directory: Path, node_state: Path, upstream_ca: Path) -> Path:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[Cluster]:
+    """Two nodes, each pulling docker.io names from the test registry only."""
+    state_dir = tmp_path_factory.mktemp("cluster") / "state"
+    with (
+        running_cluster(
+            state_dir, SANDGATE_CLUSTER_NODES="2", SANDGATE_CLUSTER_MIRROR=registry.mirror
+        ) as handle,
+        registry.reachable_from(handle.pid("containerd")),
+        registry.reachable_from(handle.pid("containerd-2")),
+    ):
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def openbao(cluster: Cluster) -> Iterator[OpenBao]:
+    with openbao_dev_server(OPENBAO_LISTEN, netns=cluster.netns) as running:
+        yield running
+
+
+def overlay(directory: Path, node_state: Path, upstream_ca: Path, openbao_addr: str) -> Path:
     """The test cluster's overlay of deploy/ (see the module's docstring)."""
     base = os.path.relpath(DEPLOY, directory)
+    components = [
+        os.path.relpath(DEPLOY / "components" / name, directory) for name in ("openbao", "state-owner")
+    ]
     server = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "sandgate-server", "namespace": "sandgate-system"},
@@ -74,6 +121,7 @@ def overlay(directory: Path, node_state: Path, upstream_ca: Path) -> Path:
                 {"name": "SANDGATE_PROXY_TRANSPARENT_PORT", "value": "16001"},
                 {"name": "SANDGATE_PROXY_EXPLICIT_PORT", "value": "16002"},
                 {"name": "SANDGATE_PROXY_DNS_PORT", "value": "16053"},
+                {"name": "SANDGATE_OPENBAO_ADDR", "value": openbao_addr},
             ]}],
         }}},
     }  # fmt: skip
@@ -103,7 +151,11 @@ def overlay(directory: Path, node_state: Path, upstream_ca: Path) -> Path:
     }  # fmt: skip
     (directory / "server.json").write_text(json.dumps(server))
     (directory / "agents.json").write_text(json.dumps(agents))
-    kustomization = {"resources": [base], "patches": [{"path": "server.json"}, {"path": "agents.json"}]}
+    kustomization = {
+        "resources": [base],
+        "components": components,
+        "patches": [{"path": "server.json"}, {"path": "agents.json"}],
+    }
     (directory / "kustomization.yaml").write_text(json.dumps(kustomization))
     return directory
 
@@ -125,7 +177,9 @@ def node_image_listing(node_root: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def install(cluster: Cluster, internet: Internet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def install(
+    cluster: Cluster, internet: Internet, openbao: OpenBao, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
     """The images imported, the Secrets made, the overlay applied; uninstalled afterwards."""
     for script in ("sandgate-image.sh", "execd-image.sh"):
         imported = run_script(script, cluster.state_dir, timeout=1200, PYTHON=sys.executable)
@@ -139,18 +193,46 @@ def install(cluster: Cluster, internet: Internet, tmp_path_factory: pytest.TempP
     upstream.mkdir()
     (upstream / "ca.crt").write_bytes(internet.ca_cert.read_bytes())
     (workdir / "overlay").mkdir()
-    applied = overlay(workdir / "overlay", workdir / "node-state", upstream / "ca.crt")
+    applied = overlay(workdir / "overlay", workdir / "node-state", upstream / "ca.crt", openbao.addr)
     kubectl(cluster, "create", "namespace", "sandgate-system")
     kubectl(cluster, "-n", "sandgate-system", "create", "secret", "generic", "sandgate-node-proxy",
             f"--from-file=tls.crt={workdir / 'agent.crt'}", f"--from-file=tls.key={workdir / 'agent.key'}",
             f"--from-file=ca.crt={workdir / 'ca.crt'}", f"--from-file=token={workdir / 'token'}")  # fmt: skip
     kubectl(cluster, "-n", "sandgate-system", "create", "secret", "generic", "sandgate-api-key",
             f"--from-literal=api-key={API_KEY}")  # fmt: skip
+    (workdir / "openbao-token").write_text(openbao.root_token)
+    kubectl(cluster, "-n", "sandgate-system", "create", "secret", "generic", "sandgate-openbao",
+            f"--from-file=token={workdir / 'openbao-token'}")  # fmt: skip
     kubectl(cluster, "apply", "-k", str(applied))
     try:
         yield applied
     finally:
         kubectl(cluster, "delete", "-k", str(applied), "--wait=true", "--timeout=180s", check=False)
+
+
+def server_processes() -> dict[int, tuple[int, bytes]]:
+    """PID -> (real uid, argv) of every process running the in-cluster server's `serve`, read from
+    this machine's /proc (the node's view, not the Pod's word)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        if b"/etc/sandgate/config.toml\0serve" in argv:
+            uid = next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:"))
+            found[int(entry.name)] = (int(uid), argv)
+    return found
+
+
+def state_volume(cluster: Cluster) -> Path:
+    """The node directory behind the server's state claim (the test StorageClass's hostPath)."""
+    volume = kubectl(cluster, "-n", "sandgate-system", "get", "pvc", "sandgate-state",
+                     "-o", "jsonpath={.spec.volumeName}").stdout.strip()  # fmt: skip
+    return Path(kubectl(cluster, "get", "pv", volume, "-o", "jsonpath={.spec.hostPath.path}").stdout.strip())
 
 
 def rollout(cluster: Cluster, what: str) -> None:
@@ -188,14 +270,31 @@ def test_the_server_and_the_node_agents_run_from_the_manifests(
 
 
 @up_to_a_build
+def test_the_server_runs_as_a_user_and_its_openbao_token_is_in_no_configmap_or_argv(
+    cluster: Cluster, install: Path, openbao: OpenBao
+) -> None:
+    """The node's /proc: the server's process (and nothing of it) runs as root; the token it reads
+    from the Secret is not on its command line, in the ConfigMap or in the Deployment's spec."""
+    processes = server_processes()
+    assert processes, "no in-cluster server process on this machine"
+    assert {uid for uid, _ in processes.values()} == {SERVER_UID}, processes
+    assert not any(openbao.root_token.encode() in argv for _, argv in processes.values())
+    token = openbao.root_token
+    for kind in ("configmap", "deployment"):
+        listed = kubectl(cluster, "-n", "sandgate-system", "get", kind, "-o", "json").stdout
+        assert token not in listed, kind
+
+
+@up_to_a_build
 @pytest.mark.timeout(900)
 def test_the_quickstart_through_the_in_cluster_server(
-    cluster: Cluster, internet: Internet, install: Path
+    cluster: Cluster, internet: Internet, install: Path, openbao: OpenBao
 ) -> None:
     """The SDK creates a sandbox, runs a command, writes and reads a file; the policy set through
     the API lets its request reach the origin from its node with the credential; it is deleted.
     The credential goes in with `sandgate vault put` in the server's container (its config is
-    the mounted /etc/sandgate/config.toml)."""
+    the mounted /etc/sandgate/config.toml, its vault OpenBao): it is in OpenBao's KV and in no
+    file of the server's state volume."""
     connection = ConnectionConfigSync(
         domain=SERVER_URL,
         api_key=API_KEY,
@@ -210,6 +309,15 @@ def test_the_quickstart_through_the_in_cluster_server(
         input=SECRET, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert put.returncode == 0, put.stderr
+    bao = hvac.Client(url=openbao.addr, token=openbao.root_token)
+    stored = bao.secrets.kv.v2.read_secret_version(path="sandgate/node-api-token", mount_point="secret",
+                                                   raise_on_deleted_version=True)  # fmt: skip
+    assert stored["data"]["data"] == {"value": SECRET}  # in OpenBao's KV, from the server's vault put
+    volume = state_volume(cluster)
+    in_volume = [
+        path for path in volume.rglob("*") if path.is_file() and SECRET.encode() in path.read_bytes()
+    ]
+    assert in_volume == [] and not any(volume.rglob("vault*.enc")), in_volume
     sandbox = SandboxSync.create(
         "sandgate.example.test/busybox:1",
         entrypoint=["/bin/busybox", "sleep", "3600"],
@@ -238,6 +346,48 @@ def test_the_quickstart_through_the_in_cluster_server(
     finally:
         sandbox.kill()
         sandbox.close()
+
+
+class InClusterServer(SandgateServer):
+    """The in-cluster server as the conformance drivers see a SandgateServer: its address, key and
+    the image the scenarios create from (nothing of it runs here)."""
+
+    @property
+    def domain(self) -> str:
+        return SERVER_URL
+
+
+@pytest.fixture(scope="module")
+def in_cluster(install: Path, tmp_path_factory: pytest.TempPathFactory) -> SandgateServer:
+    server = InClusterServer(tmp_path_factory.mktemp("in-cluster"), api_key=API_KEY)
+    server.sandbox_image = SANDBOX_IMAGE
+    with server.client(timeout=300) as api:  # every node's first pull of the image, not the clients'
+        made = []
+        for _ in range(4):
+            created = api.post(
+                "/v1/sandboxes", json={"image": {"uri": SANDBOX_IMAGE}, "entrypoint": ["sleep", "60"]}
+            )
+            assert created.status_code == 202, created.text
+            made.append(created.json()["id"])
+        for sandbox_id in made:
+            assert api.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+    return server
+
+
+@pytest.fixture(scope="module")
+def results(in_cluster: SandgateServer) -> Callable[[str, str], dict[str, Result]]:
+    """One client's results in one mode, run once on first use."""
+    return functools.cache(lambda client, mode: CLIENTS[client](in_cluster, mode))
+
+
+@up_to_a_build
+@pytest.mark.parametrize(("client", "mode", "scenario"), [
+    (client, mode, scenario) for client in CLIENTS for mode in MODES for scenario in SCENARIOS
+])  # fmt: skip
+def test_client_scenarios_through_the_in_cluster_server(
+    results: Callable[[str, str], dict[str, Result]], client: str, mode: str, scenario: str
+) -> None:
+    check(client, lambda: results(client, mode), scenario, runtime="kubernetes")
 
 
 @up_to_a_build
