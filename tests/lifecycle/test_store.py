@@ -3,6 +3,7 @@ survives reopen."""
 
 from __future__ import annotations
 
+import subprocess
 from datetime import timedelta
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from sandgate.lifecycle.sandbox_state import IllegalMove, SandboxState
 from sandgate.lifecycle.sandbox_store import NotFound, RevisionConflict, SandboxRecord, SandboxStore, utcnow
 from sandgate.policy import Policy
 from tests.support.postgres import Postgres
+from tests.support.server import SANDGATE, SandgateServer
 
 
 def record(sandbox_id: str = "sb1") -> SandboxRecord:
@@ -168,3 +170,15 @@ def test_the_wrong_password_is_refused_by_postgresql(postgres: Postgres) -> None
     with pytest.raises(DatabaseError, match="password authentication failed") as raised:
         SandboxStore(wrong)
     assert "not-the-password" not in str(raised.value)
+
+
+@pytest.mark.root
+def test_serve_with_an_unreachable_database_exits_with_the_reason_and_no_password(tmp_path: Path) -> None:
+    url = "postgresql://sandgate:pw-s3cret-value@127.0.0.1:1/sandgate"  # nothing listens on port 1
+    server = SandgateServer(tmp_path / "state", {"SANDGATE_DATABASE_URL": url})
+    served = subprocess.run(
+        [*SANDGATE, "serve"], env=server.server_env(), capture_output=True, text=True, timeout=120
+    )
+    assert served.returncode == 1
+    assert "Error: cannot open PostgreSQL 127.0.0.1:1/sandgate" in served.stderr, served.stderr
+    assert "Traceback" not in served.stderr and "pw-s3cret-value" not in served.stdout + served.stderr
