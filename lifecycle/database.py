@@ -15,14 +15,18 @@ Rules:
 4. Transactions on PostgreSQL are SERIALIZABLE: the stores read a revision and write the next
    in one transaction, which SQLite's BEGIN IMMEDIATE serializes and PostgreSQL's default level
    would not; a conflict with another writer then fails the transaction instead of losing a write.
+5. A PostgreSQL connection that was cut (a restart, a failover, an idle timeout) is opened again
+   at the next statement, which runs once more on the new one; inside a transaction the error is
+   raised instead (the transaction went with the connection: the caller's write did not happen).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import ssl
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,12 +45,23 @@ class _Connection(Protocol):
 
 
 class Database:
-    """One connection and its lock (rule 2)."""
+    """One connection and its lock (rule 2); `connect` opens it (again: rule 5), `cut` says
+    whether an exception means the connection is gone."""
 
-    def __init__(self, connection: _Connection, placeholder: str, begin: str, where: str) -> None:
-        self._connection = connection
+    def __init__(
+        self,
+        connect: Callable[[], _Connection],
+        placeholder: str,
+        begin: str,
+        where: str,
+        cut: Callable[[BaseException], bool] = lambda exc: False,
+    ) -> None:
+        self._connect = connect
+        self._connection = connect()
         self._placeholder = placeholder
         self._begin = begin
+        self._cut = cut
+        self._in_transaction = False
         self.where = where  # for messages: a path, or the PostgreSQL host and database (no secret)
         self.lock = threading.RLock()
 
@@ -56,12 +71,23 @@ class Database:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """Run one statement; its rows (empty for a statement that returns none)."""
         with self.lock:
-            cursor = self._connection.cursor()
             try:
-                cursor.execute(sql.replace("?", self._placeholder), tuple(params))
-                return list(cursor.fetchall()) if cursor.description else []
-            finally:
-                cursor.close()
+                return self._run(sql, params)
+            except Exception as exc:
+                if self._in_transaction or not self._cut(exc):
+                    raise
+            with contextlib.suppress(Exception):
+                self._connection.close()
+            self._connection = self._connect()  # rule 5
+            return self._run(sql, params)
+
+    def _run(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        cursor = self._connection.cursor()
+        try:
+            cursor.execute(sql.replace("?", self._placeholder), tuple(params))
+            return list(cursor.fetchall()) if cursor.description else []
+        finally:
+            cursor.close()
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> Any | None:
         rows = self.execute(sql, params)
@@ -77,12 +103,16 @@ class Database:
     def transaction(self) -> Iterator[Database]:
         with self.lock:
             self.execute(self._begin)
+            self._in_transaction = True  # from here a cut connection is an error (rule 5)
             try:
                 yield self
-            except BaseException:
-                self.execute("ROLLBACK")
+                self._run("COMMIT", ())
+            except BaseException as exc:
+                if not self._cut(exc):
+                    self._run("ROLLBACK", ())
                 raise
-            self.execute("COMMIT")
+            finally:
+                self._in_transaction = False
 
     def close(self) -> None:
         with self.lock:
@@ -95,11 +125,21 @@ def open_database(target: Path | str) -> Database:
         return _postgres(target)
     path = Path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
-    connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-    connection.execute("PRAGMA journal_mode=WAL")
-    connection.execute("PRAGMA foreign_keys=ON")
+
+    def connect() -> sqlite3.Connection:
+        connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA foreign_keys=ON")
+        return connection
+
+    database = Database(connect, "?", "BEGIN IMMEDIATE", str(path))
     path.chmod(0o600)
-    return Database(connection, "?", "BEGIN IMMEDIATE", str(path))
+    return database
+
+
+# SQLSTATE classes of a connection that is gone: 08 (connection exception), 57P01-57P03 (the
+# server shut down or cannot take connections now)
+CUT_STATES = ("08", "57P01", "57P02", "57P03")
 
 
 def _postgres(url: str) -> Database:
@@ -113,20 +153,30 @@ def _postgres(url: str) -> Database:
     if mode not in ("disable", "verify-full"):
         raise DatabaseError(f"{where}: sslmode {mode!r} is not offered (disable or verify-full)")
     context = ssl.create_default_context(cafile=query.get("sslrootcert")) if mode == "verify-full" else None
-    try:
-        connection = pg8000.dbapi.connect(
-            user=unquote(parts.username or "postgres"),
-            password=unquote(parts.password) if parts.password else None,
-            host=parts.hostname or "localhost",
-            port=parts.port or 5432,
-            database=database,
-            ssl_context=context,
-            timeout=30,
-        )
-    except Exception as exc:  # the driver's message names no password; its args may hold the URL's parts
-        raise DatabaseError(f"cannot open {where}: {type(exc).__name__}: {_reason(exc)}") from None
-    connection.autocommit = True  # transactions are ours: BEGIN ... COMMIT (rule 4)
-    return Database(connection, "%s", "BEGIN ISOLATION LEVEL SERIALIZABLE", where)
+
+    def connect() -> pg8000.dbapi.Connection:
+        try:
+            connection = pg8000.dbapi.connect(
+                user=unquote(parts.username or "postgres"),
+                password=unquote(parts.password) if parts.password else None,
+                host=parts.hostname or "localhost",
+                port=parts.port or 5432,
+                database=database,
+                ssl_context=context,
+                timeout=30,
+            )
+        except Exception as exc:  # the driver's message names no password; its args may hold the URL's
+            raise DatabaseError(f"cannot open {where}: {type(exc).__name__}: {_reason(exc)}") from None
+        connection.autocommit = True  # transactions are ours: BEGIN ... COMMIT (rule 4)
+        return connection
+
+    def cut(exc: BaseException) -> bool:
+        if isinstance(exc, pg8000.dbapi.InterfaceError):  # the socket is closed or broken
+            return True
+        first = exc.args[0] if isinstance(exc, pg8000.dbapi.DatabaseError) and exc.args else None
+        return isinstance(first, dict) and str(first.get("C", "")).startswith(CUT_STATES)
+
+    return Database(connect, "%s", "BEGIN ISOLATION LEVEL SERIALIZABLE", where, cut)
 
 
 def _reason(exc: Exception) -> str:

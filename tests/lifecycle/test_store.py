@@ -7,6 +7,7 @@ import subprocess
 from datetime import timedelta
 from pathlib import Path
 
+import pg8000.dbapi
 import pytest
 
 from sandgate.lifecycle.credential_state import VaultState
@@ -182,3 +183,20 @@ def test_serve_with_an_unreachable_database_exits_with_the_reason_and_no_passwor
     assert served.returncode == 1
     assert "Error: cannot open PostgreSQL 127.0.0.1:1/sandgate" in served.stderr, served.stderr
     assert "Traceback" not in served.stderr and "pw-s3cret-value" not in served.stdout + served.stderr
+
+
+def test_a_cut_connection_is_opened_again_and_a_cut_transaction_writes_nothing(postgres: Postgres) -> None:
+    """PostgreSQL restarted under the store (a fast shutdown cuts every connection, as a failover
+    does): the next statement runs on a new connection; a transaction cut in its middle is an
+    error and leaves nothing (read back from PostgreSQL's side)."""
+    postgres.run("DROP SCHEMA public CASCADE", "CREATE SCHEMA public")
+    store = SandboxStore(postgres.url)
+    store.put_sandbox(record("before"))
+    postgres.restart()
+    assert store.get_sandbox("before").id == "before"
+    with pytest.raises(pg8000.dbapi.Error), store.transaction() as db:
+        db.execute("INSERT INTO sandbox_tenants VALUES ('cut', 'tenant-x')")
+        postgres.restart()
+        db.execute("SELECT 1")
+    assert postgres.run("SELECT id FROM sandbox_tenants WHERE id = 'cut'") == []
+    assert store.tenant_of("cut") is None and store.list_sandboxes()[0].id == "before"

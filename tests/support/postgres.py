@@ -12,11 +12,12 @@ from __future__ import annotations
 import contextlib
 import secrets
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pg8000.dbapi
@@ -35,6 +36,7 @@ class Postgres:
     port: int
     password: str
     database: str
+    restart: Callable[[], None] = field(default=lambda: None, compare=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -63,10 +65,44 @@ def available() -> bool:
     return (BIN / "postgres").exists() and shutil.which("setpriv") is not None
 
 
+class _Postmaster:
+    """The server process of one data directory, started and stopped by PID."""
+
+    def __init__(self, argv: list[str], log: Path, server: Postgres) -> None:
+        self.argv, self.log, self.server = argv, log, server
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as output:
+            self.process = subprocess.Popen(
+                self.argv, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        _wait_until_ready(self.server, self.process, self.log)
+
+    def stop(self) -> None:
+        """SIGTERM (PostgreSQL's smart shutdown), then SIGKILL."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def restart(self) -> None:
+        """A fast shutdown (SIGINT: clients' connections are cut, as in a failover) and a start."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGINT)
+        self.process.wait(timeout=30)
+        self.start()
+
+
 @contextlib.contextmanager
 def postgres_server(host: str = "127.0.0.1", netns: str | None = None) -> Iterator[Postgres]:
     """PostgreSQL at `host` on a free port, in the network namespace `netns` (entered with
-    nsenter) or this process's; a database `sandgate` made in it."""
+    nsenter) or this process's; a database `sandgate` made in it. The handle's `restart` cuts
+    every client's connection and starts the server again on the same data."""
     port = free_port()
     password = secrets.token_urlsafe(18)
     enter = ["nsenter", f"--net=/run/netns/{netns}", "--"] if netns else []
@@ -83,28 +119,18 @@ def postgres_server(host: str = "127.0.0.1", netns: str | None = None) -> Iterat
         )  # fmt: skip
         with (data / "pg_hba.conf").open("a") as hba:  # clients on the listening address's own network
             hba.write("host all all samenet scram-sha-256\n")
-        log = workdir / "postgres.log"
-        with log.open("wb") as output:
-            process = subprocess.Popen(
-                [*enter, *AS_POSTGRES, str(BIN / "postgres"), "-D", str(data), "-h", host, "-p", str(port),
-                 "-k", str(workdir), "-c", "fsync=off"],
-                stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+        argv = [*enter, *AS_POSTGRES, str(BIN / "postgres"), "-D", str(data), "-h", host, "-p", str(port),
+                "-k", str(workdir), "-c", "fsync=off"]  # fmt: skip
+        postmaster = _Postmaster(argv, workdir / "postgres.log", Postgres(host, port, password, "postgres"))
         try:
-            server = Postgres(host, port, password, "postgres")
-            _wait_until_ready(server, process, log)
-            connection = server.connect()
+            postmaster.start()
+            connection = postmaster.server.connect()
             connection.autocommit = True
             connection.cursor().execute("CREATE DATABASE sandgate")
             connection.close()
-            yield Postgres(host, port, password, "sandgate")
+            yield Postgres(host, port, password, "sandgate", postmaster.restart)
         finally:
-            process.terminate()  # SIGTERM: PostgreSQL's smart shutdown
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+            postmaster.stop()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
