@@ -10,8 +10,8 @@ Rules:
 3. A key is shown once, by `create` and `rotate`; `rotate` revokes the old key and makes a new
    one with the same tenant, role and lifetime. `revoke` is immediate: the caller (the server)
    closes what the key has open (api/streams.py).
-4. The rows live in the server's state database (the same file as the sandboxes), in their own
-   table, one transaction per write.
+4. The rows live in the server's state database (the same one as the sandboxes: SQLite or
+   PostgreSQL, database.py), in their own table, one transaction per write.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import hashlib
 import hmac
 import re
 import secrets
-import sqlite3
-import threading
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from sandgate.lifecycle.database import open_database
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.principals import ROLES, Principal
 
@@ -103,14 +103,11 @@ def now() -> datetime:
 
 
 class KeyBook:
-    """The managed keys in the database at `path`."""
+    """The managed keys in the database at `target` (a SQLite file or a PostgreSQL URL)."""
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-        self._lock = threading.Lock()
-        with self._lock:
-            self._db.executescript(SCHEMA)
+    def __init__(self, target: Path | str) -> None:
+        self._db = open_database(target)
+        self._db.script(SCHEMA)
 
     def close(self) -> None:
         self._db.close()
@@ -127,31 +124,27 @@ class KeyBook:
         secret = f"sgk_{key_id}_{secrets.token_urlsafe(32)}"
         created = now()
         row = ManagedKey(key_id, check_tenant(tenant), role, name, created, created + ttl if ttl else None)
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
-                (row.id, digest(secret), row.tenant, row.role, row.name, _text(row.created_at),
-                 _text(row.expires_at)),
-            )  # fmt: skip
+        self._db.execute(
+            "INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
+            (row.id, digest(secret), row.tenant, row.role, row.name, _text(row.created_at),
+             _text(row.expires_at)),
+        )  # fmt: skip
         return row, secret
 
     def get(self, key_id: str) -> ManagedKey:
-        with self._lock:
-            found = self._db.execute(f"SELECT {_COLUMNS} FROM api_keys WHERE id = ?", (key_id,)).fetchone()
+        found = self._db.one(f"SELECT {_COLUMNS} FROM api_keys WHERE id = ?", (key_id,))
         if found is None:
             raise LifecycleError("not_found", f"no key {key_id!r}")
         return _row(found)
 
     def list(self) -> list[ManagedKey]:
-        with self._lock:
-            rows = self._db.execute(f"SELECT {_COLUMNS} FROM api_keys ORDER BY created_at").fetchall()
+        rows = self._db.execute(f"SELECT {_COLUMNS} FROM api_keys ORDER BY created_at")
         return [_row(found) for found in rows]
 
     def revoke(self, key_id: str) -> ManagedKey:
         row = self.get(key_id)
         if row.revoked_at is None:
-            with self._lock:
-                self._db.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ?", (_text(now()), key_id))
+            self._db.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ?", (_text(now()), key_id))
         return self.get(key_id)
 
     def rotate(self, key_id: str) -> tuple[ManagedKey, str]:
@@ -165,10 +158,7 @@ class KeyBook:
         match = KEY_FORMAT.match(key)
         if match is None:
             return None
-        with self._lock:
-            found = self._db.execute(
-                f"SELECT {_COLUMNS}, digest FROM api_keys WHERE id = ?", (match["id"],)
-            ).fetchone()
+        found = self._db.one(f"SELECT {_COLUMNS}, digest FROM api_keys WHERE id = ?", (match["id"],))
         if found is None or not hmac.compare_digest(found[-1], digest(key)):
             return None
         row = _row(found[:-1])
@@ -182,7 +172,7 @@ def _text(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment else None
 
 
-def _row(found: tuple[Any, ...]) -> ManagedKey:
+def _row(found: Sequence[Any]) -> ManagedKey:
     key_id, tenant, role, name, created, expires, revoked = found
     return ManagedKey(
         key_id, tenant, role, name, datetime.fromisoformat(created),

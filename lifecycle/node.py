@@ -408,11 +408,16 @@ def node_app(agent: NodeAgent, token: str) -> FastAPI:
 
 
 def read_token(path: Path) -> str:
-    """The token file's first line; refused when empty or readable by others than its owner."""
-    mode = path.stat().st_mode
-    if mode & 0o077:
+    """The token file's first line; refused when empty, open to others, or open to a group that is
+    not this process's own. A group read is how Kubernetes lets a non-root Pod read a Secret
+    (root's file, 0440, its group the Pod's fsGroup: the server's Deployment), so that is taken."""
+    info = path.stat()
+    mode = info.st_mode & 0o777
+    own_group_read = mode & 0o070 == 0o040 and info.st_gid == os.getegid()
+    if mode & 0o007 or (mode & 0o070 and not own_group_read):
         raise NodeError(
-            f"token file {path} is readable by group or others (mode {mode & 0o777:o}): chmod 600"
+            f"token file {path} is readable by group or others (mode {mode:o}): chmod 600 "
+            "(or 640 with this process's own group)"
         )
     token = path.read_text().strip()
     if len(token) < 16:

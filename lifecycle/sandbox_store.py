@@ -1,4 +1,5 @@
-"""Control-plane state in SQLite: sandboxes, their policies, credential-vault state, tokens.
+"""Control-plane state in SQLite or PostgreSQL (database.py): sandboxes, their policies,
+credential-vault state, tokens.
 
 Rules:
 1. The database holds no secret value. Credential values live in the vault; the database keeps
@@ -14,16 +15,14 @@ Rules:
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sandgate.lifecycle.credential_state import VaultState
+from sandgate.lifecycle.database import Database, open_database
 from sandgate.lifecycle.principals import DEFAULT_TENANT
 from sandgate.lifecycle.sandbox_state import SandboxState, move
 from sandgate.policy import Policy, policy_from_dict, to_document
@@ -130,31 +129,18 @@ class NotFound(KeyError):
 
 
 class SandboxStore:
-    """SQLite access; safe to share between threads (one connection behind a lock)."""
+    """The database's tables; safe to share between threads (one connection behind a lock).
+    `target`: the SQLite file, or a PostgreSQL URL (database.py)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = threading.RLock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
-        path.chmod(0o600)
+    def __init__(self, target: Path | str) -> None:
+        self._db: Database = open_database(target)
+        self._db.script(SCHEMA)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._db.close()
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+    def transaction(self) -> AbstractContextManager[Database]:
+        return self._db.transaction()
 
     # sandboxes
     def put_sandbox(self, record: SandboxRecord) -> None:
@@ -176,26 +162,25 @@ class SandboxStore:
                 "INSERT INTO policies(sandbox_id, revision, document, updated_at) VALUES (?, 1, ?, ?)",
                 (record.id, json.dumps(to_document(policy)), utcnow().isoformat()),
             )
-            db.execute("INSERT OR REPLACE INTO sandbox_tenants VALUES (?, ?)", (record.id, record.tenant))
+            db.execute(
+                "INSERT INTO sandbox_tenants VALUES (?, ?) "
+                "ON CONFLICT(id) DO UPDATE SET tenant=excluded.tenant",
+                (record.id, record.tenant),
+            )
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
-        with self._lock:
-            row = self._db.execute("SELECT record FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+        row = self._db.one("SELECT record FROM sandboxes WHERE id = ?", (sandbox_id,))
         if row is None:
             raise NotFound(sandbox_id)
         return SandboxRecord.from_json(row[0])
 
     def list_sandboxes(self) -> list[SandboxRecord]:
-        with self._lock:
-            rows = self._db.execute("SELECT record FROM sandboxes ORDER BY created_at, id").fetchall()
+        rows = self._db.execute("SELECT record FROM sandboxes ORDER BY created_at, id")
         return [SandboxRecord.from_json(row[0]) for row in rows]
 
     def tenant_of(self, sandbox_id: str) -> str | None:
         """Whose the sandbox is or was (None: never created here)."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT tenant FROM sandbox_tenants WHERE id = ?", (sandbox_id,)
-            ).fetchone()
+        row = self._db.one("SELECT tenant FROM sandbox_tenants WHERE id = ?", (sandbox_id,))
         if row is None:  # a sandbox of a server before tenants: its record says (default)
             try:
                 return self.get_sandbox(sandbox_id).tenant
@@ -205,17 +190,13 @@ class SandboxStore:
 
     def tenant_sandboxes(self, tenant: str) -> list[str]:
         """Every sandbox the tenant has or had (an audit query's scope)."""
-        with self._lock:
-            rows = self._db.execute("SELECT id FROM sandbox_tenants WHERE tenant = ?", (tenant,)).fetchall()
+        rows = self._db.execute("SELECT id FROM sandbox_tenants WHERE tenant = ?", (tenant,))
         live = [r.id for r in self.list_sandboxes() if r.tenant == tenant]
         return sorted({row[0] for row in rows} | set(live))
 
     # tenants' ceilings
     def tenant_ceiling(self, tenant: str) -> Policy | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT document FROM tenant_ceilings WHERE tenant = ?", (tenant,)
-            ).fetchone()
+        row = self._db.one("SELECT document FROM tenant_ceilings WHERE tenant = ?", (tenant,))
         return policy_from_dict(json.loads(row[0]), f"the stored ceiling of tenant {tenant}") if row else None
 
     def put_tenant_ceiling(self, tenant: str, ceiling: Policy | None) -> None:
@@ -230,10 +211,7 @@ class SandboxStore:
 
     def tenants(self) -> list[str]:
         """Every tenant with a sandbox (now or before) or a ceiling."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT tenant FROM sandbox_tenants UNION SELECT tenant FROM tenant_ceilings"
-            ).fetchall()
+        rows = self._db.execute("SELECT tenant FROM sandbox_tenants UNION SELECT tenant FROM tenant_ceilings")
         return sorted({row[0] for row in rows} | {r.tenant for r in self.list_sandboxes()})
 
     def delete_sandbox(self, sandbox_id: str, expired_at: datetime | None = None) -> None:
@@ -244,7 +222,8 @@ class SandboxStore:
             db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
             if expired_at is not None:
                 db.execute(
-                    "INSERT OR REPLACE INTO tombstones(id, expired_at, deleted_at) VALUES (?, ?, ?)",
+                    "INSERT INTO tombstones(id, expired_at, deleted_at) VALUES (?, ?, ?) ON CONFLICT(id) "
+                    "DO UPDATE SET expired_at=excluded.expired_at, deleted_at=excluded.deleted_at",
                     (sandbox_id, expired_at.isoformat(), now.isoformat()),
                 )
                 cutoff = now - timedelta(days=TOMBSTONE_DAYS)
@@ -252,8 +231,7 @@ class SandboxStore:
 
     def expired_at(self, sandbox_id: str) -> datetime | None:
         """When a sandbox deleted for its expiry expired (None if it did not, or long ago)."""
-        with self._lock:
-            row = self._db.execute("SELECT expired_at FROM tombstones WHERE id = ?", (sandbox_id,)).fetchone()
+        row = self._db.one("SELECT expired_at FROM tombstones WHERE id = ?", (sandbox_id,))
         return datetime.fromisoformat(row[0]) if row else None
 
     # policies and vault state: one revisioned JSON document per sandbox and table
@@ -281,10 +259,7 @@ class SandboxStore:
 
     # a column's JSON, as stored (rule 4)
     def _get_revisioned(self, table: str, column: str, sandbox_id: str) -> Revisioned[dict[str, Any]] | None:
-        with self._lock:
-            row = self._db.execute(
-                f"SELECT revision, {column} FROM {table} WHERE sandbox_id = ?", (sandbox_id,)
-            ).fetchone()
+        row = self._db.one(f"SELECT revision, {column} FROM {table} WHERE sandbox_id = ?", (sandbox_id,))
         return Revisioned(row[0], json.loads(row[1])) if row else None
 
     def _put_revisioned(
@@ -293,7 +268,7 @@ class SandboxStore:
         """Store `document` as the next revision; `expected` is the revision the caller read
         (0 = none yet, None = do not check). Raises RevisionConflict when someone was faster."""
         with self.transaction() as db:
-            row = db.execute(f"SELECT revision FROM {table} WHERE sandbox_id = ?", (sandbox_id,)).fetchone()
+            row = db.one(f"SELECT revision FROM {table} WHERE sandbox_id = ?", (sandbox_id,))
             current = row[0] if row else 0
             if expected is not None and expected != current:
                 raise RevisionConflict(current, expected)

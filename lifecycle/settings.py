@@ -139,6 +139,12 @@ class Settings(BaseSettings):
         None, description="OPEN-SANDBOX-API-KEY; generated into the state dir when unset"
     )
     state_dir: Path = Field(Path("/var/lib/sandgate"), description="vault, CA, database, audit log")
+    database_url: SecretStr | None = Field(
+        None,
+        description="the control-plane database on PostgreSQL, postgresql://user:password@host:port/db"
+        "[?sslmode=verify-full[&sslrootcert=CA file]] (a secret: env SANDGATE_DATABASE_URL); unset: "
+        "SQLite in the state dir",
+    )
     runtime: Literal["local", "docker", "kubernetes"] = Field("local", description="sandbox runtime")
     docker_host: str | None = Field(None, description="Docker engine URL (default: DOCKER_HOST)")
     kubernetes: KubernetesSettings = Field(
@@ -430,6 +436,11 @@ class Settings(BaseSettings):
     @property
     def database(self) -> Path:
         return self.state_dir / "sandgate.db"
+
+    @property
+    def state_database(self) -> Path | str:
+        """Where the sandboxes, policies and keys are: the PostgreSQL URL, else the SQLite file."""
+        return self.database_url.get_secret_value() if self.database_url else self.database
 
     @property
     def disk_dir(self) -> Path:

@@ -120,7 +120,7 @@ def tear_down(settings: Settings, *, stop_sandboxes: bool) -> Report:
         control_socket(settings.state_dir).unlink(missing_ok=True)
         runtime = make_runtime(settings, instance)
         alive = set(runtime.adopt())  # removes what is left of dead sandboxes (dirs, mounts, cgroups)
-        store = SandboxStore(settings.database)
+        store = SandboxStore(settings.state_database)
         try:
             records = {record.id for record in store.list_sandboxes()}
             stopped = sorted(alive if stop_sandboxes else alive - records)  # strays: unclaimed pool members

@@ -488,7 +488,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
             f"{runtime.name} runtime cannot give (it offers {', '.join(runtime.isolations)}): install runsc "
             "(`apt-get install runsc`; on Docker, register sandgate-runsc, docs/runtime.md)"
         )
-    store = SandboxStore(settings.database)
+    store = SandboxStore(settings.state_database)
     egress = EgressControl(
         store,
         proxy=confinement.proxy,
@@ -533,7 +533,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
     if nodes is not None:
         nodes.on_restart = egress.repush  # rule 5 of node_client.py
     watchers = process_watchers(settings, instance, store, Secrets(egress.vault_values, api_key))
-    keys = KeyBook(settings.database)
+    keys = KeyBook(settings.state_database)
     gate = Gate(api_key, keys, oidc=oidc_verifier(settings))
     audit, routers = audit_and_console(service, settings, gate)
     audit.start()

@@ -29,9 +29,11 @@ RUN_PACKAGES=(nftables iproute2 bubblewrap ca-certificates e2fsprogs skopeo)
 # (libnss3-tools) and pip for python3 in the browser example's sandbox (examples/browser); git and
 # pip (with setuptools and wheel) for the workload a sandbox runs in
 # tests/conformance/test_policy_workload.py (pip builds the test index's wheel, too); a JDK for
-# Java inside `sandgate/host` sandboxes (truststore with the proxy CA, Java code contexts).
+# Java inside `sandgate/host` sandboxes (truststore with the proxy CA, Java code contexts);
+# PostgreSQL for the state database's tests on it (tests/support/postgres.py starts its own).
 TEST_PACKAGES=(iptables busybox-static docker.io curl chromium nginx-light wrk squid nghttp2-client
-  bind9-dnsutils docker-registry apache2-utils libnss3-tools python3-pip git default-jdk-headless)
+  bind9-dnsutils docker-registry apache2-utils libnss3-tools python3-pip git default-jdk-headless
+  postgresql)
 # gVisor's runsc for the `gvisor` isolation (tests; a server that offers gvisor needs it too).
 # Bookworm's 0.0~20221219 fails statx(2) as Debian 12's coreutils call it (`ls /` inside says
 # "Invalid argument"), so it comes from bookworm-backports (docs/runtime.md has the measurements).
@@ -40,7 +42,7 @@ RUNSC_MIN_VERSION=0.0~20240729
 # containerd 2 and the CNI spec 1.0), busybox for its test image, openssl for its certificates.
 CLUSTER_PACKAGES=(runc containernetworking-plugins busybox-static openssl curl util-linux)
 # The services the test packages would start; disabled again when this run installed them.
-TEST_SERVICES=(squid nginx docker.socket docker containerd docker-registry)
+TEST_SERVICES=(squid nginx docker.socket docker containerd docker-registry postgresql)
 
 missing_packages() {
   local pkg

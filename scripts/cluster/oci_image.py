@@ -9,6 +9,7 @@ carries the image's name in `io.containerd.image.name`, which `ctr images import
 Files enter the layer as root-owned, mode kept, mtime 0, so the same inputs give the same digest.
 
 Usage: oci_image.py NAME OUT.tar --file /in/image=/host/path [--file ...] [--entrypoint /prog]
+       [--user uid:gid]
        oci_image.py NAME OUT.tar --files-from FILES.json  (a JSON object: /in/image -> /host/path)
 """
 
@@ -56,12 +57,17 @@ def canonical(document: object) -> bytes:
     return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
 
-def write_image(name: str, out: Path, files: dict[PurePosixPath, Path], entrypoint: list[str]) -> None:
+def write_image(
+    name: str, out: Path, files: dict[PurePosixPath, Path], entrypoint: list[str], user: str = ""
+) -> None:
     layer = layer_tar(files)
+    settings: dict[str, object] = {"Entrypoint": entrypoint} if entrypoint else {}
+    if user:
+        settings["User"] = user
     config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Entrypoint": entrypoint} if entrypoint else {},
+        "config": settings,
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer).hexdigest()}"]},
     }
     with tarfile.open(out, "w") as archive:
@@ -98,6 +104,7 @@ def main() -> None:
     parser.add_argument("--file", type=parse_file, action="append", default=[], dest="files")
     parser.add_argument("--files-from", type=Path, help="a JSON object: /path/in/image -> /host/file")
     parser.add_argument("--entrypoint", action="append", default=[])
+    parser.add_argument("--user", default="", help="the image's user, uid:gid (default: root)")
     args = parser.parse_args()
     files = dict(args.files)
     if args.files_from:
@@ -105,7 +112,7 @@ def main() -> None:
         files |= dict(parse_file(f"{target}={source}") for target, source in listed.items())
     if not files:
         parser.error("name at least one file (--file or --files-from)")
-    write_image(args.name, args.out, files, args.entrypoint)
+    write_image(args.name, args.out, files, args.entrypoint, args.user)
 
 
 if __name__ == "__main__":

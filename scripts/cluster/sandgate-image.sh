@@ -12,6 +12,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/common.sh"
 
 IMAGE=${SANDGATE_IMAGE_NAME:-sandgate.example.test/sandgate:1}
+SANDGATE_UID=10001 # deploy/server.yaml's runAsUser
 IMAGE_PYTHON=${SANDGATE_IMAGE_PYTHON:-$HERE/../../.venv/bin/python}
 [[ -S $CLUSTER_DIR/containerd/containerd.sock ]] || {
 	echo "sandgate-image: no running cluster in $CLUSTER_DIR (make cluster)" >&2
@@ -22,7 +23,14 @@ images="$CLUSTER_DIR/images"
 archive=${SANDGATE_IMAGE_OUT:-$images/sandgate.tar}
 mkdir -p "$images"
 "$IMAGE_PYTHON" "$HERE/sandgate_image.py" >"$images/sandgate.json"
+# The image's user is `sandgate` (10001), not root: the server needs no privilege. The node agent
+# runs as root (runAsUser: 0 in deploy/node-proxy.yaml): its nft walls need NET_ADMIN in the
+# node's network namespace, which a capability added to a non-root user does not give.
+printf 'root:x:0:0:root:/root:/sbin/nologin\nsandgate:x:%s:%s:sandgate:/var/lib/sandgate:/sbin/nologin\n' \
+	"$SANDGATE_UID" "$SANDGATE_UID" >"$images/passwd"
+printf 'root:x:0:\nsandgate:x:%s:\n' "$SANDGATE_UID" >"$images/group"
 "${PYTHON:-python3}" "$HERE/oci_image.py" "$IMAGE" "$archive" --files-from "$images/sandgate.json" \
+	--file "/etc/passwd=$images/passwd" --file "/etc/group=$images/group" --user "$SANDGATE_UID:$SANDGATE_UID" \
 	--entrypoint=/usr/local/bin/python3 --entrypoint=-m --entrypoint=sandgate.lifecycle.cli
 for socket in "$CLUSTER_DIR/containerd/containerd.sock" "$CLUSTER_DIR"/nodes/*/containerd/containerd.sock; do
 	[[ -S $socket ]] || continue # every node's containerd (SANDGATE_CLUSTER_NODES)

@@ -301,18 +301,20 @@ def test_draining_a_node_deletes_its_sandboxes_and_leaves_no_pod_without_its_pol
     internet: Internet,
 ) -> None:
     """`kubectl drain` evicts the sandbox Pod (bare Pods: --force; no controller recreates it);
-    the sandbox is then Failed in the API, its node agent drops the entry (the server prunes
-    entries whose Pod is gone), nothing runs on the node's bridge without an entry, and the
-    other node's sandbox goes on under its policy."""
+    the sandbox is then Failed (SANDBOX_EXITED, "(no Pod)") in the API, its node agent drops the
+    entry (the server prunes entries whose Pod is gone), nothing runs on the node's bridge without
+    an entry, the other node's sandbox goes on under its policy, and the drained one is deleted
+    through the API like any other (no Pod left of it)."""
     drained = placed[DRAINED]
     drain = kubectl(cluster, "drain", DRAINED, "--ignore-daemonsets", "--delete-emptydir-data", "--force",
                     "--grace-period=1", "--timeout=120s")  # fmt: skip
     try:
         assert drain.returncode == 0, drain.stderr
         wait_until("the drained node runs no Pod", lambda: not running_on(client, DRAINED), timeout=120)
-        with server.client(timeout=60) as api:
-            state = api.get(f"/v1/sandboxes/{drained.sandbox_id}").json()["status"]["state"]
-            assert state != "Running", state
+        with server.client(timeout=60) as api:  # as docs/kubernetes.md "Draining a node" says
+            status = api.get(f"/v1/sandboxes/{drained.sandbox_id}").json()["status"]
+            assert (status["state"], status["reason"]) == ("Failed", "SANDBOX_EXITED"), status
+            assert "(no Pod)" in status["message"], status
         wait_until("the drained Pod's entry dropped", lambda: drained.pod_ip not in held(agents[DRAINED]),
                    timeout=60, evidence=agents[DRAINED].evidence)  # fmt: skip
         for pod in running_on(client, DRAINED):  # none is left; any that were must be held
@@ -321,5 +323,10 @@ def test_draining_a_node_deletes_its_sandboxes_and_leaves_no_pod_without_its_pol
         mark = len(arrived(internet, survivor.allowed_path))
         wait_until("the other node's sandbox still gets out",
                    lambda: len(arrived(internet, survivor.allowed_path)) > mark, timeout=60)  # fmt: skip
+        with server.client(timeout=60) as api:  # the drained sandbox is deleted like any other
+            assert api.delete(f"/v1/sandboxes/{drained.sandbox_id}").status_code in (200, 204)
+            assert api.get(f"/v1/sandboxes/{drained.sandbox_id}").status_code == 404
+        left = client.list(Pod, namespace=SANDBOX_NAMESPACE, labels={"sandgate/sandbox": drained.sandbox_id})
+        assert list(left) == []
     finally:
         kubectl(cluster, "uncordon", DRAINED)

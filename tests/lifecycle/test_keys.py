@@ -1,10 +1,12 @@
-"""Managed keys in a real state database: shown once and stored as their SHA-256 only, never
-starting with '-', refused once revoked, rotated or expired, their lifetime checked."""
+"""Managed keys in a real state database (SQLite and PostgreSQL): shown once and stored as their
+SHA-256 only, never starting with '-', refused once revoked, rotated or expired, their lifetime
+checked."""
 
 from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -12,17 +14,27 @@ import pytest
 
 from sandgate.lifecycle.errors import LifecycleError
 from sandgate.lifecycle.keys import KeyBook, parse_lifetime
+from tests.support.postgres import Postgres
 
 
 @pytest.fixture
-def book(tmp_path: Path) -> KeyBook:
-    return KeyBook(tmp_path / "sandgate.db")
+def book(database: Path | str) -> KeyBook:
+    return KeyBook(database)
 
 
-def test_a_key_is_stored_as_its_digest_only(book: KeyBook, tmp_path: Path) -> None:
+def stored_bytes(database: Path | str, postgres: Callable[[], Postgres]) -> bytes:
+    """Everything the database holds, as its files (SQLite) or its table's rows (PostgreSQL)."""
+    if isinstance(database, Path):
+        return b"".join(path.read_bytes() for path in database.parent.iterdir())
+    return repr(postgres().run("SELECT * FROM api_keys")).encode()
+
+
+def test_a_key_is_stored_as_its_digest_only(
+    book: KeyBook, database: Path | str, request: pytest.FixtureRequest
+) -> None:
     rows = [book.create("alpha", "operator", "ci")[1] for _ in range(200)]
     assert not any(key.startswith("-") for key in rows) and len(set(rows)) == 200
-    stored = b"".join(path.read_bytes() for path in tmp_path.iterdir())
+    stored = stored_bytes(database, lambda: request.getfixturevalue("postgres"))
     for key in rows[:20]:
         assert key.encode() not in stored
         assert hashlib.sha256(key.encode()).hexdigest().encode() in stored

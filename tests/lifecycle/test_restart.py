@@ -1,5 +1,6 @@
-"""State survives: a restarted server re-adopts live sandboxes with their policy and vault, and
-a crashed proxy is restarted and re-fed while sandboxes fail closed in between."""
+"""State survives: a restarted server re-adopts live sandboxes with their policy and vault (and
+honours its managed keys), and a crashed proxy is restarted and re-fed while sandboxes fail closed
+in between; with the state database in SQLite and in PostgreSQL (tests/lifecycle/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,26 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.postgres import Postgres
 from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[SandgateServer]:
-    with sandgate_server(tmp_path) as running:
+def server(tmp_path: Path, database: Path | str) -> Iterator[SandgateServer]:
+    env = {"SANDGATE_DATABASE_URL": database} if isinstance(database, str) else {}
+    with sandgate_server(tmp_path, env) as running:
         yield running
+
+
+def stored_text(server: SandgateServer, database: Path | str, request: pytest.FixtureRequest) -> str:
+    """What the state database holds: the SQLite file, or every row of PostgreSQL's tables."""
+    if isinstance(database, Path):
+        return (server.state_dir / "sandgate.db").read_bytes().decode(errors="replace")
+    postgres: Postgres = request.getfixturevalue("postgres")
+    tables = ("sandboxes", "policies", "vaults", "api_keys")
+    return repr([postgres.run(f"SELECT * FROM {table}") for table in tables])
 
 
 def egress(server: SandgateServer, sandbox_id: str) -> tuple[str, dict[str, str]]:
@@ -36,7 +48,13 @@ def proxy_entries(server: SandgateServer) -> list[str]:
         return [entry.sandbox_id for entry in control.list()]
 
 
-def test_restart_readopts_sandboxes_policy_and_vault(server: SandgateServer) -> None:
+def test_restart_readopts_sandboxes_policy_and_vault(
+    server: SandgateServer, database: Path | str, request: pytest.FixtureRequest
+) -> None:
+    with server.client() as client:
+        made = client.post("/v1/keys", json={"tenant": "default", "role": "operator", "name": "ci"})
+        assert made.status_code == 201, made.text
+    managed_key = made.json()["key"]
     created = server.create_sandbox(
         networkPolicy={"egress": [{"action": "allow", "target": "api.example.com"}]}
     )
@@ -66,7 +84,14 @@ def test_restart_readopts_sandboxes_policy_and_vault(server: SandgateServer) -> 
     assert httpx.get(f"{base}/credential-vault", headers=headers).json()["revision"] == 1
     execd = f"http://{server.sandbox_address(sandbox_id)}:44772/ping"
     assert httpx.get(execd, trust_env=False).status_code == 200
-    assert "restart-secret" not in (server.state_dir / "sandgate.db").read_bytes().decode(errors="replace")
+    listed = httpx.get(
+        f"{server.base_url}/v1/sandboxes", headers={"OPEN-SANDBOX-API-KEY": managed_key}, trust_env=False
+    )
+    assert [found["id"] for found in listed.json()["items"]] == [sandbox_id]  # the managed key still opens
+    stored = stored_text(server, database, request)
+    assert sandbox_id in stored and made.json()["id"] in stored  # the database the setting names
+    assert "restart-secret" not in stored and managed_key not in stored
+    assert (server.state_dir / "sandgate.db").exists() == isinstance(database, Path)
 
 
 def test_crashed_proxy_is_restarted_and_refed(server: SandgateServer) -> None:

@@ -38,19 +38,24 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def openbao_dev_server() -> Iterator[OpenBao]:
-    port = free_port()
+def openbao_dev_server(listen: str | None = None, netns: str | None = None) -> Iterator[OpenBao]:
+    """`listen` (host:port, default a free loopback port) in the network namespace `netns` (a
+    named one, entered with nsenter; default this process's): a cluster node's, for a server
+    that runs there."""
+    listen = listen or f"127.0.0.1:{free_port()}"
     token = "root-" + secrets.token_hex(8)
-    addr = f"http://127.0.0.1:{port}"
+    addr = f"http://{listen}"
+    enter = ["nsenter", f"--net=/run/netns/{netns}", "--"] if netns else []
     with tempfile.TemporaryDirectory(prefix="sandgate-bao-") as home:
         log = Path(home) / "bao.log"
         with log.open("wb") as log_file:
             process = subprocess.Popen(
                 [
+                    *enter,
                     str(BAO),
                     "server",
                     "-dev",
-                    f"-dev-listen-address=127.0.0.1:{port}",
+                    f"-dev-listen-address={listen}",
                     f"-dev-root-token-id={token}",
                 ],
                 stdout=log_file,

@@ -12,7 +12,15 @@ from cryptography import x509
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from sandgate.lifecycle.node import NodeAgent, NodeAgentConfig, NodeEntry, node_app, read_audit
+from sandgate.lifecycle.node import (
+    NodeAgent,
+    NodeAgentConfig,
+    NodeEntry,
+    NodeError,
+    node_app,
+    read_audit,
+    read_token,
+)
 from sandgate.lifecycle.node_client import vault_names
 from sandgate.lifecycle.settings import KubernetesSettings
 from sandgate.proxy import SandboxEntry, VaultValues, ensure_ca
@@ -124,3 +132,29 @@ def test_the_agent_serves_the_certificate_of_the_ca_its_proxy_signs_with(tmp_pat
     assert "PRIVATE KEY" not in served.text and "PRIVATE KEY" in proxy_ca.key_and_cert.read_text()
     certificate = x509.load_pem_x509_certificate(served.content)
     assert certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+
+
+@pytest.mark.parametrize(
+    ("mode", "own_group", "taken"),
+    [
+        (0o600, True, True),
+        (0o400, True, True),
+        (0o440, True, True),  # a Secret mounted for a non-root Pod: group is the Pod's fsGroup
+        (0o440, False, False),  # someone else's group
+        (0o460, True, False),  # the group may write it
+        (0o444, True, False),
+        (0o604, True, False),
+    ],
+)
+def test_a_token_file_open_beyond_its_owner_and_own_group_is_refused(
+    tmp_path: Path, mode: int, own_group: bool, taken: bool
+) -> None:
+    path = tmp_path / "token"
+    path.write_text("t" * 32 + "\n")
+    os.chown(path, -1, os.getegid() if own_group else os.getegid() + 1)
+    path.chmod(mode)
+    if taken:
+        assert read_token(path) == "t" * 32
+    else:
+        with pytest.raises(NodeError, match="readable by group or others"):
+            read_token(path)

@@ -22,6 +22,7 @@ import click
 
 from sandgate.lifecycle import statelock
 from sandgate.lifecycle.cli import Refused
+from sandgate.lifecycle.database import DatabaseError
 from sandgate.lifecycle.settings import Settings
 from sandgate.lifecycle.statelock import StateLock
 
@@ -161,7 +162,7 @@ def running_control_plane(settings: Settings) -> Iterator[Any]:
             )
         api_key = api_key_for(settings)
         parts = build_components(settings, api_key)
-    except ValueError as exc:  # a setting the components refuse (e.g. a bind), said in one line
+    except (ValueError, DatabaseError) as exc:  # a setting refused (a bind), a database unopened: one line
         lock.release()
         raise click.ClickException(str(exc)) from None
     except BaseException:
