@@ -5,7 +5,9 @@ Rules:
    never leaves the proxy, so DNS cannot carry data out. A query with EDNS also gets an Extended
    DNS Error (RFC 8914, 15 "Blocked") whose text is sandgate's reason, so tools inside can tell a
    block from a typo (`dnswire` rule 4).
-2. A/AAAA for allowed names come from the proxy's resolver; answers in ranges the policy refuses
+2. A/AAAA for allowed names come from the proxy's resolver, the other family's lookup started
+   beside each (`resolver.PairedLookups`: a stub's A and AAAA are answered within one upstream
+   timeout, not one after the other); answers in ranges the policy refuses
    (private, loopback, metadata...: DNS rebinding) are dropped. Answers are remembered per
    sandbox so a later connection to that address without SNI/Host is attributed to the name.
 3. Every other type (TXT, SRV, HTTPS, MX, CNAME, NULL, ANY...) of an allowed name is asked
@@ -44,7 +46,7 @@ from sandgate.proxy.dnswire import (
     relay_answer,
     with_edns,
 )
-from sandgate.proxy.resolver import ResolveError, normalise_ip
+from sandgate.proxy.resolver import PairedLookups, ResolveError, normalise_ip
 from sandgate.proxy.state import ProxyState, Sandbox
 
 ANSWER_TTL = 30
@@ -62,6 +64,7 @@ def blocked_text(verdict: Verdict) -> str:
 class DnsAddon:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
+        self.lookups = PairedLookups(state.resolver)
 
     async def dns_request(self, flow: dns.DNSFlow) -> None:
         request = flow.request
@@ -129,7 +132,7 @@ class DnsAddon:
     ) -> tuple[Verdict, dns.DNSMessage, list[str], str | None]:
         """(verdict, answer, the addresses answered, why the lookup failed if it did)."""
         try:
-            found = await self.state.resolver.lookup(name, FAMILIES[qtype])
+            found = await self.lookups.lookup(sandbox.address, name, FAMILIES[qtype])
         except ResolveError as exc:
             code = dns.response_codes.NXDOMAIN if exc.nxdomain else dns.response_codes.SERVFAIL
             return verdict, _failed(request, code), [], str(exc)

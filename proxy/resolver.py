@@ -11,6 +11,15 @@ The answer for a name is reused for at most ANSWER_REUSE_SECONDS (a busy keep-al
 would otherwise pay two resolver round trips per request), and requests arriving while a name is
 being resolved share that one resolution; every use is still checked against the policy by the
 caller, so reuse never lets an address through that the policy refuses. Failures are not kept.
+
+A sandbox's A and AAAA queries are looked up in pairs (`PairedLookups`): a stub resolver sends
+both at once from one socket, and mitmproxy answers one socket's queries one after the other, so
+the second query's own upstream round trip would only start once the first was answered. With a
+slow or silent upstream its answer (SERVFAIL after `dnswire.UPSTREAM_TIMEOUT`) came after two
+timeouts, 4 s, past the sandbox stub's 3 s per try: the stub heard nothing and gave up. A query
+for one family starts the other family's lookup beside its own; the other family's query, when it
+comes, takes that lookup (once, within PAIR_KEPT_SECONDS, per sandbox), so both are answered
+within one upstream timeout.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from sandgate.proxy.dnswire import ForwardError, forward
 MEMORY_PER_SANDBOX = 4096
 ANSWER_REUSE_SECONDS = 1.0
 ANSWERS_KEPT = 4096  # names; the table starts over when full
+PAIR_KEPT_SECONDS = 5.0  # a lookup started beside a query waits this long for its own query
+OTHER_FAMILY: dict[int, int] = {socket.AF_INET: socket.AF_INET6, socket.AF_INET6: socket.AF_INET}
 
 
 class ResolveError(Exception):
@@ -89,6 +100,34 @@ class Resolver:
         if isinstance(error, ResolveError):
             raise error
         raise ResolveError(name, "no A or AAAA records", nxdomain=False)
+
+
+class PairedLookups:
+    """`Resolver.lookup` for a sandbox's A and AAAA queries, each family's lookup started with the
+    other's (see the module's docstring). Keyed by sandbox, so no sandbox takes another's lookup."""
+
+    def __init__(self, resolver: Resolver) -> None:
+        self.resolver = resolver
+        self._started: dict[tuple[str, str, int], asyncio.Task[list[str]]] = {}
+
+    async def lookup(self, sandbox_address: str, name: str, family: int) -> list[str]:
+        """`Resolver.lookup(name, family)` (raises ResolveError), for a query of this sandbox."""
+        lookup = self._started.pop((sandbox_address, name, family), None)
+        if lookup is None:
+            lookup = asyncio.ensure_future(self.resolver.lookup(name, family))
+            sibling = (sandbox_address, name, OTHER_FAMILY[family])
+            if sibling not in self._started:
+                self._keep(sibling, asyncio.ensure_future(self.resolver.lookup(name, sibling[2])))
+        return await lookup
+
+    def _keep(self, key: tuple[str, str, int], lookup: asyncio.Task[list[str]]) -> None:
+        self._started[key] = lookup
+        lookup.add_done_callback(lambda done: done.cancelled() or done.exception())  # may go untaken
+        asyncio.get_running_loop().call_later(PAIR_KEPT_SECONDS, self._forget, key, lookup)
+
+    def _forget(self, key: tuple[str, str, int], lookup: asyncio.Task[list[str]]) -> None:
+        if self._started.get(key) is lookup:  # untaken: its query never came
+            del self._started[key]
 
 
 class NameMemory:

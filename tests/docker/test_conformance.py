@@ -8,7 +8,6 @@ the same scenarios.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,14 +15,11 @@ from pathlib import Path
 import pytest
 
 from tests.conformance import test_sdk as sdk_scenarios
+from tests.conformance.clients import CASES, results_once
 from tests.conformance.conftest import API_HOST
-from tests.conformance.scenarios import MODES, SCENARIOS, Result, check
+from tests.conformance.scenarios import Result, check
 from tests.conformance.test_examples import run_the_guides_example
 from tests.conformance.test_image_layout import check_image
-from tests.conformance.test_js_sdk import run_js
-from tests.conformance.test_mcp_scenarios import run_mcp
-from tests.conformance.test_osb_scenarios import run_osb
-from tests.conformance.test_sdk_scenarios import run_python
 from tests.docker.conftest import load_image_builder
 from tests.lifecycle.test_execd_token import check_execd_needs_the_sandboxs_token
 from tests.support.dockerd import PrivateDockerd
@@ -90,21 +86,9 @@ def test_execd_needs_the_sandboxs_token_on_docker(docker_server: SandgateServer)
     check_execd_needs_the_sandboxs_token(docker_server, sandbox_id)
 
 
-CLIENTS: dict[str, Callable[[SandgateServer, str], dict[str, Result]]] = {
-    "python": run_python,
-    "js": run_js,
-    "osb": run_osb,
-    "mcp": run_mcp,
-}
-
-
 @pytest.fixture(scope="module")
 def docker_results(docker_server: SandgateServer) -> Callable[[str, str], dict[str, Result]]:
-    """One client's results in one mode, run once on first use."""
-    return functools.cache(lambda client, mode: CLIENTS[client](docker_server, mode))
-
-
-CASES = [(client, mode, scenario) for client in CLIENTS for mode in MODES for scenario in SCENARIOS]
+    return results_once(docker_server)
 
 
 @pytest.mark.parametrize(("client", "mode", "scenario"), CASES)

@@ -12,23 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conformance.clients import CLIENTS
 from tests.conformance.conftest import API_HOST
 from tests.conformance.scenarios import SCENARIOS, Result, check
-from tests.conformance.test_js_sdk import run_js
-from tests.conformance.test_mcp_scenarios import run_mcp
-from tests.conformance.test_osb_scenarios import run_osb
-from tests.conformance.test_sdk_scenarios import run_python
 from tests.support.internet import DNS_ADDR, ORIGIN_V4, Internet, start_internet
 from tests.support.server import SandgateServer, sandgate_server
 
 pytestmark = pytest.mark.root
 
-CLIENTS: dict[str, Callable[[SandgateServer, str], dict[str, Result]]] = {
-    "python": run_python,
-    "js": run_js,
-    "osb": run_osb,
-    "mcp": run_mcp,
-}
 # (runtime, client, mode): every client through the server's proxy, the SDK's direct mode too,
 # and the SDK and osb on Docker; enough to prove the guarantees without the whole matrix twice.
 RUNS = [

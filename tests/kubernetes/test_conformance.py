@@ -11,19 +11,15 @@ scenarios' creates meet a warm node within the clients' own timeouts.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 
 import pytest
 from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Pod
 
+from tests.conformance.clients import CASES, CLIENTS, results_once
 from tests.conformance.conftest import API_HOST
-from tests.conformance.scenarios import MODES, SCENARIOS, Result, check
-from tests.conformance.test_js_sdk import run_js
-from tests.conformance.test_mcp_scenarios import run_mcp
-from tests.conformance.test_osb_scenarios import run_osb
-from tests.conformance.test_sdk_scenarios import run_python
+from tests.conformance.scenarios import MODES, Result, check
 from tests.kubernetes.cluster import Cluster, running_cluster, skip_unless_built, up_to_a_build
 from tests.kubernetes.serving import SANDBOX_NAMESPACE, Agent, internet_for, kubernetes_server, node_agent
 from tests.support.internet import ORIGIN_V4, Internet
@@ -76,21 +72,9 @@ def server(
         yield running
 
 
-CLIENTS: dict[str, Callable[[SandgateServer, str], dict[str, Result]]] = {
-    "python": run_python,
-    "js": run_js,
-    "osb": run_osb,
-    "mcp": run_mcp,
-}
-
-
 @pytest.fixture(scope="module")
 def results(server: SandgateServer) -> Callable[[str, str], dict[str, Result]]:
-    """One client's results in one mode, run once on first use."""
-    return functools.cache(lambda client, mode: CLIENTS[client](server, mode))
-
-
-CASES = [(client, mode, scenario) for client in CLIENTS for mode in MODES for scenario in SCENARIOS]
+    return results_once(server)
 
 
 @up_to_a_build
