@@ -16,7 +16,9 @@ and the origin addresses):
                          ?chunk=N streams that JSON in N-byte pieces (?gap=S apart, default
                          0.005), ?reflect=NAME also returns
                          request header NAME as response header `x-reflected`
-    GET  /sse?n=3&gap=0.3  text/event-stream, n events `gap` seconds apart, then the stream ends
+    GET  /sse?n=3&gap=0.3  text/event-stream, n events `gap` seconds apart, then the stream ends;
+                         ?hold=KEY sends the events after the first only once GET /release?key=KEY
+                         came (at most 30 s, then a last event "not released")
     GET  /redirect?to=URL  302 to URL
     GET  /bytes?n=N      N bytes of b"x" (?type=T: content-type T, default application/octet-stream)
     WS   /ws             echoes every message
@@ -297,17 +299,30 @@ def _serve(workdir: Path) -> None:
 
         return StreamingResponse(pieces(), media_type="application/json", headers=headers)  # type: ignore[arg-type]
 
+    releases: dict[str, asyncio.Event] = {}
+
     async def sse(request: Request) -> Response:
         count = int(request.query_params.get("n", "3"))
         gap = float(request.query_params.get("gap", "0.3"))
+        hold = request.query_params.get("hold")
 
         async def events() -> Iterator[bytes]:  # type: ignore[misc]
             for n in range(count):
-                if n:
+                if n == 1 and hold:  # a client that got event 0 while the stream was open frees the rest
+                    try:
+                        await asyncio.wait_for(releases.setdefault(hold, asyncio.Event()).wait(), 30)
+                    except TimeoutError:
+                        yield b"data: not released\n\n"
+                        return
+                elif n:
                     await asyncio.sleep(gap)
                 yield f"id: {n}\ndata: event {n} at {time.time():.3f}\n\n".encode()
 
         return StreamingResponse(events(), media_type="text/event-stream")  # type: ignore[arg-type]
+
+    async def release(request: Request) -> Response:
+        releases.setdefault(request.query_params["key"], asyncio.Event()).set()
+        return Response("released\n")
 
     async def redirect(request: Request) -> Response:
         return RedirectResponse(request.query_params["to"], status_code=302)
@@ -435,6 +450,7 @@ def _serve(workdir: Path) -> None:
             Route("/echo", echo, methods=methods),
             Route("/echo/{rest:path}", echo, methods=methods),
             Route("/sse", sse),
+            Route("/release", release),
             Route("/redirect", redirect),
             Route("/bytes", many_bytes),
             Route("/page", page),
