@@ -68,6 +68,10 @@ log = logging.getLogger(__name__)
 
 NODE_TABLE = "sandgate_node"
 API_PREFIX = "/v1"
+# How long the control API keeps an idle keep-alive connection: longer than its one client, the
+# server's NodeClient (httpx: 5 s, uvicorn's default too), so a call sent as the agent closed is
+# never lost (docs/operations.md, "What clients rely on").
+IDLE_KEEP_ALIVE = 60
 # What the node drops from Pods, each with a counter the tests (and an operator) read.
 COUNTERS = (
     "ipv6",  # any IPv6 packet from the bridge
@@ -443,6 +447,7 @@ def run_agent(config: NodeAgentConfig) -> None:
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=5,  # the server retries what a stop cut; a DaemonSet waits 30 s
+            timeout_keep_alive=IDLE_KEEP_ALIVE,
         )
     )
     try:

@@ -7,6 +7,8 @@ check itself refuses what a data lake would (so a pass means something)."""
 from __future__ import annotations
 
 import copy
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from tests.audit.test_query import record_of
 from tests.support.ocsf import ocsf_errors
 
 SCHEMA = get_ocsf_schema(version=OCSF_VERSION)
+AUDIT_DOC = Path(__file__).resolve().parents[2] / "docs" / "audit.md"
 OPERATOR_B = {"id": "0f0f0f0f0f0f", "tenant": "beta", "role": "operator", "via": "key"}
 REVIEWER_A = {"id": "1e1e1e1e1e1e", "tenant": "alpha", "role": "reviewer", "via": "key"}
 
@@ -172,3 +175,32 @@ def test_an_upstream_proxy_is_the_proxy_endpoint_not_the_destination() -> None:
 def test_a_dns_name_is_the_querys_not_an_endpoints() -> None:
     event = to_ocsf(record_of("dns", upstream=None, sni=None, port=53, detail="qtype=A answers=198.51.100.7"))
     assert event["query"] == {"hostname": "api.example.com", "type": "A"} and "dst_endpoint" not in event
+
+
+def documented_kinds() -> dict[str, list[str]]:
+    """docs/audit.md's OCSF mapping table: each row's cells by its record kind."""
+    text = AUDIT_DOC.read_text()
+    table = text[text.index("| record kind | required fields |") :].split("\n\n")[0]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    return {row[0].strip("`"): row[1:] for row in rows}
+
+
+def test_the_docs_mapping_table_is_the_kinds_table() -> None:
+    """The table users read (docs/audit.md, "OCSF export") says what KINDS does: version, every
+    kind, its required fields, console label, class, category and profiles."""
+    text = AUDIT_DOC.read_text()
+    assert f"## OCSF export (`format=ocsf`, `-o ocsf`), OCSF {OCSF_VERSION}\n" in text
+    assert f"Every event names `metadata.version` `{OCSF_VERSION}`" in text
+    rows = documented_kinds()
+    assert set(rows) == set(KINDS)
+    for name, (required, label, klass, profiles, _activity) in rows.items():
+        kind = KINDS[name]
+        assert re.findall(r"`(\w+)`", required) == list(kind.required), name
+        assert label == kind.label, name
+        documented = re.fullmatch(r"(.+) `(\d+)` \((\d+)(?: (.+))?\)", klass)
+        assert documented, (name, klass)
+        class_name, uid, category_uid, category_name = documented.groups()
+        ocsf = kind.ocsf
+        assert (class_name, int(uid), int(category_uid)) == (ocsf.name, ocsf.uid, ocsf.category_uid), name
+        assert category_name in (None, ocsf.category_name), name
+        assert re.findall(r"`(\w+)`", profiles) == list(ocsf.profiles), name

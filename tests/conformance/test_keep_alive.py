@@ -1,6 +1,7 @@
 """A request on a keep-alive connection that has been idle about 5 s is answered on that same
 connection, by every HTTP listener a client meets: the API (its execd host endpoint is on it),
-execd itself inside a sandbox, and the proxy's control socket (lifecycle's own client).
+execd itself inside a sandbox, the proxy's control socket (lifecycle's own client) and the node
+agent's control API (`sandgate node-proxy`, the Kubernetes runtime's; the server's `NodeClient`).
 
 5 s is what httpx (and uvicorn, by default) keep an idle connection: when the server closed at
 5 s, a request sent as it closed was lost (`RemoteProtocolError: Server disconnected without
@@ -9,16 +10,18 @@ connection of its own, all at once; the wait is the idle interval itself, to a d
 
 The clients are the OpenSandbox SDK's own transport stack (its connection limits: idle
 connections kept 30 s) with its retries off, so the server's behaviour alone is what is tested,
-and for the control socket httpx's own (as lifecycle's `ProxyControl`) keeping idle connections
-30 s.
+and for the control socket and the node agent httpx's own (as lifecycle's `ProxyControl` and
+`NodeClient`) keeping idle connections 30 s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,7 +29,9 @@ import pytest
 from opensandbox.config.connection import ConnectionConfig
 from opensandbox.transport.retry import RetryPolicy
 
+from sandgate.lifecycle.node import API_PREFIX, read_token
 from sandgate.proxy import control_socket
+from tests.kubernetes.serving import AGENT_PORT, running_agent
 from tests.support.server import SandgateServer
 
 pytestmark = pytest.mark.root
@@ -126,3 +131,17 @@ def test_proxy_control_socket_keeps_idle_connections_past_5s(server: SandgateSer
 
     health = {"method": "GET", "url": "/health"}
     check_every_idle(keeping_30s, "http://proxy", health, health, 200)
+
+
+def test_node_agent_keeps_idle_connections_past_5s(tmp_path: Path) -> None:
+    """The node agent's control API (uvicorn, TLS and a token) in this test's own namespace, on
+    loopback: the server's `NodeClient` (httpx defaults) keeps an idle connection 5 s itself."""
+    with running_agent(None, "127.0.0.1", tmp_path / "ca.crt", tmp_path) as agent:
+        trusted = ssl.create_default_context(cafile=str(agent.agents.ca_file))
+
+        def keeping_30s() -> httpx.AsyncBaseTransport:
+            return httpx.AsyncHTTPTransport(verify=trusted, limits=httpx.Limits(keepalive_expiry=30))
+
+        token = {"authorization": f"Bearer {read_token(agent.agents.token_file)}"}
+        health = {"method": "GET", "url": f"{API_PREFIX}/health", "headers": token}
+        check_every_idle(keeping_30s, f"https://127.0.0.1:{AGENT_PORT}", health, health, 200)

@@ -47,9 +47,10 @@ SANDBOX_NAMESPACE = "sandgate"
 
 @dataclass
 class Agent:
-    """The node agent process, and what the server needs to reach it."""
+    """The node agent process, and what the server needs to reach it; in the named network
+    namespace `netns`, or with None in the test's own."""
 
-    netns: str
+    netns: str | None
     state_dir: Path
     agents: NodeAgents
     log: Path
@@ -67,9 +68,10 @@ class Agent:
             "--token-file", str(self.agents.token_file),
             "--upstream-dns", DNS_ADDR, "--upstream-ca", str(upstream_ca),
         ]  # fmt: skip
+        enter = ["nsenter", f"--net=/run/netns/{self.netns}", "--"] if self.netns else []
         with self.log.open("ab") as output:
             self.process = subprocess.Popen(
-                ["nsenter", f"--net=/run/netns/{self.netns}", "--", *argv],
+                [*enter, *argv],
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -172,15 +174,21 @@ def internet_for(cluster: Cluster, workdir: Path, names: dict[str, list[str]]) -
 @contextlib.contextmanager
 def node_agent(cluster: Cluster, internet: Internet, workdir: Path) -> Iterator[Agent]:
     """The node agent in the node's namespace, answering on NODE_IP:AGENT_PORT; stopped after."""
-    ca_file = write_agent_tls(workdir)
+    with running_agent(cluster.netns, NODE_IP, internet.ca_cert, workdir) as handle:
+        yield handle
+
+
+@contextlib.contextmanager
+def running_agent(netns: str | None, node_ip: str, upstream_ca: Path, workdir: Path) -> Iterator[Agent]:
+    """The node agent answering on node_ip:AGENT_PORT in `netns` (None: this test's own); stopped after."""
+    ca_file = write_agent_tls(workdir, (node_ip,))
     token_file = workdir / "token"
     token_file.write_text(secrets.token_urlsafe(32))
     token_file.chmod(0o600)
-    handle = Agent(
-        cluster.netns, workdir / "state", NodeAgents(AGENT_PORT, ca_file, token_file), workdir / "agent.log"
-    )
+    agents = NodeAgents(AGENT_PORT, ca_file, token_file)
+    handle = Agent(netns, workdir / "state", agents, workdir / "agent.log", node_ip=node_ip)
     try:
-        handle.start(internet.ca_cert)
+        handle.start(upstream_ca)
         yield handle
     finally:
         handle.stop()
