@@ -13,7 +13,6 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from sandgate.lifecycle.node import NodeAgent, NodeAgentConfig, NodeEntry, node_app, read_audit
-from sandgate.lifecycle.node_client import vault_names
 from sandgate.lifecycle.settings import KubernetesSettings
 from sandgate.proxy import SandboxEntry, VaultValues, ensure_ca
 from sandgate.vault import MemoryStore, SecretNotFound
@@ -66,8 +65,8 @@ def test_the_vault_names_an_entry_reads_follow_its_credential_map() -> None:
     entry = SandboxEntry(
         sandbox_id="s", address="10.232.0.5", policy=POLICY, credentials={"token": "team-token"}
     )
-    assert vault_names(entry) == {"team-token"}
-    assert vault_names(entry.model_copy(update={"credentials": {}})) == {"token"}
+    assert entry.vault_names() == {"team-token"}
+    assert entry.model_copy(update={"credentials": {}}).vault_names() == {"token"}
 
 
 def write_lines(path: Path, *ids: str) -> None:
