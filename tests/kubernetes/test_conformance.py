@@ -48,6 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Ite
         yield handle
 
 
+# not conftest's `client`: this module's cases take `client` as a parameter (which client runs)
 @pytest.fixture(scope="module")
 def admin(cluster: Cluster) -> Client:
     return Client(config=KubeConfig.from_file(cluster.kubeconfig))
