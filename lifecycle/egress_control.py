@@ -24,7 +24,7 @@ import json
 import logging
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -160,11 +160,16 @@ class EgressControl:
         self, record: SandboxRecord, base: Policy | None = None, vault: VaultState | None = None
     ) -> None:
         """Push the effective policy (rule 3); `base`/`vault` default to the stored ones."""
+        self.proxy.put_sandbox(self._entry(record, base, vault))
+
+    def _entry(
+        self, record: SandboxRecord, base: Policy | None = None, vault: VaultState | None = None
+    ) -> SandboxEntry:
         if base is None:
             base = self.policy(record.id).document
         if vault is None:
             vault = self._stored_vault(record.id).document
-        entry = SandboxEntry(
+        return SandboxEntry(
             sandbox_id=record.id,
             address=record.address or "",
             policy=self.effective(base, vault),
@@ -172,7 +177,6 @@ class EgressControl:
             tenant=record.tenant,
             **self._process_lookup(record),
         )
-        self.proxy.put_sandbox(entry)
 
     def _process_lookup(self, record: SandboxRecord) -> dict[str, Any]:
         return process_lookup(record, self.process_lists) if self.name_processes else {}
@@ -180,16 +184,29 @@ class EgressControl:
     def drop(self, address: str) -> None:
         self.proxy.drop_sandbox(address)
 
-    def repush(self) -> int:
-        """Push every live sandbox's entry to the proxy (after the proxy (re)started). Under the
-        sandbox's lock (rule 4): an egress change under way persists first and this push reads
-        it, instead of putting back the policy that change replaced."""
-        count = 0
+    def repush(self, reading: Collection[str] | None = None) -> int:
+        """Push every live sandbox's entry to the proxy (after the proxy (re)started), or with
+        `reading` only those whose entry reads one of these vault entries (stored, rotated or
+        removed by `sandgate vault`: the proxy that holds pushed values, a node's, gets the new
+        ones; lifecycle/vault_notices.py); how many were pushed. Under the sandbox's lock
+        (rule 4): an egress change under way persists first and this push reads it, instead of
+        putting back the policy that change replaced. One sandbox's failed push (its node down)
+        does not stop the others'; the error names every one that failed."""
+        count, failed = 0, []
         for record in self.store.list_sandboxes():
             if record.address and record.state in LIVE_STATES:
                 with self.locks(record.id):
-                    self.push(record)
+                    entry = self._entry(record)
+                    if reading is not None and not entry.vault_names() & set(reading):
+                        continue
+                    try:
+                        self.proxy.put_sandbox(entry)
+                    except Exception as exc:
+                        failed.append(f"{record.id} ({exc or type(exc).__name__})")
+                        continue
                 count += 1
+        if failed:
+            raise LifecycleError("unavailable", f"pushed {count}, not pushed: {'; '.join(failed)}")
         return count
 
     def forget_sandbox(self, record: SandboxRecord) -> None:

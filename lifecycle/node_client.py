@@ -160,16 +160,6 @@ def placement(pod: Any) -> PodPlacement | None:
     return PodPlacement(pod_ip=status.podIP, node_ip=status.hostIP)
 
 
-def vault_names(entry: SandboxEntry) -> set[str]:
-    """The vault entries the entry's bindings (and its upstream proxies) read."""
-    names = {
-        entry.credentials.get(credential, credential)
-        for binding in entry.policy.bindings
-        for credential in binding.credential_names()
-    }
-    return names | {proxy.credential for proxy in entry.upstream_proxies or () if proxy.credential}
-
-
 PRUNE_EVERY = 5  # shipper polls between prunes: each asks the API server once per entry held
 Locate = Callable[[str], str | None]  # a Pod IP -> its node's InternalIP (None: no such Pod)
 
@@ -261,7 +251,7 @@ class NodeProxies:
         if self.vault is None:
             return {}
         values = {}
-        for name in sorted(vault_names(entry)):
+        for name in sorted(entry.vault_names()):
             try:
                 values[name] = self.vault.reveal(name)
             except SecretNotFound:  # not stored (yet): injection on the node says so

@@ -473,6 +473,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
     from sandgate.lifecycle.proxy_supervisor import Listeners, ProxySupervisor
     from sandgate.lifecycle.sandbox_store import SandboxStore
     from sandgate.lifecycle.service import Service
+    from sandgate.lifecycle.vault_notices import VaultNotices
     from sandgate.proxy import ProxyControl, control_socket, ensure_ca, log_path
 
     ca = ensure_ca(settings.state_dir)
@@ -530,8 +531,11 @@ def build_components(settings: Settings, api_key: str) -> Components:
     )
     from sandgate.lifecycle.trail_secrets import Secrets
 
+    notices = None
     if nodes is not None:
         nodes.on_restart = egress.repush  # rule 5 of node_client.py
+        notices = VaultNotices(settings.state_dir, lambda names: egress.repush(reading=names))
+        notices.start()
     watchers = process_watchers(settings, instance, store, Secrets(egress.vault_values, api_key))
     keys = KeyBook(settings.state_database)
     gate = Gate(api_key, keys, oidc=oidc_verifier(settings))
@@ -550,6 +554,7 @@ def build_components(settings: Settings, api_key: str) -> Components:
             service.stop,
             *(w.stop for w in watchers),
             *([nodes.close] if nodes is not None else []),
+            *([notices.stop] if notices is not None else []),
         ],
         gate=gate,
     )

@@ -237,6 +237,15 @@ class SandboxEntry(BaseModel):
         "and what their `tenant_header` says",
     )
 
+    def vault_names(self) -> set[str]:
+        """The vault entries the bindings (and the upstream proxies) read."""
+        names = {
+            self.credentials.get(credential, credential)
+            for binding in self.policy.bindings
+            for credential in binding.credential_names()
+        }
+        return names | {proxy.credential for proxy in self.upstream_proxies or () if proxy.credential}
+
     @model_validator(mode="before")
     @classmethod
     def _load_policy(cls, data: Any) -> Any:

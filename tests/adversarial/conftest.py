@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -223,16 +224,21 @@ def canaries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Canaries]:
 TEST_RUNTIME = os.environ.get("SANDGATE_TEST_RUNTIME", "local")
 TEST_ISOLATION = os.environ.get("SANDGATE_TEST_ISOLATION", "standard")
 # The Python that runs the suite's scripts inside a sandbox: on the local runtime the host's own
-# (`sandgate/host` shows the host's root, read-only), on Docker the image's (sandgate/base, the
-# same Python as the test venv's), with the venv's libraries (boto3 for test_aws_sigv4) bound
-# read-only at TEST_SITE by the servers' `binds`; on Kubernetes the image's (a Pod has no binds).
+# (`sandgate/host` shows the host's root, read-only), elsewhere the image's (the same Python as the
+# test venv's) with the venv's libraries the scripts import (TEST_SITE_PACKAGES: h2 and wsproto for
+# the HTTP/2 and WebSocket attacks and hold_connections.py, boto3 for test_aws_sigv4) at TEST_SITE:
+# bound read-only by the Docker servers' `binds`, a layer of the Pods' image on Kubernetes (a Pod
+# has no binds).
 TEST_SITE = "/opt/sandgate-test-site"
-SANDBOX_PYTHON = {"local": sys.executable, "kubernetes": "python3"}.get(
-    TEST_RUNTIME, f"PYTHONPATH={TEST_SITE} python3"
-)
-# What the suite's sandboxes are made from: a Pod's image is pulled by the node (python:3.12 from
-# the session's test registry: Python, curl and a shell, as the attacks need).
-SANDBOX_IMAGE = "python:3.12" if TEST_RUNTIME == "kubernetes" else "sandgate/host"
+TEST_SITE_PACKAGES = (
+    "h2", "hpack", "hyperframe", "h11", "wsproto",
+    "boto3", "botocore", "s3transfer", "jmespath", "dateutil", "six.py", "urllib3",
+)  # fmt: skip
+SANDBOX_PYTHON = sys.executable if TEST_RUNTIME == "local" else f"PYTHONPATH={TEST_SITE} python3"
+# What the suite's sandboxes are made from: a Pod's image is pulled by the node from the session's
+# test registry (`kubernetes_image`: python:3.12, with Python, curl and a shell as the attacks need,
+# and TEST_SITE).
+SANDBOX_IMAGE = "python:3.12-adversarial" if TEST_RUNTIME == "kubernetes" else "sandgate/host"
 RUNTIMES = ("local", "docker", "kubernetes")
 
 
@@ -243,7 +249,7 @@ def runtime_settings(request: pytest.FixtureRequest) -> dict[str, str]:
         raise ValueError(f"SANDGATE_TEST_RUNTIME={TEST_RUNTIME!r}: use one of {', '.join(RUNTIMES)}")
     settings = {"SANDGATE_ISOLATION": TEST_ISOLATION}
     if TEST_RUNTIME == "kubernetes":
-        settings |= request.getfixturevalue("kubernetes_node")
+        settings |= request.getfixturevalue("kubernetes_node").settings
     if TEST_RUNTIME == "docker":
         request.getfixturevalue("sandbox_images")
         settings |= {
@@ -261,30 +267,77 @@ def internet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
         yield net
 
 
+@dataclass
+class KubernetesNode:
+    """The test cluster's node as the suite uses it: a server's settings, the node's network
+    namespace (where its proxy connects from) and its agent (whose nft counters are evidence)."""
+
+    settings: dict[str, str]
+    netns: str
+    agent: Any  # tests.kubernetes.serving.Agent, imported only on this runtime
+
+
 @pytest.fixture(scope="package")
 def kubernetes_node(
     tmp_path_factory: pytest.TempPathFactory, internet: Internet, canaries: Canaries, registry: Registry
-) -> Iterator[dict[str, str]]:
-    """The test cluster (its node pulls docker.io names from the session's test registry), the
-    test internet and the canaries routed to the node, the node agent on it; the settings of a
-    server whose sandboxes are its Pods. Imported here so other runtimes need no cluster build."""
+) -> Iterator[KubernetesNode]:
+    """The test cluster (its node pulls docker.io names from the session's test registry, where
+    SANDBOX_IMAGE is pushed), the test internet and the canaries routed to the node, the node
+    agent on it. Imported here so other runtimes need no cluster build."""
     from lightkube import Client, KubeConfig
 
-    from tests.kubernetes.cluster import running_cluster, skip_unless_built
-    from tests.kubernetes.serving import HOST_LINK_IP, kubernetes_settings, node_agent, route_internet
+    from tests.kubernetes.cluster import skip_unless_built
+    from tests.kubernetes.serving import (
+        HOST_LINK_IP,
+        cluster_pulling_from,
+        kubernetes_settings,
+        node_agent,
+        route_internet,
+    )
+    from tests.support.registry import push_python_with
 
     skip_unless_built()
-    state_dir = tmp_path_factory.mktemp("cluster") / "state"
-    with (
-        running_cluster(state_dir, SANDGATE_CLUSTER_MIRROR=registry.mirror) as cluster,
-        registry.reachable_from(cluster.pid("containerd")),
-    ):
+    site = Path(sysconfig.get_paths()["purelib"])
+    trees = {f"{TEST_SITE}/{name}": site / name for name in TEST_SITE_PACKAGES}
+    push_python_with(registry, trees, SANDBOX_IMAGE)
+    with cluster_pulling_from(registry, tmp_path_factory.mktemp("cluster") / "state") as cluster:
         route_internet(cluster, internet)
         for address in (METADATA_ADDR, PRIVATE_ADDR):  # a failed defence lands on a canary
             ip("route", "add", f"{address}/32", "via", HOST_LINK_IP, netns=cluster.netns)
         admin = Client(config=KubeConfig.from_file(cluster.kubeconfig))
         with node_agent(cluster, internet, tmp_path_factory.mktemp("node-agent")) as agent:
-            yield kubernetes_settings(cluster, admin, agent.agents)
+            yield KubernetesNode(kubernetes_settings(cluster, admin, agent.agents), cluster.netns, agent)
+
+
+def node_counters(request: pytest.FixtureRequest) -> dict[str, int]:
+    """Kubernetes: the node's drop counters by name, where the node counts each kind of packet it
+    drops from a Pod before any proxy sees it (the evidence a host-side netns gives elsewhere)."""
+    from tests.kubernetes.serving import node_counters as read
+
+    return read(request.getfixturevalue("kubernetes_node").netns)
+
+
+def sandbox_range(request: pytest.FixtureRequest, server: SandgateServer) -> IPv4Network:
+    """Where the server's sandboxes get their addresses: its address pool, or on Kubernetes the
+    node's Pod range (the node's proxy itself connects from the node's address, outside it)."""
+    if TEST_RUNTIME == "kubernetes":
+        return IPv4Network(request.getfixturevalue("kubernetes_node").agent.pod_cidr)
+    return server.address_pool
+
+
+def reach_from_the_node(request: pytest.FixtureRequest, ns: str, host_address: str, *addresses: str) -> None:
+    """A module's own origin (`addresses` in namespace `ns`, joined to this namespace where this
+    end has `host_address`) as the sandboxes' proxy reaches it: on Kubernetes the node's proxy
+    connects from the node's namespace, so route the addresses from the node and the node back
+    (the routes go with the two namespaces); elsewhere the proxy runs here and reaches it already."""
+    if TEST_RUNTIME != "kubernetes":
+        return
+    from tests.kubernetes.serving import HOST_LINK_IP, NODE_LINK
+
+    node: KubernetesNode = request.getfixturevalue("kubernetes_node")
+    for address in addresses:
+        ip("route", "replace", f"{address}/32", "via", HOST_LINK_IP, netns=node.netns)
+    ip("route", "replace", NODE_LINK, "via", host_address, netns=ns)
 
 
 ZONE = {
@@ -357,7 +410,31 @@ def adversarial_server(
         **(extra or {}),
     }
     with sandgate_server(Path(tmp_path_factory.mktemp("sandgate")), env) as running:
+        running.sandbox_image = SANDBOX_IMAGE  # what the OpenSandbox clients' scenarios create from
         yield running
+
+
+@dataclass
+class EgressProxy:
+    """Where the proxy the sandboxes' traffic goes through runs: the process it is the child of
+    (the server, or on Kubernetes the node agent), its state dir (its audit file) and the network
+    namespace its sockets are in (None: this test's own)."""
+
+    parent: int
+    state_dir: Path
+    netns: str | None = None
+
+    def in_netns(self, argv: list[str]) -> list[str]:
+        return argv if self.netns is None else ["nsenter", f"--net=/run/netns/{self.netns}", "--", *argv]
+
+
+@pytest.fixture(scope="package")
+def egress_proxy(request: pytest.FixtureRequest, server: SandgateServer) -> EgressProxy:
+    if TEST_RUNTIME == "kubernetes":
+        node: KubernetesNode = request.getfixturevalue("kubernetes_node")
+        return EgressProxy(node.agent.process.pid, node.agent.state_dir, node.netns)
+    assert server.process is not None
+    return EgressProxy(server.process.pid, server.state_dir)
 
 
 def connection(server: SandgateServer) -> ConnectionConfigSync:
@@ -421,13 +498,15 @@ class Attacker:
         return audit_records(self.server.state_dir)
 
     def wait_audit(
-        self, match: Callable[[dict[str, Any]], bool], timeout: float = 5.0
+        self, match: Callable[[dict[str, Any]], bool], timeout: float = 15.0, at_least: int = 1
     ) -> list[dict[str, Any]]:
-        """Audit records of this sandbox that `match`, waiting (bounded) for at least one."""
+        """Audit records of this sandbox that `match`, waiting (bounded) for `at_least` of them:
+        a node's records reach the server's log through its shipper, a poll after the node wrote
+        them, and one poll may carry some of them only."""
         deadline = time.monotonic() + timeout
         while True:
             found = [r for r in self.audit() if r.get("sandbox") == self.sandbox.id and match(r)]
-            if found or time.monotonic() > deadline:
+            if len(found) >= at_least or time.monotonic() > deadline:
                 return found
             time.sleep(0.05)
 
@@ -473,7 +552,15 @@ def vault_put(server: SandgateServer, name: str, value: str) -> None:
         [*SANDGATE, "vault", "put", name], input=value, capture_output=True, text=True,
         env=server.server_env(), timeout=60,
     )  # fmt: skip
-    assert put.returncode == 0, put.stderr
+    assert put.returncode == 0 and "warning" not in put.stderr, put.stderr
+
+
+def vault_rm(server: SandgateServer, name: str) -> None:
+    """`sandgate vault rm NAME`; it returns once a server that pushes values to nodes has pushed."""
+    removed = subprocess.run(
+        [*SANDGATE, "vault", "rm", name], capture_output=True, text=True, env=server.server_env(), timeout=60
+    )
+    assert removed.returncode == 0 and "warning" not in removed.stderr, removed.stderr
 
 
 def sandbox_netns(sandbox_id: str) -> str:

@@ -34,6 +34,7 @@ from tests.adversarial.conftest import (
     connection,
     find_leak,
 )
+from tests.support.audit import audit_records
 from tests.support.internet import ORIGIN_V4, Internet
 from tests.support.server import SANDGATE, SandgateServer
 
@@ -132,13 +133,24 @@ def test_report_mode_is_recorded_as_report_everywhere(server: SandgateServer, re
     # Denied by the policy, let through by report mode: plain HTTP and pass-through TLS.
     assert run(reporter, f"curl -sS --max-time 10 http://{REPORT_HOST}/").strip() == "hello from origin"
     assert run(reporter, f"curl -sSk --max-time 10 https://{REPORT_HOST}/").strip() == "hello from origin"
-    written = [
-        json.loads(line)
-        for line in (server.state_dir / "audit.jsonl").read_text().splitlines()
-        if f'"{reporter.id}"' in line and f'"{REPORT_HOST}"' in line
-    ]
-    kinds = {(r["kind"], r["decision"], r["reason"]) for r in written if r["event"] is None}
-    assert {("request", "report", "default"), ("connection", "report", "default")} <= kinds, written
+    wanted = {("request", "report", "default"), ("connection", "report", "default")}
+
+    def reported() -> list[dict[str, Any]]:
+        """The sandbox's records of REPORT_HOST once both kinds are in the server's log (a node's
+        records arrive there through the shipper, a poll after they were written on the node)."""
+        found = [
+            json.loads(line)
+            for line in (server.state_dir / "audit.jsonl").read_text().split("\n")
+            if f'"{reporter.id}"' in line and f'"{REPORT_HOST}"' in line
+        ]
+        return (
+            found
+            if wanted <= {(r["kind"], r["decision"], r["reason"]) for r in found if r["event"] is None}
+            else []
+        )
+
+    written = wait_for(reported)
+    assert written, audit_records(server.state_dir, reporter.id)
     assert {r["decision"] for r in written} == {"report"}, written  # DNS too; never "allow"
     # The index, the API, `sandgate logs` (table, JSON, OCSF) all say report.
     indexed = wait_for(

@@ -32,6 +32,7 @@ from tests.adversarial.conftest import (
     LONG_LIVED_AND_MINTED,
     SANDBOX_PYTHON,
     ZONE,
+    reach_from_the_node,
     sandbox_with_policy,
     vault_put,
 )
@@ -79,7 +80,9 @@ def _wait_up(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory, internet: Internet) -> Iterator[Moto]:
+def moto(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, internet: Internet
+) -> Iterator[Moto]:
     """moto's S3 + IAM on MOTO_V4:443, in a namespace of its own joined to the test's host
     namespace by one veth; an IAM user with an access key (the real key), a bucket, then
     authentication switched on (`/moto-api/reset-auth` 0): every later request is checked."""
@@ -89,6 +92,7 @@ def moto(tmp_path_factory: pytest.TempPathFactory, internet: Internet) -> Iterat
     with netns("sgm") as ns:
         try:
             veth_to_host(ns, MOTO_HOST_V4, MOTO_V4, 24)
+            reach_from_the_node(request, ns.name, MOTO_HOST_V4, MOTO_V4)
             internet.set_names({**ZONE, S3_HOST: [MOTO_V4]})
             argv = [sys.executable, "-m", "moto.server", "-H", MOTO_V4, "-p", "443"]
             argv += ["-c", str(internet.workdir / "leaf.pem"), "-k", str(internet.workdir / "leaf-key.pem")]

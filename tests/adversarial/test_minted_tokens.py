@@ -34,6 +34,7 @@ from tests.adversarial.conftest import (
     LONG_LIVED_AND_MINTED,
     REBIND_ZONE,
     ZONE,
+    reach_from_the_node,
     sandbox_with_policy,
     vault_put,
 )
@@ -88,7 +89,9 @@ class AuthServer:
 
 
 @pytest.fixture(scope="module")
-def auth_server(tmp_path_factory: pytest.TempPathFactory, internet: Internet) -> Iterator[AuthServer]:
+def auth_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, internet: Internet
+) -> Iterator[AuthServer]:
     workdir = tmp_path_factory.mktemp("oauth")
     for name in ("leaf.pem", "leaf-key.pem"):
         (workdir / name).write_bytes((internet.workdir / name).read_bytes())
@@ -126,6 +129,7 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory, internet: Internet) ->
     with netns("sgo") as ns:
         try:
             veth_to_host(ns, HOST_V4, SERVER_V4, 24)
+            reach_from_the_node(request, ns.name, HOST_V4, SERVER_V4)
             internet.set_names({**ZONE, AUTH_HOST: [SERVER_V4], API_HOST: [SERVER_V4]})
             log = (workdir / "server.log").open("wb")
             process = ns.popen([sys.executable, str(SERVER), str(workdir), SERVER_V4], stdout=log, stderr=log)
@@ -350,8 +354,15 @@ def test_the_sandbox_cannot_reach_the_token_endpoint_itself(agent: Agent) -> Non
     """The proxy mints over its own egress; the sandbox's policy does not allow the endpoint."""
     out = agent.sh(f"curl -sS --max-time 10 -o /dev/null -w '%{{http_code}}' https://{AUTH_HOST}/token; true")
     assert out.startswith("000"), out  # its name does not even resolve in the sandbox
-    denied = [r for r in agent.audit() if r.get("host") == AUTH_HOST and r.get("event") != "token-mint"]
-    assert denied and all(r["decision"] == "deny" for r in denied), denied
+
+    def denied() -> list[dict[str, Any]]:
+        return [r for r in agent.audit() if r.get("host") == AUTH_HOST and r.get("event") != "token-mint"]
+
+    deadline = time.monotonic() + 10  # a node's records reach the server's log a shipper poll later
+    while not denied() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    records = denied()
+    assert records and all(r["decision"] == "deny" for r in records), records
 
 
 def test_no_secret_or_minted_token_anywhere_in_the_sandbox(agent: Agent) -> None:

@@ -36,8 +36,11 @@ def issuer() -> Iterator[Issuer]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, issuer: Issuer) -> Iterator[SandgateServer]:
-    env = {"SANDGATE_OIDC_ISSUER": issuer.url, "SANDGATE_OIDC_AUDIENCE": AUDIENCE}
+def server(
+    tmp_path_factory: pytest.TempPathFactory, issuer: Issuer, server_settings: dict[str, str]
+) -> Iterator[SandgateServer]:
+    """A server of its own (OIDC on) on the suite's runtime, where SANDBOX_IMAGE is."""
+    env = {**server_settings, "SANDGATE_OIDC_ISSUER": issuer.url, "SANDGATE_OIDC_AUDIENCE": AUDIENCE}
     with sandgate_server(Path(tmp_path_factory.mktemp("oidc")), env) as running:
         yield running
 

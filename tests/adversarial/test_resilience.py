@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.adversarial.conftest import BOUND_HOST, DENIED_HOST, Attacker
+from tests.adversarial.conftest import BOUND_HOST, DENIED_HOST, Attacker, EgressProxy
 
 pytestmark = pytest.mark.root
 RESTART_TIMEOUT = 20.0
@@ -50,10 +50,11 @@ def wait_until_both_reach_the_origin(attacker: Attacker, mark: int) -> None:
         time.sleep(0.05)
 
 
-def test_proxy_crash_mid_stream_fails_closed_and_restarts(attacker: Attacker) -> None:
-    server = attacker.server
-    assert server.process is not None
-    old_pid = proxy_pid(server.process.pid)
+def test_proxy_crash_mid_stream_fails_closed_and_restarts(
+    attacker: Attacker, egress_proxy: EgressProxy
+) -> None:
+    """The proxy the sandbox's traffic goes through (the server's, or its node's) is killed."""
+    old_pid = proxy_pid(egress_proxy.parent)
     outcome: dict[str, Any] = {}
 
     def watch() -> None:  # in the sandbox: requests for 12 s straddling the crash, then until answered
@@ -87,7 +88,7 @@ def test_proxy_crash_mid_stream_fails_closed_and_restarts(attacker: Attacker) ->
     watcher.join(70)
     sse = outcome["sse"]
     assert sse.exit_code != 0 and sse.stdout.count("id: ") < 40, sse  # the stream broke, it did not go around
-    new_pid = proxy_pid(server.process.pid)
+    new_pid = proxy_pid(egress_proxy.parent)
     assert new_pid != old_pid
     restarted_at = killed_at + since_boot(new_pid) - killed_since_boot - 0.01  # wall clock, as the attempts'
     attempts = outcome["attempts"]

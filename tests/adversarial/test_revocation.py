@@ -6,6 +6,7 @@ origin's log shows nothing on them afterwards and the audit file one `revoked` r
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -29,6 +30,9 @@ from tests.adversarial.conftest import (
     ProxyPorts,
     connection,
     sandbox_net,
+    sandbox_with_policy,
+    vault_put,
+    vault_rm,
 )
 from tests.support.internet import Internet
 from tests.support.server import SandgateServer
@@ -133,3 +137,43 @@ def test_a_policy_change_closes_held_connections_inside_a_real_sandbox(holder: A
     records = holder.wait_audit(lambda r: r["event"] == "revoked")  # written before the push answered
     assert sorted(r["host"] for r in records) == [BOUND_HOST] * 2 + [OPEN_HOST] * 2, records
     assert {(r["decision"], r["reason"]) for r in records} == {("deny", "default")}
+
+
+def test_a_deployment_value_rotated_or_removed_acts_on_the_next_request(
+    server: SandgateServer, internet: Internet
+) -> None:
+    """`sandgate vault put` of a new value and `sandgate vault rm` act before the command returns
+    on the proxy that serves the sandbox (on Kubernetes its node's, which holds only the values
+    the server pushed: the server pushes again at once, lifecycle/vault_notices.py): the next
+    request carries the new value, and after the removal none leaves at all; seen at the origin."""
+    name = f"rotated-{secrets.token_hex(3)}"
+    first, second = f"first-{secrets.token_hex(8)}", f"second-{secrets.token_hex(8)}"
+    vault_put(server, name, first)
+    policy = {
+        "version": 1,
+        "defaultAction": "deny",
+        "egress": [{"action": "allow", "target": BOUND_HOST}],
+        "bindings": [
+            {
+                "name": "rotated",
+                "credential": name,
+                "match": {"hosts": [BOUND_HOST]},
+                "auth": {"type": "bearer"},
+            }
+        ],
+    }
+    with sandbox_with_policy(server, policy) as sandbox:
+
+        def status() -> str:
+            command = f"curl -sS -o /dev/null -w '%{{http_code}}' --max-time 20 https://{BOUND_HOST}/echo"
+            execution = sandbox.commands.run(command, opts=RunCommandOpts(timeout=timedelta(seconds=60)))
+            return "".join(m.text for m in execution.logs.stdout)
+
+        mark = len(internet.origin_requests())
+        assert status() == "200"
+        vault_put(server, name, second)
+        assert status() == "200"
+        vault_rm(server, name)
+        assert status() == "502"  # credential-unavailable: refused by the proxy, never forwarded
+        seen = [r["headers"].get("authorization") for r in internet.origin_requests()[mark:]]
+        assert seen == [f"Bearer {first}", f"Bearer {second}"], seen

@@ -37,7 +37,14 @@ from opensandbox import SandboxSync
 from opensandbox.models.execd import RunCommandOpts
 from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
 
-from tests.adversarial.conftest import SANDBOX_IMAGE, SANDBOX_LIFETIME, SANDBOX_PYTHON, ZONE, connection
+from tests.adversarial.conftest import (
+    SANDBOX_IMAGE,
+    SANDBOX_LIFETIME,
+    SANDBOX_PYTHON,
+    ZONE,
+    connection,
+    reach_from_the_node,
+)
 from tests.adversarial.reflector import CHARSETS, FORMS
 from tests.support.internet import Internet
 from tests.support.netns import Netns, ip, unique
@@ -115,7 +122,9 @@ class Reflector:
 
 
 @pytest.fixture(scope="module")
-def reflector(tmp_path_factory: pytest.TempPathFactory, internet: Internet) -> Iterator[Reflector]:
+def reflector(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, internet: Internet
+) -> Iterator[Reflector]:
     workdir = tmp_path_factory.mktemp("reflector")
     for name in ("leaf.pem", "leaf-key.pem"):
         shutil.copy(internet.workdir / name, workdir / name)
@@ -129,6 +138,7 @@ def reflector(tmp_path_factory: pytest.TempPathFactory, internet: Internet) -> I
         ip("link", "set", host_if, "up")
         ip("addr", "add", f"{REFLECTOR_V4}/24", "dev", "eth0", netns=ns.name)
         ip("link", "set", "eth0", "up", netns=ns.name)
+        reach_from_the_node(request, ns.name, "192.0.2.1", REFLECTOR_V4)
         log = (workdir / "reflector.log").open("wb")
         process = ns.popen(
             [sys.executable, str(REFLECTOR), str(workdir), REFLECTOR_V4], stdout=log, stderr=log
@@ -174,8 +184,15 @@ class Victim:
             assert leak is None, f"the credential ({leak}) reached the sandbox: {result}"
         return results
 
-    def audit_text(self) -> str:
-        return "".join(p.read_text() for p in sorted(self.server.state_dir.glob("audit.jsonl*")))
+    def audit_text(self, *needles: str, timeout: float = 15.0) -> str:
+        """The server's audit files, once they hold every one of `needles` (bounded): a node's
+        records arrive through the shipper, a poll after the node wrote them."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = "".join(p.read_text() for p in sorted(self.server.state_dir.glob("audit.jsonl*")))
+            if all(needle in text for needle in needles) or time.monotonic() > deadline:
+                return text
+            time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -291,8 +308,9 @@ def test_a_coding_or_charset_the_proxy_cannot_read_is_refused_with_its_own_502(
     for result in results:
         assert result.get("status") == 502, result
         assert json.loads(result["body"])["reason"] == "response-refused", result
-    audit = victim.audit_text()
-    assert "response-refused: content-encoding compress" in audit and "charset 'utf-32'" in audit
+    needles = ("response-refused: content-encoding compress", "charset 'utf-32'")
+    audit = victim.audit_text(*needles)
+    assert all(needle in audit for needle in needles)
 
 
 @pytest.mark.parametrize("kind", ["h1", "h2"])

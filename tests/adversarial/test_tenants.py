@@ -34,8 +34,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from sandgate.lifecycle.api.access import ACCESS
-from tests.adversarial.conftest import DENIED_HOST, OPEN_HOST, SANDBOX_IMAGE, SANDBOX_LIFETIME
+from tests.adversarial.conftest import DENIED_HOST, OPEN_HOST, SANDBOX_IMAGE, SANDBOX_LIFETIME, TEST_RUNTIME
 from tests.conformance.conftest import API_HOST
+from tests.conformance.scenarios import NOT_ON_RUNTIME
 from tests.conformance.test_js_sdk import RUN_TIMEOUT_S, node
 from tests.conformance.test_mcp_scenarios import run_mcp
 from tests.conformance.test_osb_scenarios import OsbClient
@@ -448,6 +449,11 @@ def test_no_sandbox_policy_exceeds_its_tenants_ceiling(
     assert len(refusals) >= 3 and all(r["principal"] == tenants.op_b.principal for r in refusals)
 
 
+@pytest.mark.skipif(
+    TEST_RUNTIME == "kubernetes",
+    reason="Kubernetes offers no snapshots, and a node's requests held for review are not relayed "
+    "to the server yet (docs/kubernetes.md, 'The node proxy')",
+)
 def test_snapshots_and_held_requests_stay_in_their_tenant(tenants: Tenants, internet: Internet) -> None:
     server, a = tenants.server, tenants.a
     rev_b = make_key(server, "beta", "reviewer")
@@ -634,7 +640,12 @@ def test_the_opensandbox_clients_work_with_a_managed_operator_key(
 def whole_scenario_list(server: SandgateServer, name: str, key: Key) -> dict[str, Any]:
     """Every scenario `name` offers (direct mode) with `key`; each one's result."""
     if name == "js":
-        env = {**server.env(), "OPEN_SANDBOX_API_KEY": key.key, "SANDGATE_TEST_API_HOST": API_HOST}
+        env = {
+            **server.env(),
+            "OPEN_SANDBOX_API_KEY": key.key,
+            "SANDGATE_TEST_API_HOST": API_HOST,
+            "SANDGATE_TEST_IMAGE": server.sandbox_image,
+        }
         lines = node("direct", env=env, timeout=RUN_TIMEOUT_S).splitlines()
         return {item["scenario"]: item for item in map(json.loads, lines)}
     keyed = copy.copy(server)  # the same server, as the MCP server's launcher reads it, another key
@@ -654,7 +665,8 @@ def test_the_js_sdk_and_mcp_work_with_a_managed_operator_key(tenants: Tenants, n
 
     before = made_by_op()
     results = whole_scenario_list(server, name, op)
-    failed = {scenario: r.get("error") for scenario, r in results.items() if not r["ok"]}
+    offered = [s for s in results if s not in NOT_ON_RUNTIME.get(TEST_RUNTIME, {})]  # pause on a Pod
+    failed = {scenario: results[scenario].get("error") for scenario in offered if not results[scenario]["ok"]}
     assert results and not failed, failed
     made = made_by_op() - before
     named = [r for r in audit_records(server.state_dir) if r["sandbox"] in made and r.get("principal")]

@@ -30,15 +30,20 @@ from lightkube import Client, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
 
+from sandgate.lifecycle.node import COUNTERS, NODE_TABLE
 from sandgate.lifecycle.node_client import NodeAgents, NodeClient
 from sandgate.proxy.contract.ca import new_ca
-from tests.kubernetes.cluster import Cluster, run_script
-from tests.support.internet import DNS_ADDR, HOST_V4, Internet, start_internet
+from tests.kubernetes.cluster import Cluster, run_script, running_cluster
+from tests.support.internet import DNS_ADDR, HOST_V4, ORIGIN_V4, Internet, start_internet
 from tests.support.netns import ip
+from tests.support.registry import Registry
 from tests.support.server import SandgateServer, sandgate_server
 
+# The test internet's names for the node-agent suites, and their policy (`bearer_policy`).
+NODE_ZONE = {"api.example.com": [ORIGIN_V4], "denied.example.com": [ORIGIN_V4]}
 NODE_IP = "10.231.0.2"  # scripts/cluster/common.sh
 HOST_LINK_IP = "10.231.0.1"
+NODE_LINK = "10.231.0.0/30"  # the node's link to the test's namespace (NODE_IP, HOST_LINK_IP)
 POD_GATEWAY = "10.232.0.1"
 AGENT_PORT = 15443
 READY_TIMEOUT = 180.0
@@ -154,12 +159,40 @@ def write_agent_tls(directory: Path, addresses: tuple[str, ...] = (NODE_IP,)) ->
     return directory / "ca.crt"
 
 
+def bearer_policy(credential: str, scheme: str) -> dict[str, object]:
+    """Deny by default, allow api.example.com, and inject `credential` as a bearer token on its
+    `scheme` requests."""
+    return {
+        "version": 1,
+        "defaultAction": "deny",
+        "egress": [{"action": "allow", "target": "api.example.com"}],
+        "bindings": [
+            {
+                "name": "api",
+                "credential": credential,
+                "match": {"hosts": ["api.example.com"], "schemes": [scheme]},
+                "auth": {"type": "bearer"},
+            }
+        ],
+    }
+
+
+@contextlib.contextmanager
+def cluster_pulling_from(registry: Registry, state_dir: Path) -> Iterator[Cluster]:
+    """The test cluster, its node pulling docker.io names from the session's test registry only."""
+    with (
+        running_cluster(state_dir, SANDGATE_CLUSTER_MIRROR=registry.mirror) as handle,
+        registry.reachable_from(handle.pid("containerd")),
+    ):
+        yield handle
+
+
 def route_internet(cluster: Cluster, net: Internet) -> None:
     """Route the test internet to and from the node (and only the node) through this namespace
     (the routes go with the node's and the internet's namespaces)."""
     Path("/proc/sys/net/ipv4/ip_forward").write_text("1")  # this test's own namespace
     ip("route", "add", "198.51.100.0/24", "via", HOST_LINK_IP, netns=cluster.netns)
-    ip("route", "add", "10.231.0.0/30", "via", HOST_V4, netns=net.netns_name)
+    ip("route", "add", NODE_LINK, "via", HOST_V4, netns=net.netns_name)
 
 
 @contextlib.contextmanager
@@ -222,6 +255,39 @@ def kubernetes_server(
     env = {**kubernetes_settings(cluster, admin, agents), **(extra_env or {})}
     with sandgate_server(workdir, env) as server:
         yield server
+
+
+def node_counters(netns: str) -> dict[str, int]:
+    """The node table's drop counters, by name (inet and bridge tables): where the node counts
+    each kind of packet it drops from a Pod."""
+    found: dict[str, int] = {}
+    for family in ("inet", "bridge"):
+        command = [
+            "ip",
+            "netns",
+            "exec",
+            netns,
+            "nft",
+            "--json",
+            "list",
+            "counters",
+            "table",
+            family,
+            NODE_TABLE,
+        ]
+        listing = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+        for item in listing["nftables"]:
+            if "counter" in item:
+                found[item["counter"]["name"]] = int(item["counter"]["packets"])
+    assert set(found) == set(COUNTERS), found
+    return found
+
+
+def bridge_link_local(netns: str) -> str:
+    """The node's IPv6 link-local address on the Pod bridge (a Pod's nearest IPv6 peer)."""
+    command = ["ip", "-n", netns, "-6", "-o", "addr", "show", "dev", "cni0", "scope", "link"]
+    listing = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return listing.split()[3].split("/")[0]
 
 
 def pod_net(server: SandgateServer, sandbox_id: str) -> tuple[str, str]:

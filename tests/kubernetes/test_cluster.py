@@ -22,11 +22,10 @@ import secrets
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lightkube import Client, KubeConfig
+from lightkube import Client
 from lightkube.models.core_v1 import Container, EnvVar, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
@@ -37,7 +36,6 @@ from tests.kubernetes.cluster import (
     START_TIMEOUT,
     Cluster,
     run_script,
-    running_cluster,
     skip_unless_built,
     sysctls,
     up_to_a_build,
@@ -97,17 +95,6 @@ def node_nft_tables(netns: str) -> set[str]:
         ["ip", "netns", "exec", netns, "nft", "list", "tables"], capture_output=True, text=True, check=True
     )
     return set(out.stdout.splitlines())
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with running_cluster(tmp_path_factory.mktemp("cluster") / "state") as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def client(cluster: Cluster) -> Client:
-    return Client(config=KubeConfig.from_file(cluster.kubeconfig))
 
 
 @up_to_a_build

@@ -20,8 +20,14 @@ from lightkube.resources.core_v1 import Pod
 from tests.conformance.clients import CASES, CLIENTS, results_once
 from tests.conformance.conftest import API_HOST
 from tests.conformance.scenarios import MODES, Result, check
-from tests.kubernetes.cluster import Cluster, running_cluster, skip_unless_built, up_to_a_build
-from tests.kubernetes.serving import SANDBOX_NAMESPACE, Agent, internet_for, kubernetes_server, node_agent
+from tests.kubernetes.cluster import Cluster, skip_unless_built, up_to_a_build
+from tests.kubernetes.serving import (
+    SANDBOX_NAMESPACE,
+    Agent,
+    cluster_pulling_from,
+    internet_for,
+    kubernetes_server,
+)
 from tests.support.internet import ORIGIN_V4, Internet
 from tests.support.registry import Registry
 from tests.support.server import SandgateServer
@@ -34,14 +40,11 @@ IMAGE = "python:3.12"  # docker.io/library/python:3.12, from the test registry
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[Cluster]:
-    state_dir = tmp_path_factory.mktemp("cluster") / "state"
-    with (
-        running_cluster(state_dir, SANDGATE_CLUSTER_MIRROR=registry.mirror) as handle,
-        registry.reachable_from(handle.pid("containerd")),
-    ):
+    with cluster_pulling_from(registry, tmp_path_factory.mktemp("cluster") / "state") as handle:
         yield handle
 
 
+# not conftest's `client`: this module's cases take `client` as a parameter (which client runs)
 @pytest.fixture(scope="module")
 def admin(cluster: Cluster) -> Client:
     return Client(config=KubeConfig.from_file(cluster.kubeconfig))
@@ -51,12 +54,6 @@ def admin(cluster: Cluster) -> Client:
 def internet(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
     with internet_for(cluster, tmp_path_factory.mktemp("internet"), {API_HOST: [ORIGIN_V4]}) as net:
         yield net
-
-
-@pytest.fixture(scope="module")
-def agent(cluster: Cluster, internet: Internet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    with node_agent(cluster, internet, tmp_path_factory.mktemp("node-agent")) as handle:
-        yield handle
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.kubernetes.cluster import SCRIPTS, Cluster, running_cluster, skip_unless_built, up_to_a_build
+from tests.kubernetes.cluster import SCRIPTS, Cluster, skip_unless_built, up_to_a_build
 
 pytestmark = pytest.mark.root
 skip_unless_built()
@@ -24,12 +23,6 @@ DEPLOY = SCRIPTS.parents[1] / "deploy"
 SERVER = "system:serviceaccount:sandgate-system:sandgate-server"
 NODE_PROXY = "system:serviceaccount:sandgate-system:sandgate-node-proxy"
 GONE_TIMEOUT = 120.0
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with running_cluster(tmp_path_factory.mktemp("cluster") / "state") as handle:
-        yield handle
 
 
 # (who, verb, resource [--subresource=...] or kind/name, namespace or None, allowed)

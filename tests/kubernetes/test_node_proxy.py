@@ -27,12 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from lightkube import Client, KubeConfig
+from lightkube import Client
 from lightkube.models.core_v1 import Container, PodDNSConfig, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Pod, Secret
 
-from sandgate.lifecycle.node import COUNTERS, NODE_TABLE
 from sandgate.lifecycle.node_client import (
     NodeAgents,
     NodeProxies,
@@ -45,7 +44,6 @@ from sandgate.vault import open_store
 from tests.kubernetes.cluster import (
     BUSYBOX_IMAGE,
     Cluster,
-    running_cluster,
     skip_unless_built,
     up_to_a_build,
     wait_for_pod,
@@ -55,9 +53,10 @@ from tests.kubernetes.serving import (
     NODE_IP,
     SANDBOX_NAMESPACE,
     Agent,
-    internet_for,
+    bearer_policy,
+    bridge_link_local,
     kubernetes_server,
-    node_agent,
+    node_counters,
 )
 from tests.support.internet import ORIGIN_V4, Internet
 from tests.support.server import SANDGATE, SandgateServer
@@ -68,43 +67,7 @@ skip_unless_built()
 POD_GATEWAY = "10.232.0.1"
 SHELL_PORT = 7000
 SECRET = "sk-node-" + secrets.token_hex(12)
-POLICY = {
-    "version": 1,
-    "defaultAction": "deny",
-    "egress": [{"action": "allow", "target": "api.example.com"}],
-    "bindings": [
-        {
-            "name": "api",
-            "credential": "node-api-token",
-            "match": {"hosts": ["api.example.com"], "schemes": ["http"]},
-            "auth": {"type": "bearer"},
-        }
-    ],
-}
-ZONE = {"api.example.com": [ORIGIN_V4], "denied.example.com": [ORIGIN_V4]}
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with running_cluster(tmp_path_factory.mktemp("cluster") / "state") as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def client(cluster: Cluster) -> Client:
-    return Client(config=KubeConfig.from_file(cluster.kubeconfig))
-
-
-@pytest.fixture(scope="module")
-def internet(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
-    with internet_for(cluster, tmp_path_factory.mktemp("internet"), ZONE) as net:
-        yield net
-
-
-@pytest.fixture(scope="module")
-def agent(cluster: Cluster, internet: Internet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    with node_agent(cluster, internet, tmp_path_factory.mktemp("node-agent")) as handle:
-        yield handle
+POLICY = bearer_policy("node-api-token", "http")
 
 
 def start_shell_pod(client: Client, name: str) -> PodPlacement:
@@ -161,38 +124,6 @@ def http_get(host: str, path: str) -> str:
 
 
 OK = "HTTP/1.1 200"
-
-
-def counters(netns: str) -> dict[str, int]:
-    """The node table's drop counters, by name (inet and bridge tables)."""
-    found: dict[str, int] = {}
-    for family in ("inet", "bridge"):
-        command = [
-            "ip",
-            "netns",
-            "exec",
-            netns,
-            "nft",
-            "--json",
-            "list",
-            "counters",
-            "table",
-            family,
-            NODE_TABLE,
-        ]
-        listing = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
-        for item in listing["nftables"]:
-            if "counter" in item:
-                found[item["counter"]["name"]] = int(item["counter"]["packets"])
-    assert set(found) == set(COUNTERS), found
-    return found
-
-
-def bridge_link_local(netns: str) -> str:
-    """The node's IPv6 link-local address on the Pod bridge (a Pod's nearest IPv6 peer)."""
-    command = ["ip", "-n", netns, "-6", "-o", "addr", "show", "dev", "cni0", "scope", "link"]
-    listing = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    return listing.split()[3].split("/")[0]
 
 
 def origin_requests_from(internet: Internet, mark: int) -> list[dict[str, object]]:
@@ -310,12 +241,12 @@ def test_the_node_the_cluster_and_other_pods_are_out_of_reach(
         "ipv6": [f"busybox ping6 -c 1 -W 2 -I eth0 {bridge_link_local(cluster.netns)}"],
     }
     for counter, commands in attempts.items():
-        before = counters(cluster.netns)[counter]
+        before = node_counters(cluster.netns)[counter]
         for command in commands:
             output = pod_sh(sandbox_pod.pod_ip, f"echo true | {command}")
             if " -u " not in command:  # a UDP send "succeeds" locally; the counter says it was dropped
                 assert "status=0" not in output, (command, output)
-        after = counters(cluster.netns)[counter]
+        after = node_counters(cluster.netns)[counter]
         assert after > before, (counter, before, after)
     # the neighbour is alive and reachable from the host: only the Pod-to-Pod path is closed
     assert "status=0" in pod_sh(other.pod_ip, "true")
@@ -344,7 +275,7 @@ def test_agent_killed_means_no_egress_and_its_records_are_shipped(
     cut = pod_sh(sandbox_pod.pod_ip, http_get("api.example.com", "/echo/while-down"))
     assert OK not in cut and "status=" in cut, cut
     assert origin_requests_from(internet, mark) == []
-    assert counters(cluster.netns)  # the table stays while the agent is down (fail closed)
+    assert node_counters(cluster.netns)  # the table stays while the agent is down (fail closed)
 
     # the DaemonSet restarts it; the server sees a new boot id and pushes its sandboxes again
     agent.start(internet.ca_cert)

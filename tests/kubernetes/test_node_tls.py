@@ -20,9 +20,9 @@ import pytest
 from lightkube import Client, KubeConfig
 
 from sandgate.proxy.contract.names import CA_CERT
-from tests.kubernetes.cluster import Cluster, running_cluster, skip_unless_built, up_to_a_build
-from tests.kubernetes.serving import NODE_IP, Agent, internet_for, kubernetes_server, node_agent
-from tests.support.internet import ORIGIN_V4, Internet
+from tests.kubernetes.cluster import Cluster, skip_unless_built, up_to_a_build
+from tests.kubernetes.serving import NODE_IP, Agent, bearer_policy, cluster_pulling_from, kubernetes_server
+from tests.support.internet import Internet
 from tests.support.registry import Registry
 from tests.support.server import SandgateServer
 
@@ -31,42 +31,13 @@ skip_unless_built()
 
 IMAGE = "python:3.12"  # docker.io/library/python:3.12, from the test registry: curl and a bundle
 SECRET = "sk-node-tls-" + secrets.token_hex(12)
-POLICY = {
-    "version": 1,
-    "defaultAction": "deny",
-    "egress": [{"action": "allow", "target": "api.example.com"}],
-    "bindings": [
-        {
-            "name": "api",
-            "credential": "node-tls-token",
-            "match": {"hosts": ["api.example.com"], "schemes": ["https"]},
-            "auth": {"type": "bearer"},
-        }
-    ],
-}
-ZONE = {"api.example.com": [ORIGIN_V4], "denied.example.com": [ORIGIN_V4]}
+POLICY = bearer_policy("node-tls-token", "https")
 CURL_SSL_CACERT = 60  # curl: the peer's certificate cannot be verified with the known CAs
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[Cluster]:
-    state_dir = tmp_path_factory.mktemp("cluster") / "state"
-    with (
-        running_cluster(state_dir, SANDGATE_CLUSTER_MIRROR=registry.mirror) as handle,
-        registry.reachable_from(handle.pid("containerd")),
-    ):
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def internet(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
-    with internet_for(cluster, tmp_path_factory.mktemp("internet"), ZONE) as net:
-        yield net
-
-
-@pytest.fixture(scope="module")
-def agent(cluster: Cluster, internet: Internet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    with node_agent(cluster, internet, tmp_path_factory.mktemp("node-agent")) as handle:
+    with cluster_pulling_from(registry, tmp_path_factory.mktemp("cluster") / "state") as handle:
         yield handle
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lightkube import Client, KubeConfig
+from lightkube import Client
 from lightkube.models.core_v1 import PersistentVolumeClaimSpec, VolumeResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, PersistentVolume, PersistentVolumeClaim, Pod
@@ -26,7 +26,6 @@ from tests.kubernetes.cluster import (
     BUSYBOX_IMAGE,
     Cluster,
     run_script,
-    running_cluster,
     skip_unless_built,
     up_to_a_build,
 )
@@ -37,17 +36,6 @@ skip_unless_built()
 
 NAMESPACE = "sandgate"
 BOUND_TIMEOUT = 120.0
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with running_cluster(tmp_path_factory.mktemp("cluster") / "state") as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def client(cluster: Cluster) -> Client:
-    return Client(config=KubeConfig.from_file(cluster.kubeconfig))
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,15 @@ from lightkube.resources.core_v1 import Pod
 
 from sandgate.lifecycle.node_client import NodeAgents
 from tests.kubernetes.cluster import SCRIPTS, Cluster, running_cluster, skip_unless_built, up_to_a_build
-from tests.kubernetes.serving import AGENT_PORT, HOST_LINK_IP, SANDBOX_NAMESPACE, Agent, write_agent_tls
-from tests.kubernetes.test_node_proxy import POLICY, SECRET, ZONE, server_with_the_secret, wait_until
+from tests.kubernetes.serving import (
+    AGENT_PORT,
+    HOST_LINK_IP,
+    NODE_ZONE,
+    SANDBOX_NAMESPACE,
+    Agent,
+    write_agent_tls,
+)
+from tests.kubernetes.test_node_proxy import POLICY, SECRET, server_with_the_secret, wait_until
 from tests.support.internet import HOST_V4, ORIGIN_V4, Internet, start_internet
 from tests.support.netns import ip
 from tests.support.server import SANDGATE, SandgateServer
@@ -73,6 +80,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield handle
 
 
+# test_in_cluster.py takes this module's fixtures by name (two nodes' cluster, its client)
 @pytest.fixture(scope="module")
 def client(cluster: Cluster) -> Client:
     return Client(config=KubeConfig.from_file(cluster.kubeconfig))
@@ -86,7 +94,7 @@ def node_netns(cluster: Cluster, node: str) -> str:
 def internet(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
     """The test internet, routed to and from both nodes (and only them) through this namespace."""
     with start_internet(tmp_path_factory.mktemp("internet")) as net:
-        net.set_names(ZONE)
+        net.set_names(NODE_ZONE)
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1")  # this test's own namespace
         for node, (_, _, way_out) in NODES.items():
             ip("route", "add", "198.51.100.0/24", "via", way_out, netns=node_netns(cluster, node))

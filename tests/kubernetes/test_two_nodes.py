@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lightkube import Client, KubeConfig
+from lightkube import Client
 from lightkube.models.core_v1 import Container, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
@@ -57,11 +57,6 @@ HOST_LINK_IP = "10.231.0.1"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with running_cluster(tmp_path_factory.mktemp("cluster") / "state", SANDGATE_CLUSTER_NODES="2") as handle:
         yield handle
-
-
-@pytest.fixture(scope="module")
-def client(cluster: Cluster) -> Client:
-    return Client(config=KubeConfig.from_file(cluster.kubeconfig))
 
 
 def node_netns(cluster: Cluster, node: str) -> str:

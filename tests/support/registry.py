@@ -89,6 +89,20 @@ def python_rootfs_layer(workdir: Path) -> bytes:
         path.unlink(missing_ok=True)
 
 
+def tree_layer(trees: dict[str, Path]) -> bytes:
+    """A layer of local files and directories, each at the path (in the image) its key names;
+    no bytecode caches."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for target, source in trees.items():
+            tar.add(source, arcname=target.lstrip("/"), filter=_no_bytecode)
+    return buffer.getvalue()
+
+
+def _no_bytecode(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    return None if "__pycache__" in info.name.split("/") else info
+
+
 def tools_layer() -> bytes:
     """A static busybox with a link per applet in /bin: enough for a shell, `sleep` and `cat`."""
     applets = subprocess.run(["/bin/busybox", "--list"], capture_output=True, text=True, check=True).stdout
@@ -328,3 +342,13 @@ def fill(registry: Registry) -> None:
     registry.push(layout, "multi", "team/multi:1.0")
     layout.tag("arm-only", layout.index(per_arch[1:]))
     registry.push(layout, "arm-only", "team/arm-only:1.0")
+
+
+def push_python_with(registry: Registry, trees: dict[str, Path], reference: str) -> None:
+    """`python:3.12` with `trees` (image path -> local file or directory) on top, pushed as
+    `reference` (a docker.io name, which the mirror serves from `open`)."""
+    layout = OciLayout(registry.workdir / "layouts")
+    image = layout.image([python_rootfs_layer(registry.workdir), tree_layer(trees)], cmd=["python3"])
+    name = reference.replace(":", "-").replace("/", "-")  # the layout's name for it
+    layout.tag(name, image)
+    registry.push(layout, name, reference if "/" in reference else f"library/{reference}")

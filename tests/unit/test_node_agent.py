@@ -21,7 +21,6 @@ from sandgate.lifecycle.node import (
     read_audit,
     read_token,
 )
-from sandgate.lifecycle.node_client import vault_names
 from sandgate.lifecycle.settings import KubernetesSettings
 from sandgate.proxy import SandboxEntry, VaultValues, ensure_ca
 from sandgate.vault import MemoryStore, SecretNotFound
@@ -74,8 +73,8 @@ def test_the_vault_names_an_entry_reads_follow_its_credential_map() -> None:
     entry = SandboxEntry(
         sandbox_id="s", address="10.232.0.5", policy=POLICY, credentials={"token": "team-token"}
     )
-    assert vault_names(entry) == {"team-token"}
-    assert vault_names(entry.model_copy(update={"credentials": {}})) == {"token"}
+    assert entry.vault_names() == {"team-token"}
+    assert entry.model_copy(update={"credentials": {}}).vault_names() == {"token"}
 
 
 def write_lines(path: Path, *ids: str) -> None:

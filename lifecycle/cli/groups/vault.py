@@ -2,8 +2,10 @@
 
 Rules: a value enters only through stdin or a hidden prompt, never argv (argv is visible in
 `ps` and shell history); no command prints a value; vault errors become one clear line.
-A running proxy is told about every put and rm (`ProxyControl.vault_changed`), so a stored or
-rotated value is scrubbed from every sandbox bound to it at once, not from its first use.
+A running proxy is told about every put and rm (`ProxyControl.vault_changed`), and a server that
+pushes values to Kubernetes nodes pushes them again before the command returns
+(lifecycle/vault_notices.py), so a stored or rotated value is scrubbed from every sandbox bound to
+it at once, not from its first use, and a removed one is gone on every node.
 """
 
 from __future__ import annotations
@@ -37,10 +39,20 @@ def _read_secret_input(prompt: str) -> str:
 
 
 def _tell_proxy(settings: Settings, name: str) -> None:
-    """Have a running proxy re-read `name`; without one there is nothing to tell (it reads the
+    """Have a running proxy re-read `name`, and a server that pushes values to its nodes' proxies
+    (Kubernetes) push them again; without either there is nothing to tell (a proxy reads the
     vault when lifecycle pushes its sandboxes)."""
+    from sandgate.lifecycle.vault_notices import VaultNoticeError, tell_server
     from sandgate.proxy import ProxyControl, ProxyControlError, control_socket
 
+    try:
+        tell_server(settings.state_dir, [name])
+    except (VaultNoticeError, OSError, ValueError) as exc:
+        click.echo(
+            f"warning: the server did not push {name} to its nodes ({exc or type(exc).__name__}); "
+            "their proxies get the new value with each sandbox's next policy push or restart",
+            err=True,
+        )
     socket_path = control_socket(settings.state_dir)
     if not socket_path.exists():
         return
