@@ -8,8 +8,6 @@ that records when each question arrived and answers none."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 
@@ -20,6 +18,7 @@ from sandgate.proxy import SandboxEntry
 from sandgate.proxy.dnswire import UPSTREAM_TIMEOUT
 from tests.proxy.conftest import CLIENT_ADDR, GATEWAY, Client, RunningProxy, start_proxy, stop_proxy
 from tests.support.internet import Internet
+from tests.support.loopback_resolver import LoopbackResolver
 
 pytestmark = pytest.mark.root
 
@@ -28,40 +27,21 @@ POLICY = {"defaultAction": "deny", "egress": [{"action": "allow", "target": NAME
 SERVFAIL = 2
 
 
-class SilentResolver:
-    """UDP 127.0.0.1:<port>; `asked` is (CLOCK_MONOTONIC time, qtype) of every question received."""
+class SilentResolver(LoopbackResolver):
+    """`asked` is (CLOCK_MONOTONIC time, qtype) of every question received; none is answered."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
+        super().__init__()
         self.asked: list[tuple[float, str]] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
 
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                query = self.sock.recv(4096)
-            except TimeoutError:
-                continue
-            self.asked.append((time.monotonic(), QTYPE[DNSRecord.parse(query).q.qtype]))
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.sock.close()
+    def answer(self, query: bytes, client: tuple[str, int]) -> None:
+        self.asked.append((time.monotonic(), QTYPE[DNSRecord.parse(query).q.qtype]))
 
 
 @pytest.fixture(scope="module")
 def silent() -> Iterator[SilentResolver]:
-    running = SilentResolver()
-    try:
+    with SilentResolver() as running:
         yield running
-    finally:
-        running.close()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ server; it counts what it relays."""
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -14,53 +13,35 @@ import pytest
 from sandgate.proxy import SandboxEntry
 from tests.proxy.conftest import CLIENT_ADDR, GATEWAY, Client, RunningProxy, start_proxy, stop_proxy
 from tests.support.internet import DNS_ADDR, ORIGIN_V4, Internet
+from tests.support.loopback_resolver import LoopbackResolver
 
 pytestmark = pytest.mark.root
 
 POLICY = {"defaultAction": "deny", "egress": [{"action": "allow", "target": "svc.example.com"}]}
 
 
-class Relay:
-    """UDP 127.0.0.1:<port> -> DNS_ADDR:53, one question at a time; `names` is what it relayed."""
+class Relay(LoopbackResolver):
+    """Relays each question to DNS_ADDR:53, one at a time; `relayed` counts the answers relayed."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
+        super().__init__()
         self.relayed = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
 
-    def _run(self) -> None:
-        while not self.stop.is_set():
+    def answer(self, query: bytes, client: tuple[str, int]) -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as upstream:
+            upstream.settimeout(3)
+            upstream.sendto(query, (DNS_ADDR, 53))
             try:
-                query, client = self.sock.recvfrom(4096)
+                self.sock.sendto(upstream.recv(4096), client)
             except TimeoutError:
-                continue
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as upstream:
-                upstream.settimeout(3)
-                upstream.sendto(query, (DNS_ADDR, 53))
-                try:
-                    self.sock.sendto(upstream.recv(4096), client)
-                except TimeoutError:
-                    continue
-            self.relayed += 1
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.sock.close()
+                return
+        self.relayed += 1
 
 
 @pytest.fixture(scope="module")
 def relay() -> Iterator[Relay]:
-    running = Relay()
-    try:
+    with Relay() as running:
         yield running
-    finally:
-        running.close()
 
 
 @pytest.fixture(scope="module")
