@@ -92,7 +92,8 @@ VARIANTS = {"sqlite": ("state-owner",), "external": ("state-owner", "postgresql"
 API_KEY = secrets.token_urlsafe(24)
 RUN_TIMEOUT = 300
 # Node 1 is the system node (the server's, with hostNetwork), node 2 the sandbox node: sandbox Pods
-# do not tolerate this taint, the server and the node agents do. A sandbox on the server's own node
+# do not tolerate this taint, the server does (the overlay), and so do the node agents (the base's
+# own toleration of every taint: an agent on each node proves it). A sandbox on the server's own node
 # would be out of its reach: the node agent's walls drop what a Pod sends to the node's own
 # addresses, the replies to the node's own connections included (docs/kubernetes.md).
 SYSTEM_NODE, SANDBOX_NODE = "sandgate-node", "sandgate-node-2"
@@ -158,7 +159,6 @@ def overlay(
         "apiVersion": "apps/v1", "kind": "DaemonSet",
         "metadata": {"name": "sandgate-node-proxy", "namespace": "sandgate-system"},
         "spec": {"template": {"spec": {
-            "tolerations": [SYSTEM_TOLERATION],
             "containers": [{
                 "name": "node-proxy",
                 "args": [
