@@ -9,6 +9,7 @@ builds them and passes plain values down, so policy/vault/proxy stay free of glo
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from contextvars import ContextVar
 from ipaddress import IPv4Network
@@ -79,6 +80,75 @@ class SecureRuntime(BaseModel):
         )
 
 
+# Kubernetes' syntax of a label key or taint key (an optional DNS subdomain prefix and `/`, then a
+# name of at most 63 characters) and of a label value (at most 63, may be empty).
+_K8S_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_K8S_PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_K8S_KEY = re.compile(rf"^(({_K8S_PREFIX})/)?{_K8S_NAME}$")
+_K8S_VALUE = re.compile(rf"^({_K8S_NAME})?$")
+
+
+def _k8s_key(key: str) -> str:
+    prefix = key.rpartition("/")[0]
+    if not _K8S_KEY.fullmatch(key) or len(prefix) > 253:
+        raise ValueError(
+            f"{key!r} is not a Kubernetes label or taint key ([prefix/]name: a DNS subdomain of at most "
+            "253 characters, then at most 63 of letters, digits, '-', '_', '.', alphanumeric at both ends)"
+        )
+    return key
+
+
+def _k8s_value(value: str) -> str:
+    if not _K8S_VALUE.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a Kubernetes label or taint value (at most 63 letters, digits, '-', '_', '.', "
+            "alphanumeric at both ends, or empty)"
+        )
+    return value
+
+
+K8sKey = Annotated[str, AfterValidator(_k8s_key)]
+K8sValue = Annotated[str, AfterValidator(_k8s_value)]
+
+
+class Toleration(BaseModel):
+    """One toleration every sandbox Pod carries: a Pod spec's, with `toleration_seconds` for its
+    `tolerationSeconds` (docs/kubernetes.md, "Sandbox nodes")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: K8sKey | None = Field(None, description="the taint's key; unset (with operator Exists): every taint")
+    operator: Literal["Equal", "Exists"] = Field("Equal", description="Equal: key and value; Exists: key")
+    value: K8sValue | None = Field(None, description="the taint's value (operator Equal)")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="the taint's effect; unset: every effect"
+    )
+    toleration_seconds: int | None = Field(
+        None, ge=0, description="with effect NoExecute: how long the Pod stays once the taint is set"
+    )
+
+    @model_validator(mode="after")
+    def _as_kubernetes_accepts(self) -> Toleration:
+        # The API server's own rules, so a bad toleration stops the start, not every create.
+        if self.operator == "Exists" and self.value:
+            raise ValueError(f"toleration of {self.key!r}: operator Exists takes no value")
+        if self.operator == "Equal" and self.key is None:
+            raise ValueError("a toleration without a key needs operator Exists (it tolerates every taint)")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(f"toleration of {self.key!r}: toleration_seconds needs effect NoExecute")
+        return self
+
+    def pod_spec(self) -> dict[str, Any]:
+        """This toleration in a Pod spec's words (camelCase)."""
+        return {
+            "key": self.key,
+            "operator": self.operator,
+            "value": self.value,
+            "effect": self.effect,
+            "tolerationSeconds": self.toleration_seconds,
+        }
+
+
 class KubernetesSettings(BaseModel):
     """The `[kubernetes]` TOML table (env: SANDGATE_KUBERNETES as JSON), read with runtime = kubernetes."""
 
@@ -117,6 +187,16 @@ class KubernetesSettings(BaseModel):
     node_agent_ca: Path | None = Field(None, description="PEM CA file the node agents' certificates chain to")
     node_agent_token_file: Path | None = Field(
         None, description="file holding the bearer token every node agent accepts (mode 0600)"
+    )
+    node_selector: dict[K8sKey, K8sValue] = Field(
+        {},
+        description="labels a node must have to run sandbox Pods (the Pods' nodeSelector); with "
+        "`tolerations`, how a platform team dedicates nodes to sandboxes (docs/kubernetes.md)",
+    )
+    tolerations: list[Toleration] = Field(
+        [],
+        description='taints sandbox Pods tolerate, e.g. [{key = "sandgate.example.test/sandboxes", '
+        'operator = "Exists", effect = "NoSchedule"}] (docs/kubernetes.md)',
     )
 
     @model_validator(mode="after")
@@ -478,10 +558,13 @@ def load_settings(config: Path | None = None, **flags: Any) -> Settings:
 
 
 def one_line(error: ValidationError) -> str:
-    """Each problem as `setting <name>: <what is wrong>`, on one line."""
+    """Each problem as `setting <name>: <what is wrong>`, on one line; an unknown name is named
+    by its whole path (`kubernetes.tolerations.0.tolerationSeconds`)."""
     problems = []
     for problem in error.errors():
         name = problem["loc"][0] if problem["loc"] else "?"
         message = str(problem["msg"]).removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            message = f"unknown setting {'.'.join(str(part) for part in problem['loc'])}"
         problems.append(f"setting {name}: {message}")
     return "; ".join(problems)

@@ -361,6 +361,8 @@ def kubernetes_runtime(
         login=login,
         claim_bytes=int(parse_quantity(settings.volume_default_size, "volume_default_size")) or 1 << 30,
         storage_class=options.storage_class,
+        node_selector=dict(options.node_selector),
+        tolerations=[toleration.pod_spec() for toleration in options.tolerations],
     )
 
 

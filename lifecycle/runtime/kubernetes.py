@@ -31,6 +31,11 @@ Rules:
 7. Every operation is idempotent; a delete waits until the API server no longer has the Pod.
 8. `pvc` volumes are PersistentVolumeClaims in the namespace (runtime/kubernetes_claims.py),
    made before the Pod, mounted by it; a delete removes the claims made to die with it.
+9. Every Pod carries the settings' `node_selector` and `tolerations`: a platform team labels and
+   taints its sandbox nodes, and sandboxes run there only. A Pod no node accepts stays Pending
+   (an autoscaler may yet add a node), so its create fails at `start_timeout` with the
+   scheduler's words. A Pod on a node without an agent never runs its entrypoint: the hand-over
+   needs that node's proxy CA, read from the node's agent (rule 4), and the create fails.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from lightkube.models.core_v1 import (
     ResourceRequirements,
     SeccompProfile,
     SecurityContext,
+    Toleration,
     Volume,
     VolumeMount,
 )
@@ -154,10 +160,14 @@ class KubernetesRuntime:
         login: Callable[[str], Credentials | None] = lambda registry: None,
         claim_bytes: int = 1 << 30,
         storage_class: str | None = None,
+        node_selector: dict[str, str] | None = None,
+        tolerations: list[dict[str, Any]] | None = None,
     ) -> None:
         """`login`: the vault's login for a registry (setting registry_credentials), used when a
         create brings none in `ImageSpec.auth`; `claim_bytes` and `storage_class`: what a `pvc`
-        volume's PersistentVolumeClaim asks for when the create names nothing (rule 8)."""
+        volume's PersistentVolumeClaim asks for when the create names nothing (rule 8);
+        `node_selector` and `tolerations` (a Pod spec's, camelCase): where every Pod may run
+        (rule 9)."""
         self.client = client
         self.namespace = namespace
         self.instance = instance
@@ -166,6 +176,8 @@ class KubernetesRuntime:
         self.start_timeout = start_timeout
         self.login = login
         self.gvisor_runtime_class = gvisor_runtime_class
+        self.node_selector = node_selector or None
+        self.tolerations = [Toleration(**toleration) for toleration in tolerations or []] or None
         self.claims = KubernetesClaims(
             client,
             namespace,
@@ -376,6 +388,8 @@ class KubernetesRuntime:
                 dnsConfig=PodDNSConfig(nameservers=[POD_NAMESERVER], searches=[]),
                 terminationGracePeriodSeconds=1,
                 runtimeClassName=self.runtime_class if spec.isolation == "gvisor" else None,
+                nodeSelector=self.node_selector,
+                tolerations=self.tolerations,
                 imagePullSecrets=[LocalObjectReference(name=pull_secret)] if pull_secret else None,
                 securityContext=PodSecurityContext(seccompProfile=SeccompProfile(type="RuntimeDefault")),
                 initContainers=[copier],
@@ -413,7 +427,7 @@ class KubernetesRuntime:
             if time.monotonic() > deadline:
                 raise RuntimeError_(
                     f"the Pod of sandbox {sandbox_id} did not start within {self.start_timeout:.0f} s "
-                    f"(setting kubernetes.start_timeout): {_describe(pod)}"
+                    f"(setting kubernetes.start_timeout): {_describe(pod)}{_placement_hint(pod)}"
                 )
             time.sleep(POLL_S)
 
@@ -470,6 +484,17 @@ def _describe(pod: Pod) -> str:
                     f"{container.name} {kind}{exit_code}: {detail.reason} {detail.message or ''}".strip()
                 )
     return "; ".join(parts)
+
+
+def _placement_hint(pod: Pod) -> str:
+    """What to check when no node took the Pod: the settings that say where sandboxes run."""
+    conditions = (pod.status.conditions if pod.status else None) or []
+    if any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conditions):
+        return (
+            "; no node accepts the Pod: check the sandbox nodes' labels and taints against the "
+            "settings kubernetes.node_selector and kubernetes.tolerations (docs/kubernetes.md)"
+        )
+    return ""
 
 
 def _limits(spec: SandboxSpec) -> dict[str, str]:

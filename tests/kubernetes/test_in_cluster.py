@@ -13,8 +13,9 @@ kube-proxy, so the server runs with hostNetwork on node 1 and is told the API se
 (a real cluster routes the `kubernetes` Service) and a resolver (the node's resolv.conf is empty,
 and the server starts its own proxy, which needs one, on ports apart from the node agent's proxy
 beside it); both nodes share this machine's disk, so each agent's state is a subdirectory per
-node of a test directory; the node agents get the test internet's resolver and CA; node 1 is
-tainted as the system node (the server's), so sandboxes run on node 2; the test cluster's
+node of a test directory; the node agents get the test internet's resolver and CA; node 2 is
+labelled and tainted as the sandbox node and the server's config.toml (deploy/'s, its sandbox-node
+placement turned on) sends sandboxes there; the test cluster's
 hostPath volumes ignore fsGroup, so the overlay takes components/state-owner. OpenBao (`bao
 server -dev`, the `bao` of the test venv) and PostgreSQL (Debian's, tests/support/postgres.py)
 listen on node 1's address in node 1's network namespace, where the hostNetwork server reaches
@@ -35,11 +36,13 @@ import contextlib
 import functools
 import json
 import os
+import re
 import secrets
 import sqlite3
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -91,13 +94,14 @@ SANDBOX_IMAGE = "python:3.12"  # the conformance clients', from the test registr
 VARIANTS = {"sqlite": ("state-owner",), "external": ("state-owner", "postgresql", "openbao")}
 API_KEY = secrets.token_urlsafe(24)
 RUN_TIMEOUT = 300
-# Node 1 is the system node (the server's, with hostNetwork), node 2 the sandbox node: sandbox Pods
-# do not tolerate this taint, the server and the node agents do. A sandbox on the server's own node
-# would be out of its reach: the node agent's walls drop what a Pod sends to the node's own
-# addresses, the replies to the node's own connections included (docs/kubernetes.md).
+# Node 1 is the system node (the server's, with hostNetwork), node 2 the sandbox node, labelled and
+# tainted as docs/kubernetes.md "Sandbox nodes" says, with deploy/config.toml's commented
+# node_selector and tolerations turned on: sandbox Pods go there only, the node agents are there
+# too (the base's toleration of every taint: an agent on each node proves it). A sandbox on the
+# server's own node would be out of its reach: the node agent's walls drop what a Pod sends to the
+# node's own addresses, the replies to the node's own connections included.
 SYSTEM_NODE, SANDBOX_NODE = "sandgate-node", "sandgate-node-2"
-SYSTEM_TAINT = "sandgate.example.test/system"
-SYSTEM_TOLERATION = {"key": SYSTEM_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+SANDBOX_LABEL = SANDBOX_TAINT = "sandgate.example.test/sandboxes"
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +144,6 @@ def overlay(
         "spec": {"template": {"spec": {
             "hostNetwork": True,
             "nodeSelector": {"kubernetes.io/hostname": "sandgate-node"},
-            "tolerations": [SYSTEM_TOLERATION],
             "containers": [{"name": "server", "env": [
                 {"name": "KUBERNETES_SERVICE_HOST", "value": "10.231.0.2"},
                 {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"},
@@ -158,7 +161,6 @@ def overlay(
         "apiVersion": "apps/v1", "kind": "DaemonSet",
         "metadata": {"name": "sandgate-node-proxy", "namespace": "sandgate-system"},
         "spec": {"template": {"spec": {
-            "tolerations": [SYSTEM_TOLERATION],
             "containers": [{
                 "name": "node-proxy",
                 "args": [
@@ -181,13 +183,26 @@ def overlay(
     }  # fmt: skip
     (directory / "server.json").write_text(json.dumps(server))
     (directory / "agents.json").write_text(json.dumps(agents))
+    (directory / "config.toml").write_text(with_sandbox_nodes((DEPLOY / "config.toml").read_text()))
     kustomization = {
         "resources": [base],
         "components": components,
         "patches": [{"path": "server.json"}, {"path": "agents.json"}],
-    }
+        "configMapGenerator": [{"name": "sandgate-config", "namespace": "sandgate-system",
+                                "behavior": "replace", "files": ["config.toml"]}],
+    }  # fmt: skip
     (directory / "kustomization.yaml").write_text(json.dumps(kustomization))
     return directory
+
+
+def with_sandbox_nodes(config: str) -> str:
+    """deploy/config.toml with its commented sandbox-node placement turned on, as a platform team
+    would; checked, so a change of that comment fails here."""
+    placed = re.sub(r'(?m)^# (\[kubernetes\.|\[\[kubernetes\.|"|key =|operator =|effect =)', r"\1", config)
+    kubernetes = tomllib.loads(placed)["kubernetes"]
+    assert kubernetes["node_selector"] == {SANDBOX_LABEL: "true"}, placed
+    assert kubernetes["tolerations"] == [{"key": SANDBOX_TAINT, "operator": "Exists", "effect": "NoSchedule"}]
+    return placed
 
 
 def cluster_bin() -> Path:
@@ -263,7 +278,8 @@ def install(
                 f"--from-file=token={workdir / 'openbao-token'}")  # fmt: skip
         kubectl(cluster, "-n", "sandgate-system", "create", "secret", "generic", "sandgate-database",
                 f"--from-file=url={workdir / 'database-url'}")  # fmt: skip
-    kubectl(cluster, "taint", "node", SYSTEM_NODE, f"{SYSTEM_TAINT}=true:NoSchedule", "--overwrite")
+    kubectl(cluster, "label", "node", SANDBOX_NODE, f"{SANDBOX_LABEL}=true", "--overwrite")
+    kubectl(cluster, "taint", "node", SANDBOX_NODE, f"{SANDBOX_TAINT}=true:NoSchedule", "--overwrite")
     kubectl(cluster, "apply", "-k", str(installed.overlay))
     try:
         yield installed

@@ -76,6 +76,58 @@ def test_the_kubernetes_table_from_toml_and_env(clean_env: pytest.MonkeyPatch, t
         load_settings(config)
 
 
+PLACEMENT = """runtime = "kubernetes"
+[kubernetes.node_selector]
+"sandgate.example.test/sandboxes" = "true"
+[[kubernetes.tolerations]]
+key = "sandgate.example.test/sandboxes"
+operator = "Exists"
+effect = "NoSchedule"
+[[kubernetes.tolerations]]
+key = "node.kubernetes.io/unreachable"
+effect = "NoExecute"
+value = ""
+toleration_seconds = 30
+"""
+
+
+def test_where_sandbox_pods_run_from_toml(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = tmp_path / "placement.toml"
+    config.write_text(PLACEMENT)
+    options = load_settings(config).kubernetes
+    assert options.node_selector == {"sandgate.example.test/sandboxes": "true"}
+    assert [(t.key, t.operator, t.effect, t.toleration_seconds) for t in options.tolerations] == [
+        ("sandgate.example.test/sandboxes", "Exists", "NoSchedule", None),
+        ("node.kubernetes.io/unreachable", "Equal", "NoExecute", 30),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("table", "needle"),
+    [
+        ('[kubernetes.node_selector]\n"Bad Key" = "x"\n', "not a Kubernetes label or taint key"),
+        ('[kubernetes.node_selector]\n"-x.example.test/a" = "x"\n', "not a Kubernetes label or taint key"),
+        ('[kubernetes.node_selector]\npool = "a b"\n', "not a Kubernetes label or taint value"),
+        (f'[kubernetes.node_selector]\npool = "{"v" * 64}"\n', "not a Kubernetes label or taint value"),
+        ('[[kubernetes.tolerations]]\nkey = "a"\noperator = "Exists"\nvalue = "b"\n', "takes no value"),
+        ('[[kubernetes.tolerations]]\nvalue = "b"\n', "needs operator Exists"),
+        ('[[kubernetes.tolerations]]\nkey = "a"\neffect = "NoSchedule"\ntoleration_seconds = 5\n', "Execute"),
+        ('[[kubernetes.tolerations]]\nkey = "a"\neffect = "NoScheduleX"\n', "NoSchedule"),
+        ('[[kubernetes.tolerations]]\nkey = "a"\ntolerationSeconds = 5\n', "tolerationSeconds"),
+    ],
+)
+def test_a_bad_placement_stops_serve_before_anything_is_made(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, table: str, needle: str
+) -> None:
+    config = tmp_path / "bad.toml"
+    state_dir = tmp_path / "state"
+    config.write_text(f'runtime = "kubernetes"\nstate_dir = "{state_dir}"\n{table}')
+    result = CliRunner().invoke(main, ["--config", str(config), "serve"])
+    assert result.exit_code == 2, result.output
+    assert "bad settings" in result.output and needle in result.output, result.output
+    assert not state_dir.exists()  # no state dir, no cluster call: the settings come first
+
+
 def test_env_names_config_file(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text("proxy_dns_port = 5399\n")
