@@ -472,6 +472,8 @@ def test_a_request_held_on_a_node_is_answered_through_the_server(
             again = api.post(f"/v1/approvals/{first['id']}", json={"decision": "allow-once"})
             assert again.status_code == 404, again.text  # answered: not held any more
 
+            server_log = lambda: runtime_server.log_path.read_text()[-4000:]  # noqa: E731
+            wait_until("a later request held", lambda: bool(held()), 60, server_log)
             third = max(held(), key=lambda h: h["requested_at"])
             number = int(third["path"].removeprefix(HELD_PATH))
             for_sandbox = api.post(f"/v1/approvals/{third['id']}", json={"decision": "allow-sandbox"})
