@@ -25,6 +25,9 @@ Rules:
    (`NodeControl`): push and drop entries, read the node's audit file from a cursor (`read_audit`),
    and read the certificate of the node's own CA (`GET /v1/ca`), which the server hands each Pod
    on this node to trust: the CA's key is made on the node and never leaves it.
+   It also lists the requests the node's proxy holds for a reviewer (`GET /v1/approvals`) and
+   carries a reviewer's answer to one (`POST /v1/approvals/{id}`): the server lists every node's
+   with its own and sends each answer to the node that holds the request.
    The proxy writes every record ahead into the node's own audit file; the server ships them into
    its one audit log and keeps the cursor, so a killed agent loses nothing (lifecycle/node_client.py).
 """
@@ -50,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from sandgate.lifecycle.confinement import ProxyPorts
 from sandgate.lifecycle.proxy_supervisor import Listeners, ProxySupervisor
 from sandgate.proxy import (
+    ApprovalAnswer,
     ProxyConfig,
     ProxyControl,
     ProxyControlError,
@@ -394,6 +398,16 @@ def node_app(agent: NodeAgent, token: str) -> FastAPI:
     @app.get(f"{API_PREFIX}/sandboxes")
     def list_sandboxes() -> list[dict[str, str]]:
         return agent.sandboxes()
+
+    @app.get(f"{API_PREFIX}/approvals")
+    def list_approvals() -> list[dict[str, Any]]:
+        return agent.control.approvals()
+
+    @app.post(f"{API_PREFIX}/approvals/{{approval_id}}")
+    def answer_approval(approval_id: str, answer: ApprovalAnswer) -> dict[str, str]:
+        if not agent.control.answer_approval(approval_id, answer.allow, answer.by):
+            raise HTTPException(404, f"approval {approval_id} is not held on this node")
+        return {"answered": approval_id}
 
     @app.get(f"{API_PREFIX}/audit")
     def audit(file: int = 0, offset: int = 0, max_bytes: int = 1 << 20) -> AuditChunk:

@@ -29,6 +29,12 @@ Rules:
 6. Trust: each node's proxy signs intercepted connections with a CA made on that node (its key
    never leaves it). The runtime hands a Pod the certificate of its own node's CA
    (`NodeProxies.ca_cert`, wired as the Kubernetes runtime's `node_ca`), not the server's.
+7. Held requests (`action: ask`) are held by the node proxy that judged them. `approvals` asks
+   every node the server pushed to, at each call (a listing is never stale), and notes which node
+   holds each id; `answer_approval` sends the answer to that node. A node that does not answer is
+   left out of the listing (said in the log), not an error: the others' held requests still show.
+   An "allow for this sandbox" answer is a policy change first (lifecycle/approvals.py), which
+   reaches the sandbox's node as every change does (`put_sandbox`), before the answer is sent.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from typing import Any
 import httpx
 
 from sandgate.lifecycle.node import API_PREFIX, AuditChunk, NodeEntry, read_token
-from sandgate.proxy import AuditRecord, SandboxEntry, append_records
+from sandgate.proxy import ApprovalAnswer, AuditRecord, SandboxEntry, append_records
 from sandgate.vault import SecretNotFound, SecretStore
 
 log = logging.getLogger(__name__)
@@ -86,6 +92,20 @@ class NodeClient:
 
     def sandboxes(self) -> list[dict[str, str]]:
         return list(self._call("GET", f"{API_PREFIX}/sandboxes").json())
+
+    def approvals(self) -> list[dict[str, Any]]:
+        """The requests the node's proxy holds for a reviewer."""
+        return list(self._call("GET", f"{API_PREFIX}/approvals").json())
+
+    def answer_approval(self, approval_id: str, allow: bool, by: str) -> bool:
+        """False if the node does not hold it (answered, timed out, sandbox gone)."""
+        body = ApprovalAnswer(allow=allow, by=by).model_dump_json()
+        headers = {"content-type": "application/json"}
+        response = self._client.post(f"{API_PREFIX}/approvals/{approval_id}", content=body, headers=headers)
+        if response.status_code == 404:
+            return False
+        self._ok(response)
+        return True
 
     def audit(self, file: int, offset: int, max_bytes: int = 1 << 20) -> AuditChunk:
         params = {"file": file, "offset": offset, "max_bytes": max_bytes}
@@ -185,16 +205,13 @@ class NodeProxies:
         self._lock = threading.Lock()
         self._placed: dict[str, str] = {}  # Pod IP -> node IP, as pushed
         self._shippers: dict[str, AuditShipper] = {}
+        self._held_on: dict[str, str] = {}  # approval id -> the node holding it, as last listed
 
     def put_sandbox(self, entry: SandboxEntry) -> object:
         node_ip = self.locate(entry.address)
         if node_ip is None:
             raise NodeAgentError(f"no Pod has the address {entry.address}: its node is unknown")
-        client = self.agents.client(node_ip)
-        try:
-            answer = client.put(entry, self._values(entry))
-        finally:
-            client.close()
+        answer = self._on_node(node_ip, lambda client: client.put(entry, self._values(entry)))
         with self._lock:
             self._placed[entry.address] = node_ip
         self._ship_from(node_ip)
@@ -202,11 +219,7 @@ class NodeProxies:
 
     def ca_cert(self, node_ip: str) -> str:
         """The CA a Pod on that node must trust (rule 6): its node proxy's own, read over TLS."""
-        client = self.agents.client(node_ip)
-        try:
-            return client.ca_cert()
-        finally:
-            client.close()
+        return self._on_node(node_ip, NodeClient.ca_cert)
 
     def drop_sandbox(self, address: str) -> bool:
         with self._lock:
@@ -214,11 +227,7 @@ class NodeProxies:
         node_ip = node_ip or self.locate(address)
         if node_ip is None:
             return False
-        client = self.agents.client(node_ip)
-        try:
-            return client.drop(address)
-        finally:
-            client.close()
+        return self._on_node(node_ip, lambda client: client.drop(address))
 
     def prune(self, node_ip: str, client: NodeClient) -> list[str]:
         """Drop the node's entries whose Pod no longer runs on that node (rule 5); their addresses."""
@@ -235,10 +244,41 @@ class NodeProxies:
         return ""  # each node's proxy has its own /metrics (docs/kubernetes.md)
 
     def approvals(self) -> list[dict[str, Any]]:
-        return []  # requests held for a reviewer on a node are not surfaced yet (docs/kubernetes.md)
+        """Every node's held requests (rule 7), each node's noted for the answer."""
+        with self._lock:
+            nodes = sorted(set(self._placed.values()) | set(self._shippers))
+        held: list[dict[str, Any]] = []
+        held_on: dict[str, str] = {}
+        for node_ip in nodes:
+            try:
+                found = self._on_node(node_ip, NodeClient.approvals)
+            except NodeAgentError as exc:
+                log.warning("listing the requests held on node %s: %s", node_ip, exc)
+                continue
+            held += found
+            held_on.update((str(item["id"]), node_ip) for item in found)
+        with self._lock:
+            self._held_on = held_on
+        return held
 
     def answer_approval(self, approval_id: str, allow: bool, by: str) -> bool:
-        return False
+        """The answer to the node that holds the request (rule 7); False if none holds it."""
+        with self._lock:
+            node_ip = self._held_on.get(approval_id)
+        if node_ip is None:
+            self.approvals()
+            with self._lock:
+                node_ip = self._held_on.get(approval_id)
+        if node_ip is None:
+            return False
+        return self._on_node(node_ip, lambda client: client.answer_approval(approval_id, allow, by))
+
+    def _on_node[T](self, node_ip: str, call: Callable[[NodeClient], T]) -> T:
+        client = self.agents.client(node_ip)
+        try:
+            return call(client)
+        finally:
+            client.close()
 
     def close(self) -> None:
         with self._lock:

@@ -43,7 +43,7 @@ _PUBLIC = {
         ("ConnectionLimits", "ProxyConfig", "ResolverAddress", "SandboxEntry", "UpstreamProxy"), "config"
     ),
     "system_servers": "config",
-    **dict.fromkeys(("ProxyControl", "ProxyControlError", "VaultValues"), "control"),
+    **dict.fromkeys(("ApprovalAnswer", "ProxyControl", "ProxyControlError", "VaultValues"), "control"),
 }
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
         UpstreamProxy,
         system_servers,
     )
-    from sandgate.proxy.contract.control import ProxyControl, ProxyControlError, VaultValues
+    from sandgate.proxy.contract.control import ApprovalAnswer, ProxyControl, ProxyControlError, VaultValues
     from sandgate.proxy.contract.names import (
         AUDIT_FILE,
         CONFIG_FILE,
@@ -96,6 +96,7 @@ __all__ = [
     "LOG_FILE",
     "RECORD_KINDS",
     "REFUSAL_WINDOW",
+    "ApprovalAnswer",
     "AuditRecord",
     "CaFiles",
     "ConnectionLimits",

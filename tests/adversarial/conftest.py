@@ -237,8 +237,10 @@ TEST_SITE_PACKAGES = (
 SANDBOX_PYTHON = sys.executable if TEST_RUNTIME == "local" else f"PYTHONPATH={TEST_SITE} python3"
 # What the suite's sandboxes are made from: a Pod's image is pulled by the node from the session's
 # test registry (`kubernetes_image`: python:3.12, with Python, curl and a shell as the attacks need,
-# and TEST_SITE).
+# and TEST_SITE, and SANDBOX_TOOLS with the libraries they load: the host's dig, which the DNS
+# tests ask the sandbox's resolver with, as on the local runtime).
 SANDBOX_IMAGE = "python:3.12-adversarial" if TEST_RUNTIME == "kubernetes" else "sandgate/host"
+SANDBOX_TOOLS = [Path("/usr/bin/dig")]
 RUNTIMES = ("local", "docker", "kubernetes")
 
 
@@ -294,11 +296,12 @@ def kubernetes_node(
         node_agent,
         route_internet,
     )
-    from tests.support.registry import push_python_with
+    from tests.support.registry import host_program_trees, push_python_with
 
     skip_unless_built()
     site = Path(sysconfig.get_paths()["purelib"])
     trees = {f"{TEST_SITE}/{name}": site / name for name in TEST_SITE_PACKAGES}
+    trees |= host_program_trees(SANDBOX_TOOLS)
     push_python_with(registry, trees, SANDBOX_IMAGE)
     with cluster_pulling_from(registry, tmp_path_factory.mktemp("cluster") / "state") as cluster:
         route_internet(cluster, internet)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lightkube import Client
@@ -58,6 +59,7 @@ from tests.kubernetes.serving import (
     kubernetes_server,
     node_counters,
 )
+from tests.support.audit import audit_records
 from tests.support.internet import ORIGIN_V4, Internet
 from tests.support.server import SANDGATE, SandgateServer
 
@@ -411,3 +413,94 @@ def test_a_sandbox_of_the_runtime_gets_out_only_through_its_nodes_proxy(
         assert sandbox_id not in {entry["sandbox_id"] for entry in node.sandboxes()}
     for item in client.list(Pod, namespace="*"):
         assert SECRET not in json.dumps(item.to_dict())
+
+
+HELD_PATH = "/held/"
+
+
+@up_to_a_build
+def test_a_request_held_on_a_node_is_answered_through_the_server(
+    runtime_server: SandgateServer, client: Client, internet: Internet, agent: Agent
+) -> None:
+    """Under a policy that asks (`defaultAction: ask`), a Pod's requests are held by its node's
+    proxy; the server lists them, and each reviewer's answer reaches that node: the request
+    denied never arrives at the origin, the one allowed once does, and after "allow for the
+    sandbox" (a policy change the node gets too) later requests arrive without being held."""
+    request = f"GET {HELD_PATH}$i HTTP/1.1\\r\\nHost: api.example.com\\r\\nConnection: close\\r\\n\\r\\n"
+    loop = (  # one request every 2 s, each on its own connection, each waiting up to 150 s
+        "i=0; while [ $i -lt 60 ]; do i=$((i+1)); "
+        f'{{ {{ busybox printf "{request}"; busybox sleep 150; }} | busybox nc -w 150 {ORIGIN_V4} 80; }} '
+        ">/dev/null 2>&1 & busybox sleep 2; done; busybox sleep 600"
+    )
+    body = {
+        "image": {"uri": BUSYBOX_IMAGE},
+        "entrypoint": ["/bin/busybox", "sh", "-c", loop],
+        "resourceLimits": {},
+    }
+    asking = {"version": 1, "defaultAction": "ask", "askTimeout": 150, "egress": []}
+    with runtime_server.client(timeout=300) as api:
+        created = api.post("/v1/sandboxes", json=body)
+        assert created.status_code == 202, created.text
+        sandbox_id = created.json()["id"]
+        try:
+            put = api.put(f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy", json={"policy": asking})
+            assert put.status_code == 200, put.text
+            mark = len(internet.origin_requests())
+
+            def held() -> list[dict[str, Any]]:
+                listed = api.get("/v1/approvals")
+                assert listed.status_code == 200, listed.text
+                return [h for h in listed.json() if h["sandbox"] == sandbox_id]
+
+            wait_until("two requests held on the node, listed by the server", lambda: len(held()) >= 2, 90)
+            first, second = sorted(held(), key=lambda h: h["requested_at"])[:2]
+            assert first["host"] == "api.example.com" and first["path"].startswith(HELD_PATH), first
+            with agent.client() as node:  # held by the node's proxy, not the server's
+                assert first["id"] in {h["id"] for h in node.approvals()}
+
+            def arrived(path: str) -> bool:
+                return any(r.get("path") == path for r in origin_requests_from(internet, mark))
+
+            denied = api.post(f"/v1/approvals/{first['id']}", json={"decision": "deny"})
+            assert denied.status_code == 200 and denied.json()["answered"], denied.text
+            allowed = api.post(f"/v1/approvals/{second['id']}", json={"decision": "allow-once"})
+            assert allowed.status_code == 200 and allowed.json()["answered"], allowed.text
+            wait_until("the request allowed once at the origin", lambda: arrived(second["path"]), 60)
+            assert str(next(
+                r for r in origin_requests_from(internet, mark) if r.get("path") == second["path"]
+            )["client"]).startswith(f"{NODE_IP}:")  # fmt: skip
+            again = api.post(f"/v1/approvals/{first['id']}", json={"decision": "allow-once"})
+            assert again.status_code == 404, again.text  # answered: not held any more
+
+            server_log = lambda: runtime_server.log_path.read_text()[-4000:]  # noqa: E731
+            wait_until("a later request held", lambda: bool(held()), 60, server_log)
+            third = max(held(), key=lambda h: h["requested_at"])
+            number = int(third["path"].removeprefix(HELD_PATH))
+            for_sandbox = api.post(f"/v1/approvals/{third['id']}", json={"decision": "allow-sandbox"})
+            assert for_sandbox.status_code == 200, for_sandbox.text
+            assert for_sandbox.json()["policy_revision"] is not None
+
+            def never_held() -> list[str]:  # a later request let through by the node's new policy
+                later = [str(r.get("path")) for r in origin_requests_from(internet, mark)]
+                return [p for p in later if p.startswith(HELD_PATH) and int(p[len(HELD_PATH) :]) > number + 2]
+
+            wait_until("a later request at the origin without a hold", lambda: bool(never_held()), 60)
+            later = never_held()[0]
+
+            def shipped(path: str) -> list[tuple[str, str]]:  # (decision, reason) in the server's log
+                records = audit_records(runtime_server.state_dir, sandbox_id)
+                return [(r["decision"], r["reason"]) for r in records if r.get("path") == path]
+
+            wait_until(
+                "the node's records shipped", lambda: bool(shipped(first["path"]) and shipped(later)), 60
+            )
+            assert ("deny", "approval-denied") in shipped(first["path"])
+            assert ("allow", "approved") in shipped(second["path"])
+            assert [d for d, reason in shipped(later) if d == "allow" and reason != "approved"], shipped(
+                later
+            )
+            assert not arrived(first["path"])
+        finally:
+            deleted = api.delete(f"/v1/sandboxes/{sandbox_id}")
+            assert deleted.status_code in (200, 204), deleted.text
+    assert not arrived(first["path"])

@@ -285,6 +285,61 @@ def test_one_audit_query_covers_both_nodes(server: SandgateServer, placed: dict[
     wait_until("both nodes' records in one query", covered, timeout=60, evidence=lambda: str(query()[-6:]))
 
 
+@up_to_a_build
+def test_each_nodes_held_requests_are_listed_and_answered_through_the_server(
+    server: SandgateServer, placed: dict[str, Placed], agents: dict[str, Agent], internet: Internet
+) -> None:
+    """Under the policy with `defaultAction: ask`, each sandbox's denied path is held by its own
+    node's proxy; the server lists both nodes' held requests in one listing, and a deny through
+    the API reaches the node that holds each one (its agent holds it no more), the path never
+    at the origin. (The request's own record is not checked: the Pod's client gives up on a
+    held request within seconds, and a request whose client left writes no final record.)"""
+    asking = {**POLICY, "defaultAction": "ask", "askTimeout": 120}
+    sandboxes = {sandbox.sandbox_id: (node, sandbox) for node, sandbox in placed.items()}
+    with server.client(timeout=60) as api:
+
+        def listed() -> dict[str, dict[str, object]]:  # the newest held request of each sandbox
+            answer = api.get("/v1/approvals")
+            assert answer.status_code == 200, answer.text
+            return {str(held["sandbox"]): held for held in answer.json()}
+
+        try:
+            for sandbox_id in sandboxes:
+                path = f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy"
+                assert api.put(path, json={"policy": asking}).status_code == 200
+            wait_until(
+                "both nodes' held requests in one listing", lambda: set(sandboxes) <= set(listed()), 90
+            )
+            for sandbox_id, (node, sandbox) in sandboxes.items():
+                for _ in range(5):  # the Pod's client gives up after a few seconds: take a newer one
+                    approval = listed()[sandbox_id]
+                    assert approval["path"] == sandbox.denied_path, approval
+                    on_nodes = {name: approval["id"] in held_ids(agents[name]) for name in NODES}
+                    denied = api.post(f"/v1/approvals/{approval['id']}", json={"decision": "deny"})
+                    if denied.status_code == 200:
+                        break
+                assert denied.status_code == 200, denied.text
+                assert on_nodes == {name: name == node for name in NODES}, on_nodes
+                answered = partial(let_go, agents[node], str(approval["id"]))
+                wait_until(
+                    f"{node} no longer holds the answered request", answered, 60, agents[node].evidence
+                )
+                assert arrived(internet, sandbox.denied_path) == []
+        finally:
+            for sandbox_id in sandboxes:
+                path = f"/v1/sandboxes/{sandbox_id}/egress/sandgate-policy"
+                assert api.put(path, json={"policy": POLICY}).status_code == 200
+
+
+def held_ids(agent: Agent) -> set[str]:
+    with agent.client() as node:
+        return {str(held["id"]) for held in node.approvals()}
+
+
+def let_go(agent: Agent, approval_id: str) -> bool:
+    return approval_id not in held_ids(agent)
+
+
 def kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     built = subprocess.run(["bash", str(SCRIPTS / "build.sh"), "--cached"], capture_output=True, text=True)
     command = [str(Path(built.stdout.strip()) / "kubectl"), "--kubeconfig", str(cluster.kubeconfig), *args]

@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from tests.support.netns import Netns, ip, unique
 
@@ -75,18 +76,33 @@ def tar_layer(entries: dict[str, bytes | str | None], *, mode: int = 0o644) -> b
     return buffer.getvalue()
 
 
-def python_rootfs_layer(workdir: Path) -> bytes:
-    """The rootfs tar of sandbox-images/build.py: busybox, the host's Python in /usr/local."""
+def image_build() -> ModuleType:
+    """sandbox-images/build.py, the script that lays out the sandbox images' rootfs."""
     spec = importlib.util.spec_from_file_location("sandgate_image_build", REPO / "sandbox-images/build.py")
     assert spec is not None and spec.loader is not None
     build = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))
     spec.loader.exec_module(build)
+    return build
+
+
+def python_rootfs_layer(workdir: Path) -> bytes:
+    """The rootfs tar of sandbox-images/build.py: busybox, the host's Python in /usr/local."""
+    build = image_build()
     path = workdir / "python-rootfs.tar"
     try:
         build.write_rootfs(build.rootfs_entries(), path)
         return path.read_bytes()
     finally:
         path.unlink(missing_ok=True)
+
+
+def host_program_trees(programs: list[Path]) -> dict[str, Path]:
+    """`tree_layer`'s trees for host programs and every library they load, laid out as the
+    rootfs lays out its own (/usr/bin, /usr/lib/x86_64-linux-gnu): a tool the rootfs lacks."""
+    trees = {f"/usr/bin/{program.name}": program.resolve() for program in programs}
+    for entry in image_build().library_entries(programs):
+        trees[f"/{entry.path}"] = entry.source
+    return trees
 
 
 def tree_layer(trees: dict[str, Path]) -> bytes:
