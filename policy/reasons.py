@@ -54,4 +54,5 @@ class Reason(StrEnum):
     APPROVED = "approved"  # a reviewer allowed the held request (once, or for the sandbox)
     APPROVAL_DENIED = "approval-denied"  # a reviewer refused it
     APPROVAL_TIMEOUT = "approval-timeout"  # nobody answered within the policy's askTimeout
+    APPROVAL_CLIENT_GONE = "approval-client-gone"  # its client closed the connection while it was held
     APPROVAL_QUEUE_FULL = "approval-queue-full"  # the sandbox already has its limit of held requests

@@ -3,13 +3,16 @@
 Rules:
 1. A request the policy answers `ask` (`Reason.ASK`) is held in the enforcement addon's request
    hook, before any upstream connection is made for it, until a reviewer answers through the
-   control API (`ROUTES.answer_approval`), the policy's `askTimeout` passes, or the sandbox is
-   dropped. Nothing of it leaves meanwhile; the client waits on its connection (DNS for an `ask`
-   name is answered: the connection-level decision is "allow, inspect").
+   control API (`ROUTES.answer_approval`), the policy's `askTimeout` passes, the sandbox is
+   dropped, or its client closes the connection (`client_left`). Nothing of it leaves meanwhile;
+   the client waits on its connection (DNS for an `ask` name is answered: the connection-level
+   decision is "allow, inspect").
 2. Bounded: a sandbox holds at most `HELD_PER_SANDBOX` requests; the next is refused at once
    (`Reason.APPROVAL_QUEUE_FULL`), so a sandbox cannot pile up held connections.
 3. The answer becomes the request's decision, which its audit record serialises: `approved`
-   (allowed once; the detail says who answered) or `approval-denied` / `approval-timeout`.
+   (allowed once; the detail says who answered) or `approval-denied` / `approval-timeout` /
+   `approval-client-gone` (the client closed its connection while held: the hold ends at once,
+   the detail names the approval, and a later answer finds nothing held, rule 4).
    When a request is held, a security_event `approval-requested` names the approval id, so a
    reviewer following `sandgate logs -f` sees it at once.
 4. Answers arrive on the control API's threads; they reach the event loop through
@@ -38,12 +41,14 @@ REQUESTED = "approval-requested"  # the `event` of the security_event written wh
 class Answer:
     allow: bool
     by: str
+    client_left: bool = False
 
 
 @dataclass
 class Held:
     id: str
     sandbox_id: str
+    client_id: str  # mitmproxy's id of the client connection the request came on
     identity: RequestIdentity
     rule: str | None
     requested_at: float
@@ -80,6 +85,7 @@ class Approvals:
     async def ask(
         self,
         sandbox_id: str,
+        client_id: str,
         identity: RequestIdentity,
         asked: Decision,
         timeout: float,
@@ -92,7 +98,7 @@ class Approvals:
             detail = f"{self.per_sandbox} requests of this sandbox already wait for a reviewer"
             return Decision("deny", Reason.APPROVAL_QUEUE_FULL, asked.rule, True, detail=detail)
         now = time.time()
-        held = Held(os.urandom(8).hex(), sandbox_id, identity, asked.rule, now, now + timeout,
+        held = Held(os.urandom(8).hex(), sandbox_id, client_id, identity, asked.rule, now, now + timeout,
                     self._loop.create_future())  # fmt: skip
         self._held[held.id] = held
         announce(held)
@@ -106,6 +112,9 @@ class Approvals:
             return Decision("deny", Reason.APPROVAL_TIMEOUT, held.rule, True, detail=detail)
         finally:
             self._held.pop(held.id, None)
+        if answer.client_left:
+            detail = f"approval {held.id}: the client went away before an answer"
+            return Decision("deny", Reason.APPROVAL_CLIENT_GONE, held.rule, True, detail=detail)
         if answer.allow:
             return Decision("allow", Reason.APPROVED, held.rule, True, detail=f"approved by {answer.by}")
         return Decision("deny", Reason.APPROVAL_DENIED, held.rule, True, detail=f"refused by {answer.by}")
@@ -124,6 +133,12 @@ class Approvals:
             if held.sandbox_id == sandbox_id and self._loop is not None:
                 gone = Answer(False, "sandgate (the sandbox was dropped)")
                 self._loop.call_soon_threadsafe(_settle, held.answer, gone)
+
+    def client_left(self, client_id: str) -> None:
+        """The client connection closed (on the event loop): its held requests end now (rule 3)."""
+        for held in list(self._held.values()):
+            if held.client_id == client_id:
+                _settle(held.answer, Answer(False, "sandgate", client_left=True))
 
 
 def _settle(future: asyncio.Future[Answer], answer: Answer) -> None:

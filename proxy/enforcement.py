@@ -86,6 +86,9 @@ class EnforcementAddon:
 
     # ------------------------------------------------------------------ connection level
 
+    def client_disconnected(self, client: connection.Client) -> None:
+        self.state.approvals.client_left(client.id)  # its held requests end now, recorded (`_ask`)
+
     def http_connect(self, flow: http.HTTPFlow) -> None:
         conn, sandbox = self._lookup(flow.client_conn)
         host = (flow.request.host or "").lower().rstrip(".")
@@ -284,7 +287,10 @@ class EnforcementAddon:
             request.authority = ""
         verdict = decide_request(sandbox.policy, identity)
         if verdict.reason == Reason.ASK:
-            verdict = await self._ask(flow, sandbox, name, identity, verdict)
+            answered = await self._ask(flow, sandbox, name, identity, verdict)
+            if answered is None:
+                return  # its client left while it was held: recorded, answered with nothing sent
+            verdict = answered
         if verdict.allowed:
             verdict, _upstream = await self._pin(conn, sandbox, name, request.port, scheme, verdict)
         via, failure = self._via(sandbox, name) if verdict.allowed else (None, None)
@@ -308,8 +314,10 @@ class EnforcementAddon:
 
     async def _ask(
         self, flow: http.HTTPFlow, sandbox: Sandbox, name: str, identity: RequestIdentity, verdict: Verdict
-    ) -> Verdict:
-        """Hold the request for a reviewer (proxy/approvals.py); the verdict it ends with."""
+    ) -> Verdict | None:
+        """Hold the request for a reviewer (proxy/approvals.py); the verdict it ends with, or None
+        if its client left while it was held: then the request is recorded here, at once, since
+        mitmproxy may never end a flow whose client is gone."""
         request = flow.request
 
         def announce(held: Held) -> None:
@@ -318,8 +326,17 @@ class EnforcementAddon:
             security_event(self.state, sandbox.id, flow.client_conn.peername, Reason.ASK, detail, **facts)
 
         timeout = sandbox.policy.policy.askTimeout
-        decision = await self.state.approvals.ask(sandbox.id, identity, verdict.decision, timeout, announce)
-        return Verdict(decision)
+        decision = await self.state.approvals.ask(
+            sandbox.id, flow.client_conn.id, identity, verdict.decision, timeout, announce
+        )
+        if decision.reason != Reason.APPROVAL_CLIENT_GONE:
+            return Verdict(decision)
+        gone = Verdict(decision)
+        facts = {"scheme": identity.scheme, "method": identity.method, "host": name, "port": request.port}
+        record_decision(self.state, "request", sandbox, gone, flow.client_conn.peername,
+                        path=identity.target, inspect=True, sni=flow.client_conn.sni, **facts)  # fmt: skip
+        flow.response = deny_response(gone, name)  # nothing goes upstream; no record follows (no FLOW_KEY)
+        return None
 
     def _claims(self, flow: http.HTTPFlow, conn: ConnState) -> dict[str, str | None]:
         """Every name this request claims to be for; they must all agree."""

@@ -1,6 +1,6 @@
 """The proxy's hold on requests a policy `ask`s about (proxy/approvals.py), on a real event loop:
 answered from another thread (as the control API's handlers are), timed out, refused when the
-sandbox's queue is full, and refused when the sandbox is dropped."""
+sandbox's queue is full, refused when the sandbox is dropped, and ended when its client leaves."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def identity(path: str = "/x?token=secret") -> RequestIdentity:
 
 
 async def hold(approvals: Approvals, sandbox: str, timeout: float, seen: list[Held]) -> Decision:
-    return await approvals.ask(sandbox, identity(), ASKED, timeout, seen.append)
+    return await approvals.ask(sandbox, "client-1", identity(), ASKED, timeout, seen.append)
 
 
 def test_an_answer_from_another_thread_releases_the_request() -> None:
@@ -72,3 +72,23 @@ def test_a_full_queue_refuses_at_once_and_other_sandboxes_still_ask() -> None:
     refused, held = asyncio.run(scenario())
     assert (refused.action, refused.reason) == ("deny", Reason.APPROVAL_QUEUE_FULL)
     assert held == 1  # sbx-2's request still waits
+
+
+def test_a_client_that_leaves_ends_only_its_own_holds() -> None:
+    async def scenario() -> tuple[Decision, int, bool, str]:
+        approvals, seen = Approvals(), []
+        leaving = asyncio.create_task(hold(approvals, "sbx-1", 30, seen))
+        staying = asyncio.create_task(approvals.ask("sbx-1", "client-2", identity(), ASKED, 30, seen.append))
+        while len(seen) < 2:
+            await asyncio.sleep(0)
+        approvals.client_left("client-1")
+        decision = await leaving
+        held = len(approvals.pending())
+        late = approvals.answer(seen[0].id, True, "reviewer-1")
+        staying.cancel()
+        return decision, held, late, seen[0].id
+
+    decision, held, late, approval_id = asyncio.run(scenario())
+    assert (decision.action, decision.reason) == ("deny", Reason.APPROVAL_CLIENT_GONE)
+    assert decision.detail == f"approval {approval_id}: the client went away before an answer"
+    assert held == 1 and late is False  # the other client's request still waits
