@@ -108,7 +108,7 @@ def under_policy(server: SandgateServer, placed: dict[str, Placed]) -> dict[str,
 
 @pytest.fixture(scope="module")
 def sandboxes(server: SandgateServer, under_policy: dict[str, Placed]) -> Iterator[dict[str, SandboxSync]]:
-    """Each node's sandbox through the SDK, listening on VICTIM_PORT and recording who came in
+    """Each node's sandbox through the SDK, listening on VICTIM_PORT and recording each connection in
     /workspace/hits (busybox nc runs a script per connection); the host reaches each listener (the
     control), then the hits are forgotten."""
     found = {node: SandboxSync.connect(p.sandbox_id, connection_config=connection(server))
@@ -116,13 +116,13 @@ def sandboxes(server: SandgateServer, under_policy: dict[str, Placed]) -> Iterat
     try:
         for node, sandbox in found.items():
             sandbox.files.write_file(
-                "/workspace/hit.sh", '#!/bin/sh\necho "$NCIP" >> /workspace/hits\necho victim\n'
+                "/workspace/hit.sh", "#!/bin/sh\necho hit >> /workspace/hits\necho victim\n"
             )
             listen = f"busybox nc -ll -p {VICTIM_PORT} -e /bin/sh /workspace/hit.sh"
             started = sandbox.commands.run(f"touch /workspace/hits; ({listen} >/dev/null 2>&1 &)")
             assert started.exit_code == 0, started
             address = under_policy[node].pod_ip
-            answer = pod_sh_at(address, VICTIM_PORT)
+            answer = listener_answer(address, VICTIM_PORT)
             assert "victim" in answer, (node, answer)
             sandbox.commands.run(": > /workspace/hits")
         yield found
@@ -131,7 +131,7 @@ def sandboxes(server: SandgateServer, under_policy: dict[str, Placed]) -> Iterat
             sandbox.close()
 
 
-def pod_sh_at(address: str, port: int) -> str:
+def listener_answer(address: str, port: int) -> str:
     """What a listener at address:port answers the host (bounded, retried while it starts)."""
     deadline = time.monotonic() + 30
     while True:
@@ -241,7 +241,7 @@ def test_the_other_node_and_its_pods_are_out_of_reach(
     assert node_counters(on_node.netns)["other"] > before
     heard = sandboxes[other].commands.run("cat /workspace/hits")
     assert "".join(m.text for m in heard.logs.stdout) == ""
-    assert "victim" in pod_sh_at(victim.pod_ip, VICTIM_PORT)  # it still listens: the host reaches it
+    assert "victim" in listener_answer(victim.pod_ip, VICTIM_PORT)  # it still listens: the host reaches it
     sandboxes[other].commands.run(": > /workspace/hits")
 
 
