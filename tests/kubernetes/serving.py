@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -297,3 +297,39 @@ def pod_net(server: SandgateServer, sandbox_id: str) -> tuple[str, str]:
     (pod,) = admin.list(Pod, namespace=settings["namespace"], labels={"sandgate/sandbox": sandbox_id})
     assert pod.status is not None and pod.status.podIP, pod.status
     return pod.status.podIP, POD_GATEWAY
+
+
+def node_probes(
+    node_ip: str, gateway: str, neighbour: str, neighbour_port: int, netns: str
+) -> dict[str, list[str]]:
+    """What a Pod on the node (at `node_ip`, its Pods' `gateway`, in `netns`) tries against the
+    node, the cluster and `neighbour` (a Pod on the same node, listening on `neighbour_port`): busybox
+    commands by the node counter each must move (lifecycle/node.py COUNTERS). UDP is tftp's (this
+    busybox's nc has no -u), which needs no capability; ICMP needs one (`icmp_probes`)."""
+    udp = "busybox timeout 3 busybox tftp -g -r probe -l /dev/null"
+    return {
+        "apiserver": [f"busybox nc -w 3 {node_ip} 6443", f"busybox nc -w 3 {gateway} 6443"],
+        "kubelet": [f"busybox nc -w 3 {node_ip} 10250", f"busybox nc -w 3 {gateway} 10250"],
+        "node_ports": [f"busybox nc -w 3 {node_ip} {AGENT_PORT}", f"busybox nc -w 3 {gateway} 22"],
+        "metadata": ["busybox nc -w 3 169.254.169.254 80"],
+        "bridged": [f"busybox nc -w 3 {neighbour} {neighbour_port}"],
+        "other": [f"{udp} {ORIGIN_V4}", f"{udp} {gateway}"],
+        "ipv6": [f"{udp} {bridge_link_local(netns)}%eth0"],
+    }
+
+
+def icmp_probes(gateway: str) -> dict[str, list[str]]:
+    """ICMP from a Pod that may send it (NET_RAW: a plain Pod, not a sandbox), by its counter."""
+    return {"other": [f"busybox ping -c 1 -W 2 {gateway}", f"busybox ping -c 1 -W 2 {ORIGIN_V4}"]}
+
+
+def assert_dropped_and_counted(netns: str, run: Callable[[str], str], probes: dict[str, list[str]]) -> None:
+    """Each probe fails in the Pod (`run`: a shell command there, its output with `status=N`) and
+    moves its own counter on the node in `netns`."""
+    for counter, commands in probes.items():
+        for command in commands:
+            before = node_counters(netns)[counter]
+            output = run(f"echo true | {command}")
+            assert "status=0" not in output, (command, output)
+            after = node_counters(netns)[counter]
+            assert after > before, (counter, command, before, after, output)

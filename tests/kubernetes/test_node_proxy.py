@@ -24,6 +24,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +51,15 @@ from tests.kubernetes.cluster import (
     wait_for_pod,
 )
 from tests.kubernetes.serving import (
-    AGENT_PORT,
     NODE_IP,
     SANDBOX_NAMESPACE,
     Agent,
+    assert_dropped_and_counted,
     bearer_policy,
-    bridge_link_local,
+    icmp_probes,
     kubernetes_server,
     node_counters,
+    node_probes,
 )
 from tests.support.audit import audit_records
 from tests.support.internet import ORIGIN_V4, Internet
@@ -72,8 +74,9 @@ SECRET = "sk-node-" + secrets.token_hex(12)
 POLICY = bearer_policy("node-api-token", "http")
 
 
-def start_shell_pod(client: Client, name: str) -> PodPlacement:
-    """A busybox Pod serving a shell on TCP 7000; its IP and its node's, once it runs."""
+def start_shell_pod(client: Client, name: str, node: str | None = None) -> PodPlacement:
+    """A busybox Pod serving a shell on TCP 7000 (on `node`, or where the scheduler puts it); its IP
+    and its node's, once it runs."""
     container = Container(
         name="main",
         image=BUSYBOX_IMAGE,
@@ -82,6 +85,7 @@ def start_shell_pod(client: Client, name: str) -> PodPlacement:
     )
     spec = PodSpec(
         restartPolicy="Never",
+        nodeName=node,
         automountServiceAccountToken=False,
         containers=[container],
         dnsPolicy="None",
@@ -229,27 +233,9 @@ def test_the_node_the_cluster_and_other_pods_are_out_of_reach(
 ) -> None:
     """Each attempt fails in the Pod and moves its own counter on the node."""
     other = start_shell_pod(client, f"neighbour-{secrets.token_hex(3)}")
-    attempts = {
-        "apiserver": [f"busybox nc -w 3 {NODE_IP} 6443", f"busybox nc -w 3 {POD_GATEWAY} 6443"],
-        "kubelet": [f"busybox nc -w 3 {NODE_IP} 10250", f"busybox nc -w 3 {POD_GATEWAY} 10250"],
-        "node_ports": [f"busybox nc -w 3 {NODE_IP} {AGENT_PORT}", f"busybox nc -w 3 {POD_GATEWAY} 22"],
-        "metadata": ["busybox nc -w 3 169.254.169.254 80"],
-        "bridged": [f"busybox nc -w 3 {other.pod_ip} {SHELL_PORT}"],
-        "other": [
-            f"{{ echo x; busybox sleep 1; }} | busybox nc -u -w 2 {ORIGIN_V4} 123",
-            f"busybox ping -c 1 -W 2 {POD_GATEWAY}",
-            f"busybox ping -c 1 -W 2 {ORIGIN_V4}",
-        ],
-        "ipv6": [f"busybox ping6 -c 1 -W 2 -I eth0 {bridge_link_local(cluster.netns)}"],
-    }
-    for counter, commands in attempts.items():
-        before = node_counters(cluster.netns)[counter]
-        for command in commands:
-            output = pod_sh(sandbox_pod.pod_ip, f"echo true | {command}")
-            if " -u " not in command:  # a UDP send "succeeds" locally; the counter says it was dropped
-                assert "status=0" not in output, (command, output)
-        after = node_counters(cluster.netns)[counter]
-        assert after > before, (counter, before, after)
+    probes = node_probes(NODE_IP, POD_GATEWAY, other.pod_ip, SHELL_PORT, cluster.netns)
+    probes["other"] += icmp_probes(POD_GATEWAY)["other"]
+    assert_dropped_and_counted(cluster.netns, partial(pod_sh, sandbox_pod.pod_ip), probes)
     # the neighbour is alive and reachable from the host: only the Pod-to-Pod path is closed
     assert "status=0" in pod_sh(other.pod_ip, "true")
 
