@@ -41,7 +41,7 @@ from opensandbox.config.connection_sync import ConnectionConfigSync
 from opensandbox.models.execd import RunCommandOpts
 from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
 
-from tests.support.audit import audit_records
+from tests.support.audit import audit_records, wait_records
 from tests.support.internet import DNS_ADDR, ORIGIN_V4, ORIGIN_V6, Internet, start_internet
 from tests.support.netns import Netns, ip, unique
 from tests.support.registry import Registry
@@ -503,15 +503,8 @@ class Attacker:
     def wait_audit(
         self, match: Callable[[dict[str, Any]], bool], timeout: float = 15.0, at_least: int = 1
     ) -> list[dict[str, Any]]:
-        """Audit records of this sandbox that `match`, waiting (bounded) for `at_least` of them:
-        a node's records reach the server's log through its shipper, a poll after the node wrote
-        them, and one poll may carry some of them only."""
-        deadline = time.monotonic() + timeout
-        while True:
-            found = [r for r in self.audit() if r.get("sandbox") == self.sandbox.id and match(r)]
-            if len(found) >= at_least or time.monotonic() > deadline:
-                return found
-            time.sleep(0.05)
+        """Audit records of this sandbox that `match`, waiting (bounded) for `at_least` of them."""
+        return wait_records(self.server.state_dir, self.sandbox.id, match, at_least, timeout)
 
     def origin_requests_since(self, mark: int) -> list[dict[str, Any]]:
         return self.internet.origin_requests()[mark:]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,24 @@ def audit_records(state_dir: Path, sandbox: str | None = None) -> list[dict[str,
                 records.pop(record["id"], None)
                 records[record["id"]] = record
     return [r for r in records.values() if sandbox is None or r.get("sandbox") == sandbox]
+
+
+def wait_records(
+    state_dir: Path,
+    sandbox: str,
+    match: Callable[[dict[str, Any]], bool],
+    at_least: int = 1,
+    timeout: float = 15.0,
+) -> list[dict[str, Any]]:
+    """The sandbox's records that `match`, once `at_least` of them are in (bounded by `timeout`;
+    then what there is): a node's records reach the server's log through its shipper, a poll
+    after the node wrote them, and one poll may carry some of them only."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [r for r in audit_records(state_dir, sandbox) if match(r)]
+        if len(found) >= at_least or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 def dns_decision(state_dir: Path, sandbox: str, name: str, timeout: float = 10.0) -> str:
