@@ -9,6 +9,7 @@ from tests.adversarial import conftest as adversarial
 # The suite's package fixtures, bound here so the imported tests find them in this package.
 attacker = adversarial.attacker
 canaries = adversarial.canaries
+egress_proxy = adversarial.egress_proxy
 internet = adversarial.internet
 proxy_ports = adversarial.proxy_ports
 server = adversarial.server
