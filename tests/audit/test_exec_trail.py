@@ -386,19 +386,25 @@ def attached(server: SandgateServer, sandbox: str) -> Iterator[tuple[str, Client
         yield session, ws
 
 
+JOB = "sh -c 'echo ran-$((6*7)); exec sleep 30'"  # prints ran-42 as the terminal's foreground job
+
+
 def test_what_is_typed_into_a_terminal_is_recorded_line_by_line(server: SandgateServer, sandbox: str) -> None:
     with attached(server, sandbox) as (session, ws):
         ws.send(STDIN + b"echo pty-")  # a line typed in pieces, its end in a JSON stdin frame
         ws.send(STDIN + b"marker > /tmp/pty-run.txt")
-        ws.send(json.dumps({"type": "stdin", "data": f"; echo {server.api_key}\r"}))
-        read_until(ws, b"pty-run.txt")
+        ws.send(json.dumps({"type": "stdin", "data": f"; echo {server.api_key}; {JOB}\r"}))
+        # ran-42 is printed by the foreground job itself (the line's echo shows `$((6*7))`), which
+        # then sleeps: SIGINT ends it. Sent at the prompt, readline would drop the "exit 4" typed
+        # next; sent before the job leads the terminal, bash may run it anyway.
+        read_until(ws, b"ran-42")
         ws.send(json.dumps({"type": "signal", "signal": "SIGINT"}))
         ws.send(STDIN + b"exit 4\n")
         assert next_json(ws) == {"type": "exit", "exit_code": 4}
     assert exists_in(server, sandbox, "/tmp/pty-run.txt")
     lines = typed(server, sandbox, session)
     assert [r["facts"].get("input") or r["facts"]["signal"] for r in lines] == [
-        "echo pty-marker > /tmp/pty-run.txt; echo [REDACTED]\r",
+        f"echo pty-marker > /tmp/pty-run.txt; echo [REDACTED]; {JOB}\r",
         "SIGINT",
         "exit 4\n",
     ]
@@ -413,7 +419,7 @@ def test_what_is_typed_into_a_terminal_is_recorded_line_by_line(server: Sandgate
         threading.Event().wait(0.1)
     whole = opened[-1]
     assert whole["facts"]["session"] == session and whole["status"] == 101
-    first = f"echo pty-marker > /tmp/pty-run.txt; echo {server.api_key}\r"
+    first = f"echo pty-marker > /tmp/pty-run.txt; echo {server.api_key}; {JOB}\r"
     assert whole["facts"]["typed_bytes"] == len(first) + len("exit 4\n")
     assert server.api_key not in (server.state_dir / "audit.jsonl").read_text()
 
