@@ -124,7 +124,7 @@ class ProxySupervisor:
         self.config_path = config_path
         self.secrets = secrets  # the vault's StoreSecrets JSON, piped to every start (rule 5)
         self.control_socket = control_socket
-        self._socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket it bound
+        self._socket_id: tuple[int, int, int] | None = None  # (st_dev, st_ino, st_ctime_ns) it bound
         self.listeners = listeners
         self.die_with_supervisor = die_with_supervisor  # rule 6
         self.is_healthy = is_healthy
@@ -185,14 +185,15 @@ class ProxySupervisor:
             f"and UDP {sorted(self.listeners.udp)} within {timeout:g}s; see {self.log_path}"
         )
 
-    def _current_socket_id(self) -> tuple[int, int] | None:
+    def _current_socket_id(self) -> tuple[int, int, int] | None:
         if self.control_socket is None:
             return None
         try:
             found = self.control_socket.lstat()
         except FileNotFoundError:
             return None
-        return (found.st_dev, found.st_ino) if stat.S_ISSOCK(found.st_mode) else None
+        # ctime too: a socket bound right after the unlink may get the freed inode's number back
+        return (found.st_dev, found.st_ino, found.st_ctime_ns) if stat.S_ISSOCK(found.st_mode) else None
 
     def _socket_lost(self) -> bool:
         """True when the socket path no longer names the socket the running proxy bound."""
